@@ -1,0 +1,224 @@
+"""What an algorithm is: a sharing rule (by state-dict key), a local objective, an aggregate.
+
+The same :meth:`Algorithm.shared_keys` decides what leaves a site in the in-process engine and in
+the Flower apps. Nothing here knows about engines, files or networks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from medfed.errors import ConfigError
+from medfed.models.fedmodel import FedModel
+
+State = dict[str, torch.Tensor]
+
+
+@dataclass
+class Batches:
+    """Seeded minibatches over a site's training tensors, reshuffled at every pass."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    batch_size: int
+    generator: torch.Generator
+    augment_flip: bool = False
+    _order: torch.Tensor | None = field(default=None, init=False, repr=False)
+    _pos: int = field(default=0, init=False, repr=False)
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.x.shape[0]
+        size = min(self.batch_size, n)
+        if self._order is None or self._pos + size > n:
+            self._order = torch.randperm(n, generator=self.generator)
+            self._pos = 0
+        index = self._order[self._pos : self._pos + size]
+        self._pos += size
+        xb, yb = self.x[index.to(self.x.device)], self.y[index.to(self.y.device)]
+        if self.augment_flip:
+            # Left and right eyes are mirror images: a horizontal flip is a label-preserving view.
+            flip = torch.rand(size, generator=self.generator) < 0.5
+            if bool(flip.any()):
+                xb = xb.clone()
+                xb[flip.to(xb.device)] = xb[flip.to(xb.device)].flip(-1)
+        return xb, yb
+
+
+@dataclass
+class Optim:
+    """Per-round optimizer settings (a fresh SGD each round, as in the reference FedDRM code)."""
+
+    lr: float
+    momentum: float
+    weight_decay: float
+
+    def make(self, params: Iterator[nn.Parameter] | list[nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(
+            list(params), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
+        )
+
+
+@dataclass
+class LocalTask:
+    """Everything one site needs for one round of local training."""
+
+    model: FedModel
+    global_state: State  # the shared keys as the server sent them this round
+    batches: Batches
+    steps: int
+    optim: Optim
+    site_index: int
+    n_sites: int
+    extra: State  # algorithm-private state that persists on the site (e.g. Ditto's personal model)
+    autocast: Callable[[], Any]
+    check_deadline: Callable[[], None] = lambda: None
+
+
+@dataclass
+class LocalResult:
+    loss: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Params:
+    """Algorithm hyper-parameters; subclasses add fields with their defaults."""
+
+    @classmethod
+    def parse(cls, algorithm: str, values: dict[str, Any]) -> Params:
+        known = {f.name: f for f in fields(cls)}
+        unknown = set(values) - set(known)
+        if unknown:
+            raise ConfigError(
+                f"algorithm {algorithm!r} has no parameter(s) {sorted(unknown)}; "
+                f"known: {sorted(known) or 'none'}"
+            )
+        typed = {}
+        for name, value in values.items():
+            kind = type(known[name].default)
+            try:
+                typed[name] = kind(value) if kind is not bool else _as_bool(value)
+            except (TypeError, ValueError):
+                raise ConfigError(
+                    f"algorithm {algorithm!r}: parameter {name}={value!r} must be a {kind.__name__}"
+                ) from None
+        try:
+            return cls(**typed)
+        except ValueError as exc:
+            raise ConfigError(f"algorithm {algorithm!r}: {exc}") from None
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in {"1", "true", "yes", "on"}:
+        return True
+    if text in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(value)
+
+
+class Algorithm:
+    """Base: FedAvg semantics. Subclasses override the sharing rule and/or the local objective."""
+
+    name: ClassVar[str] = "fedavg"
+    summary: ClassVar[str] = ""
+    params_class: ClassVar[type[Params]] = Params
+    needs_client_branch: ClassVar[bool] = False
+    communicates: ClassVar[bool] = True
+    uses_batch_norm: ClassVar[bool] = False  # picks a BatchNorm backbone when --backbone auto
+
+    def __init__(self, params: Params | None = None) -> None:
+        self.params = params if params is not None else self.params_class()
+
+    # --- the sharing rule -------------------------------------------------------------------
+    def private_keys(self, model: nn.Module) -> set[str]:
+        """State-dict keys that never leave a site."""
+        return set()
+
+    def shared_keys(self, model: nn.Module) -> list[str]:
+        """State-dict keys that travel to the server and back, sorted."""
+        private = self.private_keys(model)
+        return sorted(k for k in model.state_dict() if k not in private)
+
+    # --- site-side --------------------------------------------------------------------------
+    def init_extra(self, model: FedModel) -> State:
+        """Algorithm-private per-site state created before the first round."""
+        return {}
+
+    def local_train(self, task: LocalTask) -> LocalResult:
+        """Plain supervised steps on the target label."""
+        return supervised_steps(task, task.model, task.model.parameters(), self.loss)
+
+    def loss(self, task: LocalTask, model: FedModel, x: torch.Tensor, y: torch.Tensor):
+        return F.cross_entropy(model(x).target_logits.float(), y)
+
+    def finetune_steps(self, local_steps: int) -> int:
+        """Local steps each site runs on its own data after the last round (0: none)."""
+        return 0
+
+    def eval_state(self, site_state: State, extra: State) -> State:
+        """The weights a site answers with (Ditto: its personal model)."""
+        return site_state
+
+    # --- server-side ------------------------------------------------------------------------
+    def aggregate(self, updates: list[tuple[State, float]]) -> State:
+        """Weighted average of the shared tensors (weights n_i / N)."""
+        return weighted_average(updates)
+
+
+def weighted_average(updates: list[tuple[State, float]]) -> State:
+    if not updates:
+        raise ValueError("no updates to aggregate")
+    total = float(sum(w for _, w in updates))
+    if total <= 0:
+        raise ValueError("aggregation weights must sum to a positive number")
+    out: State = {}
+    for key, ref in updates[0][0].items():
+        acc = torch.zeros_like(ref, dtype=torch.float64)
+        for state, weight in updates:
+            acc += state[key].to(torch.float64) * (weight / total)
+        # Integer buffers (BatchNorm's num_batches_tracked) are averaged and rounded back.
+        out[key] = acc.round().to(ref.dtype) if not ref.is_floating_point() else acc.to(ref.dtype)
+    return out
+
+
+def supervised_steps(
+    task: LocalTask,
+    model: FedModel,
+    params: Iterator[nn.Parameter] | list[nn.Parameter],
+    loss_fn: Callable[[LocalTask, FedModel, torch.Tensor, torch.Tensor], torch.Tensor],
+    steps: int | None = None,
+) -> LocalResult:
+    """Run SGD steps of ``loss_fn`` on ``params``; returns the mean loss."""
+    model.train()
+    optimizer = task.optim.make(params)
+    total = 0.0
+    n = steps if steps is not None else task.steps
+    for _ in range(n):
+        task.check_deadline()
+        x, y = task.batches.next()
+        with task.autocast():
+            loss = loss_fn(task, model, x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        total += float(loss.detach())
+    return LocalResult(loss=total / max(1, n))
+
+
+def proximal_term(model: nn.Module, anchor: State) -> torch.Tensor:
+    """Sum of squared distances of the model's parameters to ``anchor`` (same key names)."""
+    terms = [
+        (p - anchor[name].to(p.dtype)).pow(2).sum()
+        for name, p in model.named_parameters()
+        if name in anchor
+    ]
+    return torch.stack(terms).sum() if terms else torch.zeros(())

@@ -1,0 +1,56 @@
+"""Ditto: FedAvg for the global model plus a personal model per site, pulled toward the global
+one by lambda/2 * ||v - w_global||^2. Sites answer with their personal model."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from medfed.algorithms.base import (
+    Algorithm,
+    LocalResult,
+    LocalTask,
+    Params,
+    State,
+    proximal_term,
+    supervised_steps,
+)
+from medfed.models.fedmodel import FedModel
+
+
+@dataclass(frozen=True)
+class DittoParams(Params):
+    lam: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.lam < 0:
+            raise ValueError("lam must be >= 0")
+
+
+class Ditto(Algorithm):
+    name = "ditto"
+    summary = "global FedAvg model plus a regularized personal model on each site"
+    params_class = DittoParams
+
+    def init_extra(self, model: FedModel) -> State:
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def local_train(self, task: LocalTask) -> LocalResult:
+        personal = copy.deepcopy(task.model)
+        personal.load_state_dict(task.extra)
+        global_result = supervised_steps(task, task.model, task.model.parameters(), self.loss)
+        personal_result = supervised_steps(
+            task, personal, personal.parameters(), self._personal_loss
+        )
+        task.extra.update({k: v.detach().clone() for k, v in personal.state_dict().items()})
+        return LocalResult(loss=personal_result.loss, metrics={"global_loss": global_result.loss})
+
+    def _personal_loss(self, task: LocalTask, model: FedModel, x: torch.Tensor, y: torch.Tensor):
+        ce = F.cross_entropy(model(x).target_logits.float(), y)
+        return ce + 0.5 * self.params.lam * proximal_term(model, task.global_state)
+
+    def eval_state(self, site_state: State, extra: State) -> State:
+        return extra

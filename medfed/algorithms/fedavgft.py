@@ -1,0 +1,25 @@
+"""FedAvg + local fine-tuning: train one global model, then each site fine-tunes it locally."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from medfed.algorithms.base import Algorithm, Params
+
+
+@dataclass(frozen=True)
+class FedAvgFTParams(Params):
+    finetune_rounds: float = 2.0  # fine-tuning budget, in rounds' worth of local steps
+
+    def __post_init__(self) -> None:
+        if self.finetune_rounds < 0:
+            raise ValueError("finetune_rounds must be >= 0")
+
+
+class FedAvgFT(Algorithm):
+    name = "fedavgft"
+    summary = "FedAvg, then each site fine-tunes the global model on its own data"
+    params_class = FedAvgFTParams
+
+    def finetune_steps(self, local_steps: int) -> int:
+        return int(round(self.params.finetune_rounds * local_steps))

@@ -1,0 +1,30 @@
+"""FedProx: FedAvg plus a proximal term mu/2 * ||w - w_global||^2 in the local objective."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from medfed.algorithms.base import Algorithm, LocalTask, Params, proximal_term
+from medfed.models.fedmodel import FedModel
+
+
+@dataclass(frozen=True)
+class FedProxParams(Params):
+    mu: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.mu < 0:
+            raise ValueError("mu must be >= 0")
+
+
+class FedProx(Algorithm):
+    name = "fedprox"
+    summary = "FedAvg with a proximal term keeping local weights near the global model"
+    params_class = FedProxParams
+
+    def loss(self, task: LocalTask, model: FedModel, x: torch.Tensor, y: torch.Tensor):
+        ce = F.cross_entropy(model(x).target_logits.float(), y)
+        return ce + 0.5 * self.params.mu * proximal_term(model, task.global_state)

@@ -1,0 +1,54 @@
+"""FedRep: a shared body and a local head; each round trains the head first, then the body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from medfed.algorithms.base import Algorithm, LocalResult, LocalTask, Params, supervised_steps
+
+HEAD_PREFIX = "target_head."
+
+
+@dataclass(frozen=True)
+class FedRepParams(Params):
+    head_fraction: float = 0.5  # share of the local steps spent on the head
+
+    def __post_init__(self) -> None:
+        if not 0 < self.head_fraction < 1:
+            raise ValueError("head_fraction must be in (0, 1)")
+
+
+class FedRep(Algorithm):
+    name = "fedrep"
+    summary = "shared representation, private head; head steps then body steps each round"
+    params_class = FedRepParams
+
+    def private_keys(self, model: nn.Module) -> set[str]:
+        return {k for k in model.state_dict() if k.startswith(HEAD_PREFIX)}
+
+    def local_train(self, task: LocalTask) -> LocalResult:
+        model = task.model
+        head = [p for n, p in model.named_parameters() if n.startswith(HEAD_PREFIX)]
+        body = [p for n, p in model.named_parameters() if not n.startswith(HEAD_PREFIX)]
+        head_steps = max(1, int(round(task.steps * self.params.head_fraction)))
+        body_steps = max(1, task.steps - head_steps)
+        _freeze(body)
+        first = supervised_steps(task, model, head, self.loss, head_steps)
+        _unfreeze(body)
+        _freeze(head)
+        second = supervised_steps(task, model, body, self.loss, body_steps)
+        _unfreeze(head)
+        loss = (first.loss * head_steps + second.loss * body_steps) / (head_steps + body_steps)
+        return LocalResult(loss=loss, metrics={"head_loss": first.loss, "body_loss": second.loss})
+
+
+def _freeze(params: list[nn.Parameter]) -> None:
+    for p in params:
+        p.requires_grad_(False)
+
+
+def _unfreeze(params: list[nn.Parameter]) -> None:
+    for p in params:
+        p.requires_grad_(True)

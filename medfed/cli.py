@@ -1,0 +1,229 @@
+"""The ``medfed`` command: thin typer commands that parse, call the library, and print."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from medfed.errors import ConfigError, MedfedError
+
+app = typer.Typer(
+    help="medfed: federated learning across hospitals.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+sites_app = typer.Typer(help="Onboard sites: validate them and write their data cards.")
+app.add_typer(sites_app, name="sites")
+
+
+def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a MedfedError into its message and exit code instead of a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except MedfedError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+def _parse_params(items: list[str]) -> dict[str, str]:
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param {item!r} must be NAME=VALUE, e.g. --param lam=0.8")
+        params[key.strip()] = value.strip()
+    return params
+
+
+@app.command()
+@friendly
+def synth(
+    out: Annotated[Path, typer.Option(help="Folder to write the synthetic sites into.")],
+    modality: Annotated[str, typer.Option(help="fundus, ct or all.")] = "all",
+    n_per_site: Annotated[
+        int | None, typer.Option(help="Scans (fundus) or patients (CT) per site.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same files.")] = 0,
+) -> None:
+    """Write synthetic sites in real on-disk layouts, with their manifests under OUT/sites/."""
+    from medfed.data.synth import synthesize
+
+    manifests = synthesize(out, modality=modality, n_per_site=n_per_site, seed=seed)
+    typer.echo(f"wrote {len(manifests)} site(s) under {out}:")
+    for path in manifests:
+        typer.echo(f"  {path}")
+    typer.echo(f"next: medfed sites check {out}/sites/*.toml")
+
+
+@sites_app.command("check")
+@friendly
+def sites_check(
+    manifests: Annotated[list[Path], typer.Argument(help="Site manifests (*.toml).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON.")] = False,
+    cache_dir: Annotated[Path | None, typer.Option(help="Preprocessing cache folder.")] = None,
+) -> None:
+    """Validate sites before they join. Exit 0 ready, 1 problems found, 2 unusable manifest."""
+    from medfed.data.cache import TensorCache, default_cache_dir
+    from medfed.data.checks import check_manifests, overall_exit_code
+
+    cache = TensorCache(cache_dir or default_cache_dir())
+    reports = check_manifests(list(manifests), cache)
+    if as_json:
+        typer.echo(json.dumps([r.to_dict() for r in reports], indent=2))
+    else:
+        for report in reports:
+            _print_report(report)
+    raise typer.Exit(overall_exit_code(reports))
+
+
+def _print_report(report: Any) -> None:
+    if report.unusable:
+        typer.echo(f"[UNUSABLE] {report.manifest}\n  {report.unusable}\n")
+        return
+    status = "READY" if report.ready else "PROBLEMS"
+    typer.echo(f"[{status}] site {report.site} ({report.modality}, layout {report.layout})")
+    typer.echo(f"  manifest: {report.manifest}\n  root: {report.root}")
+    typer.echo(f"  scans: {report.n_records} listed, {report.n_readable} readable")
+    for split, per in report.counts.items():
+        typer.echo(f"  {split}: " + ", ".join(f"{k}={v}" for k, v in per.items()))
+    if report.sizes:
+        typer.echo(f"  sizes: {report.sizes}")
+    if report.intensity:
+        typer.echo(f"  intensity: {report.intensity}")
+    for other, d in report.distances.items():
+        typer.echo(f"  distance to {other} (MMD): {d:.4f}")
+    for warning in report.warnings:
+        typer.echo(f"  warning: {warning}")
+    if report.problems:
+        typer.echo(f"  {len(report.problems)} problem(s):")
+        for problem in report.problems:
+            typer.echo(f"    - {problem}")
+    typer.echo("")
+
+
+@sites_app.command("card")
+@friendly
+def sites_card(
+    manifest: Annotated[Path, typer.Argument(help="The site's manifest (*.toml).")],
+    others: Annotated[
+        list[Path] | None, typer.Option("--other", help="Other sites, for the distance section.")
+    ] = None,
+    out_dir: Annotated[Path, typer.Option(help="Folder for the card.")] = Path("data_cards"),
+    cache_dir: Annotated[Path | None, typer.Option(help="Preprocessing cache folder.")] = None,
+) -> None:
+    """Write data_cards/<id>.md for a site: counts, ratio, acquisition, shifts, licence, ethics."""
+    from medfed.config import load_manifest
+    from medfed.data.cache import TensorCache, default_cache_dir
+    from medfed.data.cards import write_card
+    from medfed.data.checks import check_manifests
+
+    site = load_manifest(manifest)
+    cache = TensorCache(cache_dir or default_cache_dir())
+    reports = check_manifests([manifest, *(others or [])], cache)
+    if reports[0].unusable:
+        raise MedfedError(reports[0].unusable)
+    path = write_card(site, reports[0], out_dir)
+    typer.echo(f"wrote {path}")
+
+
+@app.command()
+@friendly
+def train(
+    sites: Annotated[list[Path], typer.Option("--sites", help="Site manifests (*.toml).")],
+    algorithm: Annotated[str, typer.Option(help="feddrm, fedavg, fedprox, fedavgft, ...")],
+    rounds: Annotated[int, typer.Option(help="Communication rounds.")] = 20,
+    local_steps: Annotated[int, typer.Option(help="Local SGD steps per round.")] = 10,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    out: Annotated[Path, typer.Option(help="Run directory to write.")] = Path("runs/latest"),
+    resume: Annotated[bool, typer.Option(help="Continue a killed run in --out.")] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    backbone: Annotated[str, typer.Option(help="auto, cnn, cnn-gn, resnet18-gn, ...")] = "auto",
+    batch_size: Annotated[int, typer.Option(help="Local minibatch size.")] = 32,
+    lr: Annotated[float, typer.Option(help="Initial learning rate (cosine decay).")] = 0.05,
+    client_fraction: Annotated[float, typer.Option(help="Share of sites per round.")] = 1.0,
+    min_sites: Annotated[int, typer.Option(help="Fewest usable updates to aggregate.")] = 1,
+    site_timeout: Annotated[float, typer.Option(help="Seconds per site per round (0=none).")] = 0,
+    param: Annotated[
+        list[str] | None, typer.Option(help="Algorithm parameter NAME=VALUE (repeatable).")
+    ] = None,
+    inject_fault: Annotated[
+        list[str] | None, typer.Option(help="Resilience drill ROUND:SITE:KIND (repeatable).")
+    ] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help="Preprocessing cache folder.")] = None,
+    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+) -> None:
+    """Train a federation over the given sites and write the run directory."""
+    from medfed.config import TrainConfig
+    from medfed.report import federation_lines, site_table
+    from medfed.training import load_sites
+    from medfed.training import train as run_training
+
+    config = TrainConfig(
+        algorithm=algorithm,
+        params=_parse_params(param or []),
+        rounds=rounds,
+        local_steps=local_steps,
+        batch_size=batch_size,
+        lr=lr,
+        seed=seed,
+        backbone=backbone,
+        device=device,
+        client_fraction=client_fraction,
+        min_sites=min_sites,
+        site_timeout_s=site_timeout,
+        faults=tuple(inject_fault or []),
+    )
+    show = progress and sys.stderr.isatty()
+    loaded = load_sites(list(sites), cache_dir, progress=show)
+    summary = run_training(loaded, config, out, resume=resume, progress=show)
+    typer.echo(site_table(summary))
+    typer.echo("\n".join(federation_lines(summary)))
+    typer.echo(f"run directory: {out}")
+
+
+@app.command()
+@friendly
+def evaluate(
+    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print summary.json.")] = False,
+) -> None:
+    """Print the per-site table and the federation figures of a finished run."""
+    from medfed.report import federation_lines, site_table
+    from medfed.runs import RunDir
+
+    summary = RunDir(run).require().read_summary()
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, sort_keys=True))
+        return
+    typer.echo(f"{summary['algorithm']} | {summary['rounds']} rounds | seed {summary['seed']}")
+    typer.echo(site_table(summary))
+    typer.echo("\n".join(federation_lines(summary)))
+
+
+@app.command()
+@friendly
+def demo(
+    out: Annotated[Path, typer.Option(help="Folder for the data and the runs.")] = Path("demo_out"),
+    quick: Annotated[bool, typer.Option(help="A smaller budget (under 3 minutes).")] = False,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Synthesize three fundus sites, train FedDRM and baselines, print the comparison."""
+    from medfed.demo import run_demo
+
+    run_demo(out, quick=quick, seed=seed, echo=typer.echo)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,334 @@
+"""Typed configuration: site manifests and training settings, loaded from TOML and validated.
+
+This is the only place where dictionaries read from files become typed objects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from medfed.errors import ConfigError, ManifestError
+
+
+class Modality(StrEnum):
+    FUNDUS = "fundus"
+    CT = "ct"
+
+
+LAYOUTS_BY_MODALITY: dict[Modality, tuple[str, ...]] = {
+    Modality.FUNDUS: ("acrima", "rimone", "refuge", "imagefolder"),
+    Modality.CT: ("dicom", "nifti"),
+}
+
+_ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def expand_env(text: str, *, where: str) -> str:
+    """Expand ``${VAR}`` / ``$VAR``; an unset variable is an error, never an empty string."""
+
+    def repl(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name not in os.environ:
+            raise ManifestError(
+                f"{where}: environment variable {name} is not set; "
+                f"export {name}=/path/to/your/data and try again"
+            )
+        return os.environ[name]
+
+    return _ENV_VAR.sub(repl, text)
+
+
+@dataclass(frozen=True)
+class FundusPreprocess:
+    """Fundus pipeline: crop to the camera field, resize, per-site normalization."""
+
+    image_size: int = 64
+    roi_crop: bool = True
+    roi_threshold: float = 0.08  # fraction of max brightness that counts as inside the field
+    normalize: bool = True  # per-channel mean/std from the site's own training split
+
+    def __post_init__(self) -> None:
+        if not 8 <= self.image_size <= 1024:
+            raise ValueError("preprocess.image_size must be between 8 and 1024")
+        if not 0.0 <= self.roi_threshold < 1.0:
+            raise ValueError("preprocess.roi_threshold must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class CTPreprocess:
+    """CT pipeline: HU window, resample to a target spacing, crop/pad to a fixed shape.
+
+    Axes are (slice, row, column) throughout; spacing is in millimetres in that order.
+    """
+
+    hu_window: tuple[float, float] = (-160.0, 240.0)
+    spacing: tuple[float, float, float] = (4.0, 4.0, 4.0)
+    shape: tuple[int, int, int] = (16, 48, 48)
+    normalize: bool = True
+
+    def __post_init__(self) -> None:
+        lo, hi = self.hu_window
+        if not lo < hi:
+            raise ValueError("preprocess.hu_window must be [low, high] with low < high")
+        if len(self.spacing) != 3 or any(s <= 0 for s in self.spacing):
+            raise ValueError("preprocess.spacing must be three positive numbers (mm)")
+        if len(self.shape) != 3 or any(s < 4 for s in self.shape):
+            raise ValueError("preprocess.shape must be three integers >= 4")
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    """Patient-level split. Layout-declared test sets are kept when ``use_layout_split``."""
+
+    val_fraction: float = 0.15
+    test_fraction: float = 0.25
+    seed: int = 0
+    use_layout_split: bool = True
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.val_fraction < 1 and 0 <= self.test_fraction < 1):
+            raise ValueError("split fractions must be in [0, 1)")
+        if self.val_fraction + self.test_fraction >= 1:
+            raise ValueError("split.val_fraction + split.test_fraction must be below 1")
+
+
+@dataclass(frozen=True)
+class SiteManifest:
+    """A site: where its data is, how it is laid out, what the labels mean, how to preprocess."""
+
+    id: str
+    modality: Modality
+    layout: str
+    root: Path
+    labels: dict[str, int]
+    preprocess: FundusPreprocess | CTPreprocess
+    split: SplitOptions = field(default_factory=SplitOptions)
+    layout_options: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    source: str = ""
+    acquisition: str = ""
+    known_shifts: str = ""
+    licence: str = ""
+    ethics: str = ""
+    manifest_path: Path | None = None
+
+    @property
+    def n_classes(self) -> int:
+        return len(set(self.labels.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A TOML/JSON-ready dictionary of the resolved manifest."""
+        data = asdict(self)
+        data["modality"] = str(self.modality)
+        data["root"] = str(self.root)
+        data["manifest_path"] = str(self.manifest_path) if self.manifest_path else ""
+        return data
+
+
+_TOP_KEYS = {
+    "id", "modality", "layout", "root", "labels", "preprocess", "split", "layout_options",
+    "description", "source", "acquisition", "known_shifts", "licence", "ethics",
+}  # fmt: skip
+
+
+def _require(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    if key not in data:
+        raise ManifestError(f"{where}: missing required field '{key}'")
+    value = data[key]
+    if not isinstance(value, kind):
+        raise ManifestError(f"{where}: field '{key}' must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _typed(cls: type, data: dict[str, Any], where: str, section: str) -> Any:
+    known = set(cls.__dataclass_fields__)
+    unknown = set(data) - known
+    if unknown:
+        raise ManifestError(
+            f"{where}: unknown key(s) {sorted(unknown)} in [{section}]; known: {sorted(known)}"
+        )
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise ManifestError(f"{where}: [{section}] {exc}") from exc
+
+
+def parse_manifest(data: dict[str, Any], *, where: str, base_dir: Path) -> SiteManifest:
+    """Validate a manifest dictionary and turn it into a :class:`SiteManifest`."""
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise ManifestError(f"{where}: unknown field(s) {sorted(unknown)}")
+    site_id = _require(data, "id", str, where)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", site_id):
+        raise ManifestError(
+            f"{where}: id {site_id!r} must be letters, digits, '_', '-', '.' (it names files)"
+        )
+    modality_text = _require(data, "modality", str, where)
+    try:
+        modality = Modality(modality_text)
+    except ValueError:
+        raise ManifestError(
+            f"{where}: modality {modality_text!r} is not one of {[m.value for m in Modality]}"
+        ) from None
+    layout = _require(data, "layout", str, where)
+    if layout not in LAYOUTS_BY_MODALITY[modality]:
+        raise ManifestError(
+            f"{where}: unknown layout {layout!r} for modality {modality}; "
+            f"choose one of {list(LAYOUTS_BY_MODALITY[modality])}"
+        )
+    root = Path(expand_env(_require(data, "root", str, where), where=where)).expanduser()
+    if not root.is_absolute():
+        root = (base_dir / root).resolve()
+    labels = _require(data, "labels", dict, where)
+    if len(labels) < 2 or not all(isinstance(v, int) and v >= 0 for v in labels.values()):
+        raise ManifestError(
+            f"{where}: [labels] must map at least two class names to integers >= 0, "
+            f"e.g. normal = 0, glaucoma = 1; got {labels!r}"
+        )
+    indices = sorted(set(labels.values()))
+    if indices != list(range(len(indices))):
+        raise ManifestError(f"{where}: [labels] indices must be 0..K-1 without gaps, got {indices}")
+    pre_cls = FundusPreprocess if modality is Modality.FUNDUS else CTPreprocess
+    preprocess = _typed(pre_cls, data.get("preprocess", {}), where, "preprocess")
+    split = _typed(SplitOptions, data.get("split", {}), where, "split")
+    layout_options = data.get("layout_options", {})
+    if not isinstance(layout_options, dict):
+        raise ManifestError(f"{where}: [layout_options] must be a table")
+    text_fields = {
+        k: str(data.get(k, ""))
+        for k in ("description", "source", "acquisition", "known_shifts", "licence", "ethics")
+    }
+    return SiteManifest(
+        id=site_id,
+        modality=modality,
+        layout=layout,
+        root=root,
+        labels=dict(labels),
+        preprocess=preprocess,
+        split=split,
+        layout_options=dict(layout_options),
+        **text_fields,
+    )
+
+
+def load_manifest(path: str | Path) -> SiteManifest:
+    """Read and validate one site manifest (``sites/<id>.toml``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"{path}: manifest file not found")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path}: not valid TOML ({exc})") from exc
+    manifest = parse_manifest(data, where=str(path), base_dir=path.parent.resolve())
+    return replace(manifest, manifest_path=path.resolve())
+
+
+def load_manifests(paths: list[str | Path]) -> list[SiteManifest]:
+    """Load several manifests; site ids must be unique and the modality shared."""
+    manifests = [load_manifest(p) for p in paths]
+    seen: dict[str, Path | None] = {}
+    for m in manifests:
+        if m.id in seen:
+            raise ManifestError(f"{m.manifest_path}: site id {m.id!r} also used by {seen[m.id]}")
+        seen[m.id] = m.manifest_path
+    return manifests
+
+
+DEVICES = ("auto", "cpu", "cuda")
+FAULT_KINDS = ("raise", "nan", "shape", "timeout", "drop")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """An injected failure for resilience drills: ``ROUND:SITE:KIND``."""
+
+    round: int
+    site: str
+    kind: str
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        parts = text.split(":")
+        if len(parts) != 3 or not parts[0].isdigit() or parts[2] not in FAULT_KINDS:
+            raise ConfigError(
+                f"fault {text!r} must be ROUND:SITE:KIND with KIND one of {list(FAULT_KINDS)}, "
+                "e.g. 2:acrima:nan"
+            )
+        return cls(int(parts[0]), parts[1], parts[2])
+
+    def __str__(self) -> str:
+        return f"{self.round}:{self.site}:{self.kind}"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that decides a training run besides the sites themselves."""
+
+    algorithm: str
+    params: dict[str, Any] = field(default_factory=dict)
+    rounds: int = 20
+    local_steps: int = 10
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    seed: int = 0
+    backbone: str = "auto"  # GroupNorm cnn / monai3d (BatchNorm ones for FedBN)
+    device: str = "auto"
+    client_fraction: float = 1.0
+    min_sites: int = 1
+    site_timeout_s: float = 0.0  # 0: no limit on one site's local work
+    augment: bool = True
+    faults: tuple[str, ...] = ()
+    keep_checkpoints: int = 2
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.rounds >= 1, "rounds must be >= 1"),
+            (self.local_steps >= 1, "local_steps must be >= 1"),
+            (self.batch_size >= 1, "batch_size must be >= 1"),
+            (self.lr > 0, "lr must be > 0"),
+            (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
+            (self.weight_decay >= 0, "weight_decay must be >= 0"),
+            (self.device in DEVICES, f"device must be one of {list(DEVICES)}"),
+            (0 < self.client_fraction <= 1, "client_fraction must be in (0, 1]"),
+            (self.min_sites >= 1, "min_sites must be >= 1"),
+            (self.site_timeout_s >= 0, "site_timeout_s must be >= 0"),
+            (self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"training setting: {message}")
+        for fault in self.faults:
+            Fault.parse(fault)
+
+    @property
+    def fault_plan(self) -> dict[tuple[int, str], str]:
+        return {(f.round, f.site): f.kind for f in map(Fault.parse, self.faults)}
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["faults"] = list(self.faults)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str) -> TrainConfig:
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"{where}: unknown training setting(s) {sorted(unknown)}")
+        values = dict(data)
+        if "faults" in values:
+            values["faults"] = tuple(values["faults"])
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ConfigError(f"{where}: {exc}") from None

@@ -1,0 +1,1 @@
+"""Site data: layout readers, preprocessing, cache, splits, onboarding checks."""

@@ -1,0 +1,84 @@
+"""Data cards: one markdown page per site, next to the data code (data_cards/<id>.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from medfed.config import SiteManifest
+from medfed.data.checks import SiteReport
+
+TO_FILL = "_to fill in by the site_"
+
+
+def _field(text: str) -> str:
+    return text.strip() or TO_FILL
+
+
+def render_card(manifest: SiteManifest, report: SiteReport) -> str:
+    """The card's markdown text, from the manifest (declared facts) and the check (measured)."""
+    classes = sorted(manifest.labels, key=lambda name: (manifest.labels[name], name))
+    lines = [
+        f"# Data card: {manifest.id}",
+        "",
+        f"{_field(manifest.description)}",
+        "",
+        "| field | value |",
+        "| --- | --- |",
+        f"| site id | `{manifest.id}` |",
+        f"| modality | {manifest.modality} |",
+        f"| on-disk layout | `{manifest.layout}` |",
+        f"| source | {_field(manifest.source)} |",
+        f"| labels | {', '.join(f'{n} = {manifest.labels[n]}' for n in classes)} |",
+        f"| scans | {report.n_records} listed, {report.n_readable} readable |",
+        f"| ready to join | {'yes' if report.ready else 'no: see problems below'} |",
+        "",
+        "## Counts per split and class",
+        "",
+    ]
+    names = sorted({c for per in report.counts.values() for c in per})
+    lines += ["| split | " + " | ".join(names) + " | total |", "|---" * (len(names) + 2) + "|"]
+    totals = dict.fromkeys(names, 0)
+    for split in ("train", "val", "test"):
+        per = report.counts.get(split, {})
+        row = [per.get(n, 0) for n in names]
+        for n, v in zip(names, row, strict=True):
+            totals[n] += v
+        lines.append(f"| {split} | " + " | ".join(map(str, row)) + f" | {sum(row)} |")
+    lines.append(
+        "| all | " + " | ".join(str(totals[n]) for n in names) + f" | {sum(totals.values())} |"
+    )
+    if len(names) == 2 and min(totals.values()) > 0:
+        a, b = names
+        lines += ["", f"Class ratio {a}:{b} = {totals[a] / totals[b]:.2f}"]
+    lines += [
+        "",
+        "## Acquisition",
+        "",
+        _field(manifest.acquisition),
+        "",
+        f"- image sizes: {report.sizes or 'n/a'}",
+        f"- intensity before preprocessing: {report.intensity or 'n/a'}",
+        "",
+        "## Preprocessing",
+        "",
+        f"`{manifest.preprocess}`",
+        "",
+        "## Known shifts",
+        "",
+        _field(manifest.known_shifts),
+    ]
+    if report.distances:
+        lines += ["", "Distance to other sites (MMD on simple appearance features):", ""]
+        lines += [f"- {other}: {d:.4f}" for other, d in sorted(report.distances.items())]
+    lines += ["", "## Licence", "", _field(manifest.licence), "", "## Ethics", ""]
+    lines += [_field(manifest.ethics), ""]
+    if report.problems:
+        lines += ["## Open problems", ""] + [f"- {p}" for p in report.problems] + [""]
+    return "\n".join(lines)
+
+
+def write_card(manifest: SiteManifest, report: SiteReport, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{manifest.id}.md"
+    path.write_text(render_card(manifest, report), encoding="utf-8")
+    return path

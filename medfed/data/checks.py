@@ -1,0 +1,256 @@
+"""Onboarding validation: is a site ready to join the federation? -> SiteReport.
+
+Every file is decoded once (and the result cached for training). Nothing bad is skipped without
+being listed: each problem names its file and what to do.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from medfed.config import Modality, SiteManifest, load_manifest
+from medfed.data.cache import TensorCache
+from medfed.data.io import Volume, read_record
+from medfed.data.layouts import scan_site
+from medfed.data.records import Problem
+from medfed.data.sitedata import preprocess_record
+from medfed.data.splits import assign_splits
+from medfed.errors import MedfedError
+
+EXIT_READY, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
+
+
+@dataclass
+class SiteReport:
+    """What ``medfed sites check`` found for one manifest."""
+
+    manifest: str
+    site: str = ""
+    modality: str = ""
+    layout: str = ""
+    root: str = ""
+    unusable: str = ""  # set when the manifest itself cannot be used (exit 2)
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    n_records: int = 0
+    n_readable: int = 0
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # split -> class -> n
+    sizes: dict[str, Any] = field(default_factory=dict)
+    intensity: dict[str, Any] = field(default_factory=dict)
+    distances: dict[str, float] = field(default_factory=dict)
+    features: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def exit_code(self) -> int:
+        if self.unusable:
+            return EXIT_UNUSABLE
+        return EXIT_PROBLEMS if self.problems else EXIT_READY
+
+    @property
+    def ready(self) -> bool:
+        return self.exit_code == EXIT_READY
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "manifest": self.manifest,
+            "site": self.site,
+            "modality": self.modality,
+            "layout": self.layout,
+            "root": self.root,
+            "ready": self.ready,
+            "exit_code": self.exit_code,
+            "unusable": self.unusable or None,
+            "problems": [
+                {"file": p.file, "message": p.message, "hint": p.hint} for p in self.problems
+            ],
+            "warnings": self.warnings,
+            "n_records": self.n_records,
+            "n_readable": self.n_readable,
+            "n_unreadable": self.n_records - self.n_readable,
+            "counts": self.counts,
+            "sizes": self.sizes,
+            "intensity": self.intensity,
+            "distances": self.distances,
+        }
+
+
+def _raw_stats(decoded: np.ndarray | Volume) -> tuple[tuple[int, ...], np.ndarray, tuple]:
+    """(shape, per-channel mean/std, spacing) of a decoded scan, before preprocessing."""
+    if isinstance(decoded, Volume):
+        a = decoded.array
+        return a.shape, np.array([[a.mean(), a.std()]]), decoded.spacing
+    a = decoded.reshape(-1, decoded.shape[-1]).astype(np.float64)
+    return decoded.shape[:2], np.stack([a.mean(0), a.std(0)], axis=1), ()
+
+
+def _features(tensor: torch.Tensor) -> np.ndarray:
+    """Simple appearance features for site distances: channel moments + a coarse thumbnail."""
+    x = tensor.float()[None]
+    pooled = F.adaptive_avg_pool2d(x, 4) if x.dim() == 4 else F.adaptive_avg_pool3d(x, 2)
+    dims = tuple(range(2, x.dim()))
+    moments = torch.cat([x.mean(dim=dims), x.std(dim=dims)], dim=1)
+    return torch.cat([moments.flatten(), pooled.flatten()]).numpy().astype(np.float64)
+
+
+def _summarize_sizes(shapes: list[tuple[int, ...]], spacings: list[tuple]) -> dict[str, Any]:
+    if not shapes:
+        return {}
+    counts = Counter(shapes)
+    out: dict[str, Any] = {
+        "min": list(np.min(shapes, axis=0).tolist()),
+        "max": list(np.max(shapes, axis=0).tolist()),
+        "most_common": list(counts.most_common(1)[0][0]),
+        "distinct": len(counts),
+    }
+    if spacings and spacings[0]:
+        arr = np.array(spacings, dtype=np.float64)
+        out["spacing_mm_min"] = arr.min(axis=0).round(3).tolist()
+        out["spacing_mm_max"] = arr.max(axis=0).round(3).tolist()
+    return out
+
+
+def check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
+    """Validate one loaded manifest: layout, every file, labels, counts, statistics."""
+    report = SiteReport(
+        manifest=str(manifest.manifest_path or manifest.id),
+        site=manifest.id,
+        modality=str(manifest.modality),
+        layout=manifest.layout,
+        root=str(manifest.root),
+    )
+    try:
+        scan = scan_site(manifest)
+    except MedfedError as exc:
+        report.unusable = str(exc)
+        return report
+    report.problems.extend(scan.problems)
+    report.n_records = len(scan.records)
+    if not scan.records:
+        report.problems.append(
+            Problem(str(manifest.root), "no scans found", f"check the '{manifest.layout}' layout")
+        )
+        return report
+
+    shapes, spacings, moments, features = [], [], [], []
+    readable = []
+    for record in scan.records:
+        try:
+            decoded = read_record(record, manifest.modality)
+            tensor = preprocess_record(manifest, record, cache, decoded=decoded)
+        except MedfedError as exc:
+            report.problems.append(
+                Problem(str(record.path), str(exc), "replace or remove the file, then re-check")
+            )
+            continue
+        shape, moment, spacing = _raw_stats(decoded)
+        shapes.append(tuple(int(s) for s in shape))
+        spacings.append(spacing)
+        moments.append(moment)
+        features.append(_features(tensor))
+        readable.append(record)
+    report.n_readable = len(readable)
+    report.sizes = _summarize_sizes(shapes, spacings)
+    if moments:
+        m = np.stack(moments)  # (n, channels, 2)
+        unit = "HU" if manifest.modality is Modality.CT else "0-255"
+        report.intensity = {
+            "unit": unit,
+            "mean": m[:, :, 0].mean(axis=0).round(3).tolist(),
+            "std": m[:, :, 1].mean(axis=0).round(3).tolist(),
+        }
+        report.features = np.stack(features)
+    _count(manifest, readable or scan.records, report)
+    return report
+
+
+def _count(manifest: SiteManifest, records: list, report: SiteReport) -> None:
+    names = defaultdict(list)
+    for name, index in manifest.labels.items():
+        names[index].append(name)
+    class_name = {i: "/".join(sorted(n)) for i, n in names.items()}
+    try:
+        splits = assign_splits(records, manifest.split)
+    except MedfedError as exc:
+        report.problems.append(Problem(str(manifest.root), str(exc)))
+        return
+    counts: dict[str, dict[str, int]] = {}
+    for record, split in zip(records, splits, strict=True):
+        per = counts.setdefault(str(split), dict.fromkeys(class_name.values(), 0))
+        per[class_name[record.label]] += 1
+    report.counts = counts
+    totals = Counter(class_name[r.label] for r in records)
+    for name in class_name.values():
+        if totals[name] == 0:
+            report.problems.append(
+                Problem(
+                    str(manifest.root),
+                    f"no scans of class '{name}'",
+                    "a site needs examples of every declared class; add them or drop the class",
+                )
+            )
+    for split, per in counts.items():
+        present = [k for k, v in per.items() if v > 0]
+        if len(present) < 2:
+            report.warnings.append(
+                f"{split} split has only class {present}: its AUC will be undefined"
+            )
+    if "train" not in counts or sum(counts["train"].values()) == 0:
+        report.problems.append(Problem(str(manifest.root), "training split is empty"))
+
+
+def mmd_rbf(a: np.ndarray, b: np.ndarray) -> float:
+    """Squared maximum mean discrepancy with an RBF kernel (median-distance bandwidth)."""
+    both = np.concatenate([a, b])
+    sq = ((both[:, None, :] - both[None, :, :]) ** 2).sum(-1)
+    positive = sq[sq > 0]
+    bandwidth = np.median(positive) if positive.size else 1.0
+    k = np.exp(-sq / bandwidth)
+    n = len(a)
+    kaa, kbb, kab = k[:n, :n], k[n:, n:], k[:n, n:]
+    return float(max(0.0, kaa.mean() + kbb.mean() - 2 * kab.mean()))
+
+
+def _site_distances(reports: list[SiteReport], max_per_site: int = 200) -> None:
+    usable = [r for r in reports if r.features is not None and len(r.features) > 1]
+    if len(usable) < 2:
+        return
+    pooled = np.concatenate([r.features for r in usable])
+    mean, std = pooled.mean(0), pooled.std(0) + 1e-8
+    rng = np.random.default_rng(0)
+    scaled = {}
+    for r in usable:
+        feats = (r.features - mean) / std
+        if len(feats) > max_per_site:
+            feats = feats[rng.choice(len(feats), max_per_site, replace=False)]
+        scaled[r.site] = feats
+    for r in usable:
+        r.distances = {
+            other: round(mmd_rbf(scaled[r.site], scaled[other]), 4)
+            for other in scaled
+            if other != r.site
+        }
+
+
+def check_manifests(paths: list[str | Path], cache: TensorCache) -> list[SiteReport]:
+    """Check each manifest; an unusable manifest is reported, not raised."""
+    reports = []
+    for path in paths:
+        try:
+            manifest = load_manifest(path)
+        except MedfedError as exc:
+            reports.append(SiteReport(manifest=str(path), unusable=str(exc)))
+            continue
+        reports.append(check_site(manifest, cache))
+    _site_distances(reports)
+    return reports
+
+
+def overall_exit_code(reports: list[SiteReport]) -> int:
+    return max((r.exit_code for r in reports), default=EXIT_READY)

@@ -1,0 +1,175 @@
+"""REFUGE: ``Training400/<class folder>/*.jpg`` plus image sets labelled by .csv/.xlsx tables."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from medfed.config import SiteManifest
+from medfed.data.layouts._common import (
+    PatientIds,
+    check_options,
+    list_images,
+    make_record,
+    option_table,
+    parse_split,
+    read_table,
+    require_classes,
+    resolve_under,
+    scan_class_folders,
+    where,
+)
+from medfed.data.records import LayoutScan, Problem, Split
+from medfed.errors import DataError, ManifestError
+
+TRAIN_FOLDER = "Training400"
+DEFAULT_CLASS_FOLDERS = {"Glaucoma": "glaucoma", "Non-Glaucoma": "normal"}
+DEFAULT_LABEL_VALUES = {"1": "glaucoma", "0": "normal"}
+DEFAULT_LABEL_FILES: tuple[dict[str, str], ...] = (
+    {"images": "Validation400", "file": "Validation400-GT/labels.xlsx", "split": "val"},
+    {"images": "Test400", "file": "Test400-GT/labels.csv", "split": "test"},
+)
+_LABEL_FILE_KEYS = {"images", "file", "image_column", "label_column", "split"}
+
+
+@dataclass(frozen=True)
+class LabelFile:
+    """An image folder whose labels are in a table, one row per image."""
+
+    images: str
+    file: str
+    split: Split
+    image_column: str = "ImgName"
+    label_column: str = "Glaucoma Label"
+    declared: bool = True  # listed in the manifest, so its folder must exist
+
+
+def label_files(manifest: SiteManifest) -> list[LabelFile]:
+    """layout_options.label_files, validated; the REFUGE defaults when absent."""
+    declared = "label_files" in manifest.layout_options
+    entries: Any = manifest.layout_options.get("label_files", DEFAULT_LABEL_FILES)
+    if not isinstance(entries, list | tuple):
+        raise ManifestError(
+            f"{where(manifest)}: layout_options.label_files must be an array of tables, e.g. "
+            '[{images = "Validation400", file = "Validation400-GT/labels.xlsx", split = "val"}]'
+        )
+    return [_label_file(manifest, entry, i, declared) for i, entry in enumerate(entries)]
+
+
+def _label_file(manifest: SiteManifest, entry: object, i: int, declared: bool) -> LabelFile:
+    setting = f"layout_options.label_files[{i}]"
+    if not isinstance(entry, Mapping):
+        raise ManifestError(f"{where(manifest)}: {setting} must be a table, got {entry!r}")
+    unknown = set(entry) - _LABEL_FILE_KEYS
+    missing = {"images", "file", "split"} - set(entry)
+    if unknown or missing:
+        raise ManifestError(
+            f"{where(manifest)}: {setting} has unknown key(s) {sorted(unknown)} and lacks "
+            f"{sorted(missing)}; keys: {sorted(_LABEL_FILE_KEYS)} (images, file, split required)"
+        )
+    texts = {k: v for k, v in entry.items() if k != "split"}
+    if not all(isinstance(v, str) and v for v in texts.values()):
+        raise ManifestError(f"{where(manifest)}: {setting}: {sorted(texts)} must be non-empty text")
+    split = parse_split(manifest, entry["split"], f"{setting}.split")
+    return LabelFile(**texts, split=split, declared=declared)
+
+
+def scan(manifest: SiteManifest) -> LayoutScan:
+    """List REFUGE images: the class-folder training set and every labelled image set."""
+    check_options(manifest, {"class_folders", "label_files", "label_values", "patient_regex"})
+    class_folders = option_table(manifest, "class_folders", DEFAULT_CLASS_FOLDERS)
+    require_classes(manifest, class_folders.values(), "layout_options.class_folders")
+    label_values = option_table(manifest, "label_values", DEFAULT_LABEL_VALUES)
+    require_classes(manifest, label_values.values(), "layout_options.label_values")
+    sets = label_files(manifest)
+    patient_ids = PatientIds(manifest)
+
+    result = LayoutScan([], [])
+    train = manifest.root / TRAIN_FOLDER
+    if train.is_dir():
+        found = scan_class_folders(manifest, train, Split.TRAIN, patient_ids, class_folders)
+        result.records.extend(found.records)
+        result.problems.extend(found.problems)
+    else:
+        result.problems.append(_missing(train, f"{TRAIN_FOLDER}/<class folder>/*.jpg"))
+    for spec in sets:
+        folder = resolve_under(manifest.root, spec.images)
+        if folder.is_dir():
+            _scan_labelled_set(manifest, spec, folder, label_values, patient_ids, result)
+        elif spec.declared:
+            result.problems.append(_missing(folder, "each images folder of label_files"))
+    result.records.sort(key=lambda r: r.path)
+    return result
+
+
+def _missing(expected: Path, what: str) -> Problem:
+    return Problem(
+        str(expected),
+        f"expected folder {expected} is missing",
+        f"layout 'refuge' expects {what} under the site root; check 'root' and [layout_options]",
+    )
+
+
+def _scan_labelled_set(
+    manifest: SiteManifest,
+    spec: LabelFile,
+    folder: Path,
+    label_values: dict[str, str],
+    patient_ids: PatientIds,
+    out: LayoutScan,
+) -> None:
+    """Add the records of one table-labelled image folder, and every mismatch, to ``out``."""
+    images, problems = list_images(folder)
+    out.problems.extend(problems)
+    table = resolve_under(manifest.root, spec.file)
+    try:
+        rows = read_table(table, [spec.image_column, spec.label_column])
+    except DataError as exc:
+        out.problems.append(_table_problem(table, exc, len(images), folder))
+        return
+    by_name = {p.name: p for p in images}
+    by_stem = {p.stem: p for p in images}
+    labelled: set[Path] = set()
+    for line, row in enumerate(rows, start=2):
+        name, value = row[spec.image_column], row[spec.label_column]
+        image = by_name.get(name) or (by_stem.get(name) if not Path(name).suffix else None)
+        place = f"{table}:{line}"
+        if image is None:
+            out.problems.append(
+                Problem(place, f"names image {name!r}, which does not exist in {folder}")
+            )
+        elif image in labelled:
+            out.problems.append(Problem(place, f"image {name!r} is listed again; first row kept"))
+        elif value not in label_values:
+            out.problems.append(_bad_value(place, name, value, label_values))
+        else:
+            labelled.add(image)
+            class_name = label_values[value]
+            out.records.append(
+                make_record(manifest, image, class_name, spec.split, patient_ids, out.problems)
+            )
+    out.problems.extend(
+        Problem(str(p), f"image has no label in {table}; not used", f"add a row for {p.name}")
+        for p in images
+        if p not in labelled
+    )
+
+
+def _table_problem(table: Path, exc: DataError, n_images: int, folder: Path) -> Problem:
+    message = "label file not found" if not table.is_file() else str(exc).removeprefix(f"{table}: ")
+    return Problem(
+        str(table),
+        f"{message}; the {n_images} image(s) in {folder} are not used",
+        "fix the table, or its 'file' / column names in layout_options.label_files",
+    )
+
+
+def _bad_value(place: str, name: str, value: str, label_values: dict[str, str]) -> Problem:
+    return Problem(
+        place,
+        f"image {name!r} has label value {value!r}, which layout_options.label_values does not "
+        f"map to a class (known values: {sorted(label_values)}); not used",
+        "fix the value, or add it to layout_options.label_values",
+    )

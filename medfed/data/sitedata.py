@@ -1,0 +1,125 @@
+"""Load a site: scan its layout, split by patient, preprocess through the cache, normalize."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from tqdm import tqdm
+
+from medfed.config import SiteManifest
+from medfed.data.cache import TensorCache, cache_key
+from medfed.data.io import read_record
+from medfed.data.layouts import scan_site
+from medfed.data.preprocess import Normalization, apply_pipeline, pipeline_fingerprint
+from medfed.data.records import Problem, Record, Split
+from medfed.data.splits import assign_splits
+from medfed.errors import DataError, MedfedError
+
+_SHOWN = 5
+
+
+@dataclass
+class SiteData:
+    """A site's preprocessed tensors per split, ready for training and evaluation."""
+
+    manifest: SiteManifest
+    x: dict[Split, torch.Tensor]
+    y: dict[Split, torch.Tensor]
+    records: dict[Split, list[Record]]
+    normalization: Normalization
+    cache_hits: int = 0
+    cache_misses: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.manifest.id
+
+    def n(self, split: Split) -> int:
+        return int(self.y[split].shape[0])
+
+    def class_counts(self, split: Split) -> dict[int, int]:
+        labels, counts = torch.unique(self.y[split], return_counts=True)
+        return {int(k): int(v) for k, v in zip(labels, counts, strict=True)}
+
+
+def _refuse(site: SiteManifest, what: str, items: list[str]) -> DataError:
+    listed = "\n  ".join(items[:_SHOWN])
+    more = f"\n  ... and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
+    where = site.manifest_path or site.id
+    return DataError(
+        f"site {site.id!r} ({where}): {len(items)} {what}:\n  {listed}{more}\n"
+        f"Run 'medfed sites check {where}' for the full list and what to do."
+    )
+
+
+def preprocess_record(
+    site: SiteManifest, record: Record, cache: TensorCache, decoded: object | None = None
+) -> torch.Tensor:
+    """Decode and run the deterministic pipeline on one record, through the cache.
+
+    ``decoded`` skips the decode when the caller already holds the decoded scan.
+    """
+    key = cache_key(record.content_files, pipeline_fingerprint(site))
+    tensor = cache.get(key) if decoded is None else None
+    if tensor is None:
+        if decoded is None:
+            decoded = read_record(record, site.modality)
+        tensor = apply_pipeline(site.modality, site.preprocess, decoded)
+        cache.put(key, tensor)
+    return tensor
+
+
+def load_site(site: SiteManifest, cache: TensorCache, *, progress: bool = False) -> SiteData:
+    """Everything a site contributes to training; refuses data with problems, naming them."""
+    scan = scan_site(site)
+    if scan.problems:
+        raise _refuse(site, "problem(s) in the site's files", [str(p) for p in scan.problems])
+    if not scan.records:
+        raise DataError(f"site {site.id!r}: no scans found under {site.root}")
+    splits = assign_splits(scan.records, site.split)
+    hits, misses = cache.stats.hits, cache.stats.misses
+
+    tensors: list[torch.Tensor] = []
+    failures: list[Problem] = []
+    records = tqdm(scan.records, desc=f"preprocess {site.id}", disable=not progress, leave=False)
+    for record in records:
+        try:
+            tensors.append(preprocess_record(site, record, cache))
+        except MedfedError as exc:
+            failures.append(Problem(str(record.path), str(exc)))
+    if failures:
+        raise _refuse(site, "unreadable scan(s)", [str(p) for p in failures])
+
+    by_split: dict[Split, list[int]] = {s: [] for s in Split}
+    for index, split in enumerate(splits):
+        by_split[split].append(index)
+    if not by_split[Split.TRAIN]:
+        raise DataError(f"site {site.id!r}: the training split is empty; lower split fractions")
+    x_raw = {s: _stack([tensors[i] for i in idx], tensors[0]) for s, idx in by_split.items()}
+    y = {
+        s: torch.tensor([scan.records[i].label for i in idx], dtype=torch.long)
+        for s, idx in by_split.items()
+    }
+    channels = tensors[0].shape[0]
+    norm = (
+        Normalization.fit(x_raw[Split.TRAIN])
+        if site.preprocess.normalize
+        else Normalization.identity(channels)
+    )
+    return SiteData(
+        manifest=site,
+        x={s: norm.apply(t) for s, t in x_raw.items()},
+        y=y,
+        records={s: [scan.records[i] for i in idx] for s, idx in by_split.items()},
+        normalization=norm,
+        cache_hits=cache.stats.hits - hits,
+        cache_misses=cache.stats.misses - misses,
+    )
+
+
+def _stack(items: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    if not items:
+        return torch.empty((0, *like.shape), dtype=like.dtype)
+    return torch.stack(items)

@@ -1,0 +1,1 @@
+"""Running a federation: the in-process engine, the wire format, the run directory."""

@@ -1,0 +1,49 @@
+"""Device choice: CUDA with bf16 autocast and channels-last when present, CPU otherwise."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from medfed.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DeviceSetup:
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def autocast(self) -> Callable[[], Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext
+        return lambda: torch.autocast("cuda", dtype=self.autocast_dtype)
+
+    def put(self, x: torch.Tensor) -> torch.Tensor:
+        """Move a data tensor to the device once (through pinned memory on CUDA)."""
+        if not self.is_cuda:
+            return x
+        return x.pin_memory().to(self.device, non_blocking=True)
+
+    def describe(self) -> str:
+        if self.is_cuda:
+            return f"cuda ({torch.cuda.get_device_name(self.device)}, bf16 autocast)"
+        return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def resolve_device(name: str) -> DeviceSetup:
+    """``auto`` picks CUDA when available; asking for CUDA without one is an error."""
+    if name not in {"auto", "cpu", "cuda"}:
+        raise ConfigError(f"--device {name!r}: choose auto, cpu or cuda")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda was asked for, but no CUDA device is visible; use auto")
+    if name == "cpu" or not torch.cuda.is_available():
+        return DeviceSetup(torch.device("cpu"), None)
+    return DeviceSetup(torch.device("cuda"), torch.bfloat16)

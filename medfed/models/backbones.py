@@ -1,0 +1,196 @@
+"""Feature extractors: an image batch in, a flat (N, feat_dim) feature batch out.
+
+All backbones start from random weights (no pretrained downloads) with Kaiming initialisation.
+2D backbones take (N, C, H, W) fundus batches; 3D backbones take (N, C, D, H, W) CT volumes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from monai.networks.nets import ResNet as MonaiResNet
+from torch import nn
+
+from medfed.errors import ConfigError
+
+BACKBONES_2D: tuple[str, ...] = ("cnn", "cnn-gn", "resnet18-gn", "resnet18-bn")
+BACKBONES_3D: tuple[str, ...] = ("monai3d", "monai3d-gn")
+BACKBONES: tuple[str, ...] = BACKBONES_2D + BACKBONES_3D
+
+CNN_WIDTHS = (16, 32, 64, 128)
+RESNET18_WIDTHS = (64, 128, 256, 512)
+RESNET18_DEPTHS = (2, 2, 2, 2)
+MONAI3D_WIDTHS = (16, 32, 64, 128)
+CNN_GROUPS = 8
+RESNET_GROUPS = 16
+MONAI3D_GROUPS = 8
+
+NormFactory = Callable[[int], nn.Module]
+_BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+
+
+class ModelConfigError(ConfigError, ValueError):
+    """A model setting is invalid (unknown backbone, impossible size)."""
+
+
+def spatial_dims(name: str) -> int:
+    """Number of spatial axes the named backbone expects: 2 for fundus photos, 3 for CT."""
+    _check_name(name)
+    return 3 if name in BACKBONES_3D else 2
+
+
+def build_backbone(name: str, in_channels: int) -> tuple[nn.Module, int]:
+    """Build the named backbone with fresh weights; return it and its feature width."""
+    _check_name(name)
+    if in_channels < 1:
+        raise ModelConfigError(f"backbone {name!r}: in_channels must be >= 1, got {in_channels}")
+    if name in ("cnn", "cnn-gn"):
+        norm = _batch_norm_2d if name == "cnn" else _group_norm(CNN_GROUPS)
+        module, feat = SmallCNN(in_channels, norm), CNN_WIDTHS[-1]
+    elif name in ("resnet18-gn", "resnet18-bn"):
+        norm = _batch_norm_2d if name == "resnet18-bn" else _group_norm(RESNET_GROUPS)
+        module, feat = ResNet18(in_channels, norm), RESNET18_WIDTHS[-1]
+    else:
+        module, feat = _monai_resnet3d(in_channels, group_norm=name == "monai3d-gn")
+    kaiming_init(module)
+    if isinstance(module, ResNet18):
+        module.zero_init_residual_norms()
+    return module, feat
+
+
+def kaiming_init(module: nn.Module) -> None:
+    """Kaiming-normal weights and zero biases for every conv and linear layer in ``module``."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.Linear):
+            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+        else:
+            continue
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+
+def _check_name(name: str) -> None:
+    if name not in BACKBONES:
+        raise ModelConfigError(
+            f"unknown backbone {name!r}; choose one of: {', '.join(BACKBONES)} "
+            "(set 'backbone' in the training config, or 'auto' for the modality's default)"
+        )
+
+
+def _batch_norm_2d(channels: int) -> nn.Module:
+    return nn.BatchNorm2d(channels)
+
+
+def _group_norm(groups: int) -> NormFactory:
+    """Factory for GroupNorm; the group count is reduced to a divisor of narrow layers."""
+
+    def make(channels: int) -> nn.Module:
+        return nn.GroupNorm(math.gcd(groups, channels), channels)
+
+    return make
+
+
+class SmallCNN(nn.Module):
+    """Four conv3x3-norm-ReLU-maxpool blocks, then global average pooling."""
+
+    def __init__(self, in_channels: int, norm: NormFactory) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        prev = in_channels
+        for width in CNN_WIDTHS:
+            layers += [
+                nn.Conv2d(prev, width, 3, padding=1, bias=False),
+                norm(width),
+                nn.ReLU(inplace=True),
+                # ceil_mode keeps a 1-pixel map alive, so inputs as small as 8x8 still work.
+                nn.MaxPool2d(2, ceil_mode=True),
+            ]
+            prev = width
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(self.pool(self.features(x)), 1)
+
+
+class BasicBlock(nn.Module):
+    """Two conv3x3 layers with an identity (or 1x1 projection) shortcut."""
+
+    def __init__(self, in_ch: int, out_ch: int, stride: int, norm: NormFactory) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride=stride, padding=1, bias=False)
+        self.norm1 = norm(out_ch)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, padding=1, bias=False)
+        self.norm2 = norm(out_ch)
+        self.relu = nn.ReLU(inplace=True)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or in_ch != out_ch:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), norm(out_ch)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.norm1(self.conv1(x)))
+        out = self.norm2(self.conv2(out))
+        return self.relu(out + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 with a 3x3 stride-1 stem and no max-pool, sized for 32-128 pixel images."""
+
+    def __init__(self, in_channels: int, norm: NormFactory) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, RESNET18_WIDTHS[0], 3, padding=1, bias=False),
+            norm(RESNET18_WIDTHS[0]),
+            nn.ReLU(inplace=True),
+        )
+        stages: list[nn.Module] = []
+        prev = RESNET18_WIDTHS[0]
+        for i, (width, depth) in enumerate(zip(RESNET18_WIDTHS, RESNET18_DEPTHS, strict=True)):
+            stride = 1 if i == 0 else 2
+            blocks = [BasicBlock(prev, width, stride, norm)]
+            blocks += [BasicBlock(width, width, 1, norm) for _ in range(depth - 1)]
+            stages.append(nn.Sequential(*blocks))
+            prev = width
+        self.stages = nn.Sequential(*stages)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def zero_init_residual_norms(self) -> None:
+        """Start each residual branch at zero so every block begins as the identity."""
+        for m in self.modules():
+            if isinstance(m, BasicBlock):
+                nn.init.zeros_(m.norm2.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(self.pool(self.stages(self.stem(x))), 1)
+
+
+def _monai_resnet3d(in_channels: int, group_norm: bool) -> tuple[nn.Module, int]:
+    net = MonaiResNet(
+        block="basic",
+        layers=[1, 1, 1, 1],
+        block_inplanes=list(MONAI3D_WIDTHS),
+        spatial_dims=3,
+        n_input_channels=in_channels,
+        conv1_t_size=3,  # CT volumes are already coarse (about 4 mm voxels); 7^3 would be wasted
+        conv1_t_stride=1,
+        feed_forward=False,
+    )
+    if group_norm:
+        # MONAI 1.6.1's ResNet applies its `norm` argument to the stem only (residual blocks and
+        # shortcuts always get BatchNorm), so every BatchNorm is swapped here instead.
+        _replace_batch_norm(net, _group_norm(MONAI3D_GROUPS))
+    return net, MONAI3D_WIDTHS[-1]
+
+
+def _replace_batch_norm(module: nn.Module, make: NormFactory) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, _BATCH_NORMS):
+            setattr(module, name, make(child.num_features))
+        else:
+            _replace_batch_norm(child, make)

@@ -1,0 +1,163 @@
+"""The federated model: a backbone, a target branch and head, and an optional client branch.
+
+Algorithms choose which state-dict keys leave a site by these submodule names, so they are a
+contract: ``backbone``, ``target_branch``, ``target_head``, ``client_branch``, ``client_head``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from medfed.models.backbones import (
+    BACKBONES,
+    BACKBONES_2D,
+    BACKBONES_3D,
+    ModelConfigError,
+    build_backbone,
+    kaiming_init,
+    spatial_dims,
+)
+
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.SyncBatchNorm,
+    nn.GroupNorm,
+    nn.LayerNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()),  # torch >= 2.4
+)
+"""Normalization module types. MONAI's norm factory hands out these same torch classes."""
+
+SUBMODULES = ("backbone", "target_branch", "target_head", "client_branch", "client_head")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to rebuild the same model architecture on any site."""
+
+    backbone: str = "cnn"
+    in_channels: int = 3
+    n_classes: int = 2
+    n_sites: int = 1
+    client_branch: bool = False  # FedDRM's site classifier (client_branch + client_head)
+    branch_dim: int = 128
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.backbone in BACKBONES, f"backbone must be one of {list(BACKBONES)}"),
+            (self.in_channels >= 1, "in_channels must be >= 1"),
+            (self.n_classes >= 2, "n_classes must be >= 2 (binary tasks use 2 logits)"),
+            (self.n_sites >= 1, "n_sites must be >= 1"),
+            (self.branch_dim >= 1, "branch_dim must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ModelConfigError(f"model spec: {message}; got {self}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict for model.json."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        """Inverse of :meth:`to_dict`; rejects unknown fields instead of ignoring them."""
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ModelConfigError(f"model spec: unknown field(s) {sorted(unknown)}")
+        return cls(**data)
+
+
+class ModelOutput(NamedTuple):
+    """Logits of one forward pass; ``client_logits`` is None without a client branch."""
+
+    target_logits: torch.Tensor
+    client_logits: torch.Tensor | None
+
+
+def _branch(feat_dim: int, branch_dim: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(feat_dim, branch_dim), nn.LayerNorm(branch_dim), nn.ReLU())
+
+
+class FedModel(nn.Module):
+    """Backbone -> target branch -> per-site target head, plus the optional site classifier."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.backbone, self.feat_dim = build_backbone(spec.backbone, spec.in_channels)
+        self.spatial_dims = spatial_dims(spec.backbone)
+        self.target_branch = _branch(self.feat_dim, spec.branch_dim)
+        self.target_head = nn.Linear(spec.branch_dim, spec.n_classes)
+        self.client_branch: nn.Module | None = None
+        self.client_head: nn.Module | None = None
+        if spec.client_branch:
+            self.client_branch = _branch(self.feat_dim, spec.branch_dim)
+            self.client_head = nn.Linear(spec.branch_dim, spec.n_sites)
+        for module in (self.target_branch, self.target_head, self.client_branch, self.client_head):
+            if module is not None:
+                kaiming_init(module)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Backbone features (N, feat_dim), to be shared by several heads."""
+        if x.dim() != self.spatial_dims + 2:
+            raise ModelConfigError(self._wrong_rank_message(x))
+        return self.backbone(x)
+
+    def _wrong_rank_message(self, x: torch.Tensor) -> str:
+        dims = self.spatial_dims
+        other_dims, others = (3, BACKBONES_3D) if dims == 2 else (2, BACKBONES_2D)
+        hint = (
+            f"for this data use one of {', '.join(others)}"
+            if x.dim() == other_dims + 2
+            else "check that the batch axis and the channel axis are both present"
+        )
+        return (
+            f"backbone {self.spec.backbone!r} takes {dims}D images, batches of {dims + 2} axes "
+            f"(N, C, ...), but got shape {tuple(x.shape)}; {hint}"
+        )
+
+    def heads(self, features: torch.Tensor) -> ModelOutput:
+        """Target (and client) logits from backbone features."""
+        target = self.target_head(self.target_branch(features))
+        client = None
+        if self.client_branch is not None and self.client_head is not None:
+            client = self.client_head(self.client_branch(features))
+        return ModelOutput(target, client)
+
+    def forward(self, x: torch.Tensor) -> ModelOutput:
+        return self.heads(self.features(x))
+
+
+def build_model(spec: ModelSpec) -> FedModel:
+    """A fresh model for ``spec``; seed torch first for identical weights on every site."""
+    return FedModel(spec)
+
+
+def norm_state_keys(model: nn.Module) -> set[str]:
+    """State-dict keys of every normalization module, found by module type, never by name."""
+    keys: set[str] = set()
+    # remove_duplicate=False: a module registered under two names has state keys under both.
+    for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, NORM_TYPES):
+            prefix = f"{name}." if name else ""
+            keys.update(prefix + key for key in module.state_dict())
+    return keys
+
+
+def keys_with_prefix(state_keys: Iterable[str], prefixes: Iterable[str]) -> set[str]:
+    """Keys inside any of the module paths ``prefixes`` ("target_head" or "target_head.")."""
+    paths = tuple(p.rstrip(".") for p in prefixes)
+    if any(not p for p in paths):
+        raise ValueError("keys_with_prefix: empty prefix; name a module path such as 'backbone'")
+    # Match whole path components: "stages.1" must not select "stages.10".
+    dotted = tuple(p + "." for p in paths)
+    return {k for k in state_keys if k in paths or k.startswith(dotted)} if paths else set()

@@ -1,0 +1,72 @@
+"""Plain-text and markdown tables of run summaries (evaluate, demo, bench)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[str(h) for h in header]] + [[fmt(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(row: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+
+    sep = "| " + " | ".join("-" * w for w in widths) + " |"
+    return "\n".join([line(cells[0]), sep, *(line(r) for r in cells[1:])])
+
+
+def site_table(summary: dict[str, Any]) -> str:
+    """Per-site rows of one run."""
+    rows = []
+    for site, m in summary["sites"].items():
+        auc = m["auc"] if m["auc"] is not None else f"n/a ({m.get('auc_reason') or 'undefined'})"
+        rows.append([site, auc, m["accuracy"], m["balanced_accuracy"], m["n_test"]])
+    return markdown_table(["site", "AUC", "accuracy", "balanced acc.", "n test"], rows)
+
+
+def federation_lines(summary: dict[str, Any]) -> list[str]:
+    pairs = [
+        ("mean site AUC", summary.get("mean_site_auc")),
+        ("worst site AUC", summary.get("worst_site_auc")),
+        ("worst site", summary.get("worst_site")),
+        ("AUC spread (std)", summary.get("auc_std")),
+        ("AUC Gini", summary.get("auc_gini")),
+        ("average accuracy (weighted)", summary.get("average_accuracy")),
+        ("mean accuracy", summary.get("mean_accuracy")),
+        (f"system accuracy ({summary.get('routing_method')})", summary.get("system_accuracy")),
+        ("routing accuracy", summary.get("routing_accuracy")),
+        ("bytes per round", summary.get("bytes_per_round")),
+        ("seconds per round", summary.get("seconds_per_round")),
+        ("dropouts", summary.get("dropouts")),
+    ]
+    return [f"{name}: {fmt(value)}" for name, value in pairs]
+
+
+def methods_table(summaries: dict[str, dict[str, Any]]) -> str:
+    """One row per method: each site's AUC, worst-site AUC, average and system accuracy."""
+    site_ids = list(next(iter(summaries.values()))["sites"])
+    header = ["method", *(f"AUC {s}" for s in site_ids), "worst-site AUC"]
+    header += ["avg accuracy", "system accuracy", "routing"]
+    rows = []
+    for name, s in summaries.items():
+        rows.append(
+            [
+                name,
+                *(s["sites"][sid]["auc"] for sid in site_ids),
+                s.get("worst_site_auc"),
+                s.get("average_accuracy"),
+                s.get("system_accuracy"),
+                s.get("routing_method"),
+            ]
+        )
+    return markdown_table(header, rows)

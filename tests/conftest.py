@@ -1,0 +1,231 @@
+"""Fixtures that write small sites in the on-disk layouts the readers understand."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from medfed.config import SiteManifest, parse_manifest
+
+FUNDUS_LABELS = {"normal": 0, "glaucoma": 1}
+
+# The test models are tiny: one thread is faster than two, and immune to a busy machine.
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def site_manifest(tmp_path: Path) -> Callable[..., SiteManifest]:
+    """Factory: a validated manifest for a layout rooted at ``root``."""
+
+    def make(
+        layout: str,
+        root: Path,
+        *,
+        modality: str = "fundus",
+        labels: dict[str, int] | None = None,
+        layout_options: dict[str, Any] | None = None,
+        site_id: str = "site_a",
+    ) -> SiteManifest:
+        data = {
+            "id": site_id,
+            "modality": modality,
+            "layout": layout,
+            "root": str(root),
+            "labels": labels or dict(FUNDUS_LABELS),
+            "layout_options": layout_options or {},
+        }
+        path = tmp_path / "sites" / f"{site_id}.toml"
+        manifest = parse_manifest(data, where=str(path), base_dir=tmp_path)
+        return replace(manifest, manifest_path=path)
+
+    return make
+
+
+@pytest.fixture
+def write_fundus_image() -> Callable[..., Path]:
+    """Factory: write a small RGB image whose colour encodes ``seed``."""
+    from PIL import Image
+
+    def write(path: Path, seed: int = 0, size: tuple[int, int] = (24, 20)) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(seed)
+        pixels = rng.integers(0, 256, size=(size[1], size[0], 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(path)
+        return path
+
+    return write
+
+
+@pytest.fixture
+def make_acrima_site(tmp_path: Path, write_fundus_image) -> Callable[..., Path]:
+    """Factory: an ACRIMA folder with the given file names."""
+
+    def make(names: Sequence[str]) -> Path:
+        root = tmp_path / "ACRIMA"
+        root.mkdir(exist_ok=True)
+        for i, name in enumerate(names):
+            write_fundus_image(root / name, seed=i)
+        return root
+
+    return make
+
+
+@pytest.fixture
+def make_rimone_site(tmp_path: Path, write_fundus_image) -> Callable[..., Path]:
+    """Factory: a RIM-ONE DL tree; ``counts`` maps 'partition/split/class' to an image count."""
+
+    def make(counts: dict[str, int]) -> Path:
+        root = tmp_path / "RIM-ONE_DL"
+        for folder, n in counts.items():
+            (root / folder).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                write_fundus_image(root / folder / f"{folder.split('/')[-1]}_{i}.png", seed=i)
+        return root
+
+    return make
+
+
+@pytest.fixture
+def make_refuge_site(tmp_path: Path, write_fundus_image) -> Callable[..., Path]:
+    """REFUGE tree: Training400 class folders, Validation400 with an xlsx, Test400 with a csv."""
+
+    def make() -> Path:
+        from openpyxl import Workbook
+
+        root = tmp_path / "REFUGE"
+        write_fundus_image(root / "Training400" / "Glaucoma" / "g0001.jpg", seed=1)
+        write_fundus_image(root / "Training400" / "Non-Glaucoma" / "n0001.jpg", seed=2)
+        write_fundus_image(root / "Training400" / "Non-Glaucoma" / "n0002.jpg", seed=3)
+        for name in ("V0001.jpg", "V0002.jpg", "V0003.jpg"):
+            write_fundus_image(root / "Validation400" / name, seed=4)
+        book = Workbook()
+        sheet = book.active
+        sheet.append(["ImgName", "Fovea_X", "Fovea_Y", "Glaucoma Label"])
+        sheet.append(["V0001.jpg", 1.5, 2.5, 1])
+        sheet.append(["V0002.jpg", 1.5, 2.5, 0.0])
+        sheet.append(["V0003.jpg", 1.5, 2.5, 1.0])
+        (root / "Validation400-GT").mkdir()
+        book.save(root / "Validation400-GT" / "labels.xlsx")
+        for name in ("T0001.jpg", "T0002.jpg"):
+            write_fundus_image(root / "Test400" / name, seed=5)
+        (root / "Test400-GT").mkdir()
+        (root / "Test400-GT" / "labels.csv").write_text(
+            "ImgName,Glaucoma Label\nT0001.jpg,0\nT0002.jpg,1\n"
+        )
+        return root
+
+    return make
+
+
+@pytest.fixture
+def write_ct_slice() -> Callable[..., Path]:
+    """Factory: write one CT slice as a DICOM Part 10 file with full geometry."""
+
+    def write(
+        path: Path,
+        pixels: np.ndarray,
+        *,
+        position: Sequence[float],
+        patient_id: str = "P1",
+        series_uid: str = "1.2.826.0.1.3680043.8.498.1",
+        orientation: Sequence[float] = (1, 0, 0, 0, 1, 0),
+        pixel_spacing: Sequence[float] = (0.7, 0.8),
+        slope: float = 1.0,
+        intercept: float = -1024.0,
+        thickness: float | None = 2.5,
+    ) -> Path:
+        from pydicom.dataset import Dataset, FileMetaDataset
+        from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian, generate_uid
+
+        meta = FileMetaDataset()
+        meta.MediaStorageSOPClassUID = CTImageStorage
+        meta.MediaStorageSOPInstanceUID = generate_uid()
+        meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds = Dataset()
+        ds.file_meta = meta
+        ds.SOPClassUID = CTImageStorage
+        ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
+        ds.Modality = "CT"
+        ds.Manufacturer = "Test Scanner Co"
+        ds.PatientID = patient_id
+        ds.StudyInstanceUID = series_uid + ".0"
+        ds.SeriesInstanceUID = series_uid
+        ds.ImagePositionPatient = [float(v) for v in position]
+        ds.ImageOrientationPatient = [float(v) for v in orientation]
+        ds.PixelSpacing = [float(v) for v in pixel_spacing]
+        if thickness is not None:
+            ds.SliceThickness = thickness
+        ds.RescaleSlope = slope
+        ds.RescaleIntercept = intercept
+        ds.Rows, ds.Columns = pixels.shape
+        ds.SamplesPerPixel = 1
+        ds.PhotometricInterpretation = "MONOCHROME2"
+        ds.BitsAllocated = ds.BitsStored = 16
+        ds.HighBit = 15
+        ds.PixelRepresentation = 1
+        ds.PixelData = np.ascontiguousarray(pixels, dtype="<i2").tobytes()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ds.save_as(path, enforce_file_format=True)
+        return path
+
+    return write
+
+
+@pytest.fixture
+def write_ct_series(write_ct_slice) -> Callable[..., list[Path]]:
+    """Factory: a series of ``n`` slices 2.5 mm apart; slice k holds the stored value 10*k.
+
+    File names are shuffled so that name order never matches position order.
+    """
+
+    def write(
+        folder: Path,
+        n: int,
+        *,
+        patient_id: str = "P1",
+        series_uid: str = "1.2.826.0.1.3680043.8.498.1",
+        shape: tuple[int, int] = (6, 5),
+        suffix: str = ".dcm",
+        **kwargs: Any,
+    ) -> list[Path]:
+        names = list(range(n))
+        random.Random(n).shuffle(names)
+        paths = []
+        for k in range(n):
+            pixels = np.full(shape, 10 * k, dtype=np.int16)
+            path = folder / f"slice_{names[k]:03d}{suffix}"
+            position = (-10.0, -20.0, 30.0 + 2.5 * k)
+            paths.append(
+                write_ct_slice(
+                    path,
+                    pixels,
+                    position=position,
+                    patient_id=patient_id,
+                    series_uid=series_uid,
+                    **kwargs,
+                )  # fmt: skip
+            )
+        return paths
+
+    return write
+
+
+@pytest.fixture
+def write_nifti() -> Callable[..., Path]:
+    """Factory: write a NIfTI volume with the given (x, y, z) data and voxel sizes."""
+
+    def write(path: Path, data: np.ndarray, zooms: Sequence[float] = (1.0, 1.0, 1.0)) -> Path:
+        import nibabel as nib
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        nib.save(nib.Nifti1Image(data, np.diag([*zooms, 1.0])), path)
+        return path
+
+    return write

@@ -1,0 +1,144 @@
+"""The in-process engine: training, dropouts and bad updates, resume equality, run directory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from medfed.config import TrainConfig
+from medfed.errors import ConfigError
+from medfed.federation.engine import TIMING_KEYS, Engine
+from medfed.runs import RunDir
+from medfed.training import train
+from tests.tensorsites import tensor_sites
+
+VOLATILE = set(TIMING_KEYS) | {"resumes"}
+
+
+def config(algorithm: str = "feddrm", **kw) -> TrainConfig:
+    base = dict(algorithm=algorithm, rounds=3, local_steps=3, batch_size=8, lr=0.05, device="cpu")
+    return TrainConfig(**(base | kw))
+
+
+def stable(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k not in VOLATILE}
+
+
+@pytest.mark.parametrize(
+    "algorithm", ["local", "fedavg", "fedprox", "fedavgft", "fedbn", "fedrep", "ditto", "feddrm"]
+)
+def test_every_algorithm_trains_and_writes_the_run_directory(algorithm, tmp_path) -> None:
+    summary = train(tensor_sites(3), config(algorithm), tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    assert run.config_path.is_file() and run.summary_path.is_file()
+    assert (run.model_dir / "model.json").is_file()
+    assert len(run.read_metrics()) == 3 * 3  # one record per round per site
+    assert set(summary["sites"]) == {"site0", "site1", "site2"}
+    for figures in summary["sites"].values():
+        assert 0.0 <= figures["accuracy"] <= 1.0 and figures["n_test"] == 12
+    assert summary["system_accuracy"] is not None
+    expected_method = "density_ratio" if algorithm == "feddrm" else "majority_vote"
+    assert summary["routing_method"] == expected_method
+    if algorithm == "local":
+        assert summary["bytes_per_round"] == 0
+    else:
+        assert summary["bytes_per_round"] > 0
+
+
+def test_feddrm_learns_to_route_scans_to_their_site(tmp_path) -> None:
+    cfg = config("feddrm", rounds=8, local_steps=3, lr=0.02)
+    summary = train(tensor_sites(3), cfg, tmp_path / "r")
+    assert summary["backbone"] == "cnn-gn"
+    assert summary["routing_accuracy"] >= 0.85  # sites differ by a strong colour cast
+
+
+def test_same_seed_same_summary(tmp_path) -> None:
+    a = train(tensor_sites(2), config("fedavg"), tmp_path / "a")
+    b = train(tensor_sites(2), config("fedavg"), tmp_path / "b")
+    c = train(tensor_sites(2), config("fedavg", seed=1), tmp_path / "c")
+    assert stable(a) == stable(b)
+    assert stable(a) != stable(c)
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("nan", "NaN"),
+        ("shape", "shape"),
+        ("raise", "failed during local training"),
+        ("timeout", "time limit"),
+        ("drop", "did not answer"),
+    ],
+)
+def test_a_failing_site_is_excluded_counted_and_logged(kind, reason, tmp_path) -> None:
+    cfg = config("fedavg", faults=(f"2:site1:{kind}",))
+    summary = train(tensor_sites(3), cfg, tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    dropped = [r for r in run.read_metrics() if r["status"] == "dropped"]
+    assert [(r["round"], r["site"]) for r in dropped] == [(2, "site1")]
+    assert reason in dropped[0]["reason"]
+    assert summary["dropouts"] == 1 and summary["dropped"][0]["site"] == "site1"
+    assert any(e["event"] == "dropout" for e in run.read_events())
+    round2 = [r for r in run.read_metrics() if r["round"] == 2]
+    assert all(r["aggregated"] for r in round2)  # the round completed with the other two
+
+
+def test_a_round_below_min_sites_keeps_the_global_model(tmp_path) -> None:
+    cfg = config("fedavg", min_sites=3, faults=("2:site0:nan",))
+    train(tensor_sites(3), cfg, tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    skipped = [e for e in run.read_events() if e["event"] == "round_skipped"]
+    assert [e["round"] for e in skipped] == [2]
+    assert not any(r["aggregated"] for r in run.read_metrics() if r["round"] == 2)
+
+
+class Killed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("algorithm", ["feddrm", "ditto", "fedavgft"])
+def test_resume_after_a_kill_ends_exactly_like_an_uninterrupted_run(
+    algorithm, tmp_path, monkeypatch
+) -> None:
+    cfg = config(algorithm, rounds=4)
+    whole = train(tensor_sites(3), cfg, tmp_path / "whole")
+
+    original = Engine._checkpoint
+
+    def die_after_round_2(self, round_):
+        original(self, round_)
+        if round_ == 2:
+            raise Killed
+
+    monkeypatch.setattr(Engine, "_checkpoint", die_after_round_2)
+    with pytest.raises(Killed):
+        train(tensor_sites(3), cfg, tmp_path / "cut")
+    monkeypatch.setattr(Engine, "_checkpoint", original)
+    resumed = train(tensor_sites(3), cfg, tmp_path / "cut", resume=True)
+
+    assert stable(resumed) == stable(whole)
+    assert resumed["resumes"] == 1
+    rounds = [r["round"] for r in RunDir(tmp_path / "cut").read_metrics()]
+    assert rounds == sorted(rounds) and len(rounds) == 4 * 3
+
+
+def test_resume_refuses_changed_settings_and_new_runs_refuse_old_folders(tmp_path) -> None:
+    train(tensor_sites(2), config("fedavg"), tmp_path / "run")
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(tensor_sites(2), config("fedavg"), tmp_path / "run")
+    with pytest.raises(ConfigError, match="settings differ"):
+        train(tensor_sites(2), config("fedavg", lr=0.1), tmp_path / "run", resume=True)
+
+
+def test_summary_holds_the_documented_fields(tmp_path) -> None:
+    train(tensor_sites(3), config("feddrm"), tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    for key in (
+        "algorithm", "rounds", "seed", "sites", "mean_site_auc", "worst_site_auc", "worst_site",
+        "average_accuracy", "system_accuracy", "routing_accuracy", "bytes_per_round",
+        "seconds_per_round",
+    ):  # fmt: skip
+        assert key in summary
+    for figures in summary["sites"].values():
+        assert {"auc", "accuracy", "balanced_accuracy", "n_test"} <= set(figures)
