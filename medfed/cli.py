@@ -143,6 +143,9 @@ def sites_card(
 def train(
     sites: Annotated[list[Path], typer.Option("--sites", help="Site manifests (*.toml).")],
     algorithm: Annotated[str, typer.Option(help="feddrm, fedavg, fedprox, fedavgft, ...")],
+    more_sites: Annotated[
+        list[Path] | None, typer.Argument(help="More manifests: --sites a.toml b.toml c.toml")
+    ] = None,
     rounds: Annotated[int, typer.Option(help="Communication rounds.")] = 20,
     local_steps: Annotated[int, typer.Option(help="Local SGD steps per round.")] = 10,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
@@ -186,7 +189,7 @@ def train(
         faults=tuple(inject_fault or []),
     )
     show = progress and sys.stderr.isatty()
-    loaded = load_sites(list(sites), cache_dir, progress=show)
+    loaded = load_sites([*sites, *(more_sites or [])], cache_dir, progress=show)
     summary = run_training(loaded, config, out, resume=resume, progress=show)
     typer.echo(site_table(summary))
     typer.echo("\n".join(federation_lines(summary)))
@@ -199,8 +202,8 @@ def evaluate(
     run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json.")] = False,
 ) -> None:
-    """Print the per-site table and the federation figures of a finished run."""
-    from medfed.report import federation_lines, site_table
+    """Print the per-site table, the federation figures and every router's figures."""
+    from medfed.report import federation_lines, routers_table, site_table
     from medfed.runs import RunDir
 
     summary = RunDir(run).require().read_summary()
@@ -210,6 +213,43 @@ def evaluate(
     typer.echo(f"{summary['algorithm']} | {summary['rounds']} rounds | seed {summary['seed']}")
     typer.echo(site_table(summary))
     typer.echo("\n".join(federation_lines(summary)))
+    if summary.get("routers"):
+        typer.echo("")
+        typer.echo(routers_table(summary))
+
+
+@app.command()
+@friendly
+def route(
+    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    files: Annotated[
+        list[Path], typer.Argument(help="JPEG/PNG photos, DICOM files or series folders, NIfTI.")
+    ],
+    router: Annotated[
+        str, typer.Option(help="auto, density_ratio, soft, majority_vote or max_confidence.")
+    ] = "auto",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object per file.")
+    ] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    audit: Annotated[bool, typer.Option(help="Append each decision to RUN/audit.sqlite.")] = True,
+) -> None:
+    """Send each scan to the site whose model fits it best (or abstain), and answer it."""
+    from medfed.inference import TrainedFederation
+    from medfed.route import route_files
+    from medfed.routing import make_router
+
+    fed = TrainedFederation.load(run, device)
+    chosen = make_router(router, fed)
+    results = route_files(fed, chosen, list(files), run if audit else None)
+    if as_json:
+        typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        typer.echo(f"router: {chosen.name} ({fed.algorithm}, {len(fed.sites)} sites)")
+        for result in results:
+            typer.echo(result.describe())
+    if any(r.entry.status == "error" for r in results):
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -218,11 +258,14 @@ def demo(
     out: Annotated[Path, typer.Option(help="Folder for the data and the runs.")] = Path("demo_out"),
     quick: Annotated[bool, typer.Option(help="A smaller budget (under 3 minutes).")] = False,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    update_readme: Annotated[
+        Path | None, typer.Option(help="Write the table into this README's demo section.")
+    ] = None,
 ) -> None:
     """Synthesize three fundus sites, train FedDRM and baselines, print the comparison."""
     from medfed.demo import run_demo
 
-    run_demo(out, quick=quick, seed=seed, echo=typer.echo)
+    run_demo(out, quick=quick, seed=seed, echo=typer.echo, readme=update_readme)
 
 
 if __name__ == "__main__":

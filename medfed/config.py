@@ -277,6 +277,7 @@ class TrainConfig:
     rounds: int = 20
     local_steps: int = 10
     batch_size: int = 32
+    optimizer: str = "sgd"  # sgd (as the FedDRM reference) or adam (AdamW)
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 5e-4
@@ -296,6 +297,7 @@ class TrainConfig:
             (self.local_steps >= 1, "local_steps must be >= 1"),
             (self.batch_size >= 1, "batch_size must be >= 1"),
             (self.lr > 0, "lr must be > 0"),
+            (self.optimizer in ("sgd", "adam"), "optimizer must be sgd or adam"),
             (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
             (self.weight_decay >= 0, "weight_decay must be >= 0"),
             (self.device in DEVICES, f"device must be one of {list(DEVICES)}"),

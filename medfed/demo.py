@@ -11,7 +11,7 @@ from typing import Any
 
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
-from medfed.report import methods_table
+from medfed.report import methods_table, replace_marked_section
 from medfed.training import load_sites, train
 
 DEMO_METHODS = ("feddrm", "fedavgft", "fedbn", "local")
@@ -36,6 +36,7 @@ def run_demo(
     methods: tuple[str, ...] = DEMO_METHODS,
     budget: Budget | None = None,
     echo: Callable[[str], Any] = print,
+    readme: Path | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run the demo end to end; returns each method's summary."""
     budget = budget or (QUICK if quick else FULL)
@@ -59,10 +60,22 @@ def run_demo(
         )
         summaries[method] = train(sites, config, run_dir)
     table = methods_table(summaries)
-    (out / "demo_table.md").write_text(table + "\n", encoding="utf-8")
+    seconds = time.perf_counter() - start
+    caption = (
+        f"`medfed demo{' --quick' if quick else ''}` (seed {seed}, {budget.n_per_site} scans per "
+        f"site, {budget.rounds} rounds x {budget.local_steps} local steps, "
+        f"{next(iter(summaries.values()))['device']}, {seconds:.0f} s in all)"
+    )
+    (out / "demo_table.md").write_text(f"{table}\n\n{caption}\n", encoding="utf-8")
     echo("")
     echo(table)
     echo("")
-    echo(f"finished in {time.perf_counter() - start:.0f} s; table saved to {out / 'demo_table.md'}")
+    echo(f"finished in {seconds:.0f} s; table saved to {out / 'demo_table.md'}")
+    if readme is not None:
+        text = readme.read_text(encoding="utf-8")
+        readme.write_text(
+            replace_marked_section(text, "demo-table", f"{table}\n\n{caption}"), encoding="utf-8"
+        )
+        echo(f"updated the demo table in {readme}")
     echo(f"inspect a run: medfed evaluate {out / 'runs' / 'feddrm'}")
     return summaries

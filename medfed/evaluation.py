@@ -1,91 +1,109 @@
-"""Evaluate a trained federation: per-site figures, federation figures, system accuracy."""
+"""Evaluate a trained federation: per-site figures, federation figures, and every router on the
+pooled test scans (system accuracy, routing accuracy, abstain rate, latency)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
 from typing import Any
 
 import numpy as np
 import torch
 
-from medfed.federation.device import DeviceSetup
+from medfed.data.records import Split
+from medfed.data.sitedata import SiteData
+from medfed.inference import TrainedFederation
 from medfed.metrics import (
+    SiteMetrics,
+    abstain_rate,
     federation_metrics,
-    majority_vote,
     routing_accuracy,
     site_metrics,
     system_accuracy,
 )
-from medfed.models.fedmodel import FedModel
-from medfed.routing import route_density_ratio
+from medfed.routing import Router, default_router, routers_for
 
-State = dict[str, torch.Tensor]
-EVAL_BATCH = 256
+LATENCY_SCANS = 16
 
 
-@dataclass
-class Prediction:
-    probs: np.ndarray  # (n, n_classes)
-    client_logits: np.ndarray | None  # (n, n_sites) when the model has a client head
+def views_of(sites: list[SiteData], origin: SiteData, split: Split) -> list[torch.Tensor]:
+    """``origin``'s scans of ``split`` as each site sees them (under its normalization)."""
+    return [origin.as_seen_by(mine, split) for mine in sites]
 
 
-@torch.no_grad()
-def predict(model: FedModel, state: State, x: torch.Tensor, setup: DeviceSetup) -> Prediction:
-    """Class probabilities (and client logits) of ``model`` loaded with ``state`` on ``x``."""
-    model.load_state_dict(state)
-    model.eval()
-    probs, clients = [], []
-    for start in range(0, x.shape[0], EVAL_BATCH):
-        xb = x[start : start + EVAL_BATCH].to(setup.device)
-        with setup.autocast()():
-            out = model(xb)
-        probs.append(torch.softmax(out.target_logits.float(), dim=1).cpu())
-        if out.client_logits is not None:
-            clients.append(out.client_logits.float().cpu())
-    n_classes = model.target_head.out_features
-    p = torch.cat(probs).numpy() if probs else np.zeros((0, n_classes), np.float32)
-    c = torch.cat(clients).numpy() if clients else None
-    return Prediction(p.astype(np.float64), None if c is None else c.astype(np.float64))
+def pooled_views(sites: list[SiteData], split: Split) -> list[torch.Tensor]:
+    """Every site's scans of ``split`` pooled, as each site sees them."""
+    return [torch.cat([origin.as_seen_by(mine, split) for origin in sites]) for mine in sites]
 
 
-def system_figures(
-    site_preds: list[list[Prediction]],
-    labels: list[np.ndarray],
-    priors: np.ndarray | None,
-) -> dict[str, Any]:
-    """Pool every site's test scans and answer each as the federation would.
+def per_site_figures(fed: TrainedFederation, sites: list[SiteData], split: Split = Split.TEST):
+    """Each site's model on its own scans of ``split``."""
+    per_site: dict[str, SiteMetrics] = {}
+    for i, site in enumerate(sites):
+        probs = fed.outputs(views_of(sites, site, split)).class_probs[i]
+        per_site[site.id] = site_metrics(site.y[split].numpy(), probs, split=str(split))
+    return per_site, federation_metrics(per_site)
 
-    ``site_preds[j][i]`` is site model i on site j's scans. With ``priors`` (a client head exists),
-    route by density ratio and answer with the routed site's model; otherwise majority vote.
-    """
-    y = np.concatenate(labels)
-    true_site = np.concatenate([np.full(len(lab), j) for j, lab in enumerate(labels)])
-    m = len(site_preds[0])
-    stacked = np.stack(
-        [np.concatenate([site_preds[j][i].probs for j in range(len(labels))]) for i in range(m)]
-    )  # (m models, n scans, n classes)
-    if priors is not None:
-        client = np.concatenate([site_preds[j][0].client_logits for j in range(len(labels))])
-        _, routed = route_density_ratio(client, priors)
-        answer = stacked[routed, np.arange(len(y))].argmax(axis=1)
-        return {
-            "routing_method": "density_ratio",
-            "system_accuracy": system_accuracy(y, answer),
-            "routing_accuracy": routing_accuracy(true_site, routed),
+
+def _latency_ms(router: Router, fed: TrainedFederation, views: list[torch.Tensor]) -> float:
+    """Median milliseconds to route one scan (batch of one), over a few scans."""
+    n = min(LATENCY_SCANS, views[0].shape[0])
+    times = []
+    for k in range(n):
+        start = time.perf_counter()
+        router.route(fed, [v[k : k + 1] for v in views])
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1000) if times else float("nan")
+
+
+def router_figures(
+    fed: TrainedFederation, sites: list[SiteData], split: Split = Split.TEST
+) -> dict[str, dict[str, Any]]:
+    """Every applicable router on the pooled scans of ``split``."""
+    views = pooled_views(sites, split)
+    y = torch.cat([s.y[split] for s in sites]).numpy()
+    true_site = np.concatenate([np.full(s.n(split), i) for i, s in enumerate(sites)])
+    figures = {}
+    for router in routers_for(fed):
+        result = router.route(fed, views)
+        answered = ~result.abstained
+        figures[router.name] = {
+            "system_accuracy": system_accuracy(y, result.prediction),
+            "routing_accuracy": None
+            if router.name == "majority_vote"
+            else routing_accuracy(true_site, result.routed),
+            "abstain_rate": abstain_rate(result.chosen),
+            "answered_accuracy": system_accuracy(y[answered], result.prediction[answered])
+            if answered.any()
+            else None,
+            "forward_passes": router.forward_passes(fed),
+            "latency_ms_per_scan": _latency_ms(router, fed, views),
             "n_pooled": int(len(y)),
         }
+    return figures
+
+
+def evaluate(fed: TrainedFederation, sites: list[SiteData]) -> dict[str, Any]:
+    """The evaluation part of summary.json."""
+    per_site, federation = per_site_figures(fed, sites)
+    routers = router_figures(fed, sites)
+    main = default_router(fed).name
     return {
-        "routing_method": "majority_vote",
-        "system_accuracy": system_accuracy(y, majority_vote(stacked)),
-        "routing_accuracy": None,
-        "n_pooled": int(len(y)),
+        "sites": {
+            site.id: {
+                "auc": m.auc,
+                "auc_reason": m.auc_reason,
+                "accuracy": m.accuracy,
+                "balanced_accuracy": m.balanced_accuracy,
+                "n_test": m.n,
+                "n_train": site.n(Split.TRAIN),
+                "n_val": site.n(Split.VAL),
+            }
+            for site, m in zip(sites, per_site.values(), strict=True)
+        },
+        **federation.to_dict(),
+        "routing_method": main,
+        "system_accuracy": routers[main]["system_accuracy"],
+        "routing_accuracy": routers[main]["routing_accuracy"],
+        "abstain_rate": routers[main]["abstain_rate"],
+        "routers": routers,
     }
-
-
-def per_site_figures(site_ids: list[str], own_preds: list[Prediction], labels: list[np.ndarray]):
-    """Each site's model on its own split, plus the federation figures across sites."""
-    per_site = {
-        sid: site_metrics(lab, pred.probs)
-        for sid, pred, lab in zip(site_ids, own_preds, labels, strict=True)
-    }
-    return per_site, federation_metrics(per_site)

@@ -45,11 +45,31 @@ def federation_lines(summary: dict[str, Any]) -> list[str]:
         ("mean accuracy", summary.get("mean_accuracy")),
         (f"system accuracy ({summary.get('routing_method')})", summary.get("system_accuracy")),
         ("routing accuracy", summary.get("routing_accuracy")),
+        ("abstain rate", summary.get("abstain_rate")),
         ("bytes per round", summary.get("bytes_per_round")),
         ("seconds per round", summary.get("seconds_per_round")),
         ("dropouts", summary.get("dropouts")),
     ]
     return [f"{name}: {fmt(value)}" for name, value in pairs]
+
+
+def routers_table(summary: dict[str, Any]) -> str:
+    """System accuracy, routing accuracy, abstain rate and latency of every router."""
+    header = ["router", "system acc.", "routing acc.", "abstain rate", "answered acc."]
+    header += ["forward passes", "ms per scan"]
+    rows = [
+        [
+            name,
+            r["system_accuracy"],
+            r["routing_accuracy"],
+            r["abstain_rate"],
+            r["answered_accuracy"],
+            r["forward_passes"],
+            r["latency_ms_per_scan"],
+        ]
+        for name, r in summary["routers"].items()
+    ]
+    return markdown_table(header, rows)
 
 
 def methods_table(summaries: dict[str, dict[str, Any]]) -> str:
@@ -70,3 +90,13 @@ def methods_table(summaries: dict[str, dict[str, Any]]) -> str:
             ]
         )
     return markdown_table(header, rows)
+
+
+def replace_marked_section(text: str, marker: str, body: str) -> str:
+    """Replace what stands between ``<!-- marker:start -->`` and ``<!-- marker:end -->``."""
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
+    if start not in text or end not in text:
+        raise ValueError(f"markers {start} ... {end} not found")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body.rstrip()}\n{end}{tail}"

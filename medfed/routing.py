@@ -1,13 +1,32 @@
-"""Routing a scan to the site whose model fits it best.
+"""Routing a new scan to the site whose model fits it best, or abstaining.
 
-FedDRM's density ratio: score_i = client_logit_i - log(pi_i), pi_i = n_i / N; the scan goes to
-argmax_i score_i and that site's target head answers. Baselines without a client head answer by
-majority vote of all site models (m forward passes instead of one).
+Every router takes the scan as each site sees it (``views[i]``: the scan under site i's own
+preprocessing) and returns per-site probabilities, the chosen site (or abstain) and the answer:
+
+- ``density_ratio`` (FedDRM): score_i = client logit_i - log(pi_i), pi_i = n_i / N; site
+  probabilities are the softmax of the scores; the chosen site's target head answers. When only
+  the target heads differ between sites this is one batched forward pass;
+- ``soft`` (FedDRM): as density_ratio, but the answer mixes the top sites' predictions by their
+  probability;
+- ``majority_vote`` (baselines): every site model answers (m forward passes), the majority wins;
+- ``max_confidence``: the site model most confident in its own answer is chosen.
+
+Abstention: a scan whose features sit far from every site's training features (Mahalanobis
+distance above the threshold calibrated on the validation splits) is flagged, not forced onto a
+site.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
+import torch
+
+from medfed.errors import ConfigError
+from medfed.inference import SiteOutputs, TrainedFederation
+from medfed.metrics import ABSTAIN, majority_vote
 
 
 def density_ratio_scores(client_logits: np.ndarray, priors: np.ndarray) -> np.ndarray:
@@ -34,3 +53,150 @@ def route_density_ratio(
     """Site probabilities (softmax of the density-ratio scores) and the chosen site per scan."""
     scores = density_ratio_scores(client_logits, priors)
     return softmax(scores), scores.argmax(axis=1)
+
+
+@dataclass
+class RouteResult:
+    """One router's decision for a batch of n scans over K sites and C classes."""
+
+    site_probs: np.ndarray  # (n, K)
+    routed: np.ndarray  # (n,) the best site, abstention aside
+    abstained: np.ndarray  # (n,) bool
+    ood_score: np.ndarray  # (n,) distance to the closest site (NaN without calibration)
+    class_probs: np.ndarray  # (n, C) the federation's answer
+    prediction: np.ndarray  # (n,)
+
+    @property
+    def chosen(self) -> np.ndarray:
+        """The routed site, or ABSTAIN (-1)."""
+        return np.where(self.abstained, ABSTAIN, self.routed)
+
+
+class Router:
+    """Base class: subclasses decide the site and the answer from every site's outputs."""
+
+    name: ClassVar[str]
+    needs_client_head: ClassVar[bool] = False
+
+    def decide(
+        self, fed: TrainedFederation, out: SiteOutputs
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(site_probs (n,K), routed (n,), class_probs (n,C))."""
+        raise NotImplementedError
+
+    def forward_passes(self, fed: TrainedFederation) -> int:
+        return 1 if fed.shared_body else len(fed.sites)
+
+    def route(self, fed: TrainedFederation, views: list[torch.Tensor]) -> RouteResult:
+        out = fed.outputs(views)
+        site_probs, routed, class_probs = self.decide(fed, out)
+        n = class_probs.shape[0]
+        if fed.abstention is not None:
+            score = fed.abstention.scores(out.features)
+            abstained = score > fed.abstention.threshold
+        else:
+            score, abstained = np.full(n, np.nan), np.zeros(n, dtype=bool)
+        return RouteResult(
+            site_probs=site_probs,
+            routed=routed,
+            abstained=abstained,
+            ood_score=score,
+            class_probs=class_probs,
+            prediction=class_probs.argmax(axis=1),
+        )
+
+
+def _pick(class_probs: np.ndarray, routed: np.ndarray) -> np.ndarray:
+    return class_probs[routed, np.arange(class_probs.shape[1])]
+
+
+class DensityRatioRouter(Router):
+    name = "density_ratio"
+    needs_client_head = True
+
+    def decide(self, fed, out):
+        k = len(fed.sites)
+        # Site i judges the scan as it preprocesses it: its own client logit on its own view.
+        logits = np.stack([out.client_logits[i, :, i] for i in range(k)], axis=1)
+        site_probs, routed = route_density_ratio(logits, fed.priors)
+        return site_probs, routed, _pick(out.class_probs, routed)
+
+
+class SoftRouter(DensityRatioRouter):
+    """Density-ratio routing whose answer mixes the top sites' predictions (beyond the paper)."""
+
+    name = "soft"
+    top_k: int = 2
+
+    def decide(self, fed, out):
+        site_probs, routed, _ = super().decide(fed, out)
+        k = min(self.top_k, site_probs.shape[1])
+        keep = np.argsort(-site_probs, axis=1)[:, :k]
+        weights = np.zeros_like(site_probs)
+        np.put_along_axis(weights, keep, np.take_along_axis(site_probs, keep, axis=1), axis=1)
+        weights /= weights.sum(axis=1, keepdims=True)
+        mixed = np.einsum("nk,knc->nc", weights, out.class_probs)
+        return site_probs, routed, mixed
+
+
+class MajorityVoteRouter(Router):
+    """Every site model votes; the site probabilities are each model's support for the winner."""
+
+    name = "majority_vote"
+
+    def forward_passes(self, fed: TrainedFederation) -> int:
+        return len(fed.sites)
+
+    def decide(self, fed, out):
+        winner = majority_vote(out.class_probs)
+        n = winner.shape[0]
+        support = out.class_probs[:, np.arange(n), winner].T  # (n, K)
+        site_probs = support / np.clip(support.sum(axis=1, keepdims=True), 1e-12, None)
+        class_probs = out.class_probs.mean(axis=0)
+        # The answer is the vote; its probability is the mean probability of the winning class.
+        answer = np.zeros_like(class_probs)
+        answer[np.arange(n), winner] = class_probs[np.arange(n), winner]
+        rest = (1 - answer.sum(axis=1, keepdims=True)) / max(1, class_probs.shape[1] - 1)
+        answer = np.where(answer > 0, answer, rest)
+        return site_probs, site_probs.argmax(axis=1), answer
+
+
+class MaxConfidenceRouter(Router):
+    name = "max_confidence"
+
+    def forward_passes(self, fed: TrainedFederation) -> int:
+        return len(fed.sites)
+
+    def decide(self, fed, out):
+        confidence = out.class_probs.max(axis=2).T  # (n, K)
+        site_probs = confidence / confidence.sum(axis=1, keepdims=True)
+        routed = confidence.argmax(axis=1)
+        return site_probs, routed, _pick(out.class_probs, routed)
+
+
+ROUTERS: dict[str, type[Router]] = {
+    r.name: r for r in (DensityRatioRouter, SoftRouter, MajorityVoteRouter, MaxConfidenceRouter)
+}
+
+
+def routers_for(fed: TrainedFederation) -> list[Router]:
+    """Every router that applies to this federation (density ratio needs a client head)."""
+    return [cls() for cls in ROUTERS.values() if fed.routes or not cls.needs_client_head]
+
+
+def default_router(fed: TrainedFederation) -> Router:
+    return DensityRatioRouter() if fed.routes else MajorityVoteRouter()
+
+
+def make_router(name: str, fed: TrainedFederation) -> Router:
+    if name == "auto":
+        return default_router(fed)
+    if name not in ROUTERS:
+        raise ConfigError(f"unknown router {name!r}; choose auto or one of {sorted(ROUTERS)}")
+    router = ROUTERS[name]()
+    if router.needs_client_head and not fed.routes:
+        raise ConfigError(
+            f"router {name!r} needs a client head; this run ({fed.algorithm}) has none: "
+            "use majority_vote or max_confidence"
+        )
+    return router

@@ -22,7 +22,13 @@ def config(algorithm: str = "feddrm", **kw) -> TrainConfig:
 
 
 def stable(summary: dict) -> dict:
-    return {k: v for k, v in summary.items() if k not in VOLATILE}
+    """The summary without wall-clock figures (they differ between any two runs)."""
+    out = {k: v for k, v in summary.items() if k not in VOLATILE}
+    out["routers"] = {
+        name: {k: v for k, v in fig.items() if k != "latency_ms_per_scan"}
+        for name, fig in summary["routers"].items()
+    }
+    return out
 
 
 @pytest.mark.parametrize(

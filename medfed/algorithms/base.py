@@ -50,15 +50,23 @@ class Batches:
         return xb, yb
 
 
+OPTIMIZERS = ("sgd", "adam")
+
+
 @dataclass
 class Optim:
-    """Per-round optimizer settings (a fresh SGD each round, as in the reference FedDRM code)."""
+    """Per-round optimizer settings: a fresh optimizer each round, so no optimizer state
+    crosses rounds (as in the reference FedDRM code) and checkpoints hold weights only."""
 
     lr: float
     momentum: float
     weight_decay: float
+    kind: str = "sgd"
 
-    def make(self, params: Iterator[nn.Parameter] | list[nn.Parameter]) -> torch.optim.Optimizer:
+    def make(self, params: Iterator[nn.Parameter] | list) -> torch.optim.Optimizer:
+        """An optimizer over ``params`` (parameters, or param-group dicts with their own lr)."""
+        if self.kind == "adam":
+            return torch.optim.AdamW(list(params), lr=self.lr, weight_decay=self.weight_decay)
         return torch.optim.SGD(
             list(params), lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
         )
@@ -193,7 +201,7 @@ def weighted_average(updates: list[tuple[State, float]]) -> State:
 def supervised_steps(
     task: LocalTask,
     model: FedModel,
-    params: Iterator[nn.Parameter] | list[nn.Parameter],
+    params: Iterator[nn.Parameter] | list,
     loss_fn: Callable[[LocalTask, FedModel, torch.Tensor, torch.Tensor], torch.Tensor],
     steps: int | None = None,
 ) -> LocalResult:

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageDraw
-from scipy.ndimage import gaussian_filter, zoom
+from scipy.ndimage import gaussian_filter
 
 # Vertical cup-to-disc ratio by class: the classes overlap on purpose, so that a model has to
 # look closely at the cup and still cannot be perfect.
-CDR_NORMAL = (0.38, 0.09)
-CDR_GLAUCOMA = (0.58, 0.09)
+CDR_NORMAL = (0.40, 0.10)
+CDR_GLAUCOMA = (0.58, 0.10)
 CDR_RANGE = (0.15, 0.9)
 
 _RETINA_RGB = np.array([0.80, 0.36, 0.15], dtype=np.float32)
@@ -54,6 +54,8 @@ class FundusAnatomy:
     disc_elongation: float  # vertical / horizontal disc axis
     disc_center: tuple[float, float]  # (u, v): u to the right, v down, field centre = (0, 0)
     macula_center: tuple[float, float]
+    cup_offset: tuple[float, float]  # cup centre relative to the disc centre, in disc radii
+    cup_contrast: float  # how strongly the cup stands out from the rim, in [0, 1]
     eye: str  # "OD" (right) or "OS" (left, drawn mirrored)
     brightness: float
     vignette: float
@@ -79,6 +81,9 @@ def sample_fundus_anatomy(
         disc_elongation=float(rng.uniform(1.0, 1.15)),
         disc_center=disc,
         macula_center=macula,
+        # Cups often sit a little temporal in the disc, and their pallor varies between eyes.
+        cup_offset=(-float(rng.uniform(0.0, 0.15)), float(rng.normal(0.0, 0.04))),
+        cup_contrast=float(rng.uniform(0.55, 0.95)),
         eye="OD" if rng.random() < 0.5 else "OS",
         brightness=float(rng.uniform(0.85, 1.1)),
         vignette=float(rng.uniform(0.25, 0.45)),
@@ -102,11 +107,17 @@ def _smoothstep_inside(dist: np.ndarray, edge: float, softness: float) -> np.nda
 def _smooth_noise(rng: np.random.Generator, shape: tuple[int, int], cells: int) -> np.ndarray:
     """Low-frequency noise in about [-1, 1]: a coarse random grid upsampled smoothly."""
     coarse = rng.normal(0.0, 1.0, size=(cells, cells)).astype(np.float32)
-    fine = zoom(coarse, (shape[0] / cells, shape[1] / cells), order=3, mode="nearest")
-    return np.clip(fine[: shape[0], : shape[1]], -2.5, 2.5) / 2.5
+    fine = Image.fromarray(coarse).resize((shape[1], shape[0]), Image.Resampling.BICUBIC)
+    return np.clip(np.asarray(fine), -2.5, 2.5) / 2.5
 
 
-def _retina(rng: np.random.Generator, anatomy: FundusAnatomy, u, v, shape) -> np.ndarray:
+def _retina(
+    rng: np.random.Generator,
+    anatomy: FundusAnatomy,
+    u: np.ndarray,
+    v: np.ndarray,
+    shape: tuple[int, int],
+) -> np.ndarray:
     """Background retina: orange-red, vignetted, unevenly lit, with choroidal texture."""
     pigment = _RETINA_RGB * rng.normal(1.0, 0.05, size=3).astype(np.float32)
     r2 = u * u + v * v
@@ -119,7 +130,9 @@ def _retina(rng: np.random.Generator, anatomy: FundusAnatomy, u, v, shape) -> np
     return (light * texture * macula)[..., None] * pigment
 
 
-def _optic_disc(img: np.ndarray, anatomy: FundusAnatomy, u, v) -> np.ndarray:
+def _optic_disc(
+    img: np.ndarray, anatomy: FundusAnatomy, u: np.ndarray, v: np.ndarray
+) -> np.ndarray:
     """Blend the yellowish disc and its brighter cup into the retina."""
     du, dv = anatomy.disc_center
     r = anatomy.disc_radius
@@ -127,9 +140,13 @@ def _optic_disc(img: np.ndarray, anatomy: FundusAnatomy, u, v) -> np.ndarray:
     disc = _smoothstep_inside(rho, 1.0, 0.12)[..., None]
     # The rim is paler on the temporal side; the cup is the brightest part of the eye.
     pallor = 1.0 + 0.08 * np.clip(-(u - du) / r, -1.0, 1.0)[..., None]
-    img = img * (1.0 - disc) + _DISC_RGB * pallor * disc * (0.9 + 0.1 * img.mean() / 0.4)
-    cup = _smoothstep_inside(rho, anatomy.cdr, 0.1 + 0.12 * anatomy.cdr)[..., None]
-    return img * (1.0 - 0.85 * cup) + _CUP_RGB * 0.85 * cup
+    img = img * (1.0 - disc) + _DISC_RGB * pallor * disc * anatomy.brightness
+    cu = du + anatomy.cup_offset[0] * r
+    cv = dv + anatomy.cup_offset[1] * r
+    rho_cup = np.sqrt(((u - cu) / r) ** 2 + ((v - cv) / (r * anatomy.disc_elongation)) ** 2)
+    cup = anatomy.cup_contrast * _smoothstep_inside(rho_cup, anatomy.cdr, 0.1 + 0.12 * anatomy.cdr)
+    cup = cup[..., None]
+    return img * (1.0 - cup) + _CUP_RGB * cup
 
 
 def _vessel_paths(rng: np.random.Generator, anatomy: FundusAnatomy) -> list[tuple[list, float]]:
@@ -146,7 +163,15 @@ def _vessel_paths(rng: np.random.Generator, anatomy: FundusAnatomy) -> list[tupl
     return paths
 
 
-def _grow(rng, origin, angle, goal, width, depth, paths) -> None:
+def _grow(
+    rng: np.random.Generator,
+    origin: tuple[float, float],
+    angle: float,
+    goal: float | None,
+    width: float,
+    depth: int,
+    paths: list[tuple[list, float]],
+) -> None:
     """Walk one vessel outwards, bending towards ``goal``, spawning thinner branches."""
     point = origin
     points = [point]
@@ -181,9 +206,8 @@ def _vessel_mask(rng: np.random.Generator, anatomy: FundusAnatomy, camera: Camer
             # Vessels taper as they run out; keep at least a hairline.
             w = max(1.0, width * scale * (1.0 - 0.5 * k / len(xy)))
             draw.line([xy[k], xy[k + 1]], fill=shade, width=round(w))
-            h = w / 2.0
-            draw.ellipse([xy[k + 1][0] - h, xy[k + 1][1] - h, xy[k + 1][0] + h, xy[k + 1][1] + h],
-                         fill=shade)  # fmt: skip
+            (x, y), h = xy[k + 1], w / 2.0
+            draw.ellipse([x - h, y - h, x + h, y + h], fill=shade)  # rounds the joint
     small = canvas.resize((camera.width, camera.height), Image.Resampling.BOX)
     return np.asarray(small, dtype=np.float32) / 255.0
 
@@ -277,7 +301,13 @@ def sample_body(rng: np.random.Generator, lesion: bool, extent_z: float) -> Body
     )
 
 
-def _sample_lesion(rng, liver_center, liver_axes, dome_z, extent_z) -> Lesion:
+def _sample_lesion(
+    rng: np.random.Generator,
+    liver_center: tuple[float, float],
+    liver_axes: tuple[float, float],
+    dome_z: float,
+    extent_z: float,
+) -> Lesion:
     """A sphere well inside the liver; about one in five is small and easy to miss."""
     radius = float(rng.uniform(3.0, 5.0) if rng.random() < 0.2 else rng.uniform(5.0, 11.0))
     angle = rng.uniform(0, 2 * np.pi)
@@ -292,7 +322,13 @@ def _sample_lesion(rng, liver_center, liver_axes, dome_z, extent_z) -> Lesion:
     )
 
 
-def _inside_ellipse(x, y, center, axes, soft: float) -> np.ndarray:
+def _inside_ellipse(
+    x: np.ndarray,
+    y: np.ndarray,
+    center: tuple[float, float],
+    axes: tuple[float, float],
+    soft: float,
+) -> np.ndarray:
     rho = np.sqrt(((x - center[0]) / axes[0]) ** 2 + ((y - center[1]) / axes[1]) ** 2)
     return _smoothstep_inside(rho, 1.0, soft)
 
@@ -302,15 +338,15 @@ def _axial_slab(body: BodyAnatomy, z: float, x: np.ndarray, y: np.ndarray) -> np
     ax, ay = body.body_axes
     hu = np.full(np.broadcast_shapes(x.shape, y.shape), -1000.0, dtype=np.float32)
     outer = _inside_ellipse(x, y, (0.0, 0.0), (ax, ay), 0.02)
-    inner = _inside_ellipse(x, y, (0.0, 0.0), (ax - body.fat_thickness, ay - body.fat_thickness),
-                            0.02)  # fmt: skip
+    fat = body.fat_thickness
+    inner = _inside_ellipse(x, y, (0.0, 0.0), (ax - fat, ay - fat), 0.02)
     hu = hu * (1 - outer) + (-100.0) * outer
     hu = hu * (1 - inner) + body.soft_tissue_hu * inner
     # Both hemidiaphragms are domes; lungs lie above them, the liver below the right one.
     for side, lift in ((-1.0, 0.0), (1.0, -8.0)):
         cx = side * 40.0
         dome = body.dome_z + lift - ((x - cx) ** 2 + (y + 4.0) ** 2) / 160.0
-        lung = _inside_ellipse(x, y, (cx, 4.0), (27.0, 38.0), 0.05) * (z > dome + 3.0)
+        lung = _inside_ellipse(x, y, (cx * 1.05, 12.0), (22.0, 30.0), 0.05) * (z > dome + 3.0)
         hu = hu * (1 - lung) + (-850.0) * lung
         if side < 0:
             liver = _inside_ellipse(x, y, body.liver_center, body.liver_axes, 0.05) * (z < dome)
@@ -323,7 +359,9 @@ def _axial_slab(body: BodyAnatomy, z: float, x: np.ndarray, y: np.ndarray) -> np
     return hu
 
 
-def _add_lesion(hu: np.ndarray, lesion: Lesion, z: float, x, y) -> np.ndarray:
+def _add_lesion(
+    hu: np.ndarray, lesion: Lesion, z: float, x: np.ndarray, y: np.ndarray
+) -> np.ndarray:
     lz, ly, lx = lesion.center
     dist = np.sqrt((x - lx) ** 2 + (y - ly) ** 2 + (z - lz) ** 2)
     return hu + lesion.contrast_hu * _smoothstep_inside(dist, lesion.radius, 1.0)

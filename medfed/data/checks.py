@@ -19,7 +19,7 @@ from medfed.config import Modality, SiteManifest, load_manifest
 from medfed.data.cache import TensorCache
 from medfed.data.io import Volume, read_record
 from medfed.data.layouts import scan_site
-from medfed.data.records import Problem
+from medfed.data.records import Problem, Split
 from medfed.data.sitedata import preprocess_record
 from medfed.data.splits import assign_splits
 from medfed.errors import MedfedError
@@ -162,8 +162,8 @@ def check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
         unit = "HU" if manifest.modality is Modality.CT else "0-255"
         report.intensity = {
             "unit": unit,
-            "mean": m[:, :, 0].mean(axis=0).round(3).tolist(),
-            "std": m[:, :, 1].mean(axis=0).round(3).tolist(),
+            "mean": [round(float(v), 2) for v in m[:, :, 0].mean(axis=0)],
+            "std": [round(float(v), 2) for v in m[:, :, 1].mean(axis=0)],
         }
         report.features = np.stack(features)
     _count(manifest, readable or scan.records, report)
@@ -180,10 +180,9 @@ def _count(manifest: SiteManifest, records: list, report: SiteReport) -> None:
     except MedfedError as exc:
         report.problems.append(Problem(str(manifest.root), str(exc)))
         return
-    counts: dict[str, dict[str, int]] = {}
+    counts = {str(s): dict.fromkeys(class_name.values(), 0) for s in Split if s in splits}
     for record, split in zip(records, splits, strict=True):
-        per = counts.setdefault(str(split), dict.fromkeys(class_name.values(), 0))
-        per[class_name[record.label]] += 1
+        counts[str(split)][class_name[record.label]] += 1
     report.counts = counts
     totals = Counter(class_name[r.label] for r in records)
     for name in class_name.values():
@@ -218,6 +217,12 @@ def mmd_rbf(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _site_distances(reports: list[SiteReport], max_per_site: int = 200) -> None:
+    """MMD between every pair of sites of the same modality (features differ across them)."""
+    for modality in {r.modality for r in reports}:
+        _distances_within([r for r in reports if r.modality == modality], max_per_site)
+
+
+def _distances_within(reports: list[SiteReport], max_per_site: int) -> None:
     usable = [r for r in reports if r.features is not None and len(r.features) > 1]
     if len(usable) < 2:
         return

@@ -91,7 +91,8 @@ def _volume_to_meta(volume: Volume) -> MetaTensor:
 def apply_pipeline(modality: Modality, options, decoded: np.ndarray | Volume) -> torch.Tensor:
     """Run the deterministic stage on one decoded scan."""
     if modality is Modality.FUNDUS:
-        out = fundus_pipeline(options)({"image": decoded})
+        # float32 copy: the decoder's array may be read-only, and the ROI mask needs floats.
+        out = fundus_pipeline(options)({"image": np.asarray(decoded, dtype=np.float32).copy()})
     else:
         out = ct_pipeline(options)({"image": _volume_to_meta(decoded)})
     return out["image"].contiguous()

@@ -21,9 +21,15 @@ _SHOWN = 5
 
 @dataclass
 class SiteData:
-    """A site's preprocessed tensors per split, ready for training and evaluation."""
+    """A site's preprocessed tensors per split, ready for training and evaluation.
+
+    ``raw`` is the output of the deterministic stage (before site normalization) and ``x`` the
+    normalized tensors the site trains on; routing compares a scan under each candidate site's
+    own normalization, so it needs ``raw``.
+    """
 
     manifest: SiteManifest
+    raw: dict[Split, torch.Tensor]
     x: dict[Split, torch.Tensor]
     y: dict[Split, torch.Tensor]
     records: dict[Split, list[Record]]
@@ -35,6 +41,10 @@ class SiteData:
     @property
     def id(self) -> str:
         return self.manifest.id
+
+    def as_seen_by(self, other: SiteData, split: Split) -> torch.Tensor:
+        """This site's scans of ``split`` under ``other`` site's normalization."""
+        return other.normalization.apply(self.raw[split])
 
     def n(self, split: Split) -> int:
         return int(self.y[split].shape[0])
@@ -110,6 +120,7 @@ def load_site(site: SiteManifest, cache: TensorCache, *, progress: bool = False)
     )
     return SiteData(
         manifest=site,
+        raw=x_raw,
         x={s: norm.apply(t) for s, t in x_raw.items()},
         y=y,
         records={s: [scan.records[i] for i in idx] for s, idx in by_split.items()},

@@ -22,6 +22,7 @@ import re
 import shutil
 import zipfile
 import zlib
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from io import BytesIO, StringIO
@@ -103,7 +104,7 @@ FUNDUS_SITES: tuple[FundusSite, ...] = (
             saturation=1.1,
             blur=0.0,
             noise=0.01,
-        ),  # fmt: skip
+        ),
         cast_name="warm colour cast",
         glaucoma_ratio=1.34,
         image_format="JPEG",
@@ -125,7 +126,7 @@ FUNDUS_SITES: tuple[FundusSite, ...] = (
             saturation=0.85,
             blur=0.008,
             noise=0.02,
-        ),  # fmt: skip
+        ),
         cast_name="cool, greenish colour cast",
         glaucoma_ratio=1.94,
         image_format="PNG",
@@ -147,7 +148,7 @@ FUNDUS_SITES: tuple[FundusSite, ...] = (
             saturation=1.25,
             blur=0.004,
             noise=0.015,
-        ),  # fmt: skip
+        ),
         cast_name="magenta-red colour cast",
         glaucoma_ratio=0.46,
         image_format="JPEG",
@@ -166,10 +167,10 @@ CT_SITES: tuple[CTSite, ...] = (
             pixel_spacing=2.8,
             slice_thickness=2.5,
             hu_offset=0.0,
-            noise_hu=18.0,
+            noise_hu=14.0,
             kernel_sigma=0.5,
             kernel_name="B45f",
-        ),  # fmt: skip
+        ),
         slices=24,
         patient_prefix="CTD",
     ),
@@ -182,10 +183,10 @@ CT_SITES: tuple[CTSite, ...] = (
             pixel_spacing=3.4,
             slice_thickness=5.0,
             hu_offset=15.0,
-            noise_hu=9.0,
+            noise_hu=8.0,
             kernel_sigma=1.2,
             kernel_name="B20f",
-        ),  # fmt: skip
+        ),
         slices=12,
         patient_prefix="CTN",
     ),
@@ -235,11 +236,11 @@ def synthesize(
     _write_meta(out, meta)  # marks the folder as ours even if this run is interrupted
     (out / MANIFEST_DIR).mkdir()
     manifests = []
-    for index, site in enumerate(fundus):
-        meta["sites"][site.id] = _write_fundus_site(out, site, index, n_fundus, seed, scale)
+    for site in fundus:
+        meta["sites"][site.id] = _write_fundus_site(out, site, n_fundus, seed, scale)
         manifests.append(_write_manifest(out, site.id, _fundus_manifest(site, seed, scale)))
-    for index, site in enumerate(cts):
-        meta["sites"][site.id] = _write_ct_site(out, site, index, n_ct, seed)
+    for site in cts:
+        meta["sites"][site.id] = _write_ct_site(out, site, n_ct, seed)
         manifests.append(_write_manifest(out, site.id, _ct_manifest(site, seed)))
     meta["complete"] = True
     _write_meta(out, meta)
@@ -407,18 +408,18 @@ def _scaled_camera(camera: Camera, scale: float) -> Camera:
 
 
 def _draw_fundus(
-    site: FundusSite, index: int, labels: Sequence[bool], seed: int, scale: float
+    site: FundusSite, labels: Sequence[bool], seed: int, scale: float
 ) -> Iterator[_Drawn]:
     camera = _scaled_camera(site.camera, scale)
     for i, glaucoma in enumerate(labels):
-        rng = _rng(seed, "fundus", index, i)
+        rng = _rng(seed, "fundus", site.id, i)
         anatomy = sample_fundus_anatomy(rng, glaucoma, camera)
         yield _Drawn(i + 1, glaucoma, anatomy, render_fundus(rng, anatomy, camera))
 
 
 def _encode(site: FundusSite, pixels: np.ndarray) -> bytes:
     buffer = BytesIO()
-    image = Image.fromarray(pixels, mode="RGB")
+    image = Image.fromarray(pixels)
     if site.image_format == "PNG":
         image.save(buffer, format="PNG", compress_level=6)
     else:
@@ -439,18 +440,19 @@ def _fundus_item(drawn: _Drawn, patient_id: str, files: list[str], **extra: Any)
         "cdr": _r(a.cdr),
         "disc_radius": _r(a.disc_radius),
         "disc_center": [_r(a.disc_center[0]), _r(a.disc_center[1])],
+        "cup_contrast": _r(a.cup_contrast),
         "eye": a.eye,
         **extra,
     }
 
 
 def _write_fundus_site(
-    out: Path, site: FundusSite, index: int, n: int, seed: int, scale: float
+    out: Path, site: FundusSite, n: int, seed: int, scale: float
 ) -> dict[str, Any]:
     root = out / site.folder
     labels = _class_sequence(n, site.glaucoma_ratio, _rng(seed, "labels", site.id))
     writer = {"acrima": _write_acrima, "rimone": _write_rimone, "refuge": _write_refuge}
-    drawn = _draw_fundus(site, index, labels, seed, scale)
+    drawn = _draw_fundus(site, labels, seed, scale)
     items = writer[site.layout](root, site, labels, drawn, _rng(seed, "splits", site.id))
     camera = _scaled_camera(site.camera, scale)
     return {
@@ -463,7 +465,13 @@ def _write_fundus_site(
     }
 
 
-def _write_acrima(root, site, labels, drawn, rng) -> list[dict]:
+def _write_acrima(
+    root: Path,
+    site: FundusSite,
+    labels: Sequence[bool],
+    drawn: Iterator[_Drawn],
+    rng: np.random.Generator,
+) -> list[dict]:
     root.mkdir(parents=True)
     items = []
     for d in drawn:
@@ -473,7 +481,13 @@ def _write_acrima(root, site, labels, drawn, rng) -> list[dict]:
     return items
 
 
-def _write_rimone(root, site, labels, drawn, rng) -> list[dict]:
+def _write_rimone(
+    root: Path,
+    site: FundusSite,
+    labels: Sequence[bool],
+    drawn: Iterator[_Drawn],
+    rng: np.random.Generator,
+) -> list[dict]:
     """Both RIM-ONE DL partitions: the same images, split by hospital and split at random."""
     # Hospitals r1 and r2 form the training set of the hospital partition, r3 its test set.
     hospital_part = _stratified_parts(labels, (0.45, 0.25, 0.30), rng)
@@ -493,48 +507,63 @@ def _write_rimone(root, site, labels, drawn, rng) -> list[dict]:
         ]
         for rel in files:
             _write_bytes(root / rel, data)
-        extra = {"hospital": f"r{hospital}", "split_by_hospital": by_hospital,
-                 "split_randomly": by_random}  # fmt: skip
+        extra = {
+            "hospital": f"r{hospital}",
+            "split_by_hospital": by_hospital,
+            "split_randomly": by_random,
+        }
         items.append(_fundus_item(d, Path(name).stem, files, **extra))
     return items
 
 
+@dataclass(frozen=True)
+class _RefugeSet:
+    folder: str
+    fraction: float
+    label_file: str | None  # None: labels are the class folders
+    split: str
+
+
 _REFUGE_SETS = (
-    ("Training400", 0.6),
-    ("Validation400", 0.2),
-    ("Test400", 0.2),
+    _RefugeSet("Training400", 0.6, None, "train"),
+    _RefugeSet("Validation400", 0.2, "Validation400-GT/labels.xlsx", "val"),
+    _RefugeSet("Test400", 0.2, "Test400-GT/labels.csv", "test"),
 )
+_REFUGE_COLUMNS = ("ImgName", "Fovea_X", "Fovea_Y", "Glaucoma Label")
 
 
-def _write_refuge(root, site, labels, drawn, rng) -> list[dict]:
-    """Training400 class folders; Validation400 labelled by xlsx, Test400 by csv."""
-    parts = _stratified_parts(labels, [f for _, f in _REFUGE_SETS], rng)
-    counters = {"g": 0, "n": 0, "V": 0, "T": 0}
-    tables: dict[str, list[list[object]]] = {"Validation400": [], "Test400": []}
+def _write_refuge(
+    root: Path,
+    site: FundusSite,
+    labels: Sequence[bool],
+    drawn: Iterator[_Drawn],
+    rng: np.random.Generator,
+) -> list[dict]:
+    """Training400 class folders; Validation400 labelled by an xlsx table, Test400 by a csv."""
+    parts = _stratified_parts(labels, [s.fraction for s in _REFUGE_SETS], rng)
+    counters: Counter[str] = Counter()
+    tables: dict[str, list[list[object]]] = {
+        s.folder: [list(_REFUGE_COLUMNS)] for s in _REFUGE_SETS
+    }
     items = []
     for d in drawn:
-        folder = _REFUGE_SETS[parts[d.number - 1]][0]
-        if folder == "Training400":
+        part = _REFUGE_SETS[parts[d.number - 1]]
+        if part.label_file is None:
             prefix = "g" if d.glaucoma else "n"
-            sub = "Glaucoma" if d.glaucoma else "Non-Glaucoma"
-            rel = f"Training400/{sub}"
+            rel = f"{part.folder}/{'Glaucoma' if d.glaucoma else 'Non-Glaucoma'}"
         else:
-            prefix = folder[0]
-            rel = folder
+            prefix, rel = part.folder[0], part.folder
         counters[prefix] += 1
         name = f"{prefix}{counters[prefix]:04d}.jpg"
         _write_bytes(root / rel / name, _encode(site, d.pixels))
-        if folder in tables:
-            fovea = _fovea_pixels(d.anatomy, site.camera, d.pixels.shape)
-            tables[folder].append([name, *fovea, int(d.glaucoma)])
-        items.append(_fundus_item(d, Path(name).stem, [f"{rel}/{name}"], set=folder))
-    header = ["ImgName", "Fovea_X", "Fovea_Y", "Glaucoma Label"]
-    _write_bytes(
-        root / "Validation400-GT" / "labels.xlsx", _xlsx([header, *tables["Validation400"]])
-    )
-    _write_bytes(
-        root / "Test400-GT" / "labels.csv", _csv_text([header, *tables["Test400"]]).encode()
-    )
+        fovea = _fovea_pixels(d.anatomy, site.camera, d.pixels.shape)
+        tables[part.folder].append([name, *fovea, int(d.glaucoma)])
+        items.append(_fundus_item(d, Path(name).stem, [f"{rel}/{name}"], set=part.folder))
+    for part in _REFUGE_SETS:
+        if part.label_file is not None:
+            rows = tables[part.folder]
+            table = _xlsx(rows) if part.label_file.endswith(".xlsx") else _csv_text(rows).encode()
+            _write_bytes(root / part.label_file, table)
     return items
 
 
@@ -588,9 +617,9 @@ class _Patient:
     hu: np.ndarray  # (slice, row, column), slice 0 lowest
 
 
-def _draw_ct_patient(site: CTSite, index: int, i: int, lesion: bool, seed: int) -> _Patient:
+def _draw_ct_patient(site: CTSite, i: int, lesion: bool, seed: int) -> _Patient:
     """One patient of one CT site; depends only on (seed, site, i), never on other patients."""
-    rng = _rng(seed, "ct", index, i)
+    rng = _rng(seed, "ct", site.id, i)
     n_slices = site.slices + int(rng.integers(-site.slices // 12, site.slices // 12 + 1))
     body = sample_body(rng, lesion, n_slices * site.scanner.slice_thickness)
     hu = render_ct(rng, body, site.scanner, n_slices)
@@ -601,7 +630,7 @@ def _ct_labels(site: CTSite, n: int, seed: int) -> list[bool]:
     return _class_sequence(n, 1.0, _rng(seed, "labels", site.id))
 
 
-def _write_ct_site(out: Path, site: CTSite, index: int, n: int, seed: int) -> dict[str, Any]:
+def _write_ct_site(out: Path, site: CTSite, n: int, seed: int) -> dict[str, Any]:
     root = out / site.folder
     root.mkdir(parents=True)
     rows: list[list[object]] = [["patient_id", "label"]]
@@ -609,9 +638,9 @@ def _write_ct_site(out: Path, site: CTSite, index: int, n: int, seed: int) -> di
     labels = _ct_labels(site, n, seed)
     n_lesion = sum(labels)
     for i, lesion in enumerate(labels):
-        patient = _draw_ct_patient(site, index, i, lesion, seed)
+        patient = _draw_ct_patient(site, i, lesion, seed)
         if site.layout == "dicom":
-            files = _write_dicom_series(root, site, patient, seed, _rng(seed, "order", index, i))
+            files = _write_dicom_series(root, site, patient, seed, _rng(seed, "order", site.id, i))
         else:
             files = [_write_nifti(root, site, patient)]
         rows.append([patient.patient_id, "lesion" if lesion else "normal"])
@@ -648,7 +677,8 @@ def _ct_item(patient: _Patient, site: CTSite, files: list[str]) -> dict[str, Any
 
 
 def _stored_int16(hu: np.ndarray, intercept: float) -> np.ndarray:
-    return np.clip(np.round(hu - intercept), -32768, 32767).astype(np.int16)
+    # Round in HU first, so that decoding gives back the rounded HU whatever the intercept.
+    return np.clip(np.round(hu) - intercept, -32768, 32767).astype(np.int16)
 
 
 def _write_dicom_series(
@@ -669,39 +699,33 @@ def _write_dicom_series(
     folder.mkdir(parents=True)
     stored = _stored_int16(patient.hu, -1024.0)
     files = []
-    for file_no, k in enumerate(rng.permutation(len(stored)), start=1):
+    for file_no, k in enumerate(rng.permutation(len(stored)).tolist(), start=1):
         name = f"IM_{file_no:04d}.dcm"
-        ds = _ct_slice(
-            site,
-            patient,
-            stored[int(k)],
-            int(k),
-            file_no,
-            series,
-            uid(patient.patient_id, "slice", k),
-        )
+        uids = {**series, "sop": uid(patient.patient_id, "slice", k)}
+        ds = _ct_slice(site.scanner, patient.patient_id, stored[k], k, file_no, uids)
         ds.save_as(folder / name, enforce_file_format=True)
         files.append(f"{patient.patient_id}/series-1/{name}")
     return sorted(files)
 
 
-def _ct_slice(site, patient, pixels, k, instance, series, sop_uid):
-    """A CT Image Storage dataset for slice ``k`` of the series."""
+def _ct_slice(
+    s: Scanner, patient_id: str, pixels: np.ndarray, k: int, instance: int, uids: dict[str, str]
+) -> Any:
+    """A CT Image Storage dataset for slice ``k`` (0 = lowest) of a series."""
     from pydicom.dataset import Dataset, FileMetaDataset
     from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian
 
-    s = site.scanner
     meta = FileMetaDataset()
     meta.MediaStorageSOPClassUID = CTImageStorage
-    meta.MediaStorageSOPInstanceUID = sop_uid
+    meta.MediaStorageSOPInstanceUID = uids["sop"]
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds = Dataset()
     ds.file_meta = meta
-    ds.SOPClassUID, ds.SOPInstanceUID = CTImageStorage, sop_uid
-    ds.StudyInstanceUID, ds.SeriesInstanceUID = series["study"], series["series"]
-    ds.FrameOfReferenceUID = series["frame"]
+    ds.SOPClassUID, ds.SOPInstanceUID = CTImageStorage, uids["sop"]
+    ds.StudyInstanceUID, ds.SeriesInstanceUID = uids["study"], uids["series"]
+    ds.FrameOfReferenceUID = uids["frame"]
     ds.Modality, ds.Manufacturer = "CT", "medfed synthetic"
-    ds.PatientID, ds.PatientName = patient.patient_id, f"Synthetic^{patient.patient_id}"
+    ds.PatientID, ds.PatientName = patient_id, f"Synthetic^{patient_id}"
     ds.StudyDate = ds.SeriesDate = ds.ContentDate = _STUDY_DATE
     ds.StudyID, ds.SeriesNumber, ds.InstanceNumber = "1", 1, instance
     ds.ImageType = ["ORIGINAL", "PRIMARY", "AXIAL"]
@@ -778,15 +802,22 @@ def _fundus_manifest(site: FundusSite, seed: int, scale: float) -> dict[str, Any
     if site.layout == "rimone":
         data["layout_options"] = {"partition": "partitioned_by_hospital"}
     if site.layout == "refuge":
-        data["layout_options"] = {
-            "label_files": [
-                {"images": "Validation400", "file": "Validation400-GT/labels.xlsx",
-                 "image_column": "ImgName", "label_column": "Glaucoma Label", "split": "val"},
-                {"images": "Test400", "file": "Test400-GT/labels.csv",
-                 "image_column": "ImgName", "label_column": "Glaucoma Label", "split": "test"},
-            ]
-        }  # fmt: skip
+        data["layout_options"] = {"label_files": _refuge_label_files()}
     return data
+
+
+def _refuge_label_files() -> list[dict[str, str]]:
+    return [
+        {
+            "images": s.folder,
+            "file": s.label_file,
+            "image_column": _REFUGE_COLUMNS[0],
+            "label_column": _REFUGE_COLUMNS[-1],
+            "split": s.split,
+        }
+        for s in _REFUGE_SETS
+        if s.label_file is not None
+    ]
 
 
 def _fundus_shifts(site: FundusSite, camera: Camera) -> str:

@@ -30,10 +30,12 @@ from medfed.config import Modality, TrainConfig
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError, MedfedError
-from medfed.evaluation import Prediction, per_site_figures, predict, system_figures
+from medfed.evaluation import evaluate, views_of
 from medfed.federation import wire
 from medfed.federation.device import DeviceSetup, resolve_device
 from medfed.federation.validate import validate_update
+from medfed.inference import SiteEntry, TrainedFederation, fit_abstention
+from medfed.metrics import site_metrics
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model
 from medfed.runs import RunDir
 
@@ -244,7 +246,7 @@ class Engine:
                 augment_flip=self.config.augment and self.modality is Modality.FUNDUS,
             ),
             steps=self.config.local_steps,
-            optim=Optim(lr, self.config.momentum, self.config.weight_decay),
+            optim=Optim(lr, self.config.momentum, self.config.weight_decay, self.config.optimizer),
             site_index=slot.index,
             n_sites=len(self.slots),
             extra=clone_state(slot.extra),
@@ -343,29 +345,38 @@ class Engine:
         composed.update(self.global_state)
         return self.algorithm.eval_state(composed, slot.extra)
 
-    def _predict(self, slot: SiteSlot, x: torch.Tensor) -> Prediction:
-        return predict(self.model, self.eval_state(slot), x, self.setup)
+    @torch.no_grad()
+    def _val_outputs(self, slot: SiteSlot) -> tuple[np.ndarray, np.ndarray | None]:
+        """Class probabilities and client logits of a site's model on its validation split."""
+        self.model.load_state_dict(self.eval_state(slot))
+        self.model.eval()
+        x = slot.data.x[Split.VAL]
+        probs, clients = [], []
+        for start in range(0, x.shape[0], 256):
+            with self.setup.autocast()():
+                out = self.model(x[start : start + 256].to(self.setup.device))
+            probs.append(torch.softmax(out.target_logits.float(), dim=1).cpu())
+            if out.client_logits is not None:
+                clients.append(out.client_logits.float().cpu())
+        p = torch.cat(probs).double().numpy()
+        return p, torch.cat(clients).numpy() if clients else None
 
-    def _validate_round(self, round_: int, outcome: RoundOutcome) -> None:
+    def _validate_round(self, outcome: RoundOutcome) -> None:
         by_site = {r["site"]: r for r in outcome.records}
         for slot in self.slots:
-            x, y = slot.data.x[Split.VAL], slot.data.y[Split.VAL]
-            if y.numel() == 0:
+            y = slot.data.y[Split.VAL].numpy()
+            if y.size == 0:
                 continue
-            pred = self._predict(slot, x)
-            figures = per_site_figures([slot.id], [pred], [y.numpy()])[0][slot.id]
+            probs, client = self._val_outputs(slot)
+            figures = site_metrics(y, probs, split="val")
             record = by_site[slot.id]
             record |= {
                 "val_auc": figures.auc,
                 "val_accuracy": figures.accuracy,
-                "val_loss": float(
-                    -np.log(np.clip(pred.probs[np.arange(len(y)), y.numpy()], 1e-12, 1)).mean()
-                ),
+                "val_loss": float(-np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1)).mean()),
             }
-            if pred.client_logits is not None:
-                record["val_client_accuracy"] = float(
-                    (pred.client_logits.argmax(axis=1) == slot.index).mean()
-                )
+            if client is not None:
+                record["val_client_accuracy"] = float((client.argmax(axis=1) == slot.index).mean())
 
     def _finetune(self) -> None:
         steps = self.algorithm.finetune_steps(self.config.local_steps)
@@ -378,29 +389,27 @@ class Engine:
             supervised_steps(task, self.model, self.model.parameters(), self.algorithm.loss, steps)
             slot.final_state = clone_state(self.model.state_dict())
 
-    def final_evaluation(self) -> dict[str, Any]:
-        """Test-split figures per site, federation figures, system accuracy."""
-        test_x = [slot.data.x[Split.TEST] for slot in self.slots]
-        labels = [slot.data.y[Split.TEST].numpy() for slot in self.slots]
-        # site_preds[j][i]: site model i on site j's test scans.
-        site_preds = [[self._predict(slot, x) for slot in self.slots] for x in test_x]
-        own = [site_preds[j][j] for j in range(len(self.slots))]
-        per_site, federation = per_site_figures([s.id for s in self.slots], own, labels)
-        routes = self.algorithm.needs_client_branch
-        system = system_figures(site_preds, labels, self.priors if routes else None)
-        sites = {}
-        for slot in self.slots:
-            figures = per_site[slot.id]
-            sites[slot.id] = {
-                "auc": figures.auc,
-                "auc_reason": figures.auc_reason,
-                "accuracy": figures.accuracy,
-                "balanced_accuracy": figures.balanced_accuracy,
-                "n_test": figures.n,
-                "n_train": slot.n_train,
-                "n_val": slot.data.n(Split.VAL),
-            }
-        return {"sites": sites, **federation.to_dict(), **system}
+    def trained_federation(self) -> TrainedFederation:
+        """The final per-site models, with abstention calibrated on the validation splits."""
+        sites = [
+            SiteEntry(
+                id=slot.id,
+                index=slot.index,
+                prior=float(self.priors[slot.index]),
+                normalization=slot.data.normalization,
+                manifest=slot.data.manifest,
+            )
+            for slot in self.slots
+        ]
+        states = [{k: v.cpu() for k, v in self.eval_state(s).items()} for s in self.slots]
+        fed = TrainedFederation(self.spec, self.algorithm.name, sites, states, self.setup)
+        data = [slot.data for slot in self.slots]
+        fed.abstention = fit_abstention(
+            fed,
+            [d.x[Split.TRAIN] for d in data],
+            [views_of(data, origin, Split.VAL) for origin in data],
+        )
+        return fed
 
     # ------------------------------------------------------------------ the whole run
     def train(self, *, resume: bool = False) -> dict[str, Any]:
@@ -417,17 +426,18 @@ class Engine:
             for record in outcome.records:
                 record["round_seconds"] = seconds
                 record["aggregated"] = aggregated
-            self._validate_round(round_, outcome)
+            self._validate_round(outcome)
             self.run.append_metrics(outcome.records)
             self._checkpoint(round_)
         self._finetune()
-        summary = self._summary()
+        fed = self.trained_federation()
+        summary = self._summary(fed)
         self.run.write_summary(summary)
-        self._save_model()
+        fed.save(self.run, {"n_train": {s.id: s.n_train for s in self.slots}})
         self.run.log_event("finish", rounds=self.config.rounds)
         return summary
 
-    def _summary(self) -> dict[str, Any]:
+    def _summary(self, fed: TrainedFederation) -> dict[str, Any]:
         metrics = self.run.read_metrics()
         per_round: dict[int, dict[str, float]] = {}
         for r in metrics:
@@ -448,7 +458,7 @@ class Engine:
             "backbone": self.spec.backbone,
             "modality": str(self.modality),
             "device": self.setup.describe(),
-            **self.final_evaluation(),
+            **evaluate(fed, [slot.data for slot in self.slots]),
             "priors": {s.id: float(p) for s, p in zip(self.slots, self.priors, strict=True)},
             "bytes_per_round": float(np.mean([v["bytes"] for v in per_round.values()]))
             if per_round
@@ -459,27 +469,3 @@ class Engine:
             "dropped": dropped,
             "resumes": sum(1 for e in self.run.read_events() if e.get("event") == "resume"),
         }
-
-    def _save_model(self) -> None:
-        states = {f"site_{slot.id}": self.eval_state(slot) for slot in self.slots}
-        if self.global_state:
-            states["global"] = self.global_state
-        model_json = {
-            "algorithm": self.algorithm.name,
-            "spec": self.spec.to_dict(),
-            "modality": str(self.modality),
-            "routes": self.algorithm.needs_client_branch,
-            "sites": [
-                {
-                    "id": slot.id,
-                    "index": slot.index,
-                    "n_train": slot.n_train,
-                    "prior": float(self.priors[slot.index]),
-                    "normalization": slot.data.normalization.to_dict(),
-                    "manifest": slot.data.manifest.to_dict(),
-                    "weights": f"site_{slot.id}.safetensors",
-                }
-                for slot in self.slots
-            ],
-        }
-        self.run.save_model(model_json, states)

@@ -1,0 +1,292 @@
+"""A trained federation held for inference: one model per site, their priors and normalizations.
+
+Built either from the engine's in-memory states or from a run directory's ``model/`` folder, so
+``medfed route``, ``medfed evaluate`` and the dashboard answer exactly as training measured.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from medfed.config import SiteManifest, parse_manifest
+from medfed.data.preprocess import Normalization
+from medfed.federation.device import DeviceSetup, resolve_device
+from medfed.models.fedmodel import FedModel, ModelSpec, build_model
+from medfed.runs import RunDir, load_state, save_state
+
+State = dict[str, torch.Tensor]
+HEAD_PREFIX = "target_head."
+BATCH = 256
+
+
+@dataclass(frozen=True)
+class SiteEntry:
+    """What inference needs to know of one site."""
+
+    id: str
+    index: int
+    prior: float
+    normalization: Normalization
+    manifest: SiteManifest
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "index": self.index,
+            "prior": self.prior,
+            "normalization": self.normalization.to_dict(),
+            "manifest": self.manifest.to_dict(),
+            "weights": f"site_{self.id}.safetensors",
+        }
+
+
+def manifest_from_dict(data: dict[str, Any]) -> SiteManifest:
+    """Rebuild a resolved manifest stored in model.json or config.toml."""
+    fields = {k: v for k, v in data.items() if k != "manifest_path" and v is not None}
+    where = data.get("manifest_path") or data.get("id", "stored manifest")
+    return parse_manifest(fields, where=str(where), base_dir=Path("/"))
+
+
+@dataclass
+class Abstention:
+    """Out-of-distribution check: Mahalanobis distance of a scan's features to each site.
+
+    Each site keeps the mean and (shrunk) precision of its own model's features on its training
+    split; a scan's score is its distance to the closest site. Scores above ``threshold``
+    (calibrated on the sites' validation splits) abstain.
+    """
+
+    means: list[torch.Tensor]
+    precisions: list[torch.Tensor]
+    threshold: float
+    target_false_abstain: float
+    val_abstain_rate: float
+
+    def scores(self, features: list[torch.Tensor]) -> np.ndarray:
+        """(n,) distance to the closest site; ``features[i]`` is site model i's view."""
+        per_site = []
+        for f, mean, precision in zip(features, self.means, self.precisions, strict=True):
+            d = f.double() - mean.double()
+            per_site.append(((d @ precision.double()) * d).sum(dim=1))
+        return torch.stack(per_site, dim=1).min(dim=1).values.sqrt().cpu().numpy()
+
+    def state(self) -> State:
+        out: State = {}
+        for i, (m, p) in enumerate(zip(self.means, self.precisions, strict=True)):
+            out[f"mean.{i}"], out[f"precision.{i}"] = m.cpu(), p.cpu()
+        return out
+
+    def info(self) -> dict[str, float]:
+        return {
+            "threshold": self.threshold,
+            "target_false_abstain": self.target_false_abstain,
+            "val_abstain_rate": self.val_abstain_rate,
+        }
+
+    @classmethod
+    def load(cls, state: State, info: dict[str, float], n_sites: int) -> Abstention:
+        return cls(
+            means=[state[f"mean.{i}"] for i in range(n_sites)],
+            precisions=[state[f"precision.{i}"] for i in range(n_sites)],
+            threshold=float(info["threshold"]),
+            target_false_abstain=float(info["target_false_abstain"]),
+            val_abstain_rate=float(info["val_abstain_rate"]),
+        )
+
+
+@dataclass
+class SiteOutputs:
+    """Every site model's answer to the same scans, each on its own view of them."""
+
+    class_probs: np.ndarray  # (K sites, n, C)
+    client_logits: np.ndarray | None  # (K, n, K): site i's client logits on its view
+    features: list[torch.Tensor]  # K tensors (n, D)
+
+
+class TrainedFederation:
+    """The sites' final models, ready to answer scans."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        algorithm: str,
+        sites: list[SiteEntry],
+        states: list[State],
+        setup: DeviceSetup,
+        abstention: Abstention | None = None,
+    ) -> None:
+        self.spec, self.algorithm, self.sites, self.setup = spec, algorithm, sites, setup
+        self.abstention = abstention
+        base = build_model(spec).to(setup.device).eval()
+        self.models: list[FedModel] = []
+        for state in states:
+            model = copy.deepcopy(base)
+            model.load_state_dict(state)
+            self.models.append(model)
+        self.states = states
+        self.shared_body = _only_heads_differ(states)
+
+    @property
+    def routes(self) -> bool:
+        return self.spec.client_branch
+
+    @property
+    def priors(self) -> np.ndarray:
+        return np.array([s.prior for s in self.sites])
+
+    @property
+    def modality(self) -> str:
+        return str(self.sites[0].manifest.modality)
+
+    def class_names(self) -> list[str]:
+        names: dict[int, list[str]] = {}
+        for name, index in self.sites[0].manifest.labels.items():
+            names.setdefault(index, []).append(name)
+        return ["/".join(sorted(names[i])) for i in sorted(names)]
+
+    # ------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def outputs(self, views: list[torch.Tensor]) -> SiteOutputs:
+        """Site i's model on ``views[i]`` for every i (one batched pass when only heads differ)."""
+        if self.shared_body:
+            return self._shared_outputs(views)
+        probs, clients, feats = [], [], []
+        for model, view in zip(self.models, views, strict=True):
+            p, c, f = _run(model, view, self.setup, heads=None)
+            probs.append(p), clients.append(c), feats.append(f)
+        client = np.stack(clients) if clients[0] is not None else None
+        return SiteOutputs(np.stack(probs), client, feats)
+
+    def _shared_outputs(self, views: list[torch.Tensor]) -> SiteOutputs:
+        n = views[0].shape[0]
+        heads = [m.target_head for m in self.models]
+        p, c, f = _run(self.models[0], torch.cat(views), self.setup, heads=heads)
+        k = len(views)
+        feats = list(f.split(n))
+        client = c.reshape(k, n, -1) if c is not None else None
+        return SiteOutputs(p.reshape(k, n, -1), client, feats)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, run: RunDir, extra: dict[str, Any]) -> None:
+        states = {f"site_{s.id}": st for s, st in zip(self.sites, self.states, strict=True)}
+        model_json = {
+            "algorithm": self.algorithm,
+            "spec": self.spec.to_dict(),
+            "modality": self.modality,
+            "routes": self.routes,
+            "classes": self.class_names(),
+            "sites": [s.to_dict() for s in self.sites],
+            "abstention": self.abstention.info() if self.abstention else None,
+            **extra,
+        }
+        run.save_model(model_json, states)
+        if self.abstention is not None:
+            save_state(run.model_dir / "abstention.safetensors", self.abstention.state())
+
+    @classmethod
+    def load(cls, run_dir: str | Path, device: str = "auto") -> TrainedFederation:
+        run = RunDir(run_dir).require()
+        info = run.read_model_json()
+        sites = [
+            SiteEntry(
+                id=s["id"],
+                index=int(s["index"]),
+                prior=float(s["prior"]),
+                normalization=Normalization.from_dict(s["normalization"]),
+                manifest=manifest_from_dict(s["manifest"]),
+            )
+            for s in info["sites"]
+        ]
+        states = [run.load_model_state(f"site_{s.id}") for s in sites]
+        abstention = None
+        if info.get("abstention"):
+            state = load_state(run.model_dir / "abstention.safetensors")
+            abstention = Abstention.load(state, info["abstention"], len(sites))
+        spec = ModelSpec.from_dict(info["spec"])
+        return cls(spec, info["algorithm"], sites, states, resolve_device(device), abstention)
+
+
+def _only_heads_differ(states: list[State]) -> bool:
+    """True when every site shares all weights but its target head (FedDRM, FedRep)."""
+    first = states[0]
+    for state in states[1:]:
+        for key, value in state.items():
+            if not key.startswith(HEAD_PREFIX) and not torch.equal(value, first[key]):
+                return False
+    return True
+
+
+def _run(
+    model: FedModel, x: torch.Tensor, setup: DeviceSetup, heads: list | None
+) -> tuple[np.ndarray, np.ndarray | None, torch.Tensor]:
+    """Class probabilities, client logits and backbone features of ``model`` on ``x``.
+
+    With ``heads``, ``x`` holds len(heads) equal-sized blocks and block i uses head i.
+    """
+    probs, clients, feats = [], [], []
+    block = x.shape[0] // len(heads) if heads else x.shape[0]
+    for start in range(0, x.shape[0], BATCH):
+        xb = x[start : start + BATCH].to(setup.device)
+        with setup.autocast()():
+            f = model.features(xb)
+            hidden = model.target_branch(f)
+            if heads is None:
+                logits = model.target_head(hidden)
+            else:
+                owner = torch.arange(start, start + xb.shape[0], device=xb.device) // block
+                logits = torch.stack([h(hidden) for h in heads])[owner, torch.arange(len(xb))]
+            client = None
+            if model.client_branch is not None and model.client_head is not None:
+                client = model.client_head(model.client_branch(f))
+        probs.append(torch.softmax(logits.float(), dim=1).cpu())
+        feats.append(f.float().cpu())
+        if client is not None:
+            clients.append(client.float().cpu())
+    p = torch.cat(probs).numpy().astype(np.float64)
+    c = torch.cat(clients).numpy().astype(np.float64) if clients else None
+    return p, c, torch.cat(feats)
+
+
+@torch.no_grad()
+def site_features(fed: TrainedFederation, index: int, x: torch.Tensor) -> torch.Tensor:
+    """Backbone features of site ``index``'s model on ``x`` (already in that site's view)."""
+    return _run(fed.models[index], x, fed.setup, heads=None)[2]
+
+
+def fit_abstention(
+    fed: TrainedFederation,
+    train_views: list[torch.Tensor],
+    val_views: list[list[torch.Tensor]],
+    target_false_abstain: float = 0.05,
+) -> Abstention:
+    """Fit each site's feature Gaussian on its training split; set the threshold so that about
+    ``target_false_abstain`` of the sites' validation scans abstain.
+
+    ``train_views[i]``: site i's training scans in its own view; ``val_views[j]``: site j's
+    validation scans as every site sees them.
+    """
+    from sklearn.covariance import LedoitWolf
+
+    means, precisions = [], []
+    for i, x in enumerate(train_views):
+        feats = site_features(fed, i, x).double().numpy()
+        if feats.shape[0] < 2:
+            raise ValueError(f"site {fed.sites[i].id!r}: too few training scans to fit abstention")
+        lw = LedoitWolf().fit(feats)
+        means.append(torch.from_numpy(lw.location_).float())
+        precisions.append(torch.from_numpy(lw.precision_).float())
+    abstention = Abstention(means, precisions, float("inf"), target_false_abstain, 0.0)
+    scores = np.concatenate(
+        [abstention.scores(fed.outputs(views).features) for views in val_views if len(views[0])]
+    )
+    if scores.size == 0:
+        return abstention  # no validation scans anywhere: never abstain, and say so in info()
+    abstention.threshold = float(np.quantile(scores, 1.0 - target_false_abstain))
+    abstention.val_abstain_rate = float((scores > abstention.threshold).mean())
+    return abstention

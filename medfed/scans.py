@@ -1,0 +1,74 @@
+"""Reading one new patient scan of any supported kind, for routing.
+
+JPEG/PNG/TIFF fundus photos, a DICOM file or a DICOM series folder, or a NIfTI file. The kind
+is decided from the path (and the DICOM marker), never guessed from the pixels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from medfed.config import Modality
+from medfed.data.io import Volume, probe_dicom, read_dicom_series, read_image, read_nifti
+from medfed.errors import DataError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
+NIFTI_SUFFIXES = (".nii", ".nii.gz")
+
+
+@dataclass(frozen=True)
+class Scan:
+    """A decoded scan, its modality and the files its bytes come from."""
+
+    path: Path
+    modality: Modality
+    decoded: np.ndarray | Volume
+    files: tuple[Path, ...]
+
+
+def _dicom_files(folder: Path) -> list[Path]:
+    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and probe_dicom(p)]
+    if not files:
+        raise DataError(f"{folder}: folder holds no DICOM files (no 'DICM' marker found)")
+    return files
+
+
+def _one_series(files: list[Path], folder: Path) -> list[Path]:
+    import pydicom
+
+    by_series: dict[str, list[Path]] = {}
+    for path in files:
+        try:
+            uid = str(pydicom.dcmread(path, stop_before_pixels=True).get("SeriesInstanceUID", ""))
+        except Exception as exc:  # pydicom raises many kinds on damaged headers
+            raise DataError(f"{path}: DICOM header cannot be read ({exc})") from exc
+        by_series.setdefault(uid, []).append(path)
+    if len(by_series) > 1:
+        raise DataError(
+            f"{folder}: holds {len(by_series)} DICOM series; route one series folder at a time"
+        )
+    return files
+
+
+def read_scan(path: str | Path) -> Scan:
+    """Decode a scan file or DICOM series folder; DataError names the path on any problem."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such file or folder")
+    name = path.name.lower()
+    if path.is_dir():
+        files = _one_series(_dicom_files(path), path)
+        return Scan(path, Modality.CT, read_dicom_series(files), tuple(files))
+    if name.endswith(NIFTI_SUFFIXES):
+        return Scan(path, Modality.CT, read_nifti(path), (path,))
+    if name.endswith(".dcm") or probe_dicom(path):
+        return Scan(path, Modality.CT, read_dicom_series([path]), (path,))
+    if name.endswith(IMAGE_SUFFIXES):
+        return Scan(path, Modality.FUNDUS, read_image(path), (path,))
+    raise DataError(
+        f"{path}: unsupported file type; route JPEG/PNG/TIFF fundus photos, DICOM files or "
+        "series folders, or NIfTI (.nii, .nii.gz) files"
+    )

@@ -1,0 +1,143 @@
+"""``medfed sites check`` and ``medfed sites card``: exit codes, and messages naming the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import tomli_w
+from typer.testing import CliRunner
+
+from medfed.cli import app
+
+runner = CliRunner()
+FUNDUS = {"normal": 0, "glaucoma": 1}
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("MEDFED_CACHE", str(tmp_path / "cache"))
+
+
+def write_manifest(folder: Path, site_id: str, layout: str, root: Path | str, **extra) -> Path:
+    data = {
+        "id": site_id,
+        "modality": extra.pop("modality", "fundus"),
+        "layout": layout,
+        "root": str(root),
+        "labels": extra.pop("labels", FUNDUS),
+        **extra,
+    }
+    path = folder / "sites" / f"{site_id}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def acrima_names(n: int = 12) -> list[str]:
+    return [f"Im{i:03d}_g_ACRIMA.jpg" if i % 2 else f"Im{i:03d}_ACRIMA.jpg" for i in range(n)]
+
+
+def check(*args: str):
+    return runner.invoke(app, ["sites", "check", *args])
+
+
+def test_a_clean_site_is_ready(make_acrima_site, tmp_path) -> None:
+    manifest = write_manifest(tmp_path, "acrima", "acrima", make_acrima_site(acrima_names()))
+    result = check(str(manifest))
+    assert result.exit_code == 0, result.output
+    assert "[READY] site acrima" in result.output
+    report = json.loads(check(str(manifest), "--json").output)[0]
+    assert report["ready"] and report["n_readable"] == 12
+    assert sum(report["counts"]["train"].values()) > 0
+
+
+def test_a_truncated_jpeg_is_reported_with_its_file(make_acrima_site, tmp_path) -> None:
+    root = make_acrima_site(acrima_names())
+    bad = root / "Im005_g_ACRIMA.jpg"
+    bad.write_bytes(bad.read_bytes()[: len(bad.read_bytes()) // 3])
+    result = check(str(write_manifest(tmp_path, "acrima", "acrima", root)))
+    assert result.exit_code == 1
+    assert "Im005_g_ACRIMA.jpg" in result.output and "truncated" in result.output
+    assert "11 readable" in result.output  # counted, not silently dropped
+
+
+def test_an_unreadable_dicom_is_reported_with_its_file(write_ct_series, tmp_path) -> None:
+    root = tmp_path / "CT"
+    for p in range(4):
+        write_ct_series(root / f"P{p}", 3, patient_id=f"P{p}", series_uid=f"1.2.3.{p}")
+    (root / "P9").mkdir()
+    (root / "P9" / "broken.dcm").write_bytes(b"not a dicom file at all" * 10)
+    (root / "labels.csv").write_text(
+        "patient_id,label\n"
+        + "".join(f"P{p},{'lesion' if p % 2 else 'normal'}\n" for p in range(4))
+    )
+    manifest = write_manifest(
+        tmp_path, "ct", "dicom", root, modality="ct", labels={"normal": 0, "lesion": 1}
+    )
+    result = check(str(manifest))
+    assert result.exit_code == 1
+    assert "broken.dcm" in result.output
+
+
+def test_a_label_file_naming_a_missing_image_is_reported(make_refuge_site, tmp_path) -> None:
+    root = make_refuge_site()
+    (root / "Test400" / "T0002.jpg").unlink()
+    result = check(str(write_manifest(tmp_path, "refuge", "refuge", root)))
+    assert result.exit_code == 1
+    assert "T0002.jpg" in result.output
+
+
+def test_an_empty_class_folder_is_reported(make_rimone_site, tmp_path) -> None:
+    root = make_rimone_site(
+        {
+            "partitioned_by_hospital/training_set/glaucoma": 4,
+            "partitioned_by_hospital/training_set/normal": 4,
+            "partitioned_by_hospital/test_set/glaucoma": 2,
+            "partitioned_by_hospital/test_set/normal": 0,
+        }
+    )
+    result = check(str(write_manifest(tmp_path, "rimone", "rimone", root)))
+    assert result.exit_code == 1
+    assert "test_set/normal" in result.output
+
+
+def test_a_manifest_pointing_nowhere_is_unusable(tmp_path) -> None:
+    result = check(str(write_manifest(tmp_path, "ghost", "acrima", tmp_path / "nowhere")))
+    assert result.exit_code == 2
+    assert "nowhere" in result.output and "does not exist" in result.output
+
+
+def test_an_unknown_layout_or_unset_variable_is_unusable(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("MEDFED_DATA", raising=False)
+    unknown = check(str(write_manifest(tmp_path, "a", "kaggle", tmp_path)))
+    assert unknown.exit_code == 2 and "unknown layout 'kaggle'" in unknown.output
+    unset = check(str(write_manifest(tmp_path, "b", "acrima", "${MEDFED_DATA}/ACRIMA")))
+    assert unset.exit_code == 2 and "MEDFED_DATA is not set" in unset.output
+
+
+def test_distances_between_sites_are_reported(make_acrima_site, make_rimone_site, tmp_path):
+    acrima = write_manifest(tmp_path, "acrima", "acrima", make_acrima_site(acrima_names()))
+    rimone = make_rimone_site(
+        {
+            f"partitioned_by_hospital/{s}/{c}": 4
+            for s in ("training_set", "test_set")
+            for c in ("glaucoma", "normal")
+        }
+    )
+    rim = write_manifest(tmp_path, "rimone", "rimone", rimone)
+    reports = json.loads(check(str(acrima), str(rim), "--json").output)
+    assert set(reports[0]["distances"]) == {"rimone"}
+    assert reports[0]["distances"]["rimone"] >= 0.0
+
+
+def test_card_is_written_with_counts_and_fields_to_fill(make_acrima_site, tmp_path) -> None:
+    manifest = write_manifest(tmp_path, "acrima", "acrima", make_acrima_site(acrima_names()))
+    out = tmp_path / "cards"
+    result = runner.invoke(app, ["sites", "card", str(manifest), "--out-dir", str(out)])
+    assert result.exit_code == 0, result.output
+    card = (out / "acrima.md").read_text()
+    assert "# Data card: acrima" in card
+    assert "| all | 6 | 6 | 12 |" in card.replace("  ", " ")
+    assert "## Licence" in card and "to fill in" in card

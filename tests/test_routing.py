@@ -1,0 +1,211 @@
+"""Routers on hand-made outputs, abstention rates, ``medfed route`` on every input kind, audit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pydicom.data
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+from medfed.audit import AuditEntry, AuditLog
+from medfed.cli import app
+from medfed.config import TrainConfig
+from medfed.data.records import Split
+from medfed.inference import SiteOutputs, TrainedFederation
+from medfed.routing import (
+    DensityRatioRouter,
+    MajorityVoteRouter,
+    MaxConfidenceRouter,
+    SoftRouter,
+)
+from medfed.training import train
+from tests.tensorsites import tensor_sites
+
+runner = CliRunner()
+
+
+def fake_fed(priors) -> SimpleNamespace:
+    return SimpleNamespace(priors=np.asarray(priors), sites=[None] * len(priors))
+
+
+def outputs(class_probs, client_logits=None) -> SiteOutputs:
+    return SiteOutputs(np.asarray(class_probs, float), client_logits, features=[])
+
+
+def test_density_ratio_router_uses_each_sites_own_logit_and_prior() -> None:
+    # Two sites, one scan. Site i's view gives client logits; only logit i of view i counts.
+    client = np.array([[[2.0, 9.0]], [[9.0, 1.0]]])  # (K views, n, K): own logits 2.0 and 1.0
+    probs = [[[0.9, 0.1]], [[0.2, 0.8]]]
+    site_probs, routed, answer = DensityRatioRouter().decide(
+        fake_fed([0.5, 0.5]), outputs(probs, client)
+    )
+    assert routed.tolist() == [0] and answer[0] == pytest.approx([0.9, 0.1])
+    # A small prior for site 1 (log 0.1 = -2.3) outweighs its lower logit.
+    site_probs, routed, answer = DensityRatioRouter().decide(
+        fake_fed([0.9, 0.1]), outputs(probs, client)
+    )
+    assert routed.tolist() == [1] and answer[0] == pytest.approx([0.2, 0.8])
+    expected = np.exp([2 - np.log(0.9), 1 - np.log(0.1)])
+    assert site_probs[0] == pytest.approx(expected / expected.sum())
+
+
+def test_soft_router_mixes_the_top_sites_by_probability() -> None:
+    client = np.zeros((3, 1, 3))
+    client[0, 0, 0], client[1, 0, 1], client[2, 0, 2] = np.log(3.0), np.log(1.0), np.log(0.001)
+    probs = [[[1.0, 0.0]], [[0.0, 1.0]], [[0.5, 0.5]]]
+    _, routed, mixed = SoftRouter().decide(fake_fed([1 / 3] * 3), outputs(probs, client))
+    assert routed.tolist() == [0]
+    assert mixed[0] == pytest.approx([0.75, 0.25], abs=1e-3)  # weights 3:1 over the top two
+
+
+def test_majority_vote_and_max_confidence_routers() -> None:
+    probs = [[[0.6, 0.4]], [[0.3, 0.7]], [[0.45, 0.55]]]  # votes: 0, 1, 1
+    site_probs, routed, answer = MajorityVoteRouter().decide(fake_fed([1 / 3] * 3), outputs(probs))
+    assert answer.argmax(axis=1).tolist() == [1]
+    assert routed.tolist() == [1]  # the site most behind the winning class
+    _, routed, answer = MaxConfidenceRouter().decide(fake_fed([1 / 3] * 3), outputs(probs))
+    assert routed.tolist() == [1] and answer[0] == pytest.approx([0.3, 0.7])
+
+
+@pytest.fixture(scope="module")
+def tensor_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "feddrm"
+    sites = tensor_sites(3, n=96)
+    config = TrainConfig(
+        algorithm="feddrm", rounds=8, local_steps=4, batch_size=16, lr=0.02, device="cpu"
+    )
+    summary = train(sites, config, out)
+    return out, sites, summary
+
+
+def test_abstention_fires_on_noise_and_another_modality_not_on_held_out_scans(tensor_run):
+    out, sites, summary = tensor_run
+    fed = TrainedFederation.load(out, "cpu")
+    router = DensityRatioRouter()
+    held_out = [torch.cat([o.as_seen_by(m, Split.TEST) for o in sites]) for m in sites]
+    in_rate = router.route(fed, held_out).abstained.mean()
+
+    g = torch.Generator().manual_seed(7)
+    noise = torch.rand(40, 3, 16, 16, generator=g) * 6 - 3
+    checker = ((torch.arange(16)[:, None] + torch.arange(16)[None]) % 2).float() * 4 - 2
+    other = checker.expand(40, 3, 16, 16) + 0.1 * torch.randn(40, 3, 16, 16, generator=g)
+    noise_rate = router.route(fed, [noise] * 3).abstained.mean()
+    other_rate = router.route(fed, [other] * 3).abstained.mean()
+    print(f"abstain rates: held-out {in_rate:.2f}, noise {noise_rate:.2f}, other {other_rate:.2f}")
+    assert in_rate <= 0.2
+    assert noise_rate >= 0.9 and other_rate >= 0.9
+    assert summary["routers"]["density_ratio"]["abstain_rate"] == pytest.approx(in_rate)
+
+
+def test_evaluate_reports_every_router_with_latency(tensor_run):
+    out, _, summary = tensor_run
+    assert set(summary["routers"]) == {"density_ratio", "soft", "majority_vote", "max_confidence"}
+    dr, mv = summary["routers"]["density_ratio"], summary["routers"]["majority_vote"]
+    assert dr["forward_passes"] == 1 and mv["forward_passes"] == 3
+    assert dr["latency_ms_per_scan"] > 0 and mv["latency_ms_per_scan"] > 0
+    result = runner.invoke(app, ["evaluate", str(out)])
+    assert result.exit_code == 0 and "density_ratio" in result.output
+    assert "ms per scan" in result.output
+
+
+@pytest.fixture(scope="module")
+def file_runs(tmp_path_factory):
+    """Tiny fundus and CT federations trained on synthetic files."""
+    from medfed.data.synth import synthesize
+    from medfed.training import load_sites
+
+    base = tmp_path_factory.mktemp("files")
+    fundus = synthesize(base / "fundus", modality="fundus", n_per_site=24, seed=1)
+    ct = synthesize(base / "ct", modality="ct", n_per_site=8, seed=1)
+    cfg = dict(rounds=1, local_steps=2, batch_size=8, device="cpu")
+    train(load_sites(fundus, base / "cache"), TrainConfig("feddrm", **cfg), base / "run_fundus")
+    train(load_sites(ct, base / "cache"), TrainConfig("fedavg", **cfg), base / "run_ct")
+    return base
+
+
+def route_json(run: Path, *files: Path, extra=()):
+    result = runner.invoke(app, ["route", str(run), *map(str, files), "--json", *extra])
+    return result, json.loads(result.output[result.output.index("[") :])
+
+
+def test_route_fundus_photos_and_refuse_other_kinds_per_file(file_runs, tmp_path):
+    run = file_runs / "run_fundus"
+    jpeg = next((file_runs / "fundus" / "ACRIMA").glob("*.jpg"))
+    png = next((file_runs / "fundus" / "RIM-ONE_DL").rglob("*.png"))
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(jpeg.read_bytes()[:200])
+    dicom = Path(pydicom.data.get_testdata_file("CT_small.dcm"))
+    result, rows = route_json(run, jpeg, png, broken, dicom)
+    assert result.exit_code == 1  # one file could not be read; the others were answered
+    by_file = {Path(r["file"]).name: r for r in rows}
+    for name in (jpeg.name, png.name):
+        assert by_file[name]["status"] in {"routed", "abstained"}
+        assert set(by_file[name]["site_probs"]) == {"acrima", "rimone", "refuge"}
+        assert by_file[name]["prediction"] in {"normal", "glaucoma"}
+    assert by_file["broken.jpg"]["status"] == "error"
+    assert "broken.jpg" in by_file["broken.jpg"]["reason"]
+    assert by_file["CT_small.dcm"]["status"] == "abstained"
+    assert "ct scan" in by_file["CT_small.dcm"]["reason"]
+
+
+def test_route_ct_series_folder_single_dicom_and_nifti(file_runs):
+    run = file_runs / "run_ct"
+    series = next(p for p in (file_runs / "ct" / "CT_DICOM").rglob("*") if any(p.glob("*.dcm")))
+    nifti = next((file_runs / "ct" / "CT_NIFTI").glob("*.nii.gz"))
+    single = Path(pydicom.data.get_testdata_file("CT_small.dcm"))
+    photo = file_runs / "photo.png"
+    Image.fromarray(np.full((32, 32, 3), 120, np.uint8)).save(photo)
+    result, rows = route_json(
+        run, series, nifti, single, photo, extra=["--router", "max_confidence"]
+    )
+    assert result.exit_code == 0, result.output
+    status = [r["status"] for r in rows]
+    assert all(s in {"routed", "abstained"} for s in status[:3])
+    assert all(r["site_probs"] for r in rows[:3])
+    assert status[3] == "abstained" and "fundus scan" in rows[3]["reason"]
+    text = runner.invoke(app, ["route", str(run), str(nifti)]).output
+    assert "site probabilities: ct_dicom" in text
+
+
+def test_density_ratio_is_refused_for_a_run_without_client_head(file_runs):
+    result = runner.invoke(
+        app, ["route", str(file_runs / "run_ct"), "x.nii", "--router", "density_ratio"]
+    )
+    assert result.exit_code == 2 and "needs a client head" in result.output
+
+
+def test_every_routed_scan_lands_in_the_audit_log(file_runs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(file_runs / "run_fundus", run)
+    photos = sorted((file_runs / "fundus" / "ACRIMA").glob("*.jpg"))[:3]
+    _, rows = route_json(run, *photos)
+    log = AuditLog(run).read()
+    assert [e.file for e in reversed(log)] == [str(p) for p in photos]
+    assert [e.to_dict() for e in reversed(log)] == rows
+    assert len(log[0].sha256) == 64
+    routed = [e for e in log if e.status == "routed"]
+    if routed:
+        assert (
+            AuditLog(run).read(site=routed[0].chosen_site)[0].chosen_site == routed[0].chosen_site
+        )
+
+
+def test_audit_log_round_trips_and_filters(tmp_path):
+    log = AuditLog(tmp_path)
+    assert log.read() == []
+    a = AuditEntry("t1", "a.jpg", "0" * 64, "density_ratio", "routed", "acrima",
+                   {"acrima": 0.9, "rimone": 0.1}, "glaucoma", 0.8, 1.5)  # fmt: skip
+    b = AuditEntry("t2", "b.jpg", "1" * 64, "density_ratio", "abstained", None,
+                   {"acrima": 0.5, "rimone": 0.5}, "normal", 0.6, 9.0, "no site fits")  # fmt: skip
+    log.append([a, b])
+    assert log.read() == [b, a]
+    assert log.read(site="acrima") == [a]
+    assert log.read(status="abstained") == [b]
+    assert log.read(limit=1) == [b]
