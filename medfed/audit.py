@@ -13,7 +13,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from medfed.errors import MedfedError
+
 AUDIT_FILE = "audit.sqlite"
+
+
+class AuditError(MedfedError):
+    """The audit log cannot be written or read."""
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS routed (
@@ -65,6 +72,15 @@ class AuditLog:
         return connection
 
     def append(self, entries: list[AuditEntry]) -> None:
+        try:
+            self._append(entries)
+        except (sqlite3.Error, OSError) as exc:
+            raise AuditError(
+                f"{self.path}: cannot record routing decisions ({exc}); make the run directory "
+                "writable, or pass --no-audit to route without a record"
+            ) from exc
+
+    def _append(self, entries: list[AuditEntry]) -> None:
         with closing(self._connect()) as db, db:
             db.executemany(
                 "INSERT INTO routed (time, file, sha256, router, status, chosen_site, site_probs,"

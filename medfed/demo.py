@@ -24,8 +24,8 @@ class Budget:
     local_steps: int
 
 
-FULL = Budget(n_per_site=240, rounds=30, local_steps=10)
-QUICK = Budget(n_per_site=120, rounds=12, local_steps=8)
+FULL = Budget(n_per_site=240, rounds=60, local_steps=3)
+QUICK = Budget(n_per_site=120, rounds=30, local_steps=3)
 
 
 def run_demo(

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from medfed.algorithms.base import HEAD_PREFIX
 from medfed.config import SiteManifest, parse_manifest
 from medfed.data.preprocess import Normalization
 from medfed.federation.device import DeviceSetup, resolve_device
@@ -21,7 +22,6 @@ from medfed.models.fedmodel import FedModel, ModelSpec, build_model
 from medfed.runs import RunDir, load_state, save_state
 
 State = dict[str, torch.Tensor]
-HEAD_PREFIX = "target_head."
 BATCH = 256
 
 
@@ -74,7 +74,8 @@ class Abstention:
         for f, mean, precision in zip(features, self.means, self.precisions, strict=True):
             d = f.double() - mean.double()
             per_site.append(((d @ precision.double()) * d).sum(dim=1))
-        return torch.stack(per_site, dim=1).min(dim=1).values.sqrt().cpu().numpy()
+        closest = torch.stack(per_site, dim=1).min(dim=1).values
+        return closest.clamp_min(0).sqrt().cpu().numpy()  # rounding can dip just below 0
 
     def state(self) -> State:
         out: State = {}

@@ -76,7 +76,7 @@ def methods_table(summaries: dict[str, dict[str, Any]]) -> str:
     """One row per method: each site's AUC, worst-site AUC, average and system accuracy."""
     site_ids = list(next(iter(summaries.values()))["sites"])
     header = ["method", *(f"AUC {s}" for s in site_ids), "worst-site AUC"]
-    header += ["avg accuracy", "system accuracy", "routing"]
+    header += ["avg accuracy", "system accuracy", "answered by", "routing acc."]
     rows = []
     for name, s in summaries.items():
         rows.append(
@@ -87,6 +87,7 @@ def methods_table(summaries: dict[str, dict[str, Any]]) -> str:
                 s.get("average_accuracy"),
                 s.get("system_accuracy"),
                 s.get("routing_method"),
+                s.get("routing_accuracy"),
             ]
         )
     return markdown_table(header, rows)

@@ -106,7 +106,11 @@ def route_one(fed: TrainedFederation, router: Router, path: Path) -> AuditEntry:
 def route_files(
     fed: TrainedFederation, router: Router, files: list[Path], run_dir: Path | None
 ) -> list[RoutedScan]:
-    """Route every file (one bad file never stops the others) and append them to the audit log."""
+    """Route every file (one bad file never stops the others) and append them to the audit log.
+
+    The audit log is written before answers are shown: a decision that cannot be logged raises
+    (AuditError) rather than reach a clinician unrecorded.
+    """
     entries = [route_one(fed, router, Path(f)) for f in files]
     if run_dir is not None:
         AuditLog(run_dir).append(entries)

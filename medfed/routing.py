@@ -81,8 +81,12 @@ class Router:
     def decide(
         self, fed: TrainedFederation, out: SiteOutputs
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(site_probs (n,K), routed (n,), class_probs (n,C))."""
+        """(site_probs (n,K), routed (n,), class_probs (n,C)) of the answer."""
         raise NotImplementedError
+
+    def predict(self, class_probs: np.ndarray, out: SiteOutputs) -> np.ndarray:
+        """The answer's class per scan (the most probable one, unless a vote decides)."""
+        return class_probs.argmax(axis=1)
 
     def forward_passes(self, fed: TrainedFederation) -> int:
         return 1 if fed.shared_body else len(fed.sites)
@@ -102,7 +106,7 @@ class Router:
             abstained=abstained,
             ood_score=score,
             class_probs=class_probs,
-            prediction=class_probs.argmax(axis=1),
+            prediction=self.predict(class_probs, out),
         )
 
 
@@ -140,7 +144,10 @@ class SoftRouter(DensityRatioRouter):
 
 
 class MajorityVoteRouter(Router):
-    """Every site model votes; the site probabilities are each model's support for the winner."""
+    """Every site model votes; the site probabilities are each model's support for the winner.
+
+    The answer is the vote; its class probabilities are the site models' mean probabilities.
+    """
 
     name = "majority_vote"
 
@@ -152,13 +159,10 @@ class MajorityVoteRouter(Router):
         n = winner.shape[0]
         support = out.class_probs[:, np.arange(n), winner].T  # (n, K)
         site_probs = support / np.clip(support.sum(axis=1, keepdims=True), 1e-12, None)
-        class_probs = out.class_probs.mean(axis=0)
-        # The answer is the vote; its probability is the mean probability of the winning class.
-        answer = np.zeros_like(class_probs)
-        answer[np.arange(n), winner] = class_probs[np.arange(n), winner]
-        rest = (1 - answer.sum(axis=1, keepdims=True)) / max(1, class_probs.shape[1] - 1)
-        answer = np.where(answer > 0, answer, rest)
-        return site_probs, site_probs.argmax(axis=1), answer
+        return site_probs, site_probs.argmax(axis=1), out.class_probs.mean(axis=0)
+
+    def predict(self, class_probs: np.ndarray, out: SiteOutputs) -> np.ndarray:
+        return majority_vote(out.class_probs)
 
 
 class MaxConfidenceRouter(Router):

@@ -17,7 +17,8 @@ VOLATILE = set(TIMING_KEYS) | {"resumes"}
 
 
 def config(algorithm: str = "feddrm", **kw) -> TrainConfig:
-    base = dict(algorithm=algorithm, rounds=3, local_steps=3, batch_size=8, lr=0.05, device="cpu")
+    base = dict(algorithm=algorithm, rounds=3, local_steps=3, batch_size=8, device="cpu")
+    base |= dict(optimizer="sgd", lr=0.05)
     return TrainConfig(**(base | kw))
 
 
@@ -148,3 +149,47 @@ def test_summary_holds_the_documented_fields(tmp_path) -> None:
         assert key in summary
     for figures in summary["sites"].values():
         assert {"auc", "accuracy", "balanced_accuracy", "n_test"} <= set(figures)
+
+
+def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path) -> None:
+    """A real process killed with SIGKILL after a checkpoint, resumed from the command line."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from medfed.data.synth import synthesize
+
+    manifests = synthesize(tmp_path / "data", modality="fundus", n_per_site=12, seed=2)
+    env = os.environ | {"MEDFED_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+
+    def command(out: str, *extra: str) -> list[str]:
+        args = ["-m", "medfed.cli", "train", "--sites", *map(str, manifests)]
+        args += ["--algorithm", "feddrm", "--rounds", "6", "--local-steps", "2"]
+        args += ["--batch-size", "8", "--device", "cpu", "--no-progress", "--out", out]
+        return [sys.executable, *args, *extra]
+
+    whole = subprocess.run(command(str(tmp_path / "whole")), env=env, capture_output=True)
+    assert whole.returncode == 0, whole.stderr.decode()
+
+    cut = tmp_path / "cut"
+    process = subprocess.Popen(command(str(cut)), env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (cut / "checkpoints" / "round_0002").exists():
+            assert process.poll() is None, "training ended before it could be killed"
+            assert time.monotonic() < deadline, "no checkpoint for round 2 within 120 s"
+            time.sleep(0.05)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+    assert not (cut / "summary.json").exists()
+
+    resumed = subprocess.run(command(str(cut), "--resume"), env=env, capture_output=True)
+    assert resumed.returncode == 0, resumed.stderr.decode()
+    a = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    b = json.loads((cut / "summary.json").read_text())
+    assert stable(a) == stable(b)
+    assert b["resumes"] == 1

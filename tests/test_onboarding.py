@@ -141,3 +141,24 @@ def test_card_is_written_with_counts_and_fields_to_fill(make_acrima_site, tmp_pa
     assert "# Data card: acrima" in card
     assert "| all | 6 | 6 | 12 |" in card.replace("  ", " ")
     assert "## Licence" in card and "to fill in" in card
+
+
+def test_synth_then_check_every_generated_manifest_exits_0(tmp_path) -> None:
+    out = tmp_path / "federation"
+    made = runner.invoke(app, ["synth", "--out", str(out), "--n-per-site", "12", "--seed", "3"])
+    assert made.exit_code == 0, made.output
+    manifests = sorted((out / "sites").glob("*.toml"))
+    assert [m.stem for m in manifests] == ["acrima", "ct_dicom", "ct_nifti", "refuge", "rimone"]
+    result = check(*map(str, manifests))
+    assert result.exit_code == 0, result.output
+    assert result.output.count("[READY]") == 5
+
+
+def test_example_manifests_work_against_synthetic_data(tmp_path, monkeypatch) -> None:
+    out = tmp_path / "federation"
+    assert runner.invoke(app, ["synth", "--out", str(out), "--n-per-site", "12"]).exit_code == 0
+    monkeypatch.setenv("MEDFED_DATA", str(out))
+    examples = sorted((Path(__file__).parent.parent / "sites").glob("*.toml"))
+    assert len(examples) == 5
+    result = check(*map(str, examples))
+    assert result.exit_code == 0, result.output

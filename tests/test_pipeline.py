@@ -31,7 +31,7 @@ def test_fundus_pipeline_crops_to_the_camera_field() -> None:
     a = apply_pipeline(Modality.FUNDUS, options, small)
     b = apply_pipeline(Modality.FUNDUS, options, padded)
     assert a.shape == b.shape == (3, 32, 32) and a.dtype == torch.float32
-    assert 0.0 <= float(a.min()) and float(a.max()) <= 1.0
+    assert float(a.min()) >= 0.0 and float(a.max()) <= 1.0
     assert float((a - b).abs().mean()) < 0.02  # the frame is cropped away
     no_crop = apply_pipeline(Modality.FUNDUS, replace(options, roi_crop=False), padded)
     assert float((a - no_crop).abs().mean()) > 0.05

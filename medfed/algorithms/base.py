@@ -18,6 +18,12 @@ from medfed.errors import ConfigError
 from medfed.models.fedmodel import FedModel
 
 State = dict[str, torch.Tensor]
+HEAD_PREFIX = "target_head."  # the per-site target head (FedDRM, FedRep keep it private)
+
+
+def head_keys(model: nn.Module) -> set[str]:
+    """State-dict keys of the target head."""
+    return {k for k in model.state_dict() if k.startswith(HEAD_PREFIX)}
 
 
 @dataclass
@@ -220,6 +226,12 @@ def supervised_steps(
         optimizer.step()
         total += float(loss.detach())
     return LocalResult(loss=total / max(1, n))
+
+
+def proximal_loss(model: FedModel, x: torch.Tensor, y: torch.Tensor, anchor: State, weight: float):
+    """CE + weight/2 * ||w - anchor||^2 (FedProx's local objective, Ditto's personal one)."""
+    ce = F.cross_entropy(model(x).target_logits.float(), y)
+    return ce + 0.5 * weight * proximal_term(model, anchor)
 
 
 def proximal_term(model: nn.Module, anchor: State) -> torch.Tensor:

@@ -7,7 +7,6 @@ import copy
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from medfed.algorithms.base import (
     Algorithm,
@@ -15,7 +14,7 @@ from medfed.algorithms.base import (
     LocalTask,
     Params,
     State,
-    proximal_term,
+    proximal_loss,
     supervised_steps,
 )
 from medfed.models.fedmodel import FedModel
@@ -49,8 +48,7 @@ class Ditto(Algorithm):
         return LocalResult(loss=personal_result.loss, metrics={"global_loss": global_result.loss})
 
     def _personal_loss(self, task: LocalTask, model: FedModel, x: torch.Tensor, y: torch.Tensor):
-        ce = F.cross_entropy(model(x).target_logits.float(), y)
-        return ce + 0.5 * self.params.lam * proximal_term(model, task.global_state)
+        return proximal_loss(model, x, y, task.global_state, self.params.lam)
 
     def eval_state(self, site_state: State, extra: State) -> State:
         return extra

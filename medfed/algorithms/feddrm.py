@@ -13,10 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medfed.algorithms.base import Algorithm, LocalResult, LocalTask, Params, supervised_steps
+from medfed.algorithms.base import Algorithm, LocalTask, Params, head_keys
 from medfed.models.fedmodel import FedModel
-
-TARGET_HEAD_PREFIX = "target_head."
 
 
 @dataclass(frozen=True)
@@ -42,9 +40,6 @@ def feddrm_loss(
     return lam * target + (1.0 - lam) * client
 
 
-CLIENT_PREFIXES = ("client_branch.", "client_head.")
-
-
 class FedDRM(Algorithm):
     name = "feddrm"
     summary = "shared backbone + client head, private target head; routes by density ratio"
@@ -52,21 +47,10 @@ class FedDRM(Algorithm):
     needs_client_branch = True
 
     def private_keys(self, model: nn.Module) -> set[str]:
-        return {k for k in model.state_dict() if k.startswith(TARGET_HEAD_PREFIX)}
+        return head_keys(model)
 
     def loss(self, task: LocalTask, model: FedModel, x: torch.Tensor, y: torch.Tensor):
         out = model(x)
         return feddrm_loss(
             out.target_logits, out.client_logits, y, task.site_index, self.params.lam
         )
-
-    def local_train(self, task: LocalTask) -> LocalResult:
-        """Under Adam the loss weight (1 - lambda) no longer slows the client branch (Adam's
-        steps ignore gradient scale), so its learning rate carries that factor instead; under
-        SGD the loss weight already does."""
-        named = list(task.model.named_parameters())
-        client = [p for n, p in named if n.startswith(CLIENT_PREFIXES)]
-        rest = [p for n, p in named if not n.startswith(CLIENT_PREFIXES)]
-        scale = (1.0 - self.params.lam) if task.optim.kind == "adam" else 1.0
-        groups = [{"params": rest}, {"params": client, "lr": task.optim.lr * scale}]
-        return supervised_steps(task, task.model, groups, self.loss)

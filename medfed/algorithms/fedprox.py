@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from medfed.algorithms.base import Algorithm, LocalTask, Params, proximal_term
+from medfed.algorithms.base import Algorithm, LocalTask, Params, proximal_loss
 from medfed.models.fedmodel import FedModel
 
 
@@ -26,5 +25,4 @@ class FedProx(Algorithm):
     params_class = FedProxParams
 
     def loss(self, task: LocalTask, model: FedModel, x: torch.Tensor, y: torch.Tensor):
-        ce = F.cross_entropy(model(x).target_logits.float(), y)
-        return ce + 0.5 * self.params.mu * proximal_term(model, task.global_state)
+        return proximal_loss(model, x, y, task.global_state, self.params.mu)

@@ -6,9 +6,15 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from medfed.algorithms.base import Algorithm, LocalResult, LocalTask, Params, supervised_steps
-
-HEAD_PREFIX = "target_head."
+from medfed.algorithms.base import (
+    HEAD_PREFIX,
+    Algorithm,
+    LocalResult,
+    LocalTask,
+    Params,
+    head_keys,
+    supervised_steps,
+)
 
 
 @dataclass(frozen=True)
@@ -26,7 +32,7 @@ class FedRep(Algorithm):
     params_class = FedRepParams
 
     def private_keys(self, model: nn.Module) -> set[str]:
-        return {k for k in model.state_dict() if k.startswith(HEAD_PREFIX)}
+        return head_keys(model)
 
     def local_train(self, task: LocalTask) -> LocalResult:
         model = task.model
@@ -34,12 +40,17 @@ class FedRep(Algorithm):
         body = [p for n, p in model.named_parameters() if not n.startswith(HEAD_PREFIX)]
         head_steps = max(1, int(round(task.steps * self.params.head_fraction)))
         body_steps = max(1, task.steps - head_steps)
-        _freeze(body)
-        first = supervised_steps(task, model, head, self.loss, head_steps)
-        _unfreeze(body)
-        _freeze(head)
-        second = supervised_steps(task, model, body, self.loss, body_steps)
-        _unfreeze(head)
+        # Frozen parts skip their gradients; always thawed again, since the model object is shared
+        # by every site and a failure here must not leave the next site half frozen.
+        try:
+            _freeze(body)
+            first = supervised_steps(task, model, head, self.loss, head_steps)
+            _unfreeze(body)
+            _freeze(head)
+            second = supervised_steps(task, model, body, self.loss, body_steps)
+        finally:
+            _unfreeze(body)
+            _unfreeze(head)
         loss = (first.loss * head_steps + second.loss * body_steps) / (head_steps + body_steps)
         return LocalResult(loss=loss, metrics={"head_loss": first.loss, "body_loss": second.loss})
 

@@ -76,7 +76,13 @@ def preprocess_record(
     if tensor is None:
         if decoded is None:
             decoded = read_record(record, site.modality)
-        tensor = apply_pipeline(site.modality, site.preprocess, decoded)
+        try:
+            tensor = apply_pipeline(site.modality, site.preprocess, decoded)
+        except (RuntimeError, ValueError) as exc:  # MONAI wraps a failing transform's error
+            raise DataError(
+                f"{record.path}: preprocessing failed ({exc.__cause__ or exc}); "
+                "check the image, or the site's [preprocess] settings"
+            ) from exc
         cache.put(key, tensor)
     return tensor
 
@@ -105,8 +111,12 @@ def load_site(site: SiteManifest, cache: TensorCache, *, progress: bool = False)
     by_split: dict[Split, list[int]] = {s: [] for s in Split}
     for index, split in enumerate(splits):
         by_split[split].append(index)
-    if not by_split[Split.TRAIN]:
-        raise DataError(f"site {site.id!r}: the training split is empty; lower split fractions")
+    for split in (Split.TRAIN, Split.TEST):
+        if not by_split[split]:
+            raise DataError(
+                f"site {site.id!r}: the {split} split is empty; adjust [split] in "
+                f"{site.manifest_path or 'the manifest'} (fractions, or add scans)"
+            )
     x_raw = {s: _stack([tensors[i] for i in idx], tensors[0]) for s, idx in by_split.items()}
     y = {
         s: torch.tensor([scan.records[i].label for i in idx], dtype=torch.long)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 import time
+import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import tomli_w
 import torch
 from tqdm import tqdm
 
@@ -26,7 +28,7 @@ from medfed.algorithms.base import (
     State,
     supervised_steps,
 )
-from medfed.config import Modality, TrainConfig
+from medfed.config import Fault, Modality, TrainConfig
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError, MedfedError
@@ -115,6 +117,20 @@ class Engine:
         modalities = {s.manifest.modality for s in sites}
         if len(modalities) > 1:
             raise ConfigError(f"all sites must share one modality, got {sorted(modalities)}")
+        if config.min_sites > len(sites):
+            raise ConfigError(
+                f"min_sites={config.min_sites} but only {len(sites)} site(s) were given: "
+                "no round could ever aggregate; lower --min-sites"
+            )
+        shapes = {s.id: tuple(s.x[Split.TRAIN].shape[1:]) for s in sites}
+        if len(set(shapes.values())) > 1:
+            raise ConfigError(
+                f"sites preprocess to different input shapes {shapes}; give every site the "
+                "same preprocess image_size (fundus) or shape (CT)"
+            )
+        bad_rounds = [f for f in config.faults if not 1 <= Fault.parse(f).round <= config.rounds]
+        if bad_rounds:
+            raise ConfigError(f"fault(s) {bad_rounds} name a round outside 1..{config.rounds}")
         self.algorithm = algorithm
         self.config = config
         self.run = run
@@ -179,6 +195,7 @@ class Engine:
         if not self.run.config_path.exists():
             raise ConfigError(f"--resume: {self.run.path} holds no run to resume")
         previous = self.run.read_config()
+        config = tomllib.loads(tomli_w.dumps(config))  # as stored: tuples become lists
         if previous.get("train") != config["train"] or previous.get("sites") != config["sites"]:
             raise ConfigError(
                 f"--resume: the settings differ from the run in {self.run.path} "
@@ -217,12 +234,14 @@ class Engine:
         rng = np.random.default_rng(derive_seed(self.config.seed, round_, 1_000_003))
         return set(rng.choice(k, size=m, replace=False).tolist())
 
-    def _task(self, slot: SiteSlot, round_: int, lr: float, global_in: State) -> LocalTask:
+    def _task(
+        self, slot: SiteSlot, round_: int, lr: float, global_in: State, *, limited: bool = True
+    ) -> LocalTask:
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, round_, slot.index))
         fault = self.faults.get((round_, slot.id))
         deadline = (
             time.monotonic() + self.config.site_timeout_s
-            if self.config.site_timeout_s
+            if self.config.site_timeout_s and limited
             else math.inf
         )
         if fault == "timeout":
@@ -302,9 +321,12 @@ class Engine:
                 received = wire.decode(payload_up) if payload_up else {}
                 if self.shared_keys:
                     validate_update(slot.id, received, reference)
-            except (MedfedError, RuntimeError, ValueError) as exc:
-                record |= {"status": "dropped", "reason": str(exc)}
-                self.run.log_event("dropout", round=round_, site=slot.id, reason=str(exc))
+            except Exception as exc:  # any failure of one site drops that site, not the run
+                reason = (
+                    str(exc) if isinstance(exc, MedfedError) else f"{type(exc).__name__}: {exc}"
+                )
+                record |= {"status": "dropped", "reason": reason}
+                self.run.log_event("dropout", round=round_, site=slot.id, reason=reason)
             else:
                 slot.state, slot.extra = new_state, extra
                 if received:
@@ -385,7 +407,8 @@ class Engine:
         lr = cosine_lr(self.config.lr, self.config.rounds, self.config.rounds)
         for slot in self.slots:
             self.model.load_state_dict(self.eval_state(slot))
-            task = self._task(slot, self.config.rounds + 1, lr, {})
+            # Fine-tuning happens on the site after the federation is done: no round deadline.
+            task = self._task(slot, self.config.rounds + 1, lr, {}, limited=False)
             supervised_steps(task, self.model, self.model.parameters(), self.algorithm.loss, steps)
             slot.final_state = clone_state(self.model.state_dict())
 
@@ -467,5 +490,6 @@ class Engine:
             "seconds_total": float(np.sum(seconds)) if seconds else None,
             "dropouts": len(dropped),
             "dropped": dropped,
+            "skipped_rounds": sorted({r["round"] for r in metrics if r.get("aggregated") is False}),
             "resumes": sum(1 for e in self.run.read_events() if e.get("event") == "resume"),
         }
