@@ -39,7 +39,7 @@ def per_site_figures(fed: TrainedFederation, sites: list[SiteData], split: Split
     """Each site's model on its own scans of ``split``."""
     per_site: dict[str, SiteMetrics] = {}
     for i, site in enumerate(sites):
-        probs = fed.outputs(views_of(sites, site, split)).class_probs[i]
+        probs, _ = fed.site_outputs(i, site.x[split])
         per_site[site.id] = site_metrics(site.y[split].numpy(), probs, split=str(split))
     return per_site, federation_metrics(per_site)
 

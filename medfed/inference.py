@@ -17,6 +17,7 @@ import torch
 from medfed.algorithms.base import HEAD_PREFIX
 from medfed.config import SiteManifest, parse_manifest
 from medfed.data.preprocess import Normalization
+from medfed.errors import DataError, RunDirError
 from medfed.federation.device import DeviceSetup, resolve_device
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model
 from medfed.runs import RunDir, load_state, save_state
@@ -145,6 +146,11 @@ class TrainedFederation:
     def modality(self) -> str:
         return str(self.sites[0].manifest.modality)
 
+    def site_outputs(self, index: int, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
+        """Class probabilities and client logits of site ``index``'s model on ``x``."""
+        probs, client, _ = run_model(self.models[index], x, self.setup, heads=None)
+        return probs, client
+
     def class_names(self) -> list[str]:
         names: dict[int, list[str]] = {}
         for name, index in self.sites[0].manifest.labels.items():
@@ -159,7 +165,7 @@ class TrainedFederation:
             return self._shared_outputs(views)
         probs, clients, feats = [], [], []
         for model, view in zip(self.models, views, strict=True):
-            p, c, f = _run(model, view, self.setup, heads=None)
+            p, c, f = run_model(model, view, self.setup, heads=None)
             probs.append(p), clients.append(c), feats.append(f)
         client = np.stack(clients) if clients[0] is not None else None
         return SiteOutputs(np.stack(probs), client, feats)
@@ -167,7 +173,7 @@ class TrainedFederation:
     def _shared_outputs(self, views: list[torch.Tensor]) -> SiteOutputs:
         n = views[0].shape[0]
         heads = [m.target_head for m in self.models]
-        p, c, f = _run(self.models[0], torch.cat(views), self.setup, heads=heads)
+        p, c, f = run_model(self.models[0], torch.cat(views), self.setup, heads=heads)
         k = len(views)
         feats = list(f.split(n))
         client = c.reshape(k, n, -1) if c is not None else None
@@ -194,6 +200,16 @@ class TrainedFederation:
     def load(cls, run_dir: str | Path, device: str = "auto") -> TrainedFederation:
         run = RunDir(run_dir).require()
         info = run.read_model_json()
+        try:
+            return cls._from_info(run, info, device)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RunDirError(
+                f"{run.model_dir / 'model.json'}: incomplete or inconsistent ({exc!r}); "
+                "the run may have been written by another medfed version, or damaged"
+            ) from exc
+
+    @classmethod
+    def _from_info(cls, run: RunDir, info: dict[str, Any], device: str) -> TrainedFederation:
         sites = [
             SiteEntry(
                 id=s["id"],
@@ -223,13 +239,15 @@ def _only_heads_differ(states: list[State]) -> bool:
     return True
 
 
-def _run(
+@torch.no_grad()
+def run_model(
     model: FedModel, x: torch.Tensor, setup: DeviceSetup, heads: list | None
 ) -> tuple[np.ndarray, np.ndarray | None, torch.Tensor]:
     """Class probabilities, client logits and backbone features of ``model`` on ``x``.
 
     With ``heads``, ``x`` holds len(heads) equal-sized blocks and block i uses head i.
     """
+    model.eval()
     probs, clients, feats = [], [], []
     block = x.shape[0] // len(heads) if heads else x.shape[0]
     for start in range(0, x.shape[0], BATCH):
@@ -257,7 +275,7 @@ def _run(
 @torch.no_grad()
 def site_features(fed: TrainedFederation, index: int, x: torch.Tensor) -> torch.Tensor:
     """Backbone features of site ``index``'s model on ``x`` (already in that site's view)."""
-    return _run(fed.models[index], x, fed.setup, heads=None)[2]
+    return run_model(fed.models[index], x, fed.setup, heads=None)[2]
 
 
 def fit_abstention(
@@ -278,7 +296,10 @@ def fit_abstention(
     for i, x in enumerate(train_views):
         feats = site_features(fed, i, x).double().numpy()
         if feats.shape[0] < 2:
-            raise ValueError(f"site {fed.sites[i].id!r}: too few training scans to fit abstention")
+            raise DataError(
+                f"site {fed.sites[i].id!r}: at least 2 training scans are needed to calibrate "
+                "abstention; add scans or lower the site's split fractions"
+            )
         lw = LedoitWolf().fit(feats)
         means.append(torch.from_numpy(lw.location_).float())
         precisions.append(torch.from_numpy(lw.precision_).float())

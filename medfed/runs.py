@@ -107,11 +107,14 @@ class RunDir:
         if not path.is_file():
             return []
         records = []
-        for line in path.read_text(encoding="utf-8").splitlines():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines, start=1):
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
-                continue  # a line cut short by a killed process; the resume rewrites it
+                if number == len(lines):
+                    continue  # the last line cut short by a killed process; resume rewrites it
+                raise RunDirError(f"{path}:{number}: not valid JSON; the file is damaged") from None
         return records
 
     def read_metrics(self) -> list[dict[str, Any]]:
@@ -166,7 +169,10 @@ class RunDir:
         return sorted(done)
 
     def load_checkpoint(self, folder: Path) -> tuple[dict[str, State], dict[str, Any]]:
-        meta = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+        try:
+            meta = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise RunDirError(f"{folder / 'state.json'}: damaged checkpoint ({exc})") from exc
         states = {p.stem: load_state(p) for p in sorted(folder.glob("*.safetensors"))}
         return states, meta
 
@@ -181,7 +187,10 @@ class RunDir:
         path = self.model_dir / "model.json"
         if not path.is_file():
             raise RunDirError(f"{path}: missing; the run has not finished training")
-        return json.loads(path.read_text(encoding="utf-8"))
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise RunDirError(f"{path}: not valid JSON ({exc})") from exc
 
     def load_model_state(self, name: str) -> State:
         path = self.model_dir / f"{name}.safetensors"

@@ -193,3 +193,22 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path) -> N
     b = json.loads((cut / "summary.json").read_text())
     assert stable(a) == stable(b)
     assert b["resumes"] == 1
+
+
+def test_settings_that_cannot_work_are_refused_up_front(tmp_path) -> None:
+    from dataclasses import replace
+
+    with pytest.raises(ConfigError, match="min_sites=4"):
+        train(tensor_sites(3), config("fedavg", min_sites=4), tmp_path / "a")
+    with pytest.raises(ConfigError, match="outside 1..3"):
+        train(tensor_sites(3), config("fedavg", faults=("9:site0:nan",)), tmp_path / "b")
+    sites = tensor_sites(2)
+    sites[1].manifest = replace(sites[1].manifest, labels={"normal": 1, "glaucoma": 0})
+    with pytest.raises(ConfigError, match="different \\[labels\\]"):
+        train(sites, config("fedavg"), tmp_path / "c")
+
+
+def test_fedrep_thaws_the_model_after_a_failing_site(tmp_path) -> None:
+    cfg = config("fedrep", faults=("2:site0:timeout",))
+    summary = train(tensor_sites(3), cfg, tmp_path / "run")
+    assert summary["dropouts"] == 1  # only the failing site, not every site after it

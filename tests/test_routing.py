@@ -216,3 +216,11 @@ def test_audit_log_round_trips_and_filters(tmp_path):
     assert log.read(site="acrima") == [a]
     assert log.read(status="abstained") == [b]
     assert log.read(limit=1) == [b]
+
+
+def test_majority_vote_answers_with_the_vote_not_the_mean() -> None:
+    # Votes: class 1, class 1, class 0; mean probability of class 1 is only 0.34.
+    probs = np.array([[[0.49, 0.51]], [[0.49, 0.51]], [[1.0, 0.0]]])
+    router = MajorityVoteRouter()
+    site_probs, routed, class_probs = router.decide(fake_fed([1 / 3] * 3), outputs(probs))
+    assert router.predict(class_probs, outputs(probs)).tolist() == [1]

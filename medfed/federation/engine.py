@@ -36,7 +36,7 @@ from medfed.evaluation import evaluate, views_of
 from medfed.federation import wire
 from medfed.federation.device import DeviceSetup, resolve_device
 from medfed.federation.validate import validate_update
-from medfed.inference import SiteEntry, TrainedFederation, fit_abstention
+from medfed.inference import SiteEntry, TrainedFederation, fit_abstention, run_model
 from medfed.metrics import site_metrics
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model
 from medfed.runs import RunDir
@@ -121,6 +121,12 @@ class Engine:
             raise ConfigError(
                 f"min_sites={config.min_sites} but only {len(sites)} site(s) were given: "
                 "no round could ever aggregate; lower --min-sites"
+            )
+        label_maps = {s.id: s.manifest.labels for s in sites}
+        if len({tuple(sorted(m.items())) for m in label_maps.values()}) > 1:
+            raise ConfigError(
+                f"sites declare different [labels] {label_maps}; a federation needs one label "
+                "map (same class names and indices) at every site"
             )
         shapes = {s.id: tuple(s.x[Split.TRAIN].shape[1:]) for s in sites}
         if len(set(shapes.values())) > 1:
@@ -367,21 +373,11 @@ class Engine:
         composed.update(self.global_state)
         return self.algorithm.eval_state(composed, slot.extra)
 
-    @torch.no_grad()
     def _val_outputs(self, slot: SiteSlot) -> tuple[np.ndarray, np.ndarray | None]:
         """Class probabilities and client logits of a site's model on its validation split."""
         self.model.load_state_dict(self.eval_state(slot))
-        self.model.eval()
-        x = slot.data.x[Split.VAL]
-        probs, clients = [], []
-        for start in range(0, x.shape[0], 256):
-            with self.setup.autocast()():
-                out = self.model(x[start : start + 256].to(self.setup.device))
-            probs.append(torch.softmax(out.target_logits.float(), dim=1).cpu())
-            if out.client_logits is not None:
-                clients.append(out.client_logits.float().cpu())
-        p = torch.cat(probs).double().numpy()
-        return p, torch.cat(clients).numpy() if clients else None
+        probs, client, _ = run_model(self.model, slot.data.x[Split.VAL], self.setup, heads=None)
+        return probs, client
 
     def _validate_round(self, outcome: RoundOutcome) -> None:
         by_site = {r["site"]: r for r in outcome.records}
