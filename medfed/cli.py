@@ -159,6 +159,12 @@ def train(
     client_fraction: Annotated[float, typer.Option(help="Share of sites per round.")] = 1.0,
     min_sites: Annotated[int, typer.Option(help="Fewest usable updates to aggregate.")] = 1,
     site_timeout: Annotated[float, typer.Option(help="Seconds per site per round (0=none).")] = 0,
+    wire_precision: Annotated[
+        str, typer.Option(help="Update encoding: float32, float16, int8, int8-channel.")
+    ] = "float32",
+    wire_delta: Annotated[
+        bool, typer.Option(help="Send differences to the global state each site holds.")
+    ] = False,
     param: Annotated[
         list[str] | None, typer.Option(help="Algorithm parameter NAME=VALUE (repeatable).")
     ] = None,
@@ -188,6 +194,8 @@ def train(
         client_fraction=client_fraction,
         min_sites=min_sites,
         site_timeout_s=site_timeout,
+        wire_precision=wire_precision,
+        wire_delta=wire_delta,
         faults=tuple(inject_fault or []),
     )
     show = progress and sys.stderr.isatty()

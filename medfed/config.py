@@ -291,6 +291,8 @@ class TrainConfig:
     min_sites: int = 1
     site_timeout_s: float = 0.0  # 0: no limit on one site's local work
     augment: bool = True
+    wire_precision: str = "float32"  # float32, float16, int8, int8-channel
+    wire_delta: bool = False  # send differences to the global state the site holds
     faults: tuple[str, ...] = ()
     keep_checkpoints: int = 2
 
@@ -308,6 +310,10 @@ class TrainConfig:
             (self.min_sites >= 1, "min_sites must be >= 1"),
             (self.site_timeout_s >= 0, "site_timeout_s must be >= 0"),
             (self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1"),
+            (
+                self.wire_precision in ("float32", "float16", "int8", "int8-channel"),
+                "wire_precision must be float32, float16, int8 or int8-channel",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -36,6 +36,7 @@ from medfed.evaluation import evaluate, views_of
 from medfed.federation import wire
 from medfed.federation.device import DeviceSetup, resolve_device
 from medfed.federation.validate import validate_update
+from medfed.federation.wire import WireFormat
 from medfed.inference import SiteEntry, TrainedFederation, fit_abstention, run_model
 from medfed.metrics import site_metrics
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model
@@ -83,6 +84,7 @@ class SiteSlot:
     y_train: torch.Tensor
     state: State
     extra: State
+    held: State = field(default_factory=dict)  # the global state the site last received
     final_state: State | None = None
 
     @property
@@ -159,6 +161,7 @@ class Engine:
         init = clone_state(self.model.state_dict())
         self.shared_keys = algorithm.shared_keys(self.model) if algorithm.communicates else []
         self.global_state: State = {k: init[k].clone() for k in self.shared_keys}
+        self.wire = WireFormat(config.wire_precision, config.wire_delta)
         self.slots = [
             SiteSlot(
                 data=s,
@@ -167,6 +170,7 @@ class Engine:
                 y_train=self.setup.put(s.y[Split.TRAIN]),
                 state=clone_state(init),
                 extra=algorithm.init_extra(self.model),
+                held={k: v.cpu().clone() for k, v in self.global_state.items()},
             )
             for i, s in enumerate(sites)
         ]
@@ -218,6 +222,7 @@ class Engine:
             slot.state = {k: v.to(self.setup.device) for k, v in states[f"site_{slot.id}"].items()}
             extra = states.get(f"extra_{slot.id}", {})
             slot.extra = {k: v.to(self.setup.device) for k, v in extra.items()}
+            slot.held = states.get(f"held_{slot.id}", slot.held)
         done = int(meta["round"])
         self.run.truncate_metrics(done)
         self.run.log_event("resume", from_round=done)
@@ -229,6 +234,8 @@ class Engine:
             states[f"site_{slot.id}"] = slot.state
             if slot.extra:
                 states[f"extra_{slot.id}"] = slot.extra
+            if self.wire.delta:
+                states[f"held_{slot.id}"] = slot.held
         self.run.save_checkpoint(round_, states, {}, keep=self.config.keep_checkpoints)
 
     # ------------------------------------------------------------------ one round
@@ -304,16 +311,30 @@ class Engine:
             update[key] = torch.zeros(update[key].numel() + 1, dtype=update[key].dtype)
         return new_state, update, task.extra, result
 
+    def _downlink(self, slot: SiteSlot, shared_payload: bytes) -> tuple[bytes, State]:
+        """What the server sends this site, and the global state the site rebuilds from it.
+
+        With delta encoding each site gets the difference to the global state it already holds
+        (tracked per site, so quantization errors never accumulate); otherwise one payload
+        serves every site.
+        """
+        if not self.shared_keys:
+            return b"", {}
+        payload = shared_payload
+        if self.wire.delta:
+            payload = wire.encode(self.global_state, self.wire, reference=slot.held)
+        received = wire.decode(payload, reference=slot.held, dtypes=self.global_state)
+        return payload, received
+
     def _run_round(self, round_: int, bar: tqdm | None) -> RoundOutcome:
         lr = cosine_lr(self.config.lr, round_, self.config.rounds)
         sampled = self._sample(round_)
-        payload_down = wire.encode(self.global_state) if self.shared_keys else b""
-        global_in = (
-            {k: v.to(self.setup.device) for k, v in wire.decode(payload_down).items()}
-            if payload_down
-            else {}
+        shared_payload = (
+            wire.encode(self.global_state, self.wire)
+            if self.shared_keys and not self.wire.delta
+            else b""
         )
-        reference = {k: v.cpu() for k, v in self.global_state.items()}
+        dtypes = {k: v.cpu() for k, v in self.global_state.items()}
         outcome = RoundOutcome()
         for slot in self.slots:
             record: dict[str, Any] = {"round": round_, "site": slot.id, "lr": lr}
@@ -322,11 +343,15 @@ class Engine:
                 continue
             start = time.perf_counter()
             try:
+                payload_down, held = self._downlink(slot, shared_payload)
+                global_in = {k: v.to(self.setup.device) for k, v in held.items()}
                 new_state, update, extra, result = self._local(slot, round_, lr, global_in)
-                payload_up = wire.encode(update) if self.shared_keys else b""
-                received = wire.decode(payload_up) if payload_up else {}
+                payload_up, received = b"", {}
                 if self.shared_keys:
-                    validate_update(slot.id, received, reference)
+                    reference = held if self.wire.delta else None
+                    payload_up = wire.encode(update, self.wire, reference=reference)
+                    received = wire.decode(payload_up, reference=reference, dtypes=dtypes)
+                    validate_update(slot.id, received, dtypes)
             except Exception as exc:  # any failure of one site drops that site, not the run
                 reason = (
                     str(exc) if isinstance(exc, MedfedError) else f"{type(exc).__name__}: {exc}"
@@ -335,6 +360,8 @@ class Engine:
                 self.run.log_event("dropout", round=round_, site=slot.id, reason=reason)
             else:
                 slot.state, slot.extra = new_state, extra
+                if self.wire.delta:
+                    slot.held = held
                 if received:
                     outcome.updates.append((received, float(slot.n_train)))
                 record |= {
