@@ -25,7 +25,7 @@ class Budget:
 
 
 FULL = Budget(n_per_site=240, rounds=60, local_steps=3)
-QUICK = Budget(n_per_site=120, rounds=30, local_steps=3)
+QUICK = Budget(n_per_site=240, rounds=30, local_steps=3)
 
 
 def run_demo(

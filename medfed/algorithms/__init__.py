@@ -6,6 +6,7 @@ from typing import Any
 
 from medfed.algorithms.base import Algorithm
 from medfed.algorithms.ditto import Ditto
+from medfed.algorithms.fedals import FedALS
 from medfed.algorithms.fedavg import FedAvg
 from medfed.algorithms.fedavgft import FedAvgFT
 from medfed.algorithms.fedbn import FedBN
@@ -16,7 +17,8 @@ from medfed.algorithms.local import LocalOnly
 from medfed.errors import ConfigError
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (LocalOnly, FedAvg, FedProx, FedAvgFT, FedBN, FedRep, Ditto, FedDRM)
+    cls.name: cls
+    for cls in (LocalOnly, FedAvg, FedProx, FedAvgFT, FedBN, FedRep, Ditto, FedDRM, FedALS)
 }
 
 

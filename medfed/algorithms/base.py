@@ -162,6 +162,10 @@ class Algorithm:
         private = self.private_keys(model)
         return sorted(k for k in model.state_dict() if k not in private)
 
+    def round_keys(self, model: nn.Module, round_: int, rounds: int) -> list[str]:
+        """The shared keys that travel in ``round_`` (all of them, unless a schedule says less)."""
+        return self.shared_keys(model)
+
     # --- site-side --------------------------------------------------------------------------
     def init_extra(self, model: FedModel) -> State:
         """Algorithm-private per-site state created before the first round."""

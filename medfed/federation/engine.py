@@ -287,7 +287,7 @@ class Engine:
         )
 
     def _local(
-        self, slot: SiteSlot, round_: int, lr: float, global_in: State
+        self, slot: SiteSlot, round_: int, lr: float, global_in: State, keys: list[str]
     ) -> tuple[State, State, State, LocalResult]:
         fault = self.faults.get((round_, slot.id))
         if fault == "drop":
@@ -302,7 +302,7 @@ class Engine:
         if not math.isfinite(result.loss):
             raise SiteDropped(f"site {slot.id!r}: training loss became {result.loss}")
         new_state = clone_state(self.model.state_dict())
-        update = {k: new_state[k] for k in self.shared_keys}
+        update = {k: new_state[k] for k in keys}
         if fault == "nan" and update:
             key = next(k for k, v in update.items() if v.is_floating_point())
             update[key] = torch.full_like(update[key], float("nan"))
@@ -311,30 +311,34 @@ class Engine:
             update[key] = torch.zeros(update[key].numel() + 1, dtype=update[key].dtype)
         return new_state, update, task.extra, result
 
-    def _downlink(self, slot: SiteSlot, shared_payload: bytes) -> tuple[bytes, State]:
+    def _downlink(
+        self, slot: SiteSlot, outgoing: State, shared_payload: bytes
+    ) -> tuple[bytes, State]:
         """What the server sends this site, and the global state the site rebuilds from it.
 
         With delta encoding each site gets the difference to the global state it already holds
         (tracked per site, so quantization errors never accumulate); otherwise one payload
         serves every site.
         """
-        if not self.shared_keys:
+        if not outgoing:
             return b"", {}
         payload = shared_payload
+        held = {k: slot.held[k] for k in outgoing} if self.wire.delta else None
         if self.wire.delta:
-            payload = wire.encode(self.global_state, self.wire, reference=slot.held)
-        received = wire.decode(payload, reference=slot.held, dtypes=self.global_state)
-        return payload, received
+            payload = wire.encode(outgoing, self.wire, reference=held)
+        return payload, wire.decode(payload, reference=held, dtypes=outgoing)
 
     def _run_round(self, round_: int, bar: tqdm | None) -> RoundOutcome:
         lr = cosine_lr(self.config.lr, round_, self.config.rounds)
         sampled = self._sample(round_)
-        shared_payload = (
-            wire.encode(self.global_state, self.wire)
-            if self.shared_keys and not self.wire.delta
-            else b""
+        keys = (
+            self.algorithm.round_keys(self.model, round_, self.config.rounds)
+            if self.shared_keys
+            else []
         )
-        dtypes = {k: v.cpu() for k, v in self.global_state.items()}
+        outgoing = {k: self.global_state[k] for k in keys}
+        shared_payload = wire.encode(outgoing, self.wire) if keys and not self.wire.delta else b""
+        dtypes = {k: v.cpu() for k, v in outgoing.items()}
         outcome = RoundOutcome()
         for slot in self.slots:
             record: dict[str, Any] = {"round": round_, "site": slot.id, "lr": lr}
@@ -343,11 +347,11 @@ class Engine:
                 continue
             start = time.perf_counter()
             try:
-                payload_down, held = self._downlink(slot, shared_payload)
+                payload_down, held = self._downlink(slot, outgoing, shared_payload)
                 global_in = {k: v.to(self.setup.device) for k, v in held.items()}
-                new_state, update, extra, result = self._local(slot, round_, lr, global_in)
+                new_state, update, extra, result = self._local(slot, round_, lr, global_in, keys)
                 payload_up, received = b"", {}
-                if self.shared_keys:
+                if keys:
                     reference = held if self.wire.delta else None
                     payload_up = wire.encode(update, self.wire, reference=reference)
                     received = wire.decode(payload_up, reference=reference, dtypes=dtypes)
@@ -361,7 +365,7 @@ class Engine:
             else:
                 slot.state, slot.extra = new_state, extra
                 if self.wire.delta:
-                    slot.held = held
+                    slot.held.update(held)
                 if received:
                     outcome.updates.append((received, float(slot.n_train)))
                 record |= {
@@ -370,6 +374,7 @@ class Engine:
                     **{f"train_{k}": v for k, v in result.metrics.items()},
                     "bytes_up": len(payload_up),
                     "bytes_down": len(payload_down),
+                    "keys_sent": len(keys),
                 }
             record["seconds"] = time.perf_counter() - start
             outcome.records.append(record)
@@ -389,7 +394,8 @@ class Engine:
             )
             return False
         aggregated = self.algorithm.aggregate(outcome.updates)
-        self.global_state = {k: v.to(self.setup.device) for k, v in aggregated.items()}
+        # A schedule (FedALS) may aggregate only part of the shared keys this round.
+        self.global_state.update({k: v.to(self.setup.device) for k, v in aggregated.items()})
         return True
 
     # ------------------------------------------------------------------ evaluation
