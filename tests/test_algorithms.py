@@ -29,6 +29,7 @@ HEAD = {"target_head.weight", "target_head.bias"}
 
 def test_every_algorithm_is_registered() -> None:
     expected = {"local", "fedavg", "fedprox", "fedavgft", "fedbn", "fedrep", "ditto", "feddrm"}
+    expected.add("fedals")
     assert set(ALGORITHMS) == expected
 
 
