@@ -127,9 +127,11 @@ class TrainedFederation:
         self.abstention = abstention
         base = build_model(spec).to(setup.device).eval()
         self.models: list[FedModel] = []
-        for state in states:
+        for site, state in zip(sites, states, strict=True):
             model = copy.deepcopy(base)
             model.load_state_dict(state)
+            if spec.lora_adapters:
+                model.select_adapter(model.adapter_for(site.id))
             self.models.append(model)
         self.states = states
         self.shared_body = _only_heads_differ(states)

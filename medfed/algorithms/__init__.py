@@ -14,11 +14,12 @@ from medfed.algorithms.feddrm import FedDRM
 from medfed.algorithms.fedprox import FedProx
 from medfed.algorithms.fedrep import FedRep
 from medfed.algorithms.local import LocalOnly
+from medfed.algorithms.lora import LoRA
 from medfed.errors import ConfigError
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
-    for cls in (LocalOnly, FedAvg, FedProx, FedAvgFT, FedBN, FedRep, Ditto, FedDRM, FedALS)
+    for cls in (LocalOnly, FedAvg, FedProx, FedAvgFT, FedBN, FedRep, Ditto, FedDRM, FedALS, LoRA)
 }
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from medfed.errors import ConfigError
-from medfed.models.fedmodel import FedModel
+from medfed.models.fedmodel import FedModel, ModelSpec
 
 State = dict[str, torch.Tensor]
 HEAD_PREFIX = "target_head."  # the per-site target head (FedDRM, FedRep keep it private)
@@ -89,6 +89,7 @@ class LocalTask:
     optim: Optim
     site_index: int
     n_sites: int
+    site_id: str
     extra: State  # algorithm-private state that persists on the site (e.g. Ditto's personal model)
     autocast: Callable[[], Any]
     check_deadline: Callable[[], None] = lambda: None
@@ -151,6 +152,10 @@ class Algorithm:
 
     def __init__(self, params: Params | None = None) -> None:
         self.params = params if params is not None else self.params_class()
+
+    def adapt_spec(self, spec: ModelSpec, site_ids: list[str]) -> ModelSpec:
+        """The model this algorithm trains (LoRA adds its adapters); unchanged by default."""
+        return spec
 
     # --- the sharing rule -------------------------------------------------------------------
     def private_keys(self, model: nn.Module) -> set[str]:

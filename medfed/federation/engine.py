@@ -154,6 +154,7 @@ class Engine:
             n_sites=len(sites),
             client_branch=algorithm.needs_client_branch,
         )
+        self.spec = algorithm.adapt_spec(self.spec, [s.id for s in sites])
         torch.manual_seed(derive_seed(config.seed, 0))
         self.model: FedModel = build_model(self.spec).to(self.setup.device)
         if self.setup.is_cuda and self.modality is Modality.FUNDUS:
@@ -281,6 +282,7 @@ class Engine:
             optim=Optim(lr, self.config.momentum, self.config.weight_decay, self.config.optimizer),
             site_index=slot.index,
             n_sites=len(self.slots),
+            site_id=slot.id,
             extra=clone_state(slot.extra),
             autocast=self.setup.autocast(),
             check_deadline=check_deadline,
@@ -293,6 +295,7 @@ class Engine:
         if fault == "drop":
             raise SiteDropped(f"site {slot.id!r} did not answer this round")
         self.model.load_state_dict(slot.state)
+        self._select_adapter(slot)
         if global_in:
             self.model.load_state_dict(global_in, strict=False)
         task = self._task(slot, round_, lr, global_in)
@@ -406,9 +409,14 @@ class Engine:
         composed.update(self.global_state)
         return self.algorithm.eval_state(composed, slot.extra)
 
+    def _select_adapter(self, slot: SiteSlot) -> None:
+        if self.spec.lora_adapters:
+            self.model.select_adapter(self.model.adapter_for(slot.id))
+
     def _val_outputs(self, slot: SiteSlot) -> tuple[np.ndarray, np.ndarray | None]:
         """Class probabilities and client logits of a site's model on its validation split."""
         self.model.load_state_dict(self.eval_state(slot))
+        self._select_adapter(slot)
         probs, client, _ = run_model(self.model, slot.data.x[Split.VAL], self.setup, heads=None)
         return probs, client
 
@@ -436,6 +444,7 @@ class Engine:
         lr = cosine_lr(self.config.lr, self.config.rounds, self.config.rounds)
         for slot in self.slots:
             self.model.load_state_dict(self.eval_state(slot))
+            self._select_adapter(slot)
             # Fine-tuning happens on the site after the federation is done: no round deadline.
             task = self._task(slot, self.config.rounds + 1, lr, {}, limited=False)
             supervised_steps(task, self.model, self.model.parameters(), self.algorithm.loss, steps)

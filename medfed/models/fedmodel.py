@@ -50,6 +50,11 @@ class ModelSpec:
     n_sites: int = 1
     client_branch: bool = False  # FedDRM's site classifier (client_branch + client_head)
     branch_dim: int = 128
+    # LoRA: rank 0 means none; otherwise one named adapter per entry of lora_adapters on every
+    # conv and linear layer of the backbone and the target branch.
+    lora_rank: int = 0
+    lora_alpha: float = 8.0
+    lora_adapters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         checks = [
@@ -58,6 +63,8 @@ class ModelSpec:
             (self.n_classes >= 2, "n_classes must be >= 2 (binary tasks use 2 logits)"),
             (self.n_sites >= 1, "n_sites must be >= 1"),
             (self.branch_dim >= 1, "branch_dim must be >= 1"),
+            (self.lora_rank >= 0, "lora_rank must be >= 0"),
+            (not self.lora_rank or self.lora_adapters, "LoRA needs at least one adapter name"),
         ]
         for ok, message in checks:
             if not ok:
@@ -73,7 +80,9 @@ class ModelSpec:
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise ModelConfigError(f"model spec: unknown field(s) {sorted(unknown)}")
-        return cls(**data)
+        values = dict(data)
+        values["lora_adapters"] = tuple(values.get("lora_adapters", ()))
+        return cls(**values)
 
 
 class ModelOutput(NamedTuple):
@@ -136,10 +145,53 @@ class FedModel(nn.Module):
     def forward(self, x: torch.Tensor) -> ModelOutput:
         return self.heads(self.features(x))
 
+    def select_adapter(self, name: str) -> None:
+        """Make the LoRA adapter ``name`` the active one (no-op for a model without LoRA)."""
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        for module in self.modules():
+            if isinstance(module, BaseTunerLayer):
+                module.set_adapter(name)
+
+    def adapter_for(self, site: str) -> str | None:
+        """The adapter a site answers with: its own, or the one shared adapter."""
+        adapters = self.spec.lora_adapters
+        if not adapters:
+            return None
+        return site if site in adapters else adapters[0]
+
+
+def lora_targets(model: nn.Module) -> list[str]:
+    """Conv and linear layers of the backbone and the target branch (the heads stay plain)."""
+    kinds = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, kinds) and name.startswith(("backbone.", "target_branch."))
+    ]
+
 
 def build_model(spec: ModelSpec) -> FedModel:
     """A fresh model for ``spec``; seed torch first for identical weights on every site."""
-    return FedModel(spec)
+    model = FedModel(spec)
+    if spec.lora_rank:
+        import warnings
+
+        from peft import LoraConfig, inject_adapter_in_model
+
+        config = LoraConfig(
+            r=spec.lora_rank,
+            lora_alpha=spec.lora_alpha,
+            target_modules=lora_targets(model),
+            lora_dropout=0.0,
+        )
+        with warnings.catch_warnings():
+            # PEFT warns on every adapter after the first; several named adapters are the point.
+            warnings.simplefilter("ignore", UserWarning)
+            for name in spec.lora_adapters:
+                model = inject_adapter_in_model(config, model, adapter_name=name)
+        model.select_adapter(spec.lora_adapters[0])
+    return model
 
 
 def norm_state_keys(model: nn.Module) -> set[str]:
