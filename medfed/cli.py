@@ -278,5 +278,40 @@ def demo(
     run_demo(out, quick=quick, seed=seed, echo=typer.echo, readme=update_readme)
 
 
+@app.command()
+@friendly
+def compare(
+    methods: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--method",
+            help="NAME[:KEY=VALUE,...][@PRECISION[+delta]], repeatable; default: the "
+            "communication comparison (FedAvg, FedDRM, int8, FedALS, LoRA).",
+        ),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Folder for the data and the runs.")] = Path(
+        "compare_out"
+    ),
+    quick: Annotated[bool, typer.Option(help="The smaller demo budget.")] = False,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    update_readme: Annotated[
+        Path | None, typer.Option(help="Write the tables into this README's compare section.")
+    ] = None,
+) -> None:
+    """Train several methods on the synthetic fundus federation; accuracy and bytes per round."""
+    from medfed.demo import COMMUNICATION_METHODS, run_demo
+
+    run_demo(
+        out,
+        quick=quick,
+        seed=seed,
+        methods=tuple(methods or COMMUNICATION_METHODS),
+        marker="compare-table",
+        command="medfed compare",
+        echo=typer.echo,
+        readme=update_readme,
+    )
+
+
 if __name__ == "__main__":
     app()

@@ -11,10 +11,48 @@ from typing import Any
 
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
-from medfed.report import methods_table, replace_marked_section
+from medfed.errors import ConfigError
+from medfed.report import communication_table, methods_table, replace_marked_section
 from medfed.training import load_sites, train
 
 DEMO_METHODS = ("feddrm", "fedavgft", "fedbn", "local")
+COMMUNICATION_METHODS = (
+    "fedavg",
+    "feddrm",
+    "fedavg@int8",
+    "feddrm@int8+delta",
+    "fedals:base=feddrm,alpha=5",
+    "fedals:base=feddrm,alpha=10",
+    "fedals:base=feddrm,alpha=5@int8+delta",
+    "lora",
+    "lora@int8+delta",
+)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """``NAME[:KEY=VALUE,...][@PRECISION[+delta]]``, e.g. ``fedals:base=feddrm,alpha=5@int8``."""
+
+    label: str
+    algorithm: str
+    params: dict[str, str]
+    wire_precision: str = "float32"
+    wire_delta: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> MethodSpec:
+        head, _, wire_text = text.partition("@")
+        name, _, param_text = head.partition(":")
+        params = {}
+        for item in filter(None, param_text.split(",")):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(f"method {text!r}: parameter {item!r} must be KEY=VALUE")
+            params[key] = value
+        precision, _, delta = wire_text.partition("+")
+        if delta not in ("", "delta"):
+            raise ConfigError(f"method {text!r}: after '+' only 'delta' is understood")
+        return cls(text, name, params, precision or "float32", delta == "delta")
 
 
 @dataclass(frozen=True)
@@ -34,6 +72,8 @@ def run_demo(
     quick: bool = False,
     seed: int = 0,
     methods: tuple[str, ...] = DEMO_METHODS,
+    marker: str = "demo-table",
+    command: str = "medfed demo",
     budget: Budget | None = None,
     echo: Callable[[str], Any] = print,
     readme: Path | None = None,
@@ -46,36 +86,41 @@ def run_demo(
     manifests = synthesize(data, modality="fundus", n_per_site=budget.n_per_site, seed=seed)
     sites = load_sites(list(manifests), out / "cache")
     summaries = {}
-    for method in methods:
-        run_dir = out / "runs" / method
+    for method in map(MethodSpec.parse, methods):
+        run_dir = out / "runs" / method.label.replace(":", "_").replace(",", "_").replace("@", "_")
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        echo(f"training {method} ({budget.rounds} rounds x {budget.local_steps} local steps) ...")
+        echo(f"training {method.label} ({budget.rounds} rounds x {budget.local_steps} steps) ...")
         config = TrainConfig(
-            algorithm=method,
+            algorithm=method.algorithm,
+            params=method.params,
             rounds=budget.rounds,
             local_steps=budget.local_steps,
             seed=seed,
             device="auto",
+            wire_precision=method.wire_precision,
+            wire_delta=method.wire_delta,
         )
-        summaries[method] = train(sites, config, run_dir)
+        summaries[method.label] = train(sites, config, run_dir)
     table = methods_table(summaries)
+    if "fedavg" in summaries:
+        table += "\n\n" + communication_table(summaries, baseline="fedavg")
     seconds = time.perf_counter() - start
     caption = (
-        f"`medfed demo{' --quick' if quick else ''}` (seed {seed}, {budget.n_per_site} scans per "
+        f"`{command}{' --quick' if quick else ''}` (seed {seed}, {budget.n_per_site} scans per "
         f"site, {budget.rounds} rounds x {budget.local_steps} local steps, "
         f"{next(iter(summaries.values()))['device']}, {seconds:.0f} s in all)"
     )
-    (out / "demo_table.md").write_text(f"{table}\n\n{caption}\n", encoding="utf-8")
+    (out / f"{marker}.md").write_text(f"{table}\n\n{caption}\n", encoding="utf-8")
     echo("")
     echo(table)
     echo("")
-    echo(f"finished in {seconds:.0f} s; table saved to {out / 'demo_table.md'}")
+    echo(f"finished in {seconds:.0f} s; table saved to {out / f'{marker}.md'}")
     if readme is not None:
         text = readme.read_text(encoding="utf-8")
         readme.write_text(
-            replace_marked_section(text, "demo-table", f"{table}\n\n{caption}"), encoding="utf-8"
+            replace_marked_section(text, marker, f"{table}\n\n{caption}"), encoding="utf-8"
         )
         echo(f"updated the demo table in {readme}")
-    echo(f"inspect a run: medfed evaluate {out / 'runs' / 'feddrm'}")
+    echo(f"inspect a run: medfed evaluate {out / 'runs' / next(iter(summaries))}")
     return summaries

@@ -101,3 +101,25 @@ def replace_marked_section(text: str, marker: str, body: str) -> str:
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{start}\n{body.rstrip()}\n{end}{tail}"
+
+
+def communication_table(summaries: dict[str, dict[str, Any]], baseline: str) -> str:
+    """Bytes per round against ``baseline`` (FedAvg, float32) and what the savings cost."""
+    base = summaries[baseline]
+    header = ["method", "bytes per round", "fewer than " + baseline, "system accuracy"]
+    header += ["change (points)", "mean site AUC", "worst-site AUC"]
+    rows = []
+    for name, s in summaries.items():
+        ratio = base["bytes_per_round"] / s["bytes_per_round"] if s["bytes_per_round"] else None
+        rows.append(
+            [
+                name,
+                f"{s['bytes_per_round'] / 1e6:.3f} MB",
+                f"{ratio:.1f}x" if ratio else "n/a",
+                s["system_accuracy"],
+                f"{100 * (s['system_accuracy'] - base['system_accuracy']):+.1f}",
+                s.get("mean_site_auc"),
+                s.get("worst_site_auc"),
+            ]
+        )
+    return markdown_table(header, rows)
