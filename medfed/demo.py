@@ -121,6 +121,6 @@ def run_demo(
         readme.write_text(
             replace_marked_section(text, marker, f"{table}\n\n{caption}"), encoding="utf-8"
         )
-        echo(f"updated the demo table in {readme}")
+        echo(f"updated the {marker} section of {readme}")
     echo(f"inspect a run: medfed evaluate {out / 'runs' / next(iter(summaries))}")
     return summaries

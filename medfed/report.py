@@ -26,12 +26,16 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def site_table(summary: dict[str, Any]) -> str:
-    """Per-site rows of one run."""
+    """Per-site rows of one run, with each site's traffic per round."""
+    traffic = summary.get("bytes_per_round_by_site", {})
     rows = []
     for site, m in summary["sites"].items():
         auc = m["auc"] if m["auc"] is not None else f"n/a ({m.get('auc_reason') or 'undefined'})"
-        rows.append([site, auc, m["accuracy"], m["balanced_accuracy"], m["n_test"]])
-    return markdown_table(["site", "AUC", "accuracy", "balanced acc.", "n test"], rows)
+        t = traffic.get(site, {})
+        up, down = (f"{t[k] / 1e3:.1f} kB" if k in t else "n/a" for k in ("up", "down"))
+        rows.append([site, auc, m["accuracy"], m["balanced_accuracy"], m["n_test"], up, down])
+    header = ["site", "AUC", "accuracy", "balanced acc.", "n test", "sent/round", "received/round"]
+    return markdown_table(header, rows)
 
 
 def federation_lines(summary: dict[str, Any]) -> list[str]:

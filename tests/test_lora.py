@@ -65,3 +65,10 @@ def test_training_personalizes_adapters_and_keeps_the_base_bit_identical(tmp_pat
     fed = TrainedFederation.load(tmp_path / "run", "cpu")
     assert fed.routes and not fed.shared_body  # each site answers with its own adapter
     assert summary["routing_method"] == "density_ratio"
+
+
+def test_target_layer_kinds_are_configurable() -> None:
+    algorithm = make_algorithm("lora", {"targets": "linear"})
+    spec = algorithm.adapt_spec(ModelSpec(backbone="cnn-gn", n_sites=3, client_branch=True), SITES)
+    adapted = {k.split(".lora_")[0] for k in build_model(spec).state_dict() if is_adapter_key(k)}
+    assert adapted == {"target_branch.0"}  # the backbone's convolutions stay plain

@@ -39,6 +39,7 @@ class LoRAParams(Params):
     mode: str = "private"  # private adapters, or one shared adapter
     base: str = "frozen"  # frozen, or federated (trained and averaged like FedAvg)
     lam: float = 0.9  # FedDRM's weight of the label loss
+    targets: str = "conv,linear"  # layer kinds that get adapters
 
     def __post_init__(self) -> None:
         if self.rank < 1:
@@ -49,6 +50,12 @@ class LoRAParams(Params):
             raise ValueError("base must be frozen or federated")
         if not 0.0 <= self.lam <= 1.0:
             raise ValueError("lam must be in [0, 1]")
+        if not set(self.target_kinds) <= {"conv", "linear"} or not self.target_kinds:
+            raise ValueError("targets must be conv, linear or conv,linear")
+
+    @property
+    def target_kinds(self) -> tuple[str, ...]:
+        return tuple(t.strip() for t in self.targets.split(",") if t.strip())
 
 
 def is_adapter_key(key: str) -> bool:
@@ -64,7 +71,11 @@ class LoRA(Algorithm):
     def adapt_spec(self, spec: ModelSpec, site_ids: list[str]) -> ModelSpec:
         adapters = tuple(site_ids) if self.params.mode == "private" else (SHARED_ADAPTER,)
         return replace(
-            spec, lora_rank=self.params.rank, lora_alpha=self.params.alpha, lora_adapters=adapters
+            spec,
+            lora_rank=self.params.rank,
+            lora_alpha=self.params.alpha,
+            lora_adapters=adapters,
+            lora_targets=self.params.target_kinds,
         )
 
     def _trainable(self, key: str) -> bool:

@@ -510,6 +510,17 @@ class Engine:
             if r.get("status") == "dropped"
         ]
         seconds = [v["seconds"] for v in per_round.values() if v["seconds"] is not None]
+        rounds = max(1, len(per_round))
+        traffic = {
+            slot.id: {
+                direction: sum(
+                    r.get(f"bytes_{direction}", 0) for r in metrics if r["site"] == slot.id
+                )
+                / rounds
+                for direction in ("up", "down")
+            }
+            for slot in self.slots
+        }
         return {
             "algorithm": self.algorithm.name,
             "params": dict(self.algorithm.params.__dict__),
@@ -524,6 +535,8 @@ class Engine:
             "bytes_per_round": float(np.mean([v["bytes"] for v in per_round.values()]))
             if per_round
             else 0.0,
+            "bytes_per_round_by_site": traffic,
+            "wire": {"precision": self.wire.precision, "delta": self.wire.delta},
             "seconds_per_round": float(np.mean(seconds)) if seconds else None,
             "seconds_total": float(np.sum(seconds)) if seconds else None,
             "dropouts": len(dropped),

@@ -37,6 +37,11 @@ NORM_TYPES: tuple[type[nn.Module], ...] = (
 )
 """Normalization module types. MONAI's norm factory hands out these same torch classes."""
 
+LORA_KINDS: dict[str, tuple[type[nn.Module], ...]] = {
+    "conv": (nn.Conv1d, nn.Conv2d, nn.Conv3d),
+    "linear": (nn.Linear,),
+}
+
 SUBMODULES = ("backbone", "target_branch", "target_head", "client_branch", "client_head")
 
 
@@ -55,6 +60,7 @@ class ModelSpec:
     lora_rank: int = 0
     lora_alpha: float = 8.0
     lora_adapters: tuple[str, ...] = ()
+    lora_targets: tuple[str, ...] = ("conv", "linear")  # layer kinds that get adapters
 
     def __post_init__(self) -> None:
         checks = [
@@ -65,6 +71,10 @@ class ModelSpec:
             (self.branch_dim >= 1, "branch_dim must be >= 1"),
             (self.lora_rank >= 0, "lora_rank must be >= 0"),
             (not self.lora_rank or self.lora_adapters, "LoRA needs at least one adapter name"),
+            (
+                set(self.lora_targets) <= set(LORA_KINDS) and bool(self.lora_targets),
+                f"lora_targets must be a non-empty subset of {sorted(LORA_KINDS)}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -82,6 +92,7 @@ class ModelSpec:
             raise ModelConfigError(f"model spec: unknown field(s) {sorted(unknown)}")
         values = dict(data)
         values["lora_adapters"] = tuple(values.get("lora_adapters", ()))
+        values["lora_targets"] = tuple(values.get("lora_targets", ("conv", "linear")))
         return cls(**values)
 
 
@@ -161,13 +172,13 @@ class FedModel(nn.Module):
         return site if site in adapters else adapters[0]
 
 
-def lora_targets(model: nn.Module) -> list[str]:
-    """Conv and linear layers of the backbone and the target branch (the heads stay plain)."""
-    kinds = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+def lora_targets(model: nn.Module, kinds: tuple[str, ...] = ("conv", "linear")) -> list[str]:
+    """Layers of the given kinds in the backbone and the target branch (the heads stay plain)."""
+    types = tuple(t for kind in kinds for t in LORA_KINDS[kind])
     return [
         name
         for name, module in model.named_modules()
-        if isinstance(module, kinds) and name.startswith(("backbone.", "target_branch."))
+        if isinstance(module, types) and name.startswith(("backbone.", "target_branch."))
     ]
 
 
@@ -182,7 +193,7 @@ def build_model(spec: ModelSpec) -> FedModel:
         config = LoraConfig(
             r=spec.lora_rank,
             lora_alpha=spec.lora_alpha,
-            target_modules=lora_targets(model),
+            target_modules=lora_targets(model, spec.lora_targets),
             lora_dropout=0.0,
         )
         with warnings.catch_warnings():
