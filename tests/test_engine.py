@@ -104,26 +104,28 @@ class Killed(Exception):
     pass
 
 
+def kill_and_resume(cfg: TrainConfig, tmp_path, monkeypatch, kill_after: int = 2):
+    """(uninterrupted summary, summary after a kill following round ``kill_after`` + resume)."""
+    whole = train(tensor_sites(3), cfg, tmp_path / "whole")
+    original = Engine._checkpoint
+
+    def die(self, round_):
+        original(self, round_)
+        if round_ == kill_after:
+            raise Killed
+
+    monkeypatch.setattr(Engine, "_checkpoint", die)
+    with pytest.raises(Killed):
+        train(tensor_sites(3), cfg, tmp_path / "cut")
+    monkeypatch.setattr(Engine, "_checkpoint", original)
+    return whole, train(tensor_sites(3), cfg, tmp_path / "cut", resume=True)
+
+
 @pytest.mark.parametrize("algorithm", ["feddrm", "ditto", "fedavgft"])
 def test_resume_after_a_kill_ends_exactly_like_an_uninterrupted_run(
     algorithm, tmp_path, monkeypatch
 ) -> None:
-    cfg = config(algorithm, rounds=4)
-    whole = train(tensor_sites(3), cfg, tmp_path / "whole")
-
-    original = Engine._checkpoint
-
-    def die_after_round_2(self, round_):
-        original(self, round_)
-        if round_ == 2:
-            raise Killed
-
-    monkeypatch.setattr(Engine, "_checkpoint", die_after_round_2)
-    with pytest.raises(Killed):
-        train(tensor_sites(3), cfg, tmp_path / "cut")
-    monkeypatch.setattr(Engine, "_checkpoint", original)
-    resumed = train(tensor_sites(3), cfg, tmp_path / "cut", resume=True)
-
+    whole, resumed = kill_and_resume(config(algorithm, rounds=4), tmp_path, monkeypatch)
     assert stable(resumed) == stable(whole)
     assert resumed["resumes"] == 1
     rounds = [r["round"] for r in RunDir(tmp_path / "cut").read_metrics()]

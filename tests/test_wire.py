@@ -96,21 +96,9 @@ def test_engine_byte_counts_equal_the_serialized_sizes(precision, delta, tmp_pat
 
 
 def test_int8_delta_training_resumes_exactly(tmp_path, monkeypatch) -> None:
-    from medfed.federation.engine import Engine
-    from tests.test_engine import Killed, stable
+    from tests.test_engine import kill_and_resume, stable
 
     cfg = TrainConfig("feddrm", rounds=4, local_steps=2, batch_size=8, device="cpu",
                       wire_precision="int8", wire_delta=True)  # fmt: skip
-    whole = train(tensor_sites(3), cfg, tmp_path / "whole")
-    original = Engine._checkpoint
-
-    def die_after_round_2(self, round_):
-        original(self, round_)
-        if round_ == 2:
-            raise Killed
-
-    monkeypatch.setattr(Engine, "_checkpoint", die_after_round_2)
-    with pytest.raises(Killed):
-        train(tensor_sites(3), cfg, tmp_path / "cut")
-    monkeypatch.setattr(Engine, "_checkpoint", original)
-    assert stable(train(tensor_sites(3), cfg, tmp_path / "cut", resume=True)) == stable(whole)
+    whole, resumed = kill_and_resume(cfg, tmp_path, monkeypatch)
+    assert stable(resumed) == stable(whole)
