@@ -441,7 +441,9 @@ class Engine:
         steps = self.algorithm.finetune_steps(self.config.local_steps)
         if steps <= 0:
             return
-        lr = cosine_lr(self.config.lr, self.config.rounds, self.config.rounds)
+        # A tenth of the initial rate: the cosine schedule is near 0 by the last round, and the
+        # full rate on a site's few, class-imbalanced scans pulls the head to the class prior.
+        lr = 0.1 * self.config.lr
         for slot in self.slots:
             self.model.load_state_dict(self.eval_state(slot))
             self._select_adapter(slot)
