@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from medfed.errors import ConfigError
-from medfed.models.fedmodel import FedModel, ModelSpec
+from medfed.models.fedmodel import FedModel, ModelSpec, keys_with_prefix
 
 State = dict[str, torch.Tensor]
 HEAD_PREFIX = "target_head."  # the per-site target head (FedDRM, FedRep keep it private)
@@ -23,7 +23,7 @@ HEAD_PREFIX = "target_head."  # the per-site target head (FedDRM, FedRep keep it
 
 def head_keys(model: nn.Module) -> set[str]:
     """State-dict keys of the target head."""
-    return {k for k in model.state_dict() if k.startswith(HEAD_PREFIX)}
+    return keys_with_prefix(model.state_dict(), [HEAD_PREFIX])
 
 
 @dataclass

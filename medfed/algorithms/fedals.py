@@ -15,7 +15,7 @@ from torch import nn
 
 from medfed.algorithms.base import Algorithm, LocalResult, LocalTask, Params, State
 from medfed.errors import ConfigError
-from medfed.models.fedmodel import FedModel
+from medfed.models.fedmodel import FedModel, keys_with_prefix
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,8 @@ class FedALS(Algorithm):
         shared = self.shared_keys(model)
         if round_ % self.params.alpha == 0 or round_ == rounds:
             return shared
-        head = [k for k in shared if not k.startswith(self.params.prefixes)]
+        representation = keys_with_prefix(shared, self.params.prefixes)
+        head = [k for k in shared if k not in representation]
         if len(head) == len(shared):
             raise ConfigError(
                 f"fedals: no shared key starts with {list(self.params.prefixes)}; "
