@@ -182,9 +182,9 @@ class TrainedFederation:
         return SiteOutputs(p.reshape(k, n, -1), client, feats)
 
     # ------------------------------------------------------------------ persistence
-    def save(self, run: RunDir, extra: dict[str, Any]) -> None:
-        states = {f"site_{s.id}": st for s, st in zip(self.sites, self.states, strict=True)}
-        model_json = {
+    def describe(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """model.json: everything but the weights."""
+        return {
             "algorithm": self.algorithm,
             "spec": self.spec.to_dict(),
             "modality": self.modality,
@@ -192,11 +192,22 @@ class TrainedFederation:
             "classes": self.class_names(),
             "sites": [s.to_dict() for s in self.sites],
             "abstention": self.abstention.info() if self.abstention else None,
-            **extra,
+            **(extra or {}),
         }
-        run.save_model(model_json, states)
+
+    def weights(self) -> dict[str, State]:
+        """Every site's weights, and the abstention statistics, by file stem."""
+        states = {f"site_{s.id}": st for s, st in zip(self.sites, self.states, strict=True)}
         if self.abstention is not None:
-            save_state(run.model_dir / "abstention.safetensors", self.abstention.state())
+            states["abstention"] = self.abstention.state()
+        return states
+
+    def save(self, run: RunDir, extra: dict[str, Any]) -> None:
+        weights = self.weights()
+        abstention = weights.pop("abstention", None)
+        run.save_model(self.describe(extra), weights)
+        if abstention is not None:
+            save_state(run.model_dir / "abstention.safetensors", abstention)
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "auto") -> TrainedFederation:
@@ -212,6 +223,18 @@ class TrainedFederation:
 
     @classmethod
     def _from_info(cls, run: RunDir, info: dict[str, Any], device: str) -> TrainedFederation:
+        weights = {
+            f"site_{s['id']}": run.load_model_state(f"site_{s['id']}") for s in info["sites"]
+        }
+        if info.get("abstention"):
+            weights["abstention"] = load_state(run.model_dir / "abstention.safetensors")
+        return cls.from_parts(info, weights, device)
+
+    @classmethod
+    def from_parts(
+        cls, info: dict[str, Any], weights: dict[str, State], device: str = "auto"
+    ) -> TrainedFederation:
+        """Rebuild from :meth:`describe` and :meth:`weights` (read from disk or received)."""
         sites = [
             SiteEntry(
                 id=s["id"],
@@ -222,11 +245,10 @@ class TrainedFederation:
             )
             for s in info["sites"]
         ]
-        states = [run.load_model_state(f"site_{s.id}") for s in sites]
+        states = [weights[f"site_{s.id}"] for s in sites]
         abstention = None
         if info.get("abstention"):
-            state = load_state(run.model_dir / "abstention.safetensors")
-            abstention = Abstention.load(state, info["abstention"], len(sites))
+            abstention = Abstention.load(weights["abstention"], info["abstention"], len(sites))
         spec = ModelSpec.from_dict(info["spec"])
         return cls(spec, info["algorithm"], sites, states, resolve_device(device), abstention)
 
@@ -280,6 +302,29 @@ def site_features(fed: TrainedFederation, index: int, x: torch.Tensor) -> torch.
     return run_model(fed.models[index], x, fed.setup, heads=None)[2]
 
 
+def site_gaussian(fed: TrainedFederation, index: int, x: torch.Tensor):
+    """Mean and (Ledoit-Wolf) precision of site ``index``'s features on its training scans."""
+    from sklearn.covariance import LedoitWolf
+
+    feats = site_features(fed, index, x).double().numpy()
+    if feats.shape[0] < 2:
+        raise DataError(
+            f"site {fed.sites[index].id!r}: at least 2 training scans are needed to calibrate "
+            "abstention; add scans or lower the site's split fractions"
+        )
+    lw = LedoitWolf().fit(feats)
+    return torch.from_numpy(lw.location_).float(), torch.from_numpy(lw.precision_).float()
+
+
+def calibrate(abstention: Abstention, scores: np.ndarray) -> Abstention:
+    """Set the threshold so that about the target share of ``scores`` (validation) abstain."""
+    if scores.size == 0:
+        return abstention  # no validation scans anywhere: never abstain, and say so in info()
+    abstention.threshold = float(np.quantile(scores, 1.0 - abstention.target_false_abstain))
+    abstention.val_abstain_rate = float((scores > abstention.threshold).mean())
+    return abstention
+
+
 def fit_abstention(
     fed: TrainedFederation,
     train_views: list[torch.Tensor],
@@ -292,25 +337,15 @@ def fit_abstention(
     ``train_views[i]``: site i's training scans in its own view; ``val_views[j]``: site j's
     validation scans as every site sees them.
     """
-    from sklearn.covariance import LedoitWolf
-
-    means, precisions = [], []
-    for i, x in enumerate(train_views):
-        feats = site_features(fed, i, x).double().numpy()
-        if feats.shape[0] < 2:
-            raise DataError(
-                f"site {fed.sites[i].id!r}: at least 2 training scans are needed to calibrate "
-                "abstention; add scans or lower the site's split fractions"
-            )
-        lw = LedoitWolf().fit(feats)
-        means.append(torch.from_numpy(lw.location_).float())
-        precisions.append(torch.from_numpy(lw.precision_).float())
-    abstention = Abstention(means, precisions, float("inf"), target_false_abstain, 0.0)
-    scores = np.concatenate(
-        [abstention.scores(fed.outputs(views).features) for views in val_views if len(views[0])]
+    gaussians = [site_gaussian(fed, i, x) for i, x in enumerate(train_views)]
+    abstention = Abstention(
+        [m for m, _ in gaussians],
+        [p for _, p in gaussians],
+        float("inf"),
+        target_false_abstain,
+        0.0,
     )
-    if scores.size == 0:
-        return abstention  # no validation scans anywhere: never abstain, and say so in info()
-    abstention.threshold = float(np.quantile(scores, 1.0 - target_false_abstain))
-    abstention.val_abstain_rate = float((scores > abstention.threshold).mean())
-    return abstention
+    scores = [
+        abstention.scores(fed.outputs(views).features) for views in val_views if len(views[0])
+    ]
+    return calibrate(abstention, np.concatenate(scores) if scores else np.zeros(0))

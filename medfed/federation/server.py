@@ -1,0 +1,349 @@
+"""The server's side of a federation: global state, rounds, aggregation, the run directory.
+
+It never sees a scan: what it knows of a site is a :class:`SiteInfo` (id, label map, input
+shape, number of training scans). The in-process engine and the Flower ServerApp both drive a
+:class:`Coordinator`, so both apply the same sharing rule, schedule and aggregation.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tomli_w
+import torch
+
+from medfed import __version__
+from medfed.algorithms.base import Algorithm, State
+from medfed.config import Fault, Modality, TrainConfig
+from medfed.data.records import Split
+from medfed.data.sitedata import SiteData
+from medfed.errors import ConfigError
+from medfed.federation import wire
+from medfed.federation.device import DeviceSetup
+from medfed.federation.site import clone_state, cosine_lr, derive_seed
+from medfed.federation.validate import validate_update
+from medfed.federation.wire import WireFormat
+from medfed.models.fedmodel import FedModel, ModelSpec, build_model
+from medfed.runs import RunDir
+
+
+@dataclass(frozen=True)
+class SiteInfo:
+    """What the server may know of a site: no scans, only their shape and counts."""
+
+    id: str
+    modality: str
+    labels: dict[str, int]
+    input_shape: tuple[int, ...]
+    n_train: int
+    manifest: dict[str, Any]
+
+    @classmethod
+    def of(cls, site: SiteData) -> SiteInfo:
+        return cls(
+            id=site.id,
+            modality=str(site.manifest.modality),
+            labels=dict(site.manifest.labels),
+            input_shape=tuple(int(d) for d in site.x[Split.TRAIN].shape[1:]),
+            n_train=site.n(Split.TRAIN),
+            manifest=site.manifest.to_dict(),
+        )
+
+    @property
+    def n_classes(self) -> int:
+        return len(set(self.labels.values()))
+
+
+def default_backbone(modality: Modality, algorithm: Algorithm) -> str:
+    """GroupNorm backbones by default; BatchNorm ones for algorithms built around BN (FedBN).
+
+    With BatchNorm, every training batch holds one site's scans only, so batch statistics wipe
+    out exactly the site differences FedDRM's client head has to learn (the reference FedDRM
+    code uses GroupNorm for the same reason).
+    """
+    if modality is Modality.CT:
+        return "monai3d" if algorithm.uses_batch_norm else "monai3d-gn"
+    return "cnn" if algorithm.uses_batch_norm else "cnn-gn"
+
+
+def check_federation(sites: list[SiteInfo], config: TrainConfig) -> Modality:
+    """Refuse a federation that could not train together; returns its modality."""
+    if not sites:
+        raise ConfigError("no sites to train on")
+    ids = [s.id for s in sites]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"site ids must be unique, got {ids}")
+    modalities = {s.modality for s in sites}
+    if len(modalities) > 1:
+        raise ConfigError(f"all sites must share one modality, got {sorted(modalities)}")
+    if config.min_sites > len(sites):
+        raise ConfigError(
+            f"min_sites={config.min_sites} but only {len(sites)} site(s) were given: "
+            "no round could ever aggregate; lower --min-sites"
+        )
+    label_maps = {s.id: s.labels for s in sites}
+    if len({tuple(sorted(m.items())) for m in label_maps.values()}) > 1:
+        raise ConfigError(
+            f"sites declare different [labels] {label_maps}; a federation needs one label "
+            "map (same class names and indices) at every site"
+        )
+    shapes = {s.id: s.input_shape for s in sites}
+    if len(set(shapes.values())) > 1:
+        raise ConfigError(
+            f"sites preprocess to different input shapes {shapes}; give every site the "
+            "same preprocess image_size (fundus) or shape (CT)"
+        )
+    bad_rounds = [f for f in config.faults if not 1 <= Fault.parse(f).round <= config.rounds]
+    if bad_rounds:
+        raise ConfigError(f"fault(s) {bad_rounds} name a round outside 1..{config.rounds}")
+    unknown = {Fault.parse(f).site for f in config.faults} - set(ids)
+    if unknown:
+        raise ConfigError(f"fault plan names unknown site(s) {sorted(unknown)}")
+    return Modality(modalities.pop())
+
+
+@dataclass
+class RoundPlan:
+    """What the server sends in one round."""
+
+    round: int
+    lr: float
+    sampled: set[int]
+    keys: list[str]
+    outgoing: State
+    dtypes: State
+    shared_payload: bytes
+
+
+@dataclass
+class Downlink:
+    payload: bytes
+    held: State  # the global state the site rebuilds from the payload
+
+
+@dataclass
+class RoundUpdates:
+    updates: list[tuple[State, float]] = field(default_factory=list)
+
+
+class Coordinator:
+    """Global state, round plans, aggregation, checkpoints and the summary of one run."""
+
+    def __init__(
+        self,
+        sites: list[SiteInfo],
+        algorithm: Algorithm,
+        config: TrainConfig,
+        run: RunDir,
+        setup: DeviceSetup,
+    ) -> None:
+        self.modality = check_federation(sites, config)
+        self.sites, self.algorithm, self.config, self.run, self.setup = (
+            sites,
+            algorithm,
+            config,
+            run,
+            setup,
+        )
+        first = sites[0]
+        self.spec = ModelSpec(
+            backbone=config.backbone
+            if config.backbone != "auto"
+            else default_backbone(self.modality, algorithm),
+            in_channels=int(first.input_shape[0]),
+            n_classes=first.n_classes,
+            n_sites=len(sites),
+            client_branch=algorithm.needs_client_branch,
+        )
+        self.spec = algorithm.adapt_spec(self.spec, [s.id for s in sites])
+        torch.manual_seed(derive_seed(config.seed, 0))
+        self.model: FedModel = build_model(self.spec).to(self.setup.device)
+        algorithm.initialize(self.model, config.seed)
+        if self.setup.is_cuda and self.modality is Modality.FUNDUS:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.initial_state = clone_state(self.model.state_dict())
+        self.shared_keys = algorithm.shared_keys(self.model) if algorithm.communicates else []
+        self.global_state: State = {k: self.initial_state[k].clone() for k in self.shared_keys}
+        self.wire = WireFormat(config.wire_precision, config.wire_delta)
+        # What each site holds of the global state (delta encoding sends differences to it).
+        self.held: list[State] = [
+            {k: v.cpu().clone() for k, v in self.global_state.items()} for _ in sites
+        ]
+        total = sum(s.n_train for s in sites)
+        self.priors = np.array([s.n_train / total for s in sites])
+
+    # ------------------------------------------------------------------ config and resume
+    def resolved_config(self) -> dict[str, Any]:
+        return {
+            "medfed_version": __version__,
+            "train": self.config.to_dict(),
+            "model": self.spec.to_dict(),
+            "sites": [s.manifest for s in self.sites],
+        }
+
+    def start(self, resume: bool, **event: Any) -> tuple[int, dict[str, State]]:
+        """The first round to run, and the checkpointed states when resuming."""
+        config = self.resolved_config()
+        if not resume:
+            if self.run.config_path.exists():
+                raise ConfigError(
+                    f"{self.run.path} already holds a run; pass --resume to continue it "
+                    "or choose another --out"
+                )
+            self.run.path.mkdir(parents=True, exist_ok=True)
+            self.run.write_config(config)
+            self.run.log_event("start", device=self.setup.describe(), **event)
+            return 1, {}
+        if not self.run.config_path.exists():
+            raise ConfigError(f"--resume: {self.run.path} holds no run to resume")
+        previous = self.run.read_config()
+        config = tomllib.loads(tomli_w.dumps(config))  # as stored: tuples become lists
+        if previous.get("train") != config["train"] or previous.get("sites") != config["sites"]:
+            raise ConfigError(
+                f"--resume: the settings differ from the run in {self.run.path} "
+                "(config.toml); resume with the same sites and options"
+            )
+        checkpoints = self.run.list_checkpoints()
+        if not checkpoints:
+            self.run.truncate_metrics(0)
+            self.run.log_event("resume", from_round=0, **event)
+            return 1, {}
+        states, meta = self.run.load_checkpoint(checkpoints[-1])
+        self.global_state = {k: v.to(self.setup.device) for k, v in states["global"].items()}
+        for i, site in enumerate(self.sites):
+            self.held[i] = states.get(f"held_{site.id}", self.held[i])
+        done = int(meta["round"])
+        self.run.truncate_metrics(done)
+        self.run.log_event("resume", from_round=done, **event)
+        return done + 1, states
+
+    def checkpoint(self, round_: int, site_states: dict[str, State] | None = None) -> None:
+        states: dict[str, State] = {"global": self.global_state, **(site_states or {})}
+        if self.wire.delta:
+            for site, held in zip(self.sites, self.held, strict=True):
+                states[f"held_{site.id}"] = held
+        self.run.save_checkpoint(round_, states, {}, keep=self.config.keep_checkpoints)
+
+    # ------------------------------------------------------------------ one round
+    def sample(self, round_: int) -> set[int]:
+        k = len(self.sites)
+        m = max(self.config.min_sites, math.ceil(self.config.client_fraction * k))
+        if m >= k:
+            return set(range(k))
+        rng = np.random.default_rng(derive_seed(self.config.seed, round_, 1_000_003))
+        return set(rng.choice(k, size=m, replace=False).tolist())
+
+    def plan(self, round_: int) -> RoundPlan:
+        keys = (
+            self.algorithm.round_keys(self.model, round_, self.config.rounds)
+            if self.shared_keys
+            else []
+        )
+        outgoing = {k: self.global_state[k] for k in keys}
+        shared = wire.encode(outgoing, self.wire) if keys and not self.wire.delta else b""
+        return RoundPlan(
+            round=round_,
+            lr=cosine_lr(self.config.lr, round_, self.config.rounds),
+            sampled=self.sample(round_),
+            keys=keys,
+            outgoing=outgoing,
+            dtypes={k: v.cpu() for k, v in outgoing.items()},
+            shared_payload=shared,
+        )
+
+    def downlink(self, index: int, plan: RoundPlan) -> Downlink:
+        """What the server sends site ``index`` this round.
+
+        With delta encoding each site gets the difference to the global state it already holds
+        (tracked per site, so quantization errors never accumulate); otherwise one payload
+        serves every site.
+        """
+        if not plan.outgoing:
+            return Downlink(b"", {})
+        payload = plan.shared_payload
+        held = {k: self.held[index][k] for k in plan.outgoing} if self.wire.delta else None
+        if self.wire.delta:
+            payload = wire.encode(plan.outgoing, self.wire, reference=held)
+        return Downlink(payload, wire.decode(payload, reference=held, dtypes=plan.outgoing))
+
+    def receive(self, index: int, plan: RoundPlan, down: Downlink, payload_up: bytes) -> State:
+        """Decode and check a site's update; raises when it is unusable."""
+        if not plan.keys:
+            return {}
+        reference = down.held if self.wire.delta else None
+        received = wire.decode(payload_up, reference=reference, dtypes=plan.dtypes)
+        validate_update(self.sites[index].id, received, plan.dtypes)
+        return received
+
+    def accepted(self, index: int, down: Downlink) -> None:
+        """Site ``index`` now holds what it was sent."""
+        if self.wire.delta:
+            self.held[index].update(down.held)
+
+    def aggregate(self, round_: int, updates: list[tuple[State, float]]) -> bool:
+        if not self.shared_keys:
+            return True
+        ok = len(updates)
+        if ok < self.config.min_sites:
+            self.run.log_event(
+                "round_skipped",
+                round=round_,
+                reason=f"{ok} usable update(s), fewer than min_sites={self.config.min_sites}",
+            )
+            return False
+        aggregated = self.algorithm.aggregate(updates)
+        # A schedule (FedALS) may aggregate only part of the shared keys this round.
+        self.global_state.update({k: v.to(self.setup.device) for k, v in aggregated.items()})
+        return True
+
+    # ------------------------------------------------------------------ the summary
+    def summary(self, evaluation: dict[str, Any]) -> dict[str, Any]:
+        metrics = self.run.read_metrics()
+        per_round: dict[int, dict[str, float]] = {}
+        for r in metrics:
+            agg = per_round.setdefault(r["round"], {"bytes": 0, "seconds": r.get("round_seconds")})
+            agg["bytes"] += r.get("bytes_up", 0) + r.get("bytes_down", 0)
+        dropped = [
+            {"round": r["round"], "site": r["site"], "reason": r.get("reason", "")}
+            for r in metrics
+            if r.get("status") == "dropped"
+        ]
+        seconds = [v["seconds"] for v in per_round.values() if v["seconds"] is not None]
+        rounds = max(1, len(per_round))
+        traffic = {
+            site.id: {
+                direction: sum(
+                    r.get(f"bytes_{direction}", 0) for r in metrics if r["site"] == site.id
+                )
+                / rounds
+                for direction in ("up", "down")
+            }
+            for site in self.sites
+        }
+        return {
+            "algorithm": self.algorithm.name,
+            "params": dict(self.algorithm.params.__dict__),
+            "rounds": self.config.rounds,
+            "local_steps": self.config.local_steps,
+            "seed": self.config.seed,
+            "backbone": self.spec.backbone,
+            "modality": str(self.modality),
+            "device": self.setup.describe(),
+            **evaluation,
+            "priors": {s.id: float(p) for s, p in zip(self.sites, self.priors, strict=True)},
+            "bytes_per_round": float(np.mean([v["bytes"] for v in per_round.values()]))
+            if per_round
+            else 0.0,
+            "bytes_per_round_by_site": traffic,
+            "wire": {"precision": self.wire.precision, "delta": self.wire.delta},
+            "seconds_per_round": float(np.mean(seconds)) if seconds else None,
+            "seconds_total": float(np.sum(seconds)) if seconds else None,
+            "dropouts": len(dropped),
+            "dropped": dropped,
+            "skipped_rounds": sorted({r["round"] for r in metrics if r.get("aggregated") is False}),
+            "resumes": sum(1 for e in self.run.read_events() if e.get("event") == "resume"),
+        }

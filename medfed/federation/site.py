@@ -1,0 +1,246 @@
+"""A site's side of a federation: its data, its weights, its private state, its local work.
+
+The in-process engine holds one :class:`SiteWorker` per site; a Flower SuperNode holds one for
+its own site. Both run the same code, so the same seed and sites give the same figures.
+
+Every random draw of round r at site i comes from a generator seeded by (seed, r, i).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from medfed.algorithms.base import (
+    Algorithm,
+    Batches,
+    LocalResult,
+    LocalTask,
+    Optim,
+    State,
+    supervised_steps,
+)
+from medfed.config import Modality, TrainConfig
+from medfed.data.records import Split
+from medfed.data.sitedata import SiteData
+from medfed.errors import MedfedError
+from medfed.federation import wire
+from medfed.federation.device import DeviceSetup
+from medfed.federation.wire import WireFormat
+from medfed.inference import run_model
+from medfed.metrics import site_metrics
+from medfed.models.fedmodel import FedModel
+
+FAULT_KINDS = ("drop", "raise", "nan", "shape", "timeout")
+
+
+class SiteDropped(MedfedError):
+    """A site did not deliver a usable update this round."""
+
+
+def derive_seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+def cosine_lr(base: float, round_: int, rounds: int) -> float:
+    """Cosine decay over rounds, from ``base`` in round 1 toward 0 (as the reference FedDRM)."""
+    return 0.5 * base * (1 + math.cos(math.pi * (round_ - 1) / rounds))
+
+
+def finetune_lr(config: TrainConfig) -> float:
+    # A tenth of the initial rate: the cosine schedule is near 0 by the last round, and the
+    # full rate on a site's few, class-imbalanced scans pulls the head to the class prior.
+    return 0.1 * config.lr
+
+
+def clone_state(state: State) -> State:
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+@dataclass
+class LocalRound:
+    """What one round of local work produced, before the site keeps it."""
+
+    payload_up: bytes
+    state: State
+    extra: State
+    held: State
+    result: LocalResult
+
+
+@dataclass
+class SiteWorker:
+    """One site's weights and private state, and the work it does on them.
+
+    ``model`` is scratch space: the in-process engine shares one model between its workers and
+    loads a site's weights into it before each piece of work.
+    """
+
+    data: SiteData
+    index: int
+    n_sites: int
+    algorithm: Algorithm
+    config: TrainConfig
+    model: FedModel
+    setup: DeviceSetup
+    state: State
+    extra: State
+    held: State = field(default_factory=dict)  # the global state this site last received
+    final_state: State | None = None
+
+    def __post_init__(self) -> None:
+        self.x_train = self.setup.put(self.data.x[Split.TRAIN])
+        self.y_train = self.setup.put(self.data.y[Split.TRAIN])
+        self.wire = WireFormat(self.config.wire_precision, self.config.wire_delta)
+
+    @property
+    def id(self) -> str:
+        return self.data.id
+
+    @property
+    def n_train(self) -> int:
+        return int(self.y_train.shape[0])
+
+    @property
+    def modality(self) -> Modality:
+        return self.data.manifest.modality
+
+    # ------------------------------------------------------------------ local training
+    def task(
+        self,
+        round_: int,
+        lr: float,
+        global_in: State,
+        *,
+        fault: str | None = None,
+        limited: bool = True,
+    ) -> LocalTask:
+        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, round_, self.index))
+        timeout = self.config.site_timeout_s
+        deadline = time.monotonic() + timeout if timeout and limited else math.inf
+        if fault == "timeout":
+            deadline = -math.inf
+
+        def check_deadline() -> None:
+            if time.monotonic() > deadline:
+                raise SiteDropped(f"site {self.id!r} exceeded its local time limit ({timeout:g} s)")
+
+        return LocalTask(
+            model=self.model,
+            global_state=global_in,
+            batches=Batches(
+                self.x_train,
+                self.y_train,
+                self.config.batch_size,
+                generator,
+                augment_flip=self.config.augment and self.modality is Modality.FUNDUS,
+            ),
+            steps=self.config.local_steps,
+            optim=Optim(lr, self.config.momentum, self.config.weight_decay, self.config.optimizer),
+            site_index=self.index,
+            n_sites=self.n_sites,
+            site_id=self.id,
+            extra=clone_state(self.extra),
+            autocast=self.setup.autocast(),
+            check_deadline=check_deadline,
+        )
+
+    def receive(self, payload: bytes, dtypes: State) -> State:
+        """The global state this site rebuilds from the server's payload."""
+        if not payload:
+            return {}
+        held = {k: self.held[k] for k in dtypes} if self.wire.delta else None
+        return wire.decode(payload, reference=held, dtypes=dtypes)
+
+    def train_round(
+        self,
+        round_: int,
+        lr: float,
+        payload_down: bytes,
+        keys: list[str],
+        dtypes: State,
+        fault: str | None = None,
+    ) -> LocalRound:
+        """Decode the server's payload, train locally, encode the update of ``keys``.
+
+        Nothing changes on the site until :meth:`keep` is called with the result.
+        """
+        if fault == "drop":
+            raise SiteDropped(f"site {self.id!r} did not answer this round")
+        received = self.receive(payload_down, dtypes)
+        global_in = {k: v.to(self.setup.device) for k, v in received.items()}
+        self.load(self.state, global_in)
+        task = self.task(round_, lr, global_in, fault=fault)
+        if fault == "raise":
+            raise RuntimeError(f"site {self.id!r} failed during local training (injected)")
+        result = self.algorithm.local_train(task)
+        if not math.isfinite(result.loss):
+            raise SiteDropped(f"site {self.id!r}: training loss became {result.loss}")
+        new_state = clone_state(self.model.state_dict())
+        update = {k: new_state[k] for k in keys}
+        if fault == "nan" and update:
+            key = next(k for k, v in update.items() if v.is_floating_point())
+            update[key] = torch.full_like(update[key], float("nan"))
+        if fault == "shape" and update:
+            key = next(iter(update))
+            update[key] = torch.zeros(update[key].numel() + 1, dtype=update[key].dtype)
+        payload_up = b""
+        if keys:
+            reference = received if self.wire.delta else None
+            payload_up = wire.encode(update, self.wire, reference=reference)
+        held = {k: v.cpu() for k, v in received.items()} if self.wire.delta else {}
+        return LocalRound(payload_up, new_state, task.extra, held, result)
+
+    def keep(self, done: LocalRound) -> None:
+        """Make a round's result the site's own."""
+        self.state, self.extra = done.state, done.extra
+        self.held.update(done.held)
+
+    # ------------------------------------------------------------------ answering
+    def load(self, state: State, global_state: State | None = None) -> None:
+        self.model.load_state_dict(state)
+        if self.model.spec.lora_adapters:
+            self.model.select_adapter(self.model.adapter_for(self.id))
+        if global_state:
+            self.model.load_state_dict(global_state, strict=False)
+
+    def eval_state(self, global_state: State) -> State:
+        """The weights this site answers with, given the current global state."""
+        if self.final_state is not None:
+            return self.final_state
+        composed = dict(self.state)
+        composed.update(global_state)
+        return self.algorithm.eval_state(composed, self.extra)
+
+    def validate(self, global_state: State) -> dict[str, Any]:
+        """Figures of this site's model on its validation split (empty without one)."""
+        y = self.data.y[Split.VAL].numpy()
+        if y.size == 0:
+            return {}
+        self.load(self.eval_state(global_state))
+        probs, client, _ = run_model(self.model, self.data.x[Split.VAL], self.setup, heads=None)
+        figures = site_metrics(y, probs, split="val")
+        record = {
+            "val_auc": figures.auc,
+            "val_accuracy": figures.accuracy,
+            "val_loss": float(-np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1)).mean()),
+        }
+        if client is not None:
+            record["val_client_accuracy"] = float((client.argmax(axis=1) == self.index).mean())
+        return record
+
+    def finish(self, global_state: State) -> State:
+        """The site's final weights: fine-tuned on its own data where the algorithm asks."""
+        steps = self.algorithm.finetune_steps(self.config.local_steps)
+        if steps > 0 and self.final_state is None:
+            self.load(self.eval_state(global_state))
+            # Fine-tuning happens on the site after the federation is done: no round deadline.
+            task = self.task(self.config.rounds + 1, finetune_lr(self.config), {}, limited=False)
+            supervised_steps(task, self.model, self.model.parameters(), self.algorithm.loss, steps)
+            self.final_state = clone_state(self.model.state_dict())
+        return {k: v.cpu() for k, v in self.eval_state(global_state).items()}
