@@ -135,6 +135,9 @@ class TrainedFederation:
             self.models.append(model)
         self.states = states
         self.shared_body = _only_heads_differ(states)
+        # The client head scores every site that trained; a site lost before the end of a
+        # deployed run has no model here, so its column is left out.
+        self.client_columns = [s.index for s in sites]
 
     @property
     def routes(self) -> bool:
@@ -151,7 +154,13 @@ class TrainedFederation:
     def site_outputs(self, index: int, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
         """Class probabilities and client logits of site ``index``'s model on ``x``."""
         probs, client, _ = run_model(self.models[index], x, self.setup, heads=None)
-        return probs, client
+        return probs, self._present(client)
+
+    def _present(self, client: np.ndarray | None) -> np.ndarray | None:
+        """Client logits of the sites in this federation only."""
+        if client is None or self.client_columns == list(range(client.shape[-1])):
+            return client
+        return client[..., self.client_columns]
 
     def class_names(self) -> list[str]:
         names: dict[int, list[str]] = {}
@@ -170,7 +179,7 @@ class TrainedFederation:
             p, c, f = run_model(model, view, self.setup, heads=None)
             probs.append(p), clients.append(c), feats.append(f)
         client = np.stack(clients) if clients[0] is not None else None
-        return SiteOutputs(np.stack(probs), client, feats)
+        return SiteOutputs(np.stack(probs), self._present(client), feats)
 
     def _shared_outputs(self, views: list[torch.Tensor]) -> SiteOutputs:
         n = views[0].shape[0]
@@ -179,7 +188,7 @@ class TrainedFederation:
         k = len(views)
         feats = list(f.split(n))
         client = c.reshape(k, n, -1) if c is not None else None
-        return SiteOutputs(p.reshape(k, n, -1), client, feats)
+        return SiteOutputs(p.reshape(k, n, -1), self._present(client), feats)
 
     # ------------------------------------------------------------------ persistence
     def describe(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -157,6 +157,10 @@ class Algorithm:
         """The model this algorithm trains (LoRA adds its adapters); unchanged by default."""
         return spec
 
+    def initialize(self, model: FedModel, seed: int) -> None:
+        """Server side, once, before round 1: set the initial global weights (FedGMI spreads its
+        VAEs apart); the default keeps the seeded random initialization."""
+
     # --- the sharing rule -------------------------------------------------------------------
     def private_keys(self, model: nn.Module) -> set[str]:
         """State-dict keys that never leave a site."""

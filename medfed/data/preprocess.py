@@ -1,5 +1,8 @@
 """Per-site preprocessing pipelines built from MONAI dictionary transforms.
 
+MONAI is imported where a pipeline is built: it takes seconds to import, and cached scans (the
+common case) never need it.
+
 Two stages, on purpose:
 - the *deterministic* stage (decode -> crop/window -> resample/resize) runs once per file and is
   cached (``medfed.data.cache``);
@@ -12,24 +15,17 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from monai.data import MetaTensor
-from monai.transforms import (
-    Compose,
-    CropForegroundd,
-    EnsureChannelFirstd,
-    EnsureTyped,
-    Resized,
-    ResizeWithPadOrCropd,
-    ScaleIntensityRanged,
-    Spacingd,
-    SpatialPadd,
-)
 
 from medfed.config import CTPreprocess, FundusPreprocess, Modality, SiteManifest
 from medfed.data.io import Volume
+
+if TYPE_CHECKING:
+    from monai.data import MetaTensor
+    from monai.transforms import Compose
 
 # Bump when the deterministic stage changes in a way that alters its output: it invalidates caches.
 PIPELINE_VERSION = 1
@@ -50,6 +46,16 @@ class CameraField:
 
 def fundus_pipeline(options: FundusPreprocess) -> Compose:
     """uint8 RGB (H, W, 3) -> float32 (3, S, S) in [0, 1], cropped to the camera field."""
+    from monai.transforms import (
+        Compose,
+        CropForegroundd,
+        EnsureChannelFirstd,
+        EnsureTyped,
+        Resized,
+        ScaleIntensityRanged,
+        SpatialPadd,
+    )
+
     size = options.image_size
     steps = [EnsureChannelFirstd(keys="image", channel_dim=-1)]
     if options.roi_crop:
@@ -72,6 +78,14 @@ def fundus_pipeline(options: FundusPreprocess) -> Compose:
 
 def ct_pipeline(options: CTPreprocess) -> Compose:
     """HU volume (D, H, W) with spacing -> float32 (1, *shape) in [0, 1] after the HU window."""
+    from monai.transforms import (
+        Compose,
+        EnsureTyped,
+        ResizeWithPadOrCropd,
+        ScaleIntensityRanged,
+        Spacingd,
+    )
+
     lo, hi = options.hu_window
     return Compose(
         [
@@ -84,6 +98,8 @@ def ct_pipeline(options: CTPreprocess) -> Compose:
 
 
 def _volume_to_meta(volume: Volume) -> MetaTensor:
+    from monai.data import MetaTensor
+
     affine = torch.diag(torch.tensor([*volume.spacing, 1.0], dtype=torch.float64))
     return MetaTensor(torch.from_numpy(np.ascontiguousarray(volume.array))[None], affine=affine)
 

@@ -27,6 +27,7 @@ from medfed.federation.device import DeviceSetup
 from medfed.federation.site import clone_state, cosine_lr, derive_seed
 from medfed.federation.validate import validate_update
 from medfed.federation.wire import WireFormat
+from medfed.models.backbones import spatial_dims
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model
 from medfed.runs import RunDir
 
@@ -68,6 +69,16 @@ def default_backbone(modality: Modality, algorithm: Algorithm) -> str:
     if modality is Modality.CT:
         return "monai3d" if algorithm.uses_batch_norm else "monai3d-gn"
     return "cnn" if algorithm.uses_batch_norm else "cnn-gn"
+
+
+def initial_model(spec: ModelSpec, algorithm: Algorithm, seed: int, setup: DeviceSetup) -> FedModel:
+    """The model every site starts from: the same weights wherever it is built."""
+    torch.manual_seed(derive_seed(seed, 0))
+    model = build_model(spec).to(setup.device)
+    algorithm.initialize(model, seed)
+    if setup.is_cuda and spatial_dims(spec.backbone) == 2:
+        model = model.to(memory_format=torch.channels_last)
+    return model
 
 
 def check_federation(sites: list[SiteInfo], config: TrainConfig) -> Modality:
@@ -160,11 +171,7 @@ class Coordinator:
             client_branch=algorithm.needs_client_branch,
         )
         self.spec = algorithm.adapt_spec(self.spec, [s.id for s in sites])
-        torch.manual_seed(derive_seed(config.seed, 0))
-        self.model: FedModel = build_model(self.spec).to(self.setup.device)
-        algorithm.initialize(self.model, config.seed)
-        if self.setup.is_cuda and self.modality is Modality.FUNDUS:
-            self.model = self.model.to(memory_format=torch.channels_last)
+        self.model = initial_model(self.spec, algorithm, config.seed, setup)
         self.initial_state = clone_state(self.model.state_dict())
         self.shared_keys = algorithm.shared_keys(self.model) if algorithm.communicates else []
         self.global_state: State = {k: self.initial_state[k].clone() for k in self.shared_keys}

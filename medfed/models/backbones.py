@@ -10,7 +10,6 @@ import math
 from collections.abc import Callable
 
 import torch
-from monai.networks.nets import ResNet as MonaiResNet
 from torch import nn
 
 from medfed.errors import ConfigError
@@ -171,6 +170,9 @@ class ResNet18(nn.Module):
 
 
 def _monai_resnet3d(in_channels: int, group_norm: bool) -> tuple[nn.Module, int]:
+    # Imported here: MONAI takes seconds to import and 2-D models never need it.
+    from monai.networks.nets import ResNet as MonaiResNet
+
     net = MonaiResNet(
         block="basic",
         layers=[1, 1, 1, 1],

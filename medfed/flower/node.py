@@ -1,0 +1,184 @@
+"""What one hospital's SuperNode knows and keeps: its site, and its weights between messages.
+
+The SuperNode is started with ``--node-config 'manifest="/path/site.toml" state-dir="/path"'``
+(optional: ``cache-dir``, ``device``). Its weights, private state (FedDRM's target head, FedBN's
+norm layers, LoRA adapters, Ditto's personal model) and the global state it last received are
+written to ``state-dir/<run>/<site>/round_NNNN.safetensors`` after every round, so a node that
+restarts, or a resumed run, continues from the last round it finished.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from medfed.algorithms import make_algorithm
+from medfed.algorithms.base import State
+from medfed.config import TrainConfig, load_manifest
+from medfed.data.cache import TensorCache, default_cache_dir
+from medfed.data.sitedata import SiteData, load_site
+from medfed.errors import ConfigError, RunDirError
+from medfed.federation.device import resolve_device
+from medfed.federation.server import SiteInfo, initial_model
+from medfed.federation.site import SiteWorker, clone_state
+from medfed.models.fedmodel import ModelSpec
+
+ROUND_FILE = re.compile(r"round_(\d{4,})\.safetensors$")
+KEEP_ROUNDS = 3
+_SITES: dict[tuple[str, str], SiteData] = {}  # a ClientApp process may serve many messages
+
+
+def _setting(node_config: dict[str, Any], key: str) -> str | None:
+    value = node_config.get(key)
+    return None if value is None or str(value) == "" else str(value)
+
+
+def node_site(node_config: dict[str, Any]) -> SiteData:
+    """The site this SuperNode serves, loaded (through its cache) from ``manifest``."""
+    manifest = _setting(node_config, "manifest")
+    if manifest is None:
+        raise ConfigError(
+            "this SuperNode has no site manifest: start it with "
+            '--node-config \'manifest="/path/to/site.toml" state-dir="/path/to/state"\''
+        )
+    cache_dir = _setting(node_config, "cache-dir")
+    key = (manifest, cache_dir or "")
+    if key not in _SITES:
+        cache = TensorCache(Path(cache_dir) if cache_dir else default_cache_dir())
+        _SITES[key] = load_site(load_manifest(manifest), cache)
+    return _SITES[key]
+
+
+def describe(node_config: dict[str, Any]) -> dict[str, Any]:
+    """What the server may know of this site (no scans)."""
+    return asdict(SiteInfo.of(node_site(node_config)))
+
+
+@dataclass
+class RunSettings:
+    """The run as the server describes it in every message."""
+
+    name: str
+    config: TrainConfig
+    spec: ModelSpec
+    sites: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "train": self.config.to_dict(),
+            "spec": self.spec.to_dict(),
+            "sites": self.sites,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSettings:
+        return cls(
+            name=str(data["name"]),
+            config=TrainConfig.from_dict(data["train"], where="run settings"),
+            spec=ModelSpec.from_dict(data["spec"]),
+            sites=[str(s) for s in data["sites"]],
+        )
+
+
+def train_config_from_toml(text: str, where: str) -> TrainConfig:
+    """A TrainConfig from TOML text: a ``[train]`` table (as in a run's config.toml) or keys."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{where}: not valid TOML ({exc})") from None
+    return TrainConfig.from_dict(data.get("train", data), where=where)
+
+
+class SiteNode:
+    """One site inside one run: builds its worker and keeps its state on the node's disk."""
+
+    def __init__(self, node_config: dict[str, Any], run: RunSettings) -> None:
+        self.run = run
+        self.data = node_site(node_config)
+        if self.data.id not in run.sites:
+            raise ConfigError(
+                f"this SuperNode serves site {self.data.id!r}, which run {run.name!r} does not "
+                f"list (its sites: {run.sites}); check the manifest in --node-config"
+            )
+        self.index = run.sites.index(self.data.id)
+        state_dir = _setting(node_config, "state-dir") or os.path.expanduser("~/.medfed/node")
+        self.dir = Path(state_dir) / _safe(run.name) / _safe(self.data.id)
+        self.algorithm = make_algorithm(run.config.algorithm, run.config.params)
+        self.setup = resolve_device(_setting(node_config, "device") or run.config.device)
+
+    def worker(self, upto_round: int) -> SiteWorker:
+        """This site as it stood after the last round it finished, up to ``upto_round``."""
+        model = initial_model(self.run.spec, self.algorithm, self.run.config.seed, self.setup)
+        init = clone_state(model.state_dict())
+        shared = self.algorithm.shared_keys(model) if self.algorithm.communicates else []
+        worker = SiteWorker(
+            data=self.data,
+            index=self.index,
+            n_sites=len(self.run.sites),
+            algorithm=self.algorithm,
+            config=self.run.config,
+            model=model,
+            setup=self.setup,
+            state=init,
+            extra=self.algorithm.init_extra(model),
+            held={k: init[k].cpu().clone() for k in shared},
+        )
+        saved = self._latest(upto_round)
+        if saved is not None:
+            parts = _split(_load(saved))
+            worker.state = {k: v.to(self.setup.device) for k, v in parts["state"].items()}
+            worker.extra = {k: v.to(self.setup.device) for k, v in parts["extra"].items()}
+            worker.held.update(parts["held"])
+        return worker
+
+    def save(self, round_: int, worker: SiteWorker) -> None:
+        """Keep the site's weights after ``round_``, atomically; older rounds are pruned."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        flat = {f"state/{k}": v for k, v in worker.state.items()}
+        flat |= {f"extra/{k}": v for k, v in worker.extra.items()}
+        flat |= {f"held/{k}": v for k, v in worker.held.items()}
+        target = self.dir / f"round_{round_:04d}.safetensors"
+        tmp = target.with_suffix(".tmp")
+        save_file({k: v.detach().cpu().contiguous() for k, v in flat.items()}, str(tmp))
+        os.replace(tmp, target)
+        for old in self._rounds()[:-KEEP_ROUNDS]:
+            old[1].unlink(missing_ok=True)
+
+    def _rounds(self) -> list[tuple[int, Path]]:
+        if not self.dir.is_dir():
+            return []
+        found = [
+            (int(m.group(1)), p) for p in self.dir.iterdir() if (m := ROUND_FILE.match(p.name))
+        ]
+        return sorted(found)
+
+    def _latest(self, upto_round: int) -> Path | None:
+        done = [path for round_, path in self._rounds() if round_ <= upto_round]
+        return done[-1] if done else None
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
+
+
+def _load(path: Path) -> State:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise RunDirError(f"{path}: cannot read this site's saved weights ({exc})") from exc
+
+
+def _split(flat: State) -> dict[str, State]:
+    parts: dict[str, State] = {"state": {}, "extra": {}, "held": {}}
+    for key, value in flat.items():
+        part, _, name = key.partition("/")
+        parts[part][name] = value
+    return parts

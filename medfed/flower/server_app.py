@@ -1,0 +1,334 @@
+"""The ServerApp: a deployed run's rounds, aggregation and run directory, on the SuperLink.
+
+It drives the same :class:`~medfed.federation.server.Coordinator` as the in-process engine and
+writes the same run directory, so ``medfed evaluate``, ``medfed route`` and the dashboard read a
+deployed run unchanged. Sites are known by the id in their manifest (Flower's node ids are
+random); the run's config names them in order, which fixes each site's index.
+
+Run config (``[tool.flwr.app.config]`` of the app folder ``medfed deploy app`` writes):
+``train`` (TOML of the training settings), ``sites`` (comma-separated ids), ``run-dir``,
+``run-name``, ``wait-s`` (how long to wait for every site to connect), ``reply-timeout-s`` (how
+long one round waits for replies) and ``resume``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from medfed.algorithms import make_algorithm
+from medfed.config import TrainConfig
+from medfed.errors import ConfigError
+from medfed.evaluation import combine_evaluation
+from medfed.federation.device import resolve_device
+from medfed.federation.server import Coordinator, SiteInfo
+from medfed.federation.wire import WireFormat, encode
+from medfed.flower.node import RunSettings, train_config_from_toml
+from medfed.flower.records import (
+    json_of,
+    json_record,
+    payload_of,
+    payload_record,
+    state_of,
+    weights_records,
+)
+from medfed.inference import Abstention, TrainedFederation, calibrate
+from medfed.runs import RunDir
+
+app = ServerApp()
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The run config of a deployed run."""
+
+    config: TrainConfig
+    sites: list[str]
+    run_dir: Path
+    run_name: str
+    wait_s: float
+    reply_timeout_s: float
+    resume: bool
+
+    @classmethod
+    def from_run_config(cls, run_config: dict[str, Any]) -> Deployment:
+        missing = [k for k in ("train", "sites", "run-dir") if k not in run_config]
+        if missing:
+            raise ConfigError(
+                f"the Flower run config lacks {missing}; write the app folder "
+                "with 'medfed deploy app'"
+            )
+        sites = [s.strip() for s in str(run_config["sites"]).split(",") if s.strip()]
+        if not sites:
+            raise ConfigError("run config 'sites' names no site; give the site ids, in order")
+        run_dir = Path(str(run_config["run-dir"])).expanduser()
+        return cls(
+            config=train_config_from_toml(str(run_config["train"]), "run config 'train'"),
+            sites=sites,
+            run_dir=run_dir,
+            run_name=str(run_config.get("run-name") or run_dir.name),
+            wait_s=float(run_config.get("wait-s", 300.0)),
+            reply_timeout_s=float(run_config.get("reply-timeout-s", 600.0)),
+            resume=bool(run_config.get("resume", False)),
+        )
+
+
+def _reply(reply: Message) -> Message | str:
+    """A site's reply, or the reason it failed."""
+    if reply.has_error():
+        return f"Flower error: {reply.error.reason}"
+    if "failure" in reply.content.config_records:
+        return str(reply.content.config_records["failure"]["reason"])
+    return reply
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    FlowerRun(grid, Deployment.from_run_config(dict(context.run_config))).run()
+
+
+class FlowerRun:
+    """One deployed run, from finding the sites to the summary."""
+
+    def __init__(self, grid: Grid, deployment: Deployment) -> None:
+        self.grid, self.d = grid, deployment
+        self.run_dir = RunDir(deployment.run_dir)
+        self.setup = resolve_device(deployment.config.device)
+        self.algorithm = make_algorithm(deployment.config.algorithm, deployment.config.params)
+        self.nodes: dict[str, int] = {}
+        self.lost: dict[str, str] = {}  # site -> why it left the run
+
+    # ------------------------------------------------------------------ messaging
+    def _send(
+        self, kind: str, contents: dict[str, RecordDict], timeout: float | None = None
+    ) -> dict[str, Message | str]:
+        """Send ``contents[site]`` to each site; its reply, or why there is none.
+
+        The wait is bounded by ``reply-timeout-s``, and stops early for a site whose SuperNode
+        the SuperLink sees go offline (missed heartbeats).
+        """
+        online = set(self.grid.get_node_ids())
+        answers: dict[str, Message | str] = {}
+        messages, sites = [], []
+        for site, content in contents.items():
+            if site in self.lost:
+                answers[site] = f"left the run earlier: {self.lost[site]}"
+            elif self.nodes[site] not in online:
+                answers[site] = "its SuperNode is not connected"
+            else:
+                messages.append(Message(content, dst_node_id=self.nodes[site], message_type=kind))
+                sites.append(site)
+        wait = self.d.reply_timeout_s if timeout is None else timeout
+        pending = dict(zip(self.grid.push_messages(messages), sites, strict=True))
+        deadline, checked = time.monotonic() + wait, time.monotonic()
+        while pending and time.monotonic() < deadline:
+            for reply in self.grid.pull_messages(list(pending)):
+                site = pending.pop(reply.metadata.reply_to_message_id, None)
+                if site is not None:
+                    answers[site] = _reply(reply)
+            if pending and time.monotonic() - checked > 2.0:
+                online, checked = set(self.grid.get_node_ids()), time.monotonic()
+                for message_id, site in list(pending.items()):
+                    if self.nodes[site] not in online:
+                        answers[site] = "its SuperNode went offline"
+                        del pending[message_id]
+            if pending:
+                time.sleep(0.2)
+        for site in pending.values():
+            answers[site] = f"no reply within {wait:g} s"
+        return answers
+
+    def _discover(self) -> list[SiteInfo]:
+        """Wait (bounded) until every listed site's SuperNode has introduced itself."""
+        deadline = time.monotonic() + self.d.wait_s
+        infos: dict[str, SiteInfo] = {}
+        problems: dict[int, str] = {}
+        asked: set[int] = set()
+        while True:
+            new = [n for n in self.grid.get_node_ids() if n not in asked]
+            messages = [
+                Message(RecordDict(), dst_node_id=n, message_type=f"{MessageType.QUERY}.describe")
+                for n in new
+            ]
+            left = max(1.0, deadline - time.monotonic())
+            for reply in self.grid.send_and_receive(messages, timeout=min(left, 120.0)):
+                node = reply.metadata.src_node_id
+                asked.add(node)
+                answer = _reply(reply)
+                if isinstance(answer, str):
+                    problems[node] = answer
+                    continue
+                info = json_of(answer.content, "site")
+                site = SiteInfo(**{**info, "input_shape": tuple(info["input_shape"])})
+                if site.id not in self.d.sites:
+                    problems[node] = f"serves site {site.id!r}, which this run does not list"
+                elif site.id in infos:
+                    raise ConfigError(f"two SuperNodes serve site {site.id!r}; stop one of them")
+                else:
+                    infos[site.id], self.nodes[site.id] = site, node
+            if len(infos) == len(self.d.sites):
+                return [infos[s] for s in self.d.sites]
+            if time.monotonic() > deadline:
+                missing = [s for s in self.d.sites if s not in infos]
+                detail = "; ".join(f"node {n}: {p}" for n, p in problems.items())
+                raise ConfigError(
+                    f"site(s) {missing} did not connect within {self.d.wait_s:g} s"
+                    + (f" ({detail})" if detail else "")
+                    + "; start their SuperNodes or raise wait-s"
+                )
+            time.sleep(0.5)
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> dict[str, Any]:
+        infos = self._discover()
+        self.server = Coordinator(infos, self.algorithm, self.d.config, self.run_dir, self.setup)
+        self.settings = json_record(
+            RunSettings(self.d.run_name, self.d.config, self.server.spec, self.d.sites).to_json()
+        )
+        first, _ = self.server.start(self.d.resume, engine="flower")
+        for round_ in range(first, self.d.config.rounds + 1):
+            self._round(round_)
+        return self._finish()
+
+    def _content(self, step: dict[str, Any], payload: bytes = b"", **more: Any) -> RecordDict:
+        return RecordDict(
+            {"run": self.settings, "step": json_record(step), "payload": payload_record(payload)}
+            | more
+        )
+
+    def _full_global(self) -> tuple[list[str], bytes]:
+        keys = sorted(self.server.global_state)
+        return keys, encode(self.server.global_state, WireFormat()) if keys else b""
+
+    def _round(self, round_: int) -> None:
+        start = time.perf_counter()
+        server, config = self.server, self.d.config
+        plan = server.plan(round_)
+        faults = config.fault_plan
+        downs, contents = {}, {}
+        for index in sorted(plan.sampled):
+            site = self.d.sites[index]
+            downs[site] = server.downlink(index, plan)
+            step = {"round": round_, "lr": plan.lr, "keys": plan.keys}
+            step["fault"] = faults.get((round_, site))
+            contents[site] = self._content(step, downs[site].payload)
+        answers = self._send(MessageType.TRAIN, contents)
+        records, updates = [], []
+        for index, site in enumerate(self.d.sites):
+            record: dict[str, Any] = {"round": round_, "site": site, "lr": plan.lr}
+            answer = answers.get(site)
+            if answer is None:
+                records.append(record | {"status": "not_sampled"})
+                continue
+            try:
+                if isinstance(answer, str):
+                    raise ConfigError(answer)
+                payload_up = payload_of(answer.content)
+                received = server.receive(index, plan, downs[site], payload_up)
+            except Exception as exc:
+                reason = str(exc)
+                record |= {"status": "dropped", "reason": reason}
+                self.run_dir.log_event("dropout", round=round_, site=site, reason=reason)
+            else:
+                server.accepted(index, downs[site])
+                result = json_of(answer.content, "result")
+                if received:
+                    updates.append((received, float(server.sites[index].n_train)))
+                record |= {
+                    "status": "ok",
+                    "train_loss": result["loss"],
+                    **{f"train_{k}": v for k, v in result["metrics"].items()},
+                    "bytes_up": len(payload_up),
+                    "bytes_down": len(downs[site].payload),
+                    "keys_sent": len(plan.keys),
+                    "seconds": result["seconds"],
+                }
+            records.append(record)
+        aggregated = server.aggregate(round_, updates)
+        seconds = time.perf_counter() - start
+        keys, payload = self._full_global()
+        step = {"round": round_, "keys": keys}
+        answers = self._send(
+            f"{MessageType.EVALUATE}.validate",
+            {s: self._content(step, payload) for s in self.d.sites if s not in self.lost},
+        )
+        for record in records:
+            record |= {"round_seconds": seconds, "aggregated": aggregated}
+            answer = answers.get(record["site"])
+            if isinstance(answer, Message):
+                record |= json_of(answer.content, "figures") | {"bytes_eval": len(payload)}
+        self.run_dir.append_metrics(records)
+        server.checkpoint(round_)
+
+    def _finish(self) -> dict[str, Any]:
+        keys, payload = self._full_global()
+        step = {"round": self.d.config.rounds, "keys": keys}
+        answers = self._send(
+            f"{MessageType.EVALUATE}.finish",
+            {s: self._content(step, payload) for s in self.d.sites if s not in self.lost},
+        )
+        published = {s: a for s, a in answers.items() if isinstance(a, Message)}
+        for site, why in answers.items():
+            if not isinstance(why, Message):
+                self.lost[site] = why
+                self.run_dir.log_event("site_lost", site=site, reason=why)
+        if not published:
+            raise ConfigError(f"no site published its final model: {self.lost}")
+        total = sum(json_of(a.content, "site")["n_train"] for a in published.values())
+        entries, states, means, precisions = [], [], [], []
+        for site in self.d.sites:
+            if site not in published:
+                continue
+            reply = published[site].content
+            info = json_of(reply, "site")
+            entry = info["entry"] | {"prior": info["n_train"] / total}
+            entries.append(entry)
+            states.append(state_of(reply, "weights"))
+            features = state_of(reply, "features")
+            means.append(features["mean"])
+            precisions.append(features["precision"])
+        fed = TrainedFederation.from_parts(
+            {
+                "algorithm": self.algorithm.name,
+                "spec": self.server.spec.to_dict(),
+                "sites": entries,
+            },
+            {f"site_{e['id']}": st for e, st in zip(entries, states, strict=True)},
+            str(self.setup.device),
+        )
+        fed.abstention = Abstention(means, precisions, float("inf"), 0.05, 0.0)
+        answers = self._send(f"{MessageType.EVALUATE}.calibrate", self._federation(fed))
+        scores = [
+            a.content.array_records["scores"]["scores"].numpy()
+            for a in answers.values()
+            if isinstance(a, Message)
+        ]
+        calibrate(fed.abstention, np.concatenate(scores) if scores else np.zeros(0))
+        answers = self._send(f"{MessageType.EVALUATE}.test", self._federation(fed))
+        parts = [
+            json_of(answers[s.id].content, "evaluation")
+            for s in fed.sites
+            if isinstance(answers[s.id], Message)
+        ]
+        summary = self.server.summary(combine_evaluation(fed, parts))
+        summary |= {"engine": "flower", "lost_sites": dict(self.lost)}
+        self.run_dir.write_summary(summary)
+        fed.save(self.run_dir, {"n_train": {s.id: s.n_train for s in self.server.sites}})
+        self.run_dir.log_event("finish", rounds=self.d.config.rounds)
+        return summary
+
+    def _federation(self, fed: TrainedFederation) -> dict[str, RecordDict]:
+        """Every published model, for each site to evaluate on its own scans."""
+        weights = weights_records(fed.weights())
+        return {
+            s.id: RecordDict(
+                {"run": self.settings, "federation": json_record(fed.describe())} | weights
+            )
+            for s in fed.sites
+        }

@@ -1,0 +1,149 @@
+"""A real Flower federation on loopback for tests: one SuperLink, SuperNodes, ``flwr run``.
+
+Every process starts in its own session on free ports; :meth:`LoopbackFederation.close` kills
+each one, and every process below it, by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LoopbackFederation:
+    def __init__(self, root: Path, *, pki: Path | None = None) -> None:
+        self.root, self.pki = root, pki
+        self.port = free_port()
+        self.home = root / "flwr_home"
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.env = os.environ | {
+            "FLWR_HOME": str(self.home),
+            "FLWR_TELEMETRY_ENABLED": "0",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        security = (
+            f'root-certificates = "{pki / "ca.crt"}"\n' if pki is not None else "insecure = true\n"
+        )
+        (self.home / "config.toml").write_text(
+            '[superlink]\ndefault = "pilot"\n\n[superlink.pilot]\n'
+            f'address = "127.0.0.1:{self.port}"\n{security}',
+            encoding="utf-8",
+        )
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = (self.root / f"{name}.log").open("w")
+        proc = subprocess.Popen(
+            argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.procs[name] = proc
+        return proc
+
+    def log(self, name: str) -> str:
+        path = self.root / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def start_superlink(self, *, auth: bool = False) -> None:
+        argv = [str(BIN / "flower-superlink"), "--port", str(self.port)]
+        argv += ["--disable-runtime-dependency-installation"]
+        if self.pki is None:
+            argv.append("--insecure")
+        else:
+            argv += [
+                "--ssl-ca-certfile",
+                str(self.pki / "ca.crt"),
+                "--ssl-certfile",
+                str(self.pki / "server.crt"),
+                "--ssl-keyfile",
+                str(self.pki / "server.key"),
+            ]
+        if auth:
+            argv.append("--enable-supernode-auth")
+        self._start("superlink", argv)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.3)
+        raise RuntimeError(f"the SuperLink did not listen:\n{self.log('superlink')}")
+
+    def start_supernode(
+        self, site: str, manifest: Path, *, cache: Path, key: Path | None = None
+    ) -> subprocess.Popen:
+        config = (
+            f'manifest="{manifest}" state-dir="{self.root / "node_state"}" cache-dir="{cache}"'
+        )
+        argv = [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}"]
+        argv += ["--port", str(free_port()), "--node-config", config, "--max-retries", "3"]
+        if self.pki is None:
+            argv.append("--insecure")
+        else:
+            argv += ["--root-certificates", str(self.pki / "ca.crt")]
+        if key is not None:
+            argv += ["--auth-supernode-private-key", str(key)]
+        return self._start(f"node_{site}", argv)
+
+    def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(BIN / "flwr"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.root,
+        )
+
+    def submit(self, app: Path) -> None:
+        done = self.flwr("run", str(app), "pilot")
+        if done.returncode != 0:
+            raise RuntimeError(f"flwr run failed:\n{done.stdout}\n{done.stderr}")
+
+    def wait_for_summary(self, run_dir: Path, timeout: float = 600) -> dict:
+        summary = run_dir / "summary.json"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if summary.exists():
+                return json.loads(summary.read_text())
+            if self.procs["superlink"].poll() is not None:
+                break
+            time.sleep(1)
+        logs = "\n".join(f"--- {n}\n{self.log(n)[-3000:]}" for n in self.procs)
+        events = (run_dir / "events.jsonl").read_text() if (run_dir / "events.jsonl").exists() else ""
+        raise AssertionError(f"the run did not finish within {timeout} s\n{events}\n{logs}")
+
+    def kill(self, name: str) -> None:
+        """Kill one process and everything it started, by PID."""
+        proc = self.procs[name]
+        try:
+            family = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+        except psutil.NoSuchProcess:
+            family = [proc.pid]
+        for pid in family:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=30)
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            self.kill(name)

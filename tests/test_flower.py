@@ -1,0 +1,146 @@
+"""Deployed runs on Flower 1.42: a real SuperLink and SuperNodes on loopback."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from medfed.config import TrainConfig
+from medfed.data.synth import synthesize
+from medfed.flower.deploy import write_app, write_pki
+from medfed.inference import TrainedFederation
+from medfed.runs import RunDir
+from medfed.training import load_sites, train
+from tests.flowerfed import LoopbackFederation
+
+SITES = ["acrima", "rimone", "refuge"]
+CONFIG = TrainConfig(algorithm="feddrm", rounds=2, local_steps=2, batch_size=8, seed=3)
+
+
+@pytest.fixture(scope="module")
+def tiny_sites(tmp_path_factory) -> tuple[dict[str, Path], Path]:
+    root = tmp_path_factory.mktemp("flower_sites")
+    manifests = synthesize(root / "data", "fundus", n_per_site=24, seed=0, image_size=48)
+    cache = root / "cache"
+    load_sites(manifests, cache)  # decode once: the SuperNodes read the same cache
+    return {p.stem: p for p in manifests}, cache
+
+
+def _start_nodes(fed: LoopbackFederation, sites, names, keys=None) -> None:
+    manifests, cache = sites
+    for name in names:
+        fed.start_supernode(name, manifests[name], cache=cache, key=keys and keys.get(name))
+
+
+@pytest.fixture(scope="module")
+def deployed(tiny_sites, tmp_path_factory) -> Path:
+    """FedDRM, two rounds, three SuperNodes, insecure loopback."""
+    root = tmp_path_factory.mktemp("flower_insecure")
+    run_dir = root / "run"
+    write_app(root / "app", CONFIG, SITES, str(run_dir), wait_s=120, reply_timeout_s=300)
+    fed = LoopbackFederation(root)
+    try:
+        fed.start_superlink()
+        _start_nodes(fed, tiny_sites, SITES)
+        fed.submit(root / "app")
+        fed.wait_for_summary(run_dir)
+    finally:
+        fed.close()
+    return run_dir
+
+
+def test_deployed_run_writes_the_run_directory(deployed: Path) -> None:
+    run = RunDir(deployed).require()
+    summary = run.read_summary()
+    assert summary["engine"] == "flower" and summary["algorithm"] == "feddrm"
+    assert set(summary["sites"]) == set(SITES) and summary["lost_sites"] == {}
+    assert summary["routing_method"] == "density_ratio"
+    assert summary["dropouts"] == 0 and summary["bytes_per_round"] > 0
+    records = run.read_metrics()
+    assert sorted((r["round"], r["site"]) for r in records) == sorted(
+        (r, s) for r in (1, 2) for s in SITES
+    )
+    assert all(r["status"] == "ok" and r["bytes_up"] > 0 and "val_auc" in r for r in records)
+    assert [c.name for c in run.list_checkpoints()] == ["round_0001", "round_0002"]
+    # Readers work unchanged: the published models answer scans.
+    fed = TrainedFederation.load(deployed, device="cpu")
+    assert [s.id for s in fed.sites] == SITES and fed.abstention is not None
+    # Private state stayed on the nodes: each node kept its own round files.
+    node_files = sorted(p.parent.name for p in deployed.parent.glob("node_state/*/*/round_*"))
+    assert set(node_files) == set(SITES)
+
+
+def test_deployed_run_equals_the_in_process_engine(deployed: Path, tiny_sites, tmp_path) -> None:
+    manifests, cache = tiny_sites
+    local = train(load_sites([manifests[s] for s in SITES], cache), CONFIG, tmp_path / "local")
+    remote = RunDir(deployed).read_summary()
+    for site in SITES:
+        for key in ("auc", "accuracy", "balanced_accuracy", "n_test"):
+            assert remote["sites"][site][key] == pytest.approx(local["sites"][site][key], abs=1e-6)
+    for key in ("mean_site_auc", "worst_site_auc", "system_accuracy", "routing_accuracy"):
+        assert remote[key] == pytest.approx(local[key], abs=1e-6)
+    assert remote["bytes_per_round"] == local["bytes_per_round"]
+    here = {(r["round"], r["site"]): r for r in RunDir(tmp_path / "local").read_metrics()}
+    for r in RunDir(deployed).read_metrics():
+        mine = here[(r["round"], r["site"])]
+        assert r["train_loss"] == pytest.approx(mine["train_loss"], abs=1e-5)
+        assert r["val_loss"] == pytest.approx(mine["val_loss"], abs=1e-5)
+        assert (r["bytes_up"], r["bytes_down"]) == (mine["bytes_up"], mine["bytes_down"])
+
+
+def test_tls_with_registered_supernodes_refuses_an_unknown_one(tiny_sites, tmp_path) -> None:
+    pki = tmp_path / "pki"
+    keys = write_pki(pki, ["127.0.0.1", "localhost"], SITES).node_keys
+    run_dir = tmp_path / "run"
+    config = TrainConfig(algorithm="feddrm", rounds=1, local_steps=1, batch_size=8)
+    write_app(tmp_path / "app", config, SITES[:2], str(run_dir), wait_s=120, reply_timeout_s=300)
+    fed = LoopbackFederation(tmp_path, pki=pki)
+    try:
+        fed.start_superlink(auth=True)
+        for site in SITES[:2]:  # only two hospitals are registered
+            done = fed.flwr("supernode", "register", str(keys[site][1]), "pilot")
+            assert done.returncode == 0, done.stdout + done.stderr
+        _start_nodes(fed, tiny_sites, SITES, {s: k[0] for s, k in keys.items()})
+        intruder = fed.procs["node_refuge"]
+        assert intruder.wait(timeout=120) != 0
+        assert "Failed to activate SuperNode" in fed.log("node_refuge")
+        fed.submit(tmp_path / "app")
+        summary = fed.wait_for_summary(run_dir)
+        listed = fed.flwr("supernode", "list", "pilot", "--format", "json")
+    finally:
+        fed.close()
+    assert set(summary["sites"]) == set(SITES[:2]) and summary["dropouts"] == 0
+    nodes = json.loads(listed.stdout[listed.stdout.index("{") :])
+    assert len(nodes.get("nodes", [])) == 2
+
+
+def test_a_killed_supernode_is_counted_and_the_run_finishes(tiny_sites, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    config = TrainConfig(algorithm="feddrm", rounds=2, local_steps=1, batch_size=8, seed=1)
+    write_app(tmp_path / "app", config, SITES, str(run_dir), wait_s=120, reply_timeout_s=240)
+    fed = LoopbackFederation(tmp_path)
+    try:
+        fed.start_superlink()
+        _start_nodes(fed, tiny_sites, SITES)
+        fed.submit(tmp_path / "app")
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and metrics.read_text().strip()):
+            assert time.monotonic() < deadline, fed.log("superlink")[-3000:]
+            time.sleep(0.5)
+        fed.kill("node_refuge")  # after round 1, mid-run
+        summary = fed.wait_for_summary(run_dir)
+    finally:
+        fed.close()
+    assert summary["dropouts"] >= 1
+    assert {d["site"] for d in summary["dropped"]} == {"refuge"}, summary["dropped"]
+    assert "refuge" in summary["lost_sites"]
+    assert set(summary["sites"]) == {"acrima", "rimone"}
+    records = RunDir(run_dir).read_metrics()
+    later = [r for r in records if r["round"] > 1 and r["site"] != "refuge"]
+    assert later and all(r["status"] == "ok" for r in later)
+    events = [e["event"] for e in RunDir(run_dir).read_events()]
+    assert "dropout" in events and "site_lost" in events and events[-1] == "finish"
