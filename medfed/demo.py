@@ -123,4 +123,6 @@ def run_demo(
         )
         echo(f"updated the {marker} section of {readme}")
     echo(f"inspect a run: medfed evaluate {out / 'runs' / next(iter(summaries))}")
+    make = "make dashboard" + ("" if out == Path("demo_out") else f" RUNS={out}")
+    echo(f"open the dashboard: medfed dashboard {out}  (or {make})")
     return summaries

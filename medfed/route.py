@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -68,8 +68,18 @@ def _entry(path: Path, router: Router, status: str, **fields: Any) -> AuditEntry
     return AuditEntry(time=_now(), file=str(path), router=router.name, status=status, **values)
 
 
-def route_one(fed: TrainedFederation, router: Router, path: Path) -> AuditEntry:
-    """Route one file; every failure becomes an 'error' entry that names the file."""
+def route_one(
+    fed: TrainedFederation, router: Router, path: Path, name: str | None = None
+) -> AuditEntry:
+    """Route one file; every failure becomes an 'error' entry that names the file.
+
+    ``name``: how the answer and the audit log name the file (default: its path), e.g. the
+    original name of an upload saved to a temporary folder.
+    """
+    if name is not None:
+        entry = route_one(fed, router, path)
+        reason = entry.reason.replace(str(path), name) if entry.reason else entry.reason
+        return replace(entry, file=name, reason=reason)
     try:
         scan = read_scan(path)
         digest = content_hash(scan.files)
@@ -104,14 +114,19 @@ def route_one(fed: TrainedFederation, router: Router, path: Path) -> AuditEntry:
 
 
 def route_files(
-    fed: TrainedFederation, router: Router, files: list[Path], run_dir: Path | None
+    fed: TrainedFederation,
+    router: Router,
+    files: list[Path],
+    run_dir: Path | None,
+    names: list[str] | None = None,
 ) -> list[RoutedScan]:
     """Route every file (one bad file never stops the others) and append them to the audit log.
 
     The audit log is written before answers are shown: a decision that cannot be logged raises
-    (AuditError) rather than reach a clinician unrecorded.
+    (AuditError) rather than reach a clinician unrecorded. ``names``: see ``route_one``.
     """
-    entries = [route_one(fed, router, Path(f)) for f in files]
+    shown = names if names is not None else [None] * len(files)
+    entries = [route_one(fed, router, Path(f), n) for f, n in zip(files, shown, strict=True)]
     if run_dir is not None:
         AuditLog(run_dir).append(entries)
     return [RoutedScan(e) for e in entries]

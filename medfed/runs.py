@@ -7,6 +7,8 @@ dashboard) reads.
     RUN/summary.json     final per-site and federation figures
     RUN/checkpoints/     round_NNNN/ (safetensors + state.json), written atomically
     RUN/model/           model.json + one safetensors file per site
+    RUN/site_overview/   data cards, class counts, sample scans, site distances (siteview.py)
+    RUN/audit.sqlite     every scan routed with this run (audit.py)
 """
 
 from __future__ import annotations

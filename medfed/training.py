@@ -11,6 +11,7 @@ from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.sitedata import SiteData, load_site
 from medfed.federation.engine import Engine
 from medfed.runs import RunDir
+from medfed.siteview import write_site_overview
 
 
 def load_sites(
@@ -32,4 +33,6 @@ def train(
     """Train ``config.algorithm`` over ``sites`` and write the run directory ``out``."""
     algorithm = make_algorithm(config.algorithm, config.params)
     engine = Engine(sites, algorithm, config, RunDir(out), progress=progress)
-    return engine.train(resume=resume)
+    summary = engine.train(resume=resume)
+    write_site_overview(RunDir(out), sites)  # the dashboard's Sites page
+    return summary

@@ -1,0 +1,26 @@
+"""The dashboard's entry point: ``medfed dashboard RUN...`` runs it with Streamlit.
+
+Also ``streamlit run medfed/dashboard/app.py -- RUN...``. RUN is a run directory or a folder
+holding run directories (such as ``demo_out``).
+"""
+
+from pathlib import Path
+
+import streamlit as st
+
+from medfed.dashboard import common
+
+VIEWS = Path(__file__).with_name("views")
+
+st.set_page_config(page_title="medfed dashboard", layout="wide")
+page = st.navigation(
+    [
+        st.Page(VIEWS / "federation.py", title="Federation", default=True),
+        st.Page(VIEWS / "training.py", title="Training"),
+        st.Page(VIEWS / "sites.py", title="Sites"),
+        st.Page(VIEWS / "routing.py", title="Routing"),
+        st.Page(VIEWS / "communication.py", title="Communication"),
+    ]
+)
+common.sidebar(common.all_runs())
+page.run()

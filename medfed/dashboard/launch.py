@@ -1,0 +1,69 @@
+"""Start the dashboard: check the run folders, then hand the process over to Streamlit."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from medfed.dashboard import APP, RUNS_ENV
+from medfed.dashboard.rundata import find_runs
+from medfed.errors import ConfigError
+
+ADDRESS = "127.0.0.1"  # loopback only: the pages show patient-level results
+
+
+def streamlit_command(port: int) -> list[str]:
+    """The Streamlit command line: loopback, no browser prompt, no usage statistics."""
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(APP),
+        f"--server.address={ADDRESS}",
+        f"--server.port={port}",
+        "--server.headless=true",
+        "--server.fileWatcherType=none",
+        "--browser.gatherUsageStats=false",
+        f"--browser.serverAddress={ADDRESS}",
+        "--global.developmentMode=false",
+        "--client.toolbarMode=viewer",
+    ]
+
+
+def check_roots(roots: Sequence[Path]) -> list[Path]:
+    """Absolute run folders; ConfigError naming a path that does not exist."""
+    for root in roots:
+        if not root.exists():
+            raise ConfigError(
+                f"{root}: no such run directory or folder; give a folder written by "
+                "'medfed train --out' or 'medfed demo --out' ('make demo' writes demo_out)"
+            )
+        if not root.is_dir():
+            raise ConfigError(f"{root}: not a folder; give a run directory or a folder of them")
+    return [root.resolve() for root in roots]
+
+
+def launch(roots: Sequence[Path], port: int, echo: Callable[[str], Any] = print) -> None:
+    """Replace this process with the Streamlit server over ``roots`` (returns only on error)."""
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port {port}: choose a port between 1 and 65535")
+    folders = check_roots(roots)
+    runs = find_runs(folders)
+    if runs:
+        echo(f"{len(runs)} run(s): " + ", ".join(p.name for p in runs))
+    else:
+        echo(
+            "no run directory (a folder holding config.toml) under "
+            + ", ".join(map(str, folders))
+            + " yet; the dashboard says so until one is written"
+        )
+    echo(f"dashboard: http://{ADDRESS}:{port}  (Ctrl+C to stop)")
+    env = dict(os.environ)
+    env[RUNS_ENV] = os.pathsep.join(map(str, folders))
+    env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
+    sys.stdout.flush()
+    os.execve(sys.executable, streamlit_command(port), env)

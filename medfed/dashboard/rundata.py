@@ -1,0 +1,385 @@
+"""Run directories as the dashboard's tables: discovery, labels, and one function per view.
+
+No Streamlit here: every function takes what a run directory holds (summary dicts, metric
+records, events, audit entries) and returns plain values or pandas frames.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from medfed.audit import AuditEntry
+from medfed.report import fmt
+from medfed.runs import RunDir
+
+# Folders medfed writes that never hold runs (a run's own, the preprocessing cache): skipping
+# them keeps discovery fast.
+_NOT_RUNS = {"checkpoints", "model", "site_overview", "cache", "__pycache__"}
+MAX_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory and the short name the pages show for it."""
+
+    path: Path
+    label: str
+
+    @property
+    def dir(self) -> RunDir:
+        return RunDir(self.path)
+
+    @property
+    def has_config(self) -> bool:
+        return self.dir.config_path.is_file()
+
+    @property
+    def has_summary(self) -> bool:
+        return self.dir.summary_path.is_file()
+
+    @property
+    def has_model(self) -> bool:
+        return (self.dir.model_dir / "model.json").is_file()
+
+
+def find_runs(roots: Iterable[str | Path]) -> list[Path]:
+    """Run directories (folders holding config.toml) at or below each root, sorted per root."""
+    found: list[Path] = []
+    for root in map(Path, roots):
+        if (root / "config.toml").is_file():
+            found.append(root)
+        elif root.is_dir():
+            found += sorted(_runs_below(root, MAX_DEPTH))
+    unique: dict[Path, None] = {}
+    for path in found:
+        unique.setdefault(path.resolve(), None)
+    return list(unique)
+
+
+def _runs_below(folder: Path, depth: int) -> list[Path]:
+    if depth == 0:
+        return []
+    runs = []
+    try:
+        children = sorted(p for p in folder.iterdir() if p.is_dir())
+    except OSError:
+        return []
+    for child in children:
+        if child.name.startswith(".") or child.name in _NOT_RUNS:
+            continue
+        if (child / "config.toml").is_file():
+            runs.append(child)
+        else:
+            runs += _runs_below(child, depth - 1)
+    return runs
+
+
+def label_runs(paths: Sequence[Path]) -> list[Run]:
+    """Name each run by the fewest trailing path parts that tell it from the others."""
+    labels = []
+    for path in paths:
+        parts = path.parts
+        for k in range(1, len(parts) + 1):
+            label = "/".join(parts[-k:])
+            others = [p for p in paths if p != path and "/".join(p.parts[-k:]) == label]
+            if not others:
+                break
+        labels.append(Run(path, label))
+    return labels
+
+
+def run_status(run: Run, config: dict[str, Any] | None, records: list[dict[str, Any]]) -> str:
+    """One sentence on how far the run got, for the top of each page."""
+    if not run.has_config:
+        return f"{run.path}: no config.toml: not a run directory yet."
+    planned = (config or {}).get("train", {}).get("rounds")
+    done = max((r.get("round", 0) for r in records), default=0)
+    of = f" of {planned}" if planned else ""
+    if run.has_summary:
+        return f"finished: {done}{of} rounds recorded."
+    if not records:
+        return (
+            f"no round recorded yet ({run.dir.metrics_path.name} is missing or empty): the run "
+            "is starting, or was stopped before its first round."
+        )
+    return (
+        f"not finished: {done}{of} rounds recorded and no summary.json yet. The run is still "
+        "training, or was stopped (continue it with 'medfed train ... --resume')."
+    )
+
+
+# ---------------------------------------------------------------------------- Federation page
+def auc_table(summaries: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """Per-site test AUC: one row per site, one column per run (NaN where undefined)."""
+    sites: list[str] = []
+    for summary in summaries.values():
+        sites += [s for s in summary.get("sites", {}) if s not in sites]
+    data = {
+        label: [_number(summary.get("sites", {}).get(s, {}).get("auc")) for s in sites]
+        for label, summary in summaries.items()
+    }
+    return pd.DataFrame(data, index=pd.Index(sites, name="site"), dtype="float64")
+
+
+def worst_sites(summaries: dict[str, dict[str, Any]]) -> dict[str, tuple[str | None, float | None]]:
+    """Each run's worst site and its AUC, as summary.json names them."""
+    return {
+        label: (summary.get("worst_site"), _number(summary.get("worst_site_auc"), None))
+        for label, summary in summaries.items()
+    }
+
+
+def undefined_aucs(summaries: dict[str, dict[str, Any]]) -> list[str]:
+    """Sentences for every site whose AUC is undefined, with summary.json's reason."""
+    notes = []
+    for label, summary in summaries.items():
+        for site, figures in summary.get("sites", {}).items():
+            if figures.get("auc") is None:
+                reason = figures.get("auc_reason") or "undefined"
+                notes.append(f"{label}, site {site}: AUC n/a ({reason})")
+    return notes
+
+
+FEDERATION_ROWS = (
+    ("mean site AUC", "mean_site_auc"),
+    ("worst site AUC", "worst_site_auc"),
+    ("worst site", "worst_site"),
+    ("best site AUC", "best_site_auc"),
+    ("AUC spread (std)", "auc_std"),
+    ("AUC Gini", "auc_gini"),
+    ("worst 10% AUC", "worst10_auc"),
+    ("average accuracy (weighted by scans)", "average_accuracy"),
+    ("mean accuracy", "mean_accuracy"),
+    ("accuracy spread (std)", "accuracy_std"),
+    ("system accuracy", "system_accuracy"),
+    ("answered by", "routing_method"),
+    ("routing accuracy", "routing_accuracy"),
+    ("abstain rate", "abstain_rate"),
+    ("rounds", "rounds"),
+)
+
+
+def federation_table(summaries: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """The federation figures of every run, formatted (rows: figures, columns: runs)."""
+    data = {
+        label: [fmt(summary.get(key)) for _, key in FEDERATION_ROWS]
+        for label, summary in summaries.items()
+    }
+    return pd.DataFrame(data, index=pd.Index([name for name, _ in FEDERATION_ROWS], name="figure"))
+
+
+def roc_frame(summary: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, str]]:
+    """ROC points of every site (site, curve label, fpr, tpr) and, per site without a curve,
+    the reason."""
+    rows, missing = [], {}
+    for site, figures in summary.get("sites", {}).items():
+        roc = figures.get("roc")
+        if roc is None:
+            missing[site] = "summary.json holds no ROC points (written before they were stored)"
+        elif not roc.get("fpr"):
+            missing[site] = roc.get("reason") or "no ROC points"
+        else:
+            auc = figures.get("auc")
+            curve = f"{site} (AUC {auc:.3f})" if auc is not None else site
+            rows += [
+                {"site": site, "curve": curve, "fpr": f, "tpr": t}
+                for f, t in zip(roc["fpr"], roc["tpr"], strict=True)
+            ]
+    return pd.DataFrame(rows, columns=["site", "curve", "fpr", "tpr"]), missing
+
+
+# ------------------------------------------------------------------------------ Training page
+CURVES = {
+    "train_loss": "training loss",
+    "val_loss": "validation loss",
+    "val_auc": "validation AUC",
+    "val_accuracy": "validation accuracy",
+    "val_client_accuracy": "validation site-recognition accuracy",
+}
+
+
+def metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """metrics.jsonl as a frame with one row per round per site."""
+    columns = ["round", "site", "status", "reason", *CURVES]
+    frame = pd.DataFrame(records)
+    for column in columns:
+        if column not in frame:
+            frame[column] = None
+    frame = frame[columns + [c for c in frame.columns if c not in columns]]
+    return frame.sort_values(["round", "site"], kind="stable").reset_index(drop=True)
+
+
+def available_curves(frame: pd.DataFrame) -> list[str]:
+    return [c for c in CURVES if c in frame and frame[c].notna().any()]
+
+
+def dropouts(frame: pd.DataFrame, curve: str) -> pd.DataFrame:
+    """Dropped sites, placed on ``curve`` at their value (or their last value before)."""
+    rows = []
+    for _, record in frame[frame["status"] == "dropped"].iterrows():
+        mine = frame[(frame["site"] == record["site"]) & (frame["round"] <= record["round"])]
+        known = pd.to_numeric(mine[curve], errors="coerce").dropna()
+        if known.empty:
+            known = pd.to_numeric(frame[curve], errors="coerce").dropna()
+        if known.empty:
+            continue
+        rows.append(
+            {
+                "round": record["round"],
+                "site": record["site"],
+                "value": float(known.iloc[-1]),
+                "reason": _text(record.get("reason")) or "dropped",
+            }
+        )
+    return pd.DataFrame(rows, columns=["round", "site", "value", "reason"])
+
+
+def events_frame(events: list[dict[str, Any]]) -> pd.DataFrame:
+    """events.jsonl for reading: time, event, round, site, details."""
+    rows = []
+    for event in events:
+        time = event.get("time")
+        when = pd.to_datetime(time, unit="s", utc=True) if isinstance(time, int | float) else None
+        round_ = event.get("round", event.get("from_round"))
+        details = {
+            k: v for k, v in event.items() if k not in ("event", "time", "round", "site", "reason")
+        }
+        rows.append(
+            {
+                "time (UTC)": when.strftime("%Y-%m-%d %H:%M:%S") if when is not None else "",
+                "event": event.get("event", "?"),
+                "round": "" if round_ is None else str(round_),
+                "site": event.get("site") or "",
+                "reason": event.get("reason") or "",
+                "details": ", ".join(f"{k}={v}" for k, v in details.items()),
+            }
+        )
+    return pd.DataFrame(rows, columns=["time (UTC)", "event", "round", "site", "reason", "details"])
+
+
+def resumes(events: list[dict[str, Any]]) -> list[int]:
+    """The last round done before each resume."""
+    return [int(e.get("from_round", 0)) for e in events if e.get("event") == "resume"]
+
+
+def skipped_rounds(events: list[dict[str, Any]]) -> list[int]:
+    return [int(e["round"]) for e in events if e.get("event") == "round_skipped" and "round" in e]
+
+
+# ------------------------------------------------------------------------- Communication page
+def traffic_frame(records_by_run: dict[str, list[dict[str, Any]]]) -> pd.DataFrame:
+    """Bytes each site sent and received in each round, for every run."""
+    rows = []
+    for label, records in records_by_run.items():
+        for r in records:
+            up, down = int(r.get("bytes_up") or 0), int(r.get("bytes_down") or 0)
+            rows.append(
+                {
+                    "method": label,
+                    "round": int(r.get("round", 0)),
+                    "site": r.get("site", "?"),
+                    "status": r.get("status", "?"),
+                    "kB sent": up / 1e3,
+                    "kB received": down / 1e3,
+                    "kB total": (up + down) / 1e3,
+                }
+            )
+    columns = ["method", "round", "site", "status", "kB sent", "kB received", "kB total"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def traffic_table(summaries: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """Per run: wire format, bytes per round in all, and each site's share per round (kB)."""
+    rows = []
+    for label, summary in summaries.items():
+        wire = summary.get("wire") or {}
+        encoding = wire.get("precision", "float32") + (" + delta" if wire.get("delta") else "")
+        row = {
+            "method": label,
+            "wire": encoding,
+            "kB per round (all sites)": fmt(_kb(summary.get("bytes_per_round")), 1),
+        }
+        for site, t in (summary.get("bytes_per_round_by_site") or {}).items():
+            row[f"{site} sent"] = fmt(_kb(t.get("up")), 1)
+            row[f"{site} received"] = fmt(_kb(t.get("down")), 1)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("method") if rows else pd.DataFrame()
+
+
+def _kb(value: Any) -> float | None:
+    return None if value is None else float(value) / 1e3
+
+
+# ------------------------------------------------------------------------------- Routing page
+AUDIT_COLUMNS = [
+    "time",
+    "file",
+    "status",
+    "chosen_site",
+    "prediction",
+    "prediction_prob",
+    "ood_score",
+    "router",
+    "reason",
+    "sha256",
+]
+
+
+def audit_frame(entries: list[AuditEntry]) -> pd.DataFrame:
+    """Audit log entries, newest first, one row each (site probabilities as text)."""
+    rows = []
+    for e in entries:
+        row = {c: getattr(e, c) for c in AUDIT_COLUMNS}
+        row["chosen_site"] = e.chosen_site or ("abstain" if e.status == "abstained" else "")
+        row["sha256"] = e.sha256[:12]
+        row["site_probs"] = ", ".join(f"{s} {p:.2f}" for s, p in e.site_probs.items())
+        rows.append(row)
+    return pd.DataFrame(rows, columns=[*AUDIT_COLUMNS, "site_probs"])
+
+
+def filter_audit(
+    frame: pd.DataFrame,
+    *,
+    statuses: Sequence[str] = (),
+    sites: Sequence[str] = (),
+    routers: Sequence[str] = (),
+    text: str = "",
+) -> pd.DataFrame:
+    """Rows matching every given filter; an empty filter keeps everything."""
+    keep = pd.Series(True, index=frame.index)
+    if statuses:
+        keep &= frame["status"].isin(statuses)
+    if sites:
+        keep &= frame["chosen_site"].isin(sites)
+    if routers:
+        keep &= frame["router"].isin(routers)
+    if text.strip():
+        keep &= frame["file"].str.contains(text.strip(), case=False, regex=False)
+    return frame[keep]
+
+
+def probabilities_frame(site_probs: dict[str, float], chosen: str | None) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "site": list(site_probs),
+            "probability": [float(p) for p in site_probs.values()],
+            "chosen": [s == chosen for s in site_probs],
+        }
+    )
+
+
+def _text(value: Any) -> str:
+    """A string field of a record; missing values (None, NaN in a frame) become ''."""
+    return value if isinstance(value, str) else ""
+
+
+def _number(value: Any, default: float | None = math.nan) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return default

@@ -1,0 +1,1 @@
+"""The dashboard's pages, one script each; ``app.py`` runs them through ``st.navigation``."""

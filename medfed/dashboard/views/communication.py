@@ -1,0 +1,55 @@
+"""Communication: bytes per round per site and per method."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from medfed.dashboard import charts, common, rundata
+
+DIRECTIONS = {"kB total": "sent + received", "kB sent": "sent", "kB received": "received"}
+
+
+def main() -> None:
+    st.title("Communication")
+    st.caption(
+        "What each site sent to the server and received from it in every round (the encoded "
+        "update, as it would cross the network), per method."
+    )
+    runs = common.chosen_runs()
+    records = {}
+    for run in runs:
+        got = common.read_metrics(run)
+        if got:
+            records[run.label] = got
+        else:
+            st.info(f"**{run.label}**: {common.status_line(run)}")
+    if not records:
+        st.warning("No round recorded in any selected run yet: nothing to count.")
+        return
+    traffic = rundata.traffic_frame(records)
+
+    st.subheader("Mean traffic per round, per site and method")
+    st.plotly_chart(charts.traffic_bars(traffic), key="traffic_bars")
+    summaries = {r.label: s for r in runs if (s := common.read_summary(r)) is not None}
+    if summaries:
+        st.table(rundata.traffic_table(summaries))
+        st.caption("kB per round, from summary.json; 'local' trains without exchanging weights.")
+
+    st.subheader("Bytes per round")
+    column = st.radio(
+        "Direction",
+        list(DIRECTIONS),
+        format_func=DIRECTIONS.get,
+        horizontal=True,
+        key="traffic_direction",
+    )
+    st.plotly_chart(charts.traffic_lines(traffic, column), key="traffic_lines")
+    silent = traffic[traffic["status"] != "ok"]
+    if not silent.empty:
+        st.caption(
+            f"{len(silent)} site-round(s) exchanged nothing (dropped out or not sampled): "
+            "they show as 0."
+        )
+
+
+common.guarded(main)

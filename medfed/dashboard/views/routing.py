@@ -1,0 +1,153 @@
+"""Routing: answer a new patient scan (upload or path), see where it goes, review past scans.
+
+The scan goes through ``medfed.route.route_files``, exactly as ``medfed route`` sends it, so
+every decision lands in the run's audit log before it is shown.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import streamlit as st
+
+from medfed.audit import AuditLog
+from medfed.dashboard import charts, common, rundata
+from medfed.dashboard.rundata import Run
+from medfed.report import fmt
+from medfed.route import route_files
+from medfed.routing import default_router, make_router, routers_for
+
+UPLOAD_TYPES = ["jpg", "jpeg", "png", "tif", "tiff", "bmp", "dcm", "nii", "gz"]
+AUDIT_LIMIT = 5000
+ROUTED = "routed_uploads"  # session state: the (run, router, upload id) already routed
+LAST = "last_routed"  # session state: (run, decision) shown under the inputs
+
+
+def route_upload(run: Run, fed: Any, router: Any, upload: Any) -> dict[str, Any] | None:
+    """Route an uploaded file once per run and router; None when it was routed before (a rerun
+    of the page must not log the same decision again)."""
+    done = st.session_state.setdefault(ROUTED, set())
+    key = (str(run.path), router.name, upload.file_id)
+    if key in done:
+        return None
+    name = Path(upload.name).name or "upload"
+    with tempfile.TemporaryDirectory(prefix="medfed-upload-") as folder:
+        path = Path(folder) / name
+        path.write_bytes(upload.getvalue())
+        result = route_files(fed, router, [path], run.path, names=[name])[0]
+    done.add(key)
+    return result.to_dict()
+
+
+def route_path(run: Run, fed: Any, router: Any, text: str) -> dict[str, Any]:
+    path = Path(text.strip()).expanduser()
+    return route_files(fed, router, [path], run.path)[0].to_dict()
+
+
+def show_result(entry: dict[str, Any]) -> None:
+    st.subheader(f"Result: {entry['file']}")
+    status = entry["status"]
+    if status == "error":
+        st.error(f"Could not route this scan: {entry['reason']}")
+        return
+    if status == "routed":
+        st.success(f"Routed to site {entry['chosen_site']}")
+    else:
+        st.warning(f"abstain: {entry['reason']}")
+    cols = st.columns(3)
+    cols[0].metric("Chosen site", entry["chosen_site"] or "abstain")
+    if entry.get("prediction") is not None:
+        cols[1].metric(
+            "Prediction",
+            entry["prediction"],
+            f"probability {fmt(entry['prediction_prob'], 2)}",
+            delta_color="off",
+            delta_arrow="off",
+        )
+    cols[2].metric("Distance to the closest site", fmt(entry.get("ood_score"), 2))
+    if status == "abstained":
+        st.caption(
+            "No site's model fits this scan: the prediction is shown for completeness only and "
+            "should not be relied on."
+        )
+    if entry.get("site_probs"):
+        st.markdown("**Site probabilities**")
+        probs = rundata.probabilities_frame(entry["site_probs"], entry["chosen_site"])
+        st.plotly_chart(charts.site_probability_bars(probs), key="site_probs")
+        st.table(probs.set_index("site"))
+
+
+def audit_section(run: Run) -> None:
+    st.subheader("Audit log")
+    entries = AuditLog(run.path).read(limit=AUDIT_LIMIT)
+    if not entries:
+        st.info(f"No scan has been routed with {run.label} yet ({run.path / 'audit.sqlite'}).")
+        return
+    frame = rundata.audit_frame(entries)
+    cols = st.columns(4)
+    statuses = cols[0].multiselect("Status", sorted(frame["status"].unique()), key="audit_status")
+    sites = cols[1].multiselect(
+        "Chosen site", sorted(s for s in frame["chosen_site"].unique() if s), key="audit_site"
+    )
+    routers = cols[2].multiselect("Router", sorted(frame["router"].unique()), key="audit_router")
+    text = cols[3].text_input("File name contains", key="audit_text")
+    shown = rundata.filter_audit(frame, statuses=statuses, sites=sites, routers=routers, text=text)
+    st.caption(f"{len(shown)} of {len(frame)} routed scans (newest first).")
+    st.dataframe(shown, hide_index=True, key="audit_table")
+    st.download_button(
+        "Download these rows (CSV)",
+        shown.to_csv(index=False),
+        file_name=f"{run.path.name}_audit.csv",
+        mime="text/csv",
+        key="audit_csv",
+    )
+
+
+def main() -> None:
+    st.title("Routing")
+    st.caption(
+        "Send a new patient's scan to the site whose model fits it best, or abstain when none "
+        "does. Every decision is recorded in the run's audit log (audit.sqlite) before it is "
+        "shown; the log keeps a hash of the file, never the image."
+    )
+    run = common.pick_run(common.chosen_runs(), key="routing_run")
+    if not run.has_model:
+        st.info(
+            f"{run.label} has no trained model yet ({run.dir.model_dir / 'model.json'} is "
+            f"missing): {common.status_line(run)}"
+        )
+        return
+    fed = common.load_federation(run)
+    names = ["auto", *(r.name for r in routers_for(fed))]
+    name = st.selectbox("Router", names, key="router")
+    router = make_router(name, fed)
+    st.caption(
+        f"{fed.algorithm}, {len(fed.sites)} sites, {fed.modality} scans; auto uses "
+        f"{default_router(fed).name}."
+    )
+    upload = st.file_uploader(
+        "Upload a scan",
+        type=UPLOAD_TYPES,
+        key="scan_upload",
+        help="A JPEG/PNG/TIFF fundus photo, a DICOM file, or a NIfTI volume (.nii, .nii.gz).",
+    )
+    text = st.text_input(
+        "... or the path of a scan on this machine (a DICOM series folder works too)",
+        key="scan_path",
+    )
+    if upload is not None and (entry := route_upload(run, fed, router, upload)) is not None:
+        st.session_state[LAST] = (str(run.path), entry)
+    if st.button("Route this path", key="route_path"):
+        if text.strip():
+            st.session_state[LAST] = (str(run.path), route_path(run, fed, router, text))
+        else:
+            st.warning("Type the path of a scan first.")
+    last = st.session_state.get(LAST)
+    if last and last[0] == str(run.path):
+        show_result(last[1])
+    audit_section(run)
+
+
+common.guarded(main)

@@ -1,0 +1,63 @@
+"""Training: per-round curves per site (loss, AUC), with dropouts and resumes marked."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from medfed.dashboard import charts, common, rundata
+
+DEFAULT_CURVES = ("train_loss", "val_auc")
+
+
+def main() -> None:
+    st.title("Training")
+    st.caption("How each site's model moved round by round, as metrics.jsonl recorded it.")
+    run = common.pick_run(common.chosen_runs(), key="training_run")
+    st.caption(common.status_line(run))
+    records = common.read_metrics(run)
+    if not records:
+        st.info(
+            f"Nothing to plot yet: {run.dir.metrics_path} holds no round. Curves appear after "
+            "the first round finishes."
+        )
+        return
+    events = common.read_events(run)
+    frame = rundata.metrics_frame(records)
+    curves = rundata.available_curves(frame)
+    chosen = st.multiselect(
+        "Curves",
+        curves,
+        default=[c for c in DEFAULT_CURVES if c in curves] or curves[:1],
+        format_func=lambda c: rundata.CURVES[c],
+        key="training_curves",
+    )
+    resumed_after = rundata.resumes(events)
+    skipped = rundata.skipped_rounds(events)
+    for curve in chosen:
+        dropped = rundata.dropouts(frame, curve)
+        title = rundata.CURVES[curve]
+        fig = charts.round_curves(frame, curve, title, dropped, resumed_after, skipped)
+        st.plotly_chart(fig, key=f"curve_{curve}")
+
+    dropped = frame[frame["status"] == "dropped"]
+    st.subheader("Dropouts and resumes")
+    if dropped.empty:
+        st.write("No site dropped out.")
+    else:
+        st.write(f"{len(dropped)} dropout(s), marked with a red cross on the curves:")
+        st.table(dropped[["round", "site", "reason"]].reset_index(drop=True))
+    if resumed_after:
+        rounds = ", ".join(str(r) for r in resumed_after)
+        st.write(f"Resumed {len(resumed_after)} time(s), after round {rounds} (dashed lines).")
+    else:
+        st.write("The run was never resumed.")
+    if skipped:
+        st.write(f"Rounds not aggregated (too few usable updates): {skipped}.")
+    not_sampled = int((frame["status"] == "not_sampled").sum())
+    if not_sampled:
+        st.caption(f"{not_sampled} site-round(s) were not sampled (gaps in the curves).")
+    with st.expander("All run events"):
+        st.table(rundata.events_frame(events))
+
+
+common.guarded(main)

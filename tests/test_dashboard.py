@@ -1,0 +1,421 @@
+"""The clinician dashboard on small real runs: every page through Streamlit's AppTest, the run
+directory data it reads (site overview, ROC points), and the ``medfed dashboard`` command."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nibabel.testing
+import numpy as np
+import pydicom.data
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+from typer.testing import CliRunner
+
+from medfed.audit import AuditLog
+from medfed.cli import app
+from medfed.config import Modality
+from medfed.dashboard import APP, RUNS_ENV
+from medfed.dashboard.launch import streamlit_command
+from medfed.dashboard.rundata import audit_frame, filter_audit, find_runs, label_runs
+from medfed.inference import TrainedFederation
+from medfed.route import route_one
+from medfed.routing import make_router
+from medfed.runs import RunDir
+from medfed.siteview import read_site_overview, to_picture, write_site_overview
+from medfed.training import load_sites
+from tests.dashboard_runs import DROPPED_SITE, ROUNDS, DashboardRuns, build
+
+SITES = ["acrima", "refuge", "rimone"]
+TIMEOUT = 120  # seconds per script run: the first one imports torch and plotly
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> DashboardRuns:
+    return build(tmp_path_factory.mktemp("dashboard"))
+
+
+def open_page(monkeypatch, roots: list[Path], page: str | None = None) -> AppTest:
+    """Run the app over ``roots`` and switch to ``views/<page>.py``; fail on any exception."""
+    monkeypatch.setenv(RUNS_ENV, os.pathsep.join(map(str, roots)))
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
+    if page is not None:
+        at.switch_page(f"views/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def pick(at: AppTest, key: str, value: str) -> AppTest:
+    at.selectbox(key=key).set_value(value).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def texts(at: AppTest, *kinds: str) -> str:
+    """Everything shown as the given element kinds, as one string."""
+    return "\n".join(str(e.value) for kind in kinds for e in at.get(kind))
+
+
+def figures(at: AppTest) -> list[dict]:
+    """The page's Plotly figures as plain JSON (typed arrays decoded to lists)."""
+    return [json.loads(e.proto.spec, object_hook=_plain) for e in at.get("plotly_chart")]
+
+
+def _plain(obj: dict):
+    if set(obj) >= {"dtype", "bdata"}:  # Plotly's base64 typed array
+        values = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
+        if "shape" in obj:
+            values = values.reshape([int(n) for n in str(obj["shape"]).split(",")])
+        return values.tolist()
+    return obj
+
+
+def trace_names(figure: dict) -> set[str]:
+    return {t.get("name") for t in figure["data"]}
+
+
+def summary_of(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def copy_run(source: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "runs" / source.name
+    shutil.copytree(source, target)
+    (target / "audit.sqlite").unlink(missing_ok=True)
+    return target
+
+
+# ---------------------------------------------------------------------------- run directory data
+def test_summary_holds_a_roc_curve_for_every_site(runs: DashboardRuns) -> None:
+    for run in (runs.feddrm, runs.fedavg):
+        for site, figures_ in summary_of(run)["sites"].items():
+            roc = figures_["roc"]
+            assert roc["fpr"][0] == 0 and roc["fpr"][-1] == 1, site
+            assert roc["tpr"] == sorted(roc["tpr"]) and roc["tpr"][-1] == 1
+            assert len(roc["fpr"]) == len(roc["tpr"]) == len(roc["thresholds"])
+
+
+def test_site_overview_holds_cards_counts_samples_distances_and_embedding(runs) -> None:
+    overview = read_site_overview(RunDir(runs.feddrm))
+    assert overview is not None and sorted(overview["sites"]) == SITES
+    for site, info in overview["sites"].items():
+        assert sum(sum(per.values()) for per in info["counts"].values()) == 24
+        assert sum(info["class_ratio"].values()) == pytest.approx(1.0)
+        card = (runs.feddrm / "site_overview" / info["card"]).read_text()
+        assert card.startswith(f"# Data card: {site}")
+        assert {s["label"] for s in info["samples"]} == {"normal", "glaucoma"}
+        assert all((runs.feddrm / "site_overview" / s["file"]).is_file() for s in info["samples"])
+    d = overview["distances"]
+    matrix = d["matrix"]
+    assert [matrix[i][i] for i in range(3)] == [0, 0, 0]
+    assert all(matrix[i][j] == matrix[j][i] > 0 for i in range(3) for j in range(3) if i != j)
+    card = (runs.feddrm / "site_overview" / "cards" / f"{d['sites'][0]}.md").read_text()
+    assert f"- {d['sites'][1]}: {matrix[0][1]:.4f}" in card  # the card and the matrix agree
+    embedding = overview["embedding"]
+    assert len(embedding["x"]) == len(embedding["site"]) == 3 * 24
+    assert set(embedding["site"]) == set(SITES)
+
+
+def test_sample_pictures_show_the_middle_ct_slice_and_stretch_unscaled_values() -> None:
+    volume = torch.zeros(1, 5, 4, 3)
+    volume[0, 2] = torch.linspace(0, 1, 12).reshape(4, 3)  # only the middle slice is lit
+    picture = to_picture(volume, Modality.CT)
+    assert picture.shape == (4, 3) and picture.dtype == np.uint8
+    assert picture.min() == 0 and picture.max() == 255
+    photo = to_picture(torch.full((3, 2, 2), 0.5), Modality.FUNDUS)
+    assert photo.shape == (2, 2, 3) and (photo == 128).all()  # in [0, 1]: kept as it is
+    normalized = to_picture(torch.tensor([[[-2.0, 2.0]]]).expand(3, 1, 2), Modality.FUNDUS)
+    assert normalized[0, 0].tolist() == [0, 0, 0] and normalized[0, 1].tolist() == [255] * 3
+
+
+def test_runs_are_found_below_folders_and_named_apart(tmp_path: Path) -> None:
+    for folder in ("a/runs/feddrm", "b/feddrm", "a/runs/fedavg", "a/runs/fedavg/checkpoints/x"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "config.toml").write_text("")
+    found = find_runs([tmp_path / "a", tmp_path / "b", tmp_path / "a/runs/fedavg"])
+    labels = [r.label for r in label_runs(found)]
+    assert labels == ["fedavg", "runs/feddrm", "b/feddrm"]
+    assert find_runs([tmp_path / "missing"]) == []
+
+
+def test_audit_filters_combine(tmp_path: Path, runs: DashboardRuns) -> None:
+    run = copy_run(runs.feddrm, tmp_path)
+    fed = TrainedFederation.load(run, "cpu")
+    photo, dicom = runs.fundus_photo(), Path(pydicom.data.get_testdata_file("CT_small.dcm"))
+    router = make_router("auto", fed)
+    AuditLog(run).append([route_one(fed, router, p) for p in (photo, dicom, tmp_path / "no.jpg")])
+    frame = audit_frame(AuditLog(run).read())
+    assert len(filter_audit(frame)) == 3
+    assert filter_audit(frame, statuses=["error"])["file"].tolist() == [str(tmp_path / "no.jpg")]
+    assert filter_audit(frame, text="ct_SMALL")["status"].tolist() == ["abstained"]
+    assert filter_audit(frame, statuses=["error"], text="ct_small").empty
+
+
+# ------------------------------------------------------------------------------------- pages
+def test_federation_page_puts_each_methods_per_site_auc_side_by_side(monkeypatch, runs) -> None:
+    at = open_page(monkeypatch, [runs.runs])
+    assert at.title[0].value == "Federation" and not at.error
+    aucs = at.table[0].value
+    assert list(aucs.columns) == ["fedavg", "feddrm"] and sorted(aucs.index) == SITES
+    for method, run in (("fedavg", runs.fedavg), ("feddrm", runs.feddrm)):
+        summary = summary_of(run)
+        for site in SITES:
+            assert aucs.loc[site, method] == pytest.approx(summary["sites"][site]["auc"])
+        worst = next(m for m in at.metric if m.label == f"Worst site: {method}")
+        assert worst.value == summary["worst_site"]
+        figures_ = at.table[1].value
+        assert figures_.loc["worst site", method] == summary["worst_site"]
+        assert figures_.loc["system accuracy", method] == f"{summary['system_accuracy']:.3f}"
+        assert figures_.loc["AUC Gini", method] == f"{summary['auc_gini']:.3f}"
+
+
+def test_federation_page_draws_a_roc_curve_per_site(monkeypatch, runs) -> None:
+    at = open_page(monkeypatch, [runs.runs])
+    pick(at, "roc_method", "feddrm")
+    roc = figures(at)[-1]
+    sites = summary_of(runs.feddrm)["sites"]
+    assert trace_names(roc) == {f"{s} (AUC {sites[s]['auc']:.3f})" for s in SITES}
+    curve = next(t for t in roc["data"] if t["name"].startswith("acrima"))
+    assert list(curve["x"]) == sites["acrima"]["roc"]["fpr"]
+    assert "feddrm" in roc["layout"]["title"]["text"]
+
+
+def test_training_page_plots_rounds_per_site_and_marks_the_dropout_and_resume(
+    monkeypatch, runs
+) -> None:
+    at = open_page(monkeypatch, [runs.runs], "training")
+    pick(at, "training_run", "feddrm")
+    assert not at.error
+    loss, auc = figures(at)[:2]
+    assert trace_names(loss) == {*SITES, "dropped out"}
+    assert "AUC" in auc["layout"]["title"]["text"]
+    rounds = {x for t in loss["data"] if t["name"] in SITES for x in t["x"]}
+    assert rounds == set(range(1, ROUNDS + 1))
+    cross = next(t for t in loss["data"] if t["name"] == "dropped out")
+    assert cross["x"] == [2]
+    notes = [a["text"] for a in loss["layout"]["annotations"]]
+    assert "resumed after round 2" in notes
+    dropped = at.table[0].value
+    assert dropped["site"].tolist() == [DROPPED_SITE] and dropped["round"].tolist() == [2]
+    assert "Resumed 1 time(s), after round 2" in texts(at, "markdown")
+
+
+def test_sites_page_shows_cards_class_ratio_samples_distances_and_embedding(
+    monkeypatch, runs
+) -> None:
+    at = open_page(monkeypatch, [runs.runs], "sites")
+    pick(at, "sites_run", "feddrm")
+    assert not at.error and not at.info
+    assert [t.label for t in at.tabs] == ["acrima", "refuge", "rimone"]
+    markdown = texts(at, "markdown")
+    for site in SITES:
+        assert f"### Data card: {site}" in markdown
+    assert "Class ratio" in texts(at, "subheader")
+    kinds = {figure["data"][0]["type"] for figure in figures(at)}
+    assert {"bar", "heatmap", "scatter"} <= kinds
+    heatmap = next(f for f in figures(at) if f["data"][0]["type"] == "heatmap")
+    distances = read_site_overview(RunDir(runs.feddrm))["distances"]
+    assert heatmap["data"][0]["x"] == distances["sites"]
+    assert heatmap["data"][0]["z"] == distances["matrix"]
+    scatter = next(f for f in figures(at) if f["data"][0]["type"] == "scatter")
+    assert {name.split(",")[0] for name in trace_names(scatter)} == set(SITES)
+    assert len(at.image) == 3 and all(len(i.value) == 4 for i in at.image)
+    assert set(at.image[0].captions) == {"normal", "glaucoma"}
+
+
+def test_sites_page_says_so_when_the_run_publishes_no_images(monkeypatch, runs, tmp_path) -> None:
+    run = copy_run(runs.fedavg, tmp_path)
+    shutil.rmtree(run / "site_overview")
+    sites = load_sites(sorted((runs.data / "sites").glob("*.toml")), runs.base / "cache")
+    write_site_overview(RunDir(run), sites, samples_per_site=0, embed=False)
+    at = open_page(monkeypatch, [run], "sites")
+    assert not at.image and not at.error
+    info = texts(at, "info")
+    assert "No sample images in this run directory" in info
+    assert "No per-scan embedding" in info
+    assert any(f["data"][0]["type"] == "heatmap" for f in figures(at))
+
+
+def test_sites_page_falls_back_to_the_summary_without_an_overview(monkeypatch, runs, tmp_path):
+    run = copy_run(runs.fedavg, tmp_path)
+    shutil.rmtree(run / "site_overview")
+    at = open_page(monkeypatch, [run], "sites")
+    assert "has no site overview" in texts(at, "info")
+    table = at.table[0].value
+    assert sorted(table.index) == SITES
+    assert table.loc["acrima", "test scans"] == summary_of(run)["sites"]["acrima"]["n_test"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "mime"),
+    [("jpeg", "image/jpeg"), ("dicom", "application/dicom"), ("nifti", "application/gzip")],
+)
+def test_routing_page_routes_an_uploaded_scan_and_logs_it_once(
+    monkeypatch, runs, tmp_path, kind, mime
+) -> None:
+    source = {
+        "jpeg": runs.fundus_photo(),
+        "dicom": Path(pydicom.data.get_testdata_file("CT_small.dcm")),
+        "nifti": Path(nibabel.testing.data_path) / "standard.nii.gz",
+    }[kind]
+    run = copy_run(runs.feddrm, tmp_path)
+    at = open_page(monkeypatch, [run], "routing")
+    assert "No scan has been routed" in texts(at, "info")
+
+    at.file_uploader(key="scan_upload").upload(source.name, source.read_bytes(), mime).run()
+
+    assert not at.exception and not at.error, texts(at, "error")
+    log = AuditLog(run).read()
+    assert len(log) == 1 and log[0].file == source.name
+    fed = TrainedFederation.load(run, "cpu")
+    expected = route_one(fed, make_router("auto", fed), source)  # as 'medfed route' answers
+    assert log[0].status == expected.status and log[0].sha256 == expected.sha256
+    assert log[0].site_probs == pytest.approx(expected.site_probs)
+    assert f"Result: {source.name}" in texts(at, "subheader")
+    chosen = next(m for m in at.metric if m.label == "Chosen site").value
+    if expected.status == "routed":
+        assert chosen == expected.chosen_site
+        assert f"Routed to site {expected.chosen_site}" in texts(at, "success")
+    else:
+        assert chosen == "abstain" and "abstain" in texts(at, "warning")
+    if kind == "jpeg":
+        probs = at.table[0].value
+        assert sorted(probs.index) == SITES and probs["probability"].sum() == pytest.approx(1.0)
+        assert probs["probability"].to_dict() == pytest.approx(expected.site_probs)
+    else:  # a CT scan is never forced onto a fundus site
+        assert expected.status == "abstained" and not at.table
+        assert "ct scan, but this federation was trained on fundus" in texts(at, "warning")
+    assert at.dataframe[0].value["file"].tolist() == [source.name]
+
+    at.run()  # any rerun (a filter, a click elsewhere) must not log the scan again
+    assert len(AuditLog(run).read()) == 1
+
+
+def test_routing_page_routes_a_path_and_filters_the_audit_log(monkeypatch, runs, tmp_path):
+    run = copy_run(runs.feddrm, tmp_path)
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(runs.fundus_photo().read_bytes()[:100])
+    at = open_page(monkeypatch, [run], "routing")
+    for path in (runs.fundus_photo(), broken):
+        at.text_input(key="scan_path").input(str(path))
+        at.button(key="route_path").click().run()
+        assert not at.exception
+    assert "Could not route this scan" in texts(at, "error") and "broken.jpg" in texts(at, "error")
+    assert len(at.dataframe[0].value) == 2
+
+    at.multiselect(key="audit_status").set_value(["error"]).run()
+    assert at.dataframe[0].value["file"].tolist() == [str(broken)]
+    assert "1 of 2 routed scans" in texts(at, "caption")
+    at.multiselect(key="audit_status").set_value([]).run()
+    at.text_input(key="audit_text").input(runs.fundus_photo().name).run()
+    assert at.dataframe[0].value["file"].tolist() == [str(runs.fundus_photo())]
+    assert len(AuditLog(run).read()) == 2
+
+
+def test_communication_page_shows_bytes_per_round_per_site_and_method(monkeypatch, runs) -> None:
+    at = open_page(monkeypatch, [runs.runs], "communication")
+    assert not at.error
+    table = at.table[0].value
+    assert list(table.index) == ["fedavg", "feddrm"]
+    for method, run in (("fedavg", runs.fedavg), ("feddrm", runs.feddrm)):
+        summary = summary_of(run)
+        assert table.loc[method, "kB per round (all sites)"] == (
+            f"{summary['bytes_per_round'] / 1e3:.1f}"
+        )
+        sent = summary["bytes_per_round_by_site"]["acrima"]["up"] / 1e3
+        assert table.loc[method, "acrima sent"] == f"{sent:.1f}"
+    bars, lines = figures(at)
+    assert {t["name"].split(",")[0] for t in bars["data"]} == set(SITES)
+    panels = {a["text"] for a in lines["layout"]["annotations"]}
+    assert panels == {"fedavg", "feddrm"}
+    rimone = [t for t in lines["data"] if t["name"] == DROPPED_SITE]
+    assert any(0 in t["y"] for t in rimone)  # the round it dropped out sent nothing
+    assert "exchanged nothing" in texts(at, "caption")
+
+
+PAGES = ["federation", "training", "sites", "routing", "communication"]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_explains_an_empty_folder_and_an_empty_run_directory(
+    monkeypatch, runs, tmp_path, page
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    at = open_page(monkeypatch, [empty], page)
+    assert "No run directory found" in texts(at, "warning")
+    assert "medfed dashboard demo_out" in texts(at, "info")
+
+    started = tmp_path / "started"
+    started.mkdir()
+    shutil.copy(runs.feddrm / "config.toml", started / "config.toml")
+    at = open_page(monkeypatch, [started], page)
+    assert not at.error
+    shown = texts(at, "info", "warning", "caption")
+    assert "no round recorded yet" in shown or "no trained model yet" in shown
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_half_written_run_shows_what_it_has_and_says_it_is_unfinished(
+    monkeypatch, runs, page
+) -> None:
+    at = open_page(monkeypatch, [runs.half_written], page)
+    assert not at.error
+    shown = texts(at, "info", "warning", "caption", "markdown")
+    if page == "sites":
+        assert "has no site overview" in shown
+    elif page == "routing":
+        assert "no trained model yet" in shown and "2 of 3 rounds recorded" in shown
+    else:
+        assert "not finished: 2 of 3 rounds recorded" in shown or page == "communication"
+    if page in ("training", "communication"):
+        assert figures(at)  # the rounds done so far are drawn
+    if page == "training":
+        assert at.table[0].value["site"].tolist() == [DROPPED_SITE]
+
+
+def test_a_damaged_summary_is_reported_by_name(monkeypatch, runs, tmp_path) -> None:
+    run = copy_run(runs.fedavg, tmp_path)
+    (run / "summary.json").write_text("{")
+    at = open_page(monkeypatch, [run])
+    assert "summary.json: not valid JSON" in texts(at, "error")
+
+
+def test_the_dashboard_never_imports_training_code(runs) -> None:
+    script = f"""
+import os, sys
+os.environ[{RUNS_ENV!r}] = {str(runs.runs)!r}
+from streamlit.testing.v1 import AppTest
+at = AppTest.from_file({str(APP)!r}, default_timeout={TIMEOUT}).run()
+for page in {PAGES!r}:
+    at.switch_page(f"views/{{page}}.py").run()
+    assert not at.exception, (page, [e.value for e in at.exception])
+print(" ".join(sorted(m for m in sys.modules if m.startswith("medfed"))))
+"""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = set(done.stdout.split())
+    assert "medfed.inference" in loaded  # the Routing page did load the trained models
+    forbidden = {"medfed.training", "medfed.federation.engine", "medfed.demo", "medfed.bench"}
+    assert not loaded & forbidden
+
+
+def test_dashboard_command_serves_on_loopback_and_names_a_missing_folder(tmp_path) -> None:
+    command = streamlit_command(8599)
+    assert "--server.address=127.0.0.1" in command and "--server.port=8599" in command
+    assert "--browser.gatherUsageStats=false" in command and str(APP) in command
+    result = CliRunner().invoke(app, ["dashboard", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'nowhere'}: no such run directory or folder" in result.output
+    result = CliRunner().invoke(app, ["dashboard", str(tmp_path), "--port", "0"])
+    assert result.exit_code == 2 and "--port 0" in result.output

@@ -1,0 +1,135 @@
+"""The dashboard in a real browser: ``medfed dashboard`` serving small real runs on loopback,
+Debian's chromium driven by Playwright (no browser download: the system one is used)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from medfed.audit import AuditLog
+from tests.dashboard_runs import DashboardRuns, build
+
+CHROMIUM = Path("/usr/bin/chromium")
+SITES = ("acrima", "refuge", "rimone")
+START_TIMEOUT_S = 90
+
+
+def require_browser() -> None:
+    """Skip (fail under CI, whose .ci/run installs chromium) when no browser can be driven."""
+    missing = []
+    if not CHROMIUM.is_file():
+        missing.append(f"{CHROMIUM} (Debian package 'chromium': apt-get install -y chromium)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("the playwright package (pip install -e '.[dev]')")
+    if missing:
+        message = "the browser test needs " + " and ".join(missing)
+        if os.environ.get("CI"):
+            pytest.fail(message + "; .ci/run installs chromium before the tests")
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> DashboardRuns:
+    require_browser()
+    return build(tmp_path_factory.mktemp("browser"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_serving(url: str, server: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"the dashboard exited with {server.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.5)
+    pytest.fail(f"the dashboard did not answer within {START_TIMEOUT_S} s:\n{log.read_text()}")
+
+
+def stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.kill(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.kill(server.pid, signal.SIGKILL)
+            server.wait(timeout=20)
+
+
+def test_browser_shows_per_site_auc_and_routes_an_uploaded_scan(runs, tmp_path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "dashboard.log"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "medfed.cli", "dashboard", str(runs.runs), "--port", str(port)]
+    with open(log, "w") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    photo = runs.fundus_photo()
+    try:
+        wait_until_serving(url, server, log)
+        assert f"127.0.0.1:{port}" in log.read_text()
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM))
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 2200})
+                page.set_default_timeout(60_000)
+                expect.set_options(timeout=60_000)  # the first routing loads torch and the models
+                page.goto(url)
+
+                expect(page.get_by_role("heading", name="Per-site AUC")).to_be_visible()
+                table = page.locator("table").first
+                for text in (*SITES, "fedavg", "feddrm"):
+                    expect(table).to_contain_text(text)
+                expect(page.get_by_text("Worst site: feddrm")).to_be_visible()
+                expect(page.get_by_role("heading", name="Federation figures")).to_be_visible()
+                page.screenshot(path=str(tmp_path / "federation.png"))
+
+                page.get_by_role("link", name="Routing").click()
+                expect(page.get_by_role("heading", name="Routing", exact=True)).to_be_visible()
+                page.locator('input[type="file"]').set_input_files(str(photo))
+
+                expect(page.get_by_text(f"Result: {photo.name}")).to_be_visible()
+                expect(page.get_by_text("Site probabilities")).to_be_visible()
+                decision = page.locator('[data-testid="stAlert"]').first
+                expect(decision).to_contain_text(re.compile(r"Routed to site \w+|abstain"))
+                metrics = page.locator('[data-testid="stMetric"]')
+                chosen = metrics.filter(has_text="Chosen site")
+                expect(chosen).to_contain_text(re.compile("|".join([*SITES, "abstain"])))
+                expect(metrics.filter(has_text="Prediction")).to_contain_text(
+                    re.compile("normal|glaucoma")
+                )
+                expect(page.get_by_text("1 of 1 routed scans")).to_be_visible()
+                shown = chosen.inner_text()
+                page.screenshot(path=str(tmp_path / "routing.png"))
+            finally:
+                browser.close()
+    finally:
+        stop(server)
+
+    entries = AuditLog(runs.fedavg).read()  # the Routing page opens the first run, fedavg
+    assert [e.file for e in entries] == [photo.name]
+    assert (entries[0].chosen_site or "abstain") in shown  # the page showed what was logged
+    for shot in ("federation.png", "routing.png"):
+        assert (tmp_path / shot).stat().st_size > 10_000
