@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+.PHONY: demo bench dashboard test lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -16,6 +16,15 @@ $(STAMP): $(BIN)/python pyproject.toml
 demo: $(STAMP)
 	$(BIN)/medfed demo --out demo_out
 
+# RUNS: run directories or folders of them (make dashboard RUNS="runs/a runs/b"); PORT likewise.
+RUNS ?= demo_out
+PORT ?= 8501
+dashboard: $(STAMP)
+	$(BIN)/medfed dashboard $(RUNS) --port $(PORT)
+
+bench: $(STAMP)
+	$(BIN)/medfed bench --out bench_out
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
@@ -24,4 +33,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check medfed tests dashboard
 
 clean:
-	rm -rf demo_out .pytest_cache .ruff_cache
+	rm -rf demo_out bench_out .pytest_cache .ruff_cache

@@ -313,5 +313,142 @@ def compare(
     )
 
 
+@app.command()
+@friendly
+def bench(
+    quick: Annotated[
+        bool, typer.Option(help="Smaller budgets and 2 seeds (under 10 minutes on 2 cores).")
+    ] = False,
+    seeds: Annotated[
+        int | None, typer.Option(help="Seeds 0..N-1 (default 3, or 2 with --quick).")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Folder for data, runs and results.")] = Path(
+        "bench_out"
+    ),
+    as_json: Annotated[bool, typer.Option("--json", help="Print results.json.")] = False,
+    modality: Annotated[str, typer.Option(help="fundus, ct or all.")] = "all",
+    update_readme: Annotated[
+        Path | None,
+        typer.Option(help="Write the tables into this README's bench section, with plots."),
+    ] = None,
+    fundus_budget: Annotated[
+        str | None, typer.Option(hidden=True, help="SCANSxROUNDSxSTEPS (tests).")
+    ] = None,
+    ct_budget: Annotated[str | None, typer.Option(hidden=True, help="SCANSxROUNDSxSTEPS.")] = None,
+    image_size: Annotated[
+        int | None, typer.Option(hidden=True, help="Native fundus image height (tests).")
+    ] = None,
+    speed_rounds: Annotated[
+        int | None, typer.Option(hidden=True, help="Rounds of the engine-overhead runs.")
+    ] = None,
+) -> None:
+    """Every method on the synthetic fundus and CT federations over several seeds, with speed
+    figures; writes OUT/results.json, OUT/results.md and PNG plots."""
+    from medfed.bench import BenchPlan, run_bench
+
+    plan = BenchPlan.make(
+        quick=quick,
+        seeds=seeds,
+        modalities=("fundus", "ct") if modality == "all" else (modality,),
+        fundus_budget=fundus_budget,
+        ct_budget=ct_budget,
+        image_size=image_size,
+        speed_rounds=speed_rounds,
+    )
+    echo = functools.partial(typer.echo, err=as_json)
+    results = run_bench(out, plan, echo=echo, readme=update_readme)
+    if as_json:
+        typer.echo(json.dumps(results, indent=2))
+
+
+@app.command()
+@friendly
+def dashboard(
+    runs: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Run directories, or folders holding them (default: demo_out)."),
+    ] = None,
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8501,
+) -> None:
+    """Open the clinician dashboard (Streamlit, on 127.0.0.1 only) over run directories."""
+    from medfed.dashboard.launch import launch
+
+    launch(runs or [Path("demo_out")], port, echo=typer.echo)
+
+
+deploy_app = typer.Typer(
+    help="Run a federation across real machines on Flower (SuperLink + one SuperNode per site)."
+)
+app.add_typer(deploy_app, name="deploy")
+
+
+@deploy_app.command("app")
+@friendly
+def deploy_app_folder(
+    out: Annotated[Path, typer.Argument(help="Folder to write (then: flwr run OUT CONNECTION).")],
+    site: Annotated[list[str], typer.Option(help="Site ids in order (repeat), as in manifests.")],
+    run_dir: Annotated[str, typer.Option(help="Run directory on the SuperLink's machine.")],
+    algorithm: Annotated[str, typer.Option(help="feddrm, fedavg, fedbn, lora, ...")] = "feddrm",
+    rounds: Annotated[int | None, typer.Option(help="Communication rounds.")] = None,
+    local_steps: Annotated[int | None, typer.Option(help="Local steps per round.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
+    param: Annotated[
+        list[str] | None, typer.Option(help="Algorithm parameter NAME=VALUE (repeatable).")
+    ] = None,
+    train_config: Annotated[
+        Path | None,
+        typer.Option(help="TOML with a [train] table (any training setting, as in config.toml)."),
+    ] = None,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for every site to connect.")] = 300,
+    reply_timeout: Annotated[
+        float, typer.Option(help="Seconds a round waits for a site's reply.")
+    ] = 600,
+    resume: Annotated[bool, typer.Option(help="Continue the run in --run-dir.")] = False,
+) -> None:
+    """Write the Flower app folder of one run: medfed's ServerApp, ClientApp and settings."""
+    import dataclasses
+
+    from medfed.config import TrainConfig
+    from medfed.flower.deploy import write_app
+    from medfed.flower.node import train_config_from_toml
+
+    if train_config is not None:
+        if not train_config.is_file():
+            raise ConfigError(f"--train-config {train_config}: no such file")
+        base = train_config_from_toml(train_config.read_text(encoding="utf-8"), str(train_config))
+    else:
+        base = TrainConfig(algorithm=algorithm)
+    changes: dict[str, Any] = {"algorithm": algorithm}
+    for name, value in (("rounds", rounds), ("local_steps", local_steps), ("seed", seed)):
+        if value is not None:
+            changes[name] = value
+    if param:
+        changes["params"] = _parse_params(param)
+    config = dataclasses.replace(base, **changes)
+    path = write_app(
+        out, config, site, run_dir, wait_s=wait, reply_timeout_s=reply_timeout, resume=resume
+    )
+    typer.echo(f"wrote {path}")
+    typer.echo(f"submit it with: flwr run {out} <connection> --stream")
+
+
+@deploy_app.command("pki")
+@friendly
+def deploy_pki(
+    out: Annotated[Path, typer.Argument(help="Folder for the certificates and keys.")],
+    host: Annotated[list[str], typer.Option(help="SuperLink host name or IP (repeatable).")],
+    site: Annotated[list[str], typer.Option(help="One authentication key pair per site id.")],
+    days: Annotated[int, typer.Option(help="Validity of the certificates.")] = 365,
+) -> None:
+    """A pilot's CA, the SuperLink's TLS certificate and one key pair per SuperNode."""
+    from medfed.flower.deploy import write_pki
+
+    pki = write_pki(out, host, site, days)
+    typer.echo(f"CA certificate (give to every SuperNode and flwr user): {pki.ca_cert}")
+    typer.echo(f"SuperLink certificate and key: {pki.server_cert}, {pki.server_key}")
+    for name, (private, public) in pki.node_keys.items():
+        typer.echo(f"site {name}: private key {private} (stays at the site), public key {public}")
+
+
 if __name__ == "__main__":
     app()

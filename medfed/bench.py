@@ -1,0 +1,535 @@
+"""``medfed bench``: every registered method on the synthetic fundus and CT federations over
+several seeds, plus speed figures measured side by side, written as results.json, a markdown
+table (results.md) and PNG plots.
+
+Seed s synthesizes the federation with seed s and trains every method with seed s, so the
+spread over seeds covers both the data draw and the training randomness.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medfed.algorithms import ALGORITHMS
+from medfed.config import TrainConfig
+from medfed.data.synth import synthesize
+from medfed.demo import FULL, QUICK, Budget
+from medfed.errors import ConfigError
+from medfed.report import markdown_table, replace_marked_section
+from medfed.speed import (
+    bytes_ratios,
+    data_path,
+    device_info,
+    engine_overhead,
+    routing_latency,
+)
+from medfed.training import load_sites, train
+
+SCHEMA_VERSION = 1
+MARKER = "bench-table"
+MODALITIES = ("fundus", "ct")
+BUDGETS = {
+    # CT volumes cost ~10x a fundus photo per step: a smaller budget keeps the bench short.
+    "full": {"fundus": FULL, "ct": Budget(n_per_site=48, rounds=20, local_steps=3)},
+    "quick": {"fundus": QUICK, "ct": Budget(n_per_site=48, rounds=4, local_steps=3)},
+}
+SEEDS = {"full": 3, "quick": 2}
+SPEED_ROUNDS = {"full": 20, "quick": 10}
+FIGURES = (
+    "mean_site_auc",
+    "worst_site_auc",
+    "average_accuracy",
+    "system_accuracy",
+    "routing_accuracy",
+    "bytes_per_round",
+    "seconds_per_round",
+)
+STD_NOTE = "sample standard deviation over seeds (ddof=1); 0 with one seed"
+PLOT_DIR = Path("docs/bench")
+
+
+def registered_methods() -> tuple[str, ...]:
+    """Every algorithm in the registry, with its default parameters."""
+    return tuple(ALGORITHMS)
+
+
+def parse_budget(text: str) -> Budget:
+    """``SCANSxROUNDSxSTEPS``, e.g. ``240x60x3``."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ConfigError(
+            f"budget {text!r} must be SCANSxROUNDSxSTEPS with positive integers, e.g. 240x60x3"
+        )
+    n, rounds, steps = map(int, parts)
+    return Budget(n_per_site=n, rounds=rounds, local_steps=steps)
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What one ``medfed bench`` run trains and measures."""
+
+    quick: bool = False
+    seeds: int = SEEDS["full"]
+    budgets: dict[str, Budget] = field(default_factory=lambda: dict(BUDGETS["full"]))
+    methods: tuple[str, ...] = field(default_factory=registered_methods)
+    image_size: int | None = None  # native fundus size; None: the generator's default
+    speed_rounds: int = SPEED_ROUNDS["full"]
+    speed_repeats: int = 2
+    command: str = "medfed bench"
+
+    def __post_init__(self) -> None:
+        if self.seeds < 1:
+            raise ConfigError(f"--seeds must be at least 1, got {self.seeds}")
+        unknown = set(self.budgets) - set(MODALITIES)
+        if unknown or not self.budgets:
+            raise ConfigError(f"federations must be among {list(MODALITIES)}, got {unknown}")
+        if "fedavg" not in self.methods:
+            raise ConfigError("the bench needs fedavg: bytes are compared with FedAvg float32")
+        if self.speed_rounds < 1 or self.speed_repeats < 1:
+            raise ConfigError("speed rounds and repeats must be at least 1")
+
+    @classmethod
+    def make(
+        cls,
+        *,
+        quick: bool = False,
+        seeds: int | None = None,
+        modalities: tuple[str, ...] = MODALITIES,
+        fundus_budget: str | None = None,
+        ct_budget: str | None = None,
+        image_size: int | None = None,
+        speed_rounds: int | None = None,
+    ) -> BenchPlan:
+        """The quick or full plan, with any budget overridden (``SCANSxROUNDSxSTEPS``)."""
+        size = "quick" if quick else "full"
+        budgets = dict(BUDGETS[size])
+        if fundus_budget:
+            budgets["fundus"] = parse_budget(fundus_budget)
+        if ct_budget:
+            budgets["ct"] = parse_budget(ct_budget)
+        unknown = set(modalities) - set(MODALITIES)
+        if unknown:
+            raise ConfigError(f"--modality: unknown {sorted(unknown)}; choose fundus, ct or all")
+        return cls(
+            quick=quick,
+            seeds=seeds if seeds is not None else SEEDS[size],
+            budgets={m: budgets[m] for m in MODALITIES if m in modalities},
+            image_size=image_size,
+            speed_rounds=speed_rounds or SPEED_ROUNDS[size],
+            command="medfed bench" + (" --quick" if quick else ""),
+        )
+
+
+# ---------------------------------------------------------------------------- statistics
+def stat(values: list[float | None]) -> dict[str, Any]:
+    """Mean and sample std over the seeds that have a value (an AUC can be undefined)."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    return {
+        "mean": float(np.mean(finite)) if finite else None,
+        "std": float(np.std(finite, ddof=1)) if len(finite) > 1 else (0.0 if finite else None),
+        "n": len(finite),
+        "values": [None if v is None else float(v) for v in values],
+    }
+
+
+def method_row(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One method's figures over the seeds (one summary.json per seed)."""
+    sites = list(summaries[0]["sites"])
+    return {
+        "algorithm": summaries[0]["algorithm"],
+        "routing_method": summaries[0].get("routing_method"),
+        "metrics": {
+            "site_auc": {s: stat([x["sites"][s]["auc"] for x in summaries]) for s in sites},
+            **{k: stat([x.get(k) for x in summaries]) for k in FIGURES},
+        },
+    }
+
+
+def claims(federation: dict[str, Any]) -> dict[str, Any]:
+    """FedDRM against the baselines, on the seed means (the issue's two acceptance figures)."""
+    rows = federation["methods"]
+    if "feddrm" not in rows or "fedavg" not in rows:
+        return {}
+
+    def mean(method: str, key: str) -> float | None:
+        return rows[method]["metrics"][key]["mean"]
+
+    votes = {m: mean(m, "system_accuracy") for m, r in rows.items()}
+    votes = {m: v for m, v in votes.items() if rows[m]["routing_method"] == "majority_vote"}
+    feddrm_sys, feddrm_worst = mean("feddrm", "system_accuracy"), mean("feddrm", "worst_site_auc")
+    best_vote = max(votes, key=lambda m: votes[m] or -1.0) if votes else None
+    fedavg_worst = mean("fedavg", "worst_site_auc")
+    return {
+        "feddrm_system_accuracy": feddrm_sys,
+        "best_majority_vote": best_vote,
+        "best_majority_vote_system_accuracy": votes.get(best_vote) if best_vote else None,
+        "feddrm_system_accuracy_above_every_majority_vote": bool(
+            feddrm_sys is not None and all(v is not None and feddrm_sys > v for v in votes.values())
+        ),
+        "feddrm_worst_site_auc": feddrm_worst,
+        "fedavg_worst_site_auc": fedavg_worst,
+        "feddrm_worst_site_auc_at_least_fedavg": bool(
+            feddrm_worst is not None and fedavg_worst is not None and feddrm_worst >= fedavg_worst
+        ),
+    }
+
+
+# ---------------------------------------------------------------------------- running
+@dataclass
+class FederationRuns:
+    """What training one federation over the seeds left behind."""
+
+    modality: str
+    budget: Budget
+    summaries: dict[str, list[dict[str, Any]]]
+    first_seed_sites: list[Any]
+    first_seed_runs: dict[str, Path]
+    first_seed_manifests: list[Path]
+    seconds: float
+
+
+def _run_dir(out: Path, modality: str, seed: int, method: str) -> Path:
+    return out / "runs" / modality / f"seed{seed}" / method
+
+
+def train_federation(
+    out: Path, modality: str, budget: Budget, plan: BenchPlan, echo: Callable[[str], Any]
+) -> FederationRuns:
+    """Synthesize ``modality``'s federation for every seed and train every method on it."""
+    start = time.perf_counter()
+    summaries: dict[str, list[dict[str, Any]]] = {m: [] for m in plan.methods}
+    runs = FederationRuns(modality, budget, summaries, [], {}, [], 0.0)
+    for seed in range(plan.seeds):
+        data = out / "data" / f"{modality}_seed{seed}"
+        echo(f"[{modality} seed {seed}] synthesizing {budget.n_per_site} per site into {data}")
+        manifests = synthesize(
+            data,
+            modality=modality,
+            n_per_site=budget.n_per_site,
+            seed=seed,
+            image_size=plan.image_size if modality == "fundus" else None,
+        )
+        sites = load_sites(list(manifests), out / "cache")
+        for method in plan.methods:
+            run_dir = _run_dir(out, modality, seed, method)
+            if run_dir.exists():
+                shutil.rmtree(run_dir)
+            config = TrainConfig(
+                algorithm=method,
+                rounds=budget.rounds,
+                local_steps=budget.local_steps,
+                seed=seed,
+                device="auto",
+            )
+            summary = train(sites, config, run_dir)
+            summaries[method].append(summary)
+            echo(
+                f"[{modality} seed {seed}] {method}: worst-site AUC "
+                f"{_fmt(summary['worst_site_auc'])}, system accuracy "
+                f"{_fmt(summary['system_accuracy'])} ({summary['routing_method']})"
+            )
+        if seed == 0:
+            runs.first_seed_sites = sites
+            runs.first_seed_manifests = list(manifests)
+            runs.first_seed_runs = {m: _run_dir(out, modality, 0, m) for m in plan.methods}
+    runs.seconds = time.perf_counter() - start
+    return runs
+
+
+def federation_results(runs: FederationRuns) -> dict[str, Any]:
+    rows = {m: method_row(s) for m, s in runs.summaries.items()}
+    result = {
+        "budget": {
+            "n_per_site": runs.budget.n_per_site,
+            "rounds": runs.budget.rounds,
+            "local_steps": runs.budget.local_steps,
+        },
+        "sites": list(next(iter(runs.summaries.values()))[0]["sites"]),
+        "backbones": {m: s[0]["backbone"] for m, s in runs.summaries.items()},
+        "seconds": runs.seconds,
+        "methods": rows,
+    }
+    result["claims"] = claims(result)
+    return result
+
+
+def measure_speed(
+    out: Path, all_runs: dict[str, FederationRuns], plan: BenchPlan, echo: Callable[[str], Any]
+) -> dict[str, Any]:
+    """Engine overhead on the first federation's seed-0 sites; the rest for every federation."""
+    first = next(iter(all_runs.values()))
+    echo(f"[speed] engine vs plain PyTorch loop ({first.modality}, {plan.speed_rounds} rounds)")
+    config = TrainConfig(
+        algorithm="fedavg",
+        rounds=plan.speed_rounds,
+        local_steps=first.budget.local_steps,
+        seed=0,
+        device="auto",
+    )
+    speed: dict[str, Any] = {
+        "engine_overhead": {
+            "federation": first.modality,
+            **engine_overhead(
+                first.first_seed_sites, config, out / "speed", repeats=plan.speed_repeats
+            ),
+        },
+        "data_path": {},
+        "routing_latency": {},
+        "bytes": {},
+    }
+    for modality, runs in all_runs.items():
+        echo(f"[speed] {modality}: data path, routing latency, bytes")
+        speed["data_path"][modality] = data_path(
+            runs.first_seed_manifests, out / "cache", repeats=plan.speed_repeats
+        )
+        speed["routing_latency"][modality] = routing_latency(
+            runs.first_seed_runs, runs.first_seed_sites
+        )
+        speed["bytes"][modality] = bytes_ratios(
+            {
+                m: float(np.mean([x["bytes_per_round"] for x in s]))
+                for m, s in runs.summaries.items()
+            }
+        )
+    return speed
+
+
+def run_bench(
+    out: Path,
+    plan: BenchPlan,
+    *,
+    echo: Callable[[str], Any] = print,
+    readme: Path | None = None,
+) -> dict[str, Any]:
+    """Train, measure, and write results.json, results.md and the plots under ``out``."""
+    from medfed.plots import write_plots
+
+    start = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    all_runs = {m: train_federation(out, m, b, plan, echo) for m, b in plan.budgets.items()}
+    results: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "command": plan.command
+        + ("" if plan.seeds == SEEDS[_size(plan)] else f" --seeds {plan.seeds}"),
+        "quick": plan.quick,
+        "seeds": list(range(plan.seeds)),
+        "std": STD_NOTE,
+        "methods": list(plan.methods),
+        "device": device_info(),
+        "started_at": started,
+        "federations": {m: federation_results(r) for m, r in all_runs.items()},
+    }
+    results["speed"] = measure_speed(out, all_runs, plan, echo)
+    results["seconds_total"] = time.perf_counter() - start
+    results["plots"] = [p.name for p in write_plots(results, out)]
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (out / "results.md").write_text(results_markdown(results) + "\n", encoding="utf-8")
+    echo(
+        f"finished in {results['seconds_total']:.0f} s; wrote {out / 'results.json'}, "
+        f"{out / 'results.md'} and {len(results['plots'])} plot(s)"
+    )
+    if readme is not None:
+        update_readme(readme, results, out)
+        echo(f"updated the {MARKER} section of {readme} (plots in {readme.parent / PLOT_DIR})")
+    return results
+
+
+def _size(plan: BenchPlan) -> str:
+    return "quick" if plan.quick else "full"
+
+
+def update_readme(readme: Path, results: dict[str, Any], out: Path) -> None:
+    """Copy the plots next to the README and write the tables into its marked section."""
+    plot_dir = readme.parent / PLOT_DIR
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    for name in results["plots"]:
+        shutil.copyfile(out / name, plot_dir / name)
+    body = results_markdown(results, image_prefix=f"{PLOT_DIR.as_posix()}/", heading_level=3)
+    text = readme.read_text(encoding="utf-8")
+    readme.write_text(replace_marked_section(text, MARKER, body), encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------- markdown
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _cell(s: dict[str, Any], digits: int = 3, scale: float = 1.0) -> str:
+    if s["mean"] is None:
+        return "n/a"
+    text = f"{s['mean'] * scale:.{digits}f}"
+    if s["n"] > 1:
+        text += f" ± {s['std'] * scale:.{digits}f}"
+    return text
+
+
+def methods_markdown(federation: dict[str, Any]) -> str:
+    """Rows = methods; mean ± std over the seeds."""
+    sites = federation["sites"]
+    header = ["method", "answered by", *(f"AUC {s}" for s in sites), "mean AUC", "worst AUC"]
+    header += ["avg acc.", "system acc.", "routing acc.", "MB/round", "s/round"]
+    rows = []
+    for name, row in federation["methods"].items():
+        m = row["metrics"]
+        rows.append(
+            [
+                name,
+                row["routing_method"],
+                *(_cell(m["site_auc"][s]) for s in sites),
+                _cell(m["mean_site_auc"]),
+                _cell(m["worst_site_auc"]),
+                _cell(m["average_accuracy"]),
+                _cell(m["system_accuracy"]),
+                _cell(m["routing_accuracy"]),
+                _cell(m["bytes_per_round"], 3, 1e-6),
+                _cell(m["seconds_per_round"], 2),
+            ]
+        )
+    return markdown_table(header, rows)
+
+
+def speed_markdown(speed: dict[str, Any]) -> str:
+    e = speed["engine_overhead"]
+    engine = markdown_table(
+        ["engine s/round", "plain loop s/round", "overhead (engine / plain)", "goal"],
+        [
+            [
+                f"{e['engine_seconds_per_round']:.4f}",
+                f"{e['plain_seconds_per_round']:.4f}",
+                f"{e['ratio']:.3f}",
+                f"≤ {e['goal']:.2f}",
+            ]
+        ],
+    )
+    engine += (
+        f"\n\nEngine overhead ({e['federation']}, {e['algorithm']}, {e['sites']} sites, "
+        f"{e['local_steps']} local steps of batch {e['batch_size']}, {e['rounds']} rounds, best "
+        f"of {e['repeats']}): {e['definition']}."
+    )
+    data = markdown_table(
+        [
+            "federation",
+            "scans",
+            "decode every epoch (img/s)",
+            "cached (img/s)",
+            "speed-up",
+            "in memory (img/s)",
+        ],
+        [
+            [
+                m,
+                d["n_images"],
+                f"{d['decode_images_per_s']:.0f}",
+                f"{d['cached_images_per_s']:.0f}",
+                f"{d['cached_speedup']:.1f}x",
+                f"{d['in_memory_images_per_s']:.0f}",
+            ]
+            for m, d in speed["data_path"].items()
+        ],
+    )
+    routing = markdown_table(
+        [
+            "federation",
+            "m sites",
+            "FedDRM density ratio (ms/scan)",
+            "majority vote (ms/scan)",
+            "vote / density ratio",
+        ],
+        [
+            [
+                m,
+                r["m_sites"],
+                _fmt(r["feddrm_density_ratio_ms_per_scan"], 2),
+                _fmt(r["majority_vote_ms_per_scan"], 2),
+                _fmt(r["majority_vote_over_density_ratio"], 1),
+            ]
+            for m, r in speed["routing_latency"].items()
+        ],
+    )
+    return "\n\n".join([engine, data, routing, bytes_markdown(speed["bytes"])])
+
+
+def bytes_markdown(by_federation: dict[str, Any]) -> str:
+    feds = list(by_federation)
+    header = ["method"]
+    for m in feds:
+        header += [f"{m} MB/round", f"{m} vs FedAvg fp32"]
+    methods = list(next(iter(by_federation.values()))["methods"])
+    rows = []
+    for name in methods:
+        row: list[Any] = [name]
+        for m in feds:
+            figures = by_federation[m]["methods"][name]
+            ratio = figures["ratio_to_baseline"]
+            row += [
+                f"{figures['bytes_per_round'] / 1e6:.3f}",
+                "n/a" if ratio is None else f"{ratio:.3f}",
+            ]
+        rows.append(row)
+    return markdown_table(header, rows)
+
+
+def claims_lines(results: dict[str, Any]) -> list[str]:
+    lines = []
+    for modality, fed in results["federations"].items():
+        c = fed.get("claims")
+        if not c:
+            continue
+        lines.append(
+            f"- {modality}: FedDRM system accuracy {_fmt(c['feddrm_system_accuracy'])} vs the "
+            f"best majority vote ({c['best_majority_vote']}) "
+            f"{_fmt(c['best_majority_vote_system_accuracy'])}: "
+            f"{'above' if c['feddrm_system_accuracy_above_every_majority_vote'] else 'NOT above'}"
+            f" every majority-vote baseline; FedDRM worst-site AUC "
+            f"{_fmt(c['feddrm_worst_site_auc'])} vs FedAvg {_fmt(c['fedavg_worst_site_auc'])}: "
+            f"{'at least' if c['feddrm_worst_site_auc_at_least_fedavg'] else 'BELOW'} FedAvg's."
+        )
+    return lines
+
+
+def caption(results: dict[str, Any]) -> str:
+    budgets = ", ".join(
+        f"{m}: {f['budget']['n_per_site']} per site, {f['budget']['rounds']} rounds x "
+        f"{f['budget']['local_steps']} local steps"
+        for m, f in results["federations"].items()
+    )
+    d = results["device"]
+    where = d["gpu"] or d["cpu"]
+    return (
+        f"`{results['command']}` (seeds {results['seeds'][0]}..{results['seeds'][-1]}; "
+        f"{budgets}; {d['device']}, {where}; {results['seconds_total']:.0f} s in all, "
+        f"{results['started_at']})"
+    )
+
+
+def results_markdown(
+    results: dict[str, Any], *, image_prefix: str = "", heading_level: int = 2
+) -> str:
+    """The whole report: one table per federation, the speed tables, the plots, the caption."""
+    h = "#" * heading_level
+    parts = []
+    for modality, fed in results["federations"].items():
+        parts.append(
+            f"{h} {modality} federation ({len(fed['sites'])} sites), mean ± std over "
+            f"{len(results['seeds'])} seed(s)"
+        )
+        parts.append(methods_markdown(fed))
+    lines = claims_lines(results)
+    if lines:
+        parts.append("\n".join(lines))
+    parts.append(f"{h} Speed")
+    parts.append(speed_markdown(results["speed"]))
+    parts.append("\n".join(f"![{name[:-4]}]({image_prefix}{name})" for name in results["plots"]))
+    parts.append(caption(results))
+    return "\n\n".join(parts)

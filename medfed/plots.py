@@ -1,0 +1,132 @@
+"""PNG plots of ``medfed bench`` results (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+ROUTER_COLOURS = {"density_ratio": "#1f77b4", "majority_vote": "#ff7f0e"}
+DPI = 110
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _mean_std(row: dict[str, Any], key: str) -> tuple[float, float]:
+    s = row["metrics"][key]
+    return (s["mean"] if s["mean"] is not None else float("nan")), (s["std"] or 0.0)
+
+
+def _floor(values: list[tuple[float, float]]) -> float:
+    """A y-axis floor a little under the lowest bar, so close methods stay distinguishable."""
+    lows = [m - sd for m, sd in values if m == m]  # NaN != NaN: skip undefined figures
+    return max(0.0, math.floor(10 * (min(lows, default=0.0) - 0.05)) / 10)
+
+
+def federation_plot(modality: str, fed: dict[str, Any], path: Path) -> Path:
+    """Mean and worst-site AUC, and system accuracy (coloured by router), per method."""
+    plt = _pyplot()
+    names = list(fed["methods"])
+    rows = [fed["methods"][n] for n in names]
+    x = range(len(names))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    floors = []
+    for offset, key, label in (
+        (-0.2, "mean_site_auc", "mean site AUC"),
+        (0.2, "worst_site_auc", "worst-site AUC"),
+    ):
+        values = [_mean_std(r, key) for r in rows]
+        floors.append(_floor(values))
+        left.bar(
+            [i + offset for i in x],
+            [v[0] for v in values],
+            width=0.4,
+            label=label,
+            yerr=[v[1] for v in values],
+            capsize=2,
+        )
+    left.set_title(f"{modality}: site AUC (mean ± std over seeds)")
+    left.set_ylim(min(floors), 1.0)
+    left.legend(loc="lower right")
+    values = [_mean_std(r, "system_accuracy") for r in rows]
+    colours = [ROUTER_COLOURS.get(r["routing_method"], "#7f7f7f") for r in rows]
+    right.bar(
+        list(x), [v[0] for v in values], yerr=[v[1] for v in values], capsize=2, color=colours
+    )
+    right.set_title(f"{modality}: system accuracy (blue: density ratio, orange: majority vote)")
+    right.set_ylim(_floor(values), 1.0)
+    for axis in (left, right):
+        axis.set_xticks(list(x), names, rotation=45, ha="right")
+        axis.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def speed_plot(results: dict[str, Any], path: Path) -> Path:
+    """Engine vs plain loop, data path, routing latency, and bytes per round vs FedAvg."""
+    plt = _pyplot()
+    speed = results["speed"]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4))
+    e = speed["engine_overhead"]
+    axes[0].bar(
+        ["engine", "plain loop"], [e["engine_seconds_per_round"], e["plain_seconds_per_round"]]
+    )
+    axes[0].set_title(f"s/round (overhead {e['ratio']:.3f})")
+    feds = list(speed["data_path"])
+    width = 0.8 / 3
+    for k, (key, label) in enumerate(
+        (
+            ("decode_images_per_s", "decode every epoch"),
+            ("cached_images_per_s", "cached"),
+            ("in_memory_images_per_s", "in memory"),
+        )
+    ):
+        axes[1].bar(
+            [i + (k - 1) * width for i in range(len(feds))],
+            [speed["data_path"][m][key] for m in feds],
+            width=width,
+            label=label,
+        )
+    axes[1].set_xticks(range(len(feds)), feds)
+    axes[1].set_yscale("log")
+    axes[1].set_title("data path (images/s, log)")
+    axes[1].legend(fontsize=7, loc="lower left")
+    labels, values, colours = [], [], []
+    for m, r in speed["routing_latency"].items():
+        for router, key in (
+            ("density_ratio", "feddrm_density_ratio_ms_per_scan"),
+            ("majority_vote", "majority_vote_ms_per_scan"),
+        ):
+            if r[key] is not None:
+                labels.append(f"{m}\n{router.replace('_', ' ')}")
+                values.append(r[key])
+                colours.append(ROUTER_COLOURS[router])
+    axes[2].bar(labels, values, color=colours)
+    axes[2].set_title("routing latency (ms/scan)")
+    axes[2].tick_params(axis="x", labelsize=7)
+    first = next(iter(speed["bytes"].values()))
+    names = [n for n, f in first["methods"].items() if f["ratio_to_baseline"]]
+    axes[3].barh(names, [first["methods"][n]["ratio_to_baseline"] for n in names])
+    axes[3].axvline(1.0, color="black", linewidth=0.8)
+    axes[3].set_title(f"bytes/round / FedAvg fp32 ({next(iter(speed['bytes']))})")
+    axes[3].tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
+    """One plot per federation and one of the speed figures, as PNGs under ``out``."""
+    paths = [federation_plot(m, fed, out / f"{m}.png") for m, fed in results["federations"].items()]
+    paths.append(speed_plot(results, out / "speed.png"))
+    return paths

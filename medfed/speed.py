@@ -1,0 +1,313 @@
+"""Speed figures for ``medfed bench``, each measured side by side with its reference in one run.
+
+- engine overhead: the in-process engine's seconds per round against a plain PyTorch FedAvg loop
+  doing the same local steps on the same tensors (same model, batch size, optimizer, sites);
+- data path: images per second of the cached pipeline against decoding every epoch;
+- routing: per-scan latency of each trained federation's router (FedDRM's density ratio: one
+  batched pass; majority vote: one pass per site);
+- bytes per round of each method against FedAvg in float32.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from medfed.algorithms import make_algorithm
+from medfed.config import Modality, TrainConfig, load_manifests
+from medfed.data.cache import TensorCache
+from medfed.data.records import Split
+from medfed.data.sitedata import SiteData, load_site
+from medfed.evaluation import pooled_views
+from medfed.federation.device import DeviceSetup, resolve_device
+from medfed.federation.engine import cosine_lr, default_backbone, derive_seed
+from medfed.federation.server import initial_model
+from medfed.inference import TrainedFederation
+from medfed.models.fedmodel import ModelSpec
+from medfed.routing import default_router
+from medfed.runs import RunDir
+from medfed.training import train
+
+ENGINE_OVERHEAD_GOAL = 1.05
+ENGINE_OVERHEAD_DEFINITION = (
+    "median seconds of one round's training (every site's local steps, update encoding and "
+    "checking, aggregation; per-round validation and checkpoints excluded) of the in-process "
+    "engine running FedAvg, divided by the same for a plain PyTorch loop (load the global "
+    "weights, a fresh AdamW, the same minibatches and flips, forward/backward/step, then a "
+    "weighted average) on the same tensors, model, batch size, sites and local steps; best of "
+    "the repeats, engine and loop alternating"
+)
+
+
+def _sync(setup: DeviceSetup) -> None:
+    if setup.is_cuda:
+        torch.cuda.synchronize(setup.device)
+
+
+# ---------------------------------------------------------------------------- engine overhead
+def engine_round_seconds(sites: list[SiteData], config: TrainConfig, run_dir: Path) -> list[float]:
+    """Per-round training seconds of the in-process engine (as its metrics.jsonl records them)."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    train(sites, config, run_dir)
+    by_round = {r["round"]: r["round_seconds"] for r in RunDir(run_dir).read_metrics()}
+    return [by_round[k] for k in sorted(by_round)]
+
+
+def plain_round_seconds(sites: list[SiteData], config: TrainConfig) -> list[float]:
+    """Per-round seconds of a plain PyTorch FedAvg loop doing the engine's local steps."""
+    setup = resolve_device(config.device)
+    modality = sites[0].manifest.modality
+    algorithm = make_algorithm(config.algorithm)
+    spec = ModelSpec(
+        backbone=default_backbone(modality, algorithm),
+        in_channels=int(sites[0].x[Split.TRAIN].shape[1]),
+        n_classes=max(s.manifest.n_classes for s in sites),
+        n_sites=len(sites),
+    )
+    model = initial_model(spec, algorithm, config.seed, setup)  # the engine's first weights
+    data = [(setup.put(s.x[Split.TRAIN]), setup.put(s.y[Split.TRAIN])) for s in sites]
+    total = sum(int(y.shape[0]) for _, y in data)
+    weights = [int(y.shape[0]) / total for _, y in data]
+    flip = config.augment and modality is Modality.FUNDUS
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    seconds = []
+    for round_ in range(1, config.rounds + 1):
+        _sync(setup)
+        start = time.perf_counter()
+        lr = cosine_lr(config.lr, round_, config.rounds)
+        states = []
+        for index, (x, y) in enumerate(data):
+            model.load_state_dict(state)
+            generator = torch.Generator().manual_seed(derive_seed(config.seed, round_, index))
+            _plain_local_steps(model, x, y, lr, config, generator, flip, setup)
+            states.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        state = {k: sum(w * s[k] for w, s in zip(weights, states, strict=True)) for k in state}
+        _sync(setup)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def _plain_local_steps(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    config: TrainConfig,
+    generator: torch.Generator,
+    flip: bool,
+    setup: DeviceSetup,
+) -> None:
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay)
+    n = x.shape[0]
+    size = min(config.batch_size, n)
+    order, pos = torch.randperm(n, generator=generator), 0
+    for _ in range(config.local_steps):
+        if pos + size > n:
+            order, pos = torch.randperm(n, generator=generator), 0
+        index = order[pos : pos + size].to(x.device)
+        pos += size
+        xb, yb = x[index], y[index]
+        if flip:
+            mirrored = (torch.rand(size, generator=generator) < 0.5).to(x.device)
+            xb = torch.where(mirrored.view(-1, *([1] * (xb.dim() - 1))), xb.flip(-1), xb)
+        with setup.autocast()():
+            loss = F.cross_entropy(model(xb).target_logits.float(), yb)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+
+def engine_overhead(
+    sites: list[SiteData], config: TrainConfig, work_dir: Path, *, repeats: int = 2
+) -> dict[str, Any]:
+    """Engine vs plain loop, alternating ``repeats`` times; each side's best per-run median."""
+    engine_runs, plain_runs = [], []
+    for rep in range(repeats):
+        engine = engine_round_seconds(sites, config, work_dir / f"engine_{rep}")
+        engine_runs.append(statistics.median(engine))
+        plain_runs.append(statistics.median(plain_round_seconds(sites, config)))
+    engine_s, plain_s = min(engine_runs), min(plain_runs)
+    ratio = engine_s / plain_s
+    return {
+        "definition": ENGINE_OVERHEAD_DEFINITION,
+        "algorithm": config.algorithm,
+        "sites": len(sites),
+        "rounds": config.rounds,
+        "local_steps": config.local_steps,
+        "batch_size": config.batch_size,
+        "optimizer": config.optimizer,
+        "repeats": repeats,
+        "engine_seconds_per_round": engine_s,
+        "plain_seconds_per_round": plain_s,
+        "ratio": ratio,
+        "goal": ENGINE_OVERHEAD_GOAL,
+        "within_goal": ratio <= ENGINE_OVERHEAD_GOAL,
+        "engine_runs": engine_runs,
+        "plain_runs": plain_runs,
+    }
+
+
+# ---------------------------------------------------------------------------- data path
+def _best_seconds(action: Callable[[], Any], repeats: int) -> float:
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def data_path(manifests: list[Path], cache_dir: Path, *, repeats: int = 2) -> dict[str, Any]:
+    """Images per second: decoding every epoch, the on-disk cache, and the in-memory tensors.
+
+    Both loading paths are the full ``load_site`` (scan the layout, split, preprocess or read
+    the cache, normalize); the cache path hashes every file's bytes to find its entry. The
+    in-memory figure is one epoch of minibatch indexing over the loaded training tensors,
+    which is what every epoch after loading costs the engine.
+    """
+    sites = load_manifests(manifests)
+    loaded = [load_site(s, TensorCache(cache_dir)) for s in sites]  # fills the cache if cold
+    n_images = sum(sum(d.n(split) for split in Split) for d in loaded)
+
+    def decode_all() -> None:
+        for site in sites:
+            load_site(site, TensorCache(None))
+
+    misses = []
+
+    def cached_all() -> None:
+        for site in sites:
+            misses.append(load_site(site, TensorCache(cache_dir)).cache_misses)
+
+    decode_s = _best_seconds(decode_all, repeats)
+    cached_s = _best_seconds(cached_all, repeats)
+    tensors = [d.x[Split.TRAIN] for d in loaded]
+    n_train = sum(int(x.shape[0]) for x in tensors)
+    memory_s = _best_seconds(lambda: _one_epoch(tensors), repeats)
+    return {
+        "modality": str(sites[0].modality),
+        "n_images": n_images,
+        "decode_images_per_s": n_images / decode_s,
+        "cached_images_per_s": n_images / cached_s,
+        "cache_misses": int(sum(misses)),
+        "in_memory_images_per_s": n_train / memory_s,
+        "cached_speedup": decode_s / cached_s,
+        "repeats": repeats,
+    }
+
+
+def _one_epoch(tensors: list[torch.Tensor], batch_size: int = 32) -> None:
+    for x in tensors:
+        order = torch.randperm(x.shape[0])
+        for start in range(0, x.shape[0], batch_size):
+            x[order[start : start + batch_size]].sum()
+
+
+# ---------------------------------------------------------------------------- routing
+def routing_latency(
+    run_dirs: dict[str, Path], sites: list[SiteData], *, scans: int = 32
+) -> dict[str, Any]:
+    """Median milliseconds to answer one scan with each run's default router."""
+    views = pooled_views(sites, Split.TEST)
+    n = min(scans, int(views[0].shape[0]))
+    methods = {}
+    for method, run in run_dirs.items():
+        fed = TrainedFederation.load(run)
+        router = default_router(fed)
+        times = []
+        for k in range(-2, n):  # two warm-up scans
+            one = [v[k % n : k % n + 1] for v in views]
+            start = time.perf_counter()
+            router.route(fed, one)
+            if k >= 0:
+                times.append(time.perf_counter() - start)
+        methods[method] = {
+            "router": router.name,
+            # Sites that hold the same body (FedAvg, FedDRM) answer in one batched pass.
+            "forward_passes": 1 if fed.shared_body else len(fed.sites),
+            "ms_per_scan": 1000 * statistics.median(times),
+        }
+    return {"m_sites": len(sites), "scans": n, "methods": methods, **_router_summary(methods)}
+
+
+def _router_summary(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """FedDRM's density ratio against majority votes that need one pass per site model."""
+    vote = [
+        f["ms_per_scan"]
+        for f in methods.values()
+        if f["router"] == "majority_vote" and f["forward_passes"] > 1
+    ]
+    density = methods.get("feddrm", {}).get("ms_per_scan")
+    vote_ms = statistics.median(vote) if vote else None
+    return {
+        "feddrm_density_ratio_ms_per_scan": density,
+        "majority_vote_ms_per_scan": vote_ms,
+        "majority_vote_over_density_ratio": vote_ms / density if density and vote_ms else None,
+    }
+
+
+# ---------------------------------------------------------------------------- bytes
+def bytes_ratios(bytes_per_round: dict[str, float], baseline: str = "fedavg") -> dict[str, Any]:
+    """Each method's bytes per round and its share of the baseline's (FedAvg, float32)."""
+    base = bytes_per_round.get(baseline)
+    return {
+        "baseline": baseline,
+        "baseline_bytes_per_round": base,
+        "methods": {
+            name: {
+                "bytes_per_round": value,
+                "ratio_to_baseline": value / base if base else None,
+            }
+            for name, value in bytes_per_round.items()
+        },
+    }
+
+
+def device_info(setup: DeviceSetup | None = None) -> dict[str, Any]:
+    """The machine the figures were measured on (CPU model, GPU name), for results.json."""
+    import platform
+
+    setup = setup or resolve_device("auto")
+    return {
+        "device": setup.describe(),
+        "kind": setup.device.type,
+        "cpu": _cpu_model(),
+        "cpu_count": _cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(setup.device) if setup.is_cuda else None,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+
+
+def _cpu_model() -> str:
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cpu_count() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1

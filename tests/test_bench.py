@@ -1,0 +1,184 @@
+"""``medfed bench``: the whole command on tiny settings, and its pure helpers."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from medfed.algorithms import ALGORITHMS
+from medfed.bench import FIGURES, MARKER, claims, parse_budget, stat
+from medfed.cli import app
+from medfed.errors import ConfigError
+
+runner = CliRunner()
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# Tiny budgets: 12 fundus scans and 8 CT patients per site, 1 round of 1 local step.
+TINY = ["--fundus-budget", "12x1x1", "--ct-budget", "8x1x1", "--image-size", "48"]
+TINY += ["--speed-rounds", "2"]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One quick bench over two seeds, with a README to update."""
+    root = tmp_path_factory.mktemp("bench")
+    readme = root / "README.md"
+    readme.write_text(f"# x\n\n<!-- {MARKER}:start -->\nold\n<!-- {MARKER}:end -->\ntail\n")
+    out = root / "out"
+    args = ["bench", "--quick", "--seeds", "2", "--out", str(out), "--json"]
+    result = runner.invoke(app, [*args, *TINY, "--update-readme", str(readme)])
+    assert result.exit_code == 0, result.output
+    return {"out": out, "readme": readme, "stdout": result.stdout, "root": root}
+
+
+def _results(bench_run: dict[str, Any]) -> dict[str, Any]:
+    return json.loads((bench_run["out"] / "results.json").read_text())
+
+
+def test_bench_json_flag_prints_results_json(bench_run):
+    printed = json.loads(bench_run["stdout"])
+
+    assert printed == _results(bench_run)
+
+
+def test_bench_runs_every_registered_method_on_both_federations(bench_run):
+    results = _results(bench_run)
+
+    assert results["schema_version"] == 1
+    assert results["quick"] is True
+    assert results["seeds"] == [0, 1]
+    assert results["methods"] == list(ALGORITHMS)
+    assert set(results["federations"]) == {"fundus", "ct"}
+    for fed in results["federations"].values():
+        assert set(fed["methods"]) == set(ALGORITHMS)
+        assert fed["budget"]["rounds"] == 1
+
+
+def test_bench_mean_and_std_match_the_per_seed_summaries(bench_run):
+    results = _results(bench_run)
+
+    for modality, fed in results["federations"].items():
+        for method, row in fed["methods"].items():
+            metrics = row["metrics"]
+            stats = [metrics["site_auc"][s] for s in fed["sites"]]
+            stats += [metrics[k] for k in FIGURES]
+            for s in stats:
+                assert len(s["values"]) == 2
+                finite = [v for v in s["values"] if v is not None]
+                assert s["n"] == len(finite)
+                if finite:
+                    assert s["mean"] == pytest.approx(np.mean(finite))
+                if len(finite) == 2:
+                    assert s["std"] == pytest.approx(np.std(finite, ddof=1))
+            for seed in (0, 1):
+                run = bench_run["out"] / "runs" / modality / f"seed{seed}" / method
+                summary = json.loads((run / "summary.json").read_text())
+                assert metrics["system_accuracy"]["values"][seed] == summary["system_accuracy"]
+                assert metrics["bytes_per_round"]["values"][seed] == summary["bytes_per_round"]
+
+
+def test_bench_speed_section_has_positive_side_by_side_figures(bench_run):
+    speed = _results(bench_run)["speed"]
+
+    engine = speed["engine_overhead"]
+    assert engine["engine_seconds_per_round"] > 0 and engine["plain_seconds_per_round"] > 0
+    expected = engine["engine_seconds_per_round"] / engine["plain_seconds_per_round"]
+    assert engine["ratio"] == pytest.approx(expected)
+    assert "validation" in engine["definition"]
+    for modality in ("fundus", "ct"):
+        data = speed["data_path"][modality]
+        assert data["cache_misses"] == 0
+        for key in ("decode_images_per_s", "cached_images_per_s", "in_memory_images_per_s"):
+            assert data[key] > 0
+        routing = speed["routing_latency"][modality]
+        assert routing["methods"]["feddrm"]["router"] == "density_ratio"
+        assert routing["feddrm_density_ratio_ms_per_scan"] > 0
+        assert routing["majority_vote_ms_per_scan"] > 0
+        figures = speed["bytes"][modality]
+        assert figures["baseline_bytes_per_round"] > 0
+        assert figures["methods"]["fedavg"]["ratio_to_baseline"] == 1.0
+        assert figures["methods"]["local"]["bytes_per_round"] == 0
+
+
+def test_bench_records_the_device(bench_run):
+    device = _results(bench_run)["device"]
+
+    assert device["kind"] in ("cpu", "cuda")
+    assert device["cpu"]
+    assert (device["gpu"] is None) == (device["kind"] == "cpu")
+
+
+def test_bench_writes_markdown_and_plots(bench_run):
+    out = bench_run["out"]
+    results = _results(bench_run)
+
+    table = (out / "results.md").read_text()
+    for method in ALGORITHMS:
+        assert f"| {method} " in table
+    assert results["plots"] == ["fundus.png", "ct.png", "speed.png"]
+    for name in results["plots"]:
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+        assert f"]({name})" in table
+
+
+def test_bench_update_readme_embeds_tables_and_committed_plots(bench_run):
+    text = bench_run["readme"].read_text()
+
+    assert "old" not in text and text.endswith("tail\n")
+    assert "| feddrm " in text
+    for name in ("fundus.png", "ct.png", "speed.png"):
+        assert f"](docs/bench/{name})" in text
+        assert (bench_run["root"] / "docs" / "bench" / name).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_parse_budget_reads_scans_rounds_steps_and_names_the_format():
+    budget = parse_budget("240x60x3")
+
+    assert (budget.n_per_site, budget.rounds, budget.local_steps) == (240, 60, 3)
+    with pytest.raises(ConfigError, match="SCANSxROUNDSxSTEPS"):
+        parse_budget("240x60")
+
+
+def test_stat_skips_undefined_values():
+    s = stat([0.5, None, 0.7])
+
+    assert s["n"] == 2
+    assert s["mean"] == pytest.approx(0.6)
+    assert s["std"] == pytest.approx(math.sqrt(0.02))
+    assert stat([None])["mean"] is None
+    assert stat([0.4])["std"] == 0.0
+
+
+def _row(router: str, system: float, worst: float) -> dict[str, Any]:
+    return {
+        "routing_method": router,
+        "metrics": {"system_accuracy": stat([system]), "worst_site_auc": stat([worst])},
+    }
+
+
+def test_claims_compare_feddrm_with_every_majority_vote_and_fedavg():
+    fed = {
+        "methods": {
+            "fedavg": _row("majority_vote", 0.70, 0.80),
+            "fedbn": _row("majority_vote", 0.75, 0.82),
+            "feddrm": _row("density_ratio", 0.74, 0.81),
+            "lora": _row("density_ratio", 0.90, 0.60),
+        }
+    }
+
+    c = claims(fed)
+
+    assert c["best_majority_vote"] == "fedbn"
+    assert c["feddrm_system_accuracy_above_every_majority_vote"] is False
+    assert c["feddrm_worst_site_auc_at_least_fedavg"] is True
+
+
+def test_bench_refuses_a_zero_seed_count(tmp_path):
+    result = runner.invoke(app, ["bench", "--seeds", "0", "--out", str(tmp_path)])
+
+    assert result.exit_code != 0
+    assert "--seeds" in result.output
