@@ -29,7 +29,7 @@ HEAD = {"target_head.weight", "target_head.bias"}
 
 def test_every_algorithm_is_registered() -> None:
     expected = {"local", "fedavg", "fedprox", "fedavgft", "fedbn", "fedrep", "ditto", "feddrm"}
-    expected |= {"fedals", "lora"}
+    expected |= {"fedals", "lora", "fedgmi", "pfedme"}
     assert set(ALGORITHMS) == expected
 
 

@@ -11,15 +11,20 @@ from medfed.algorithms.fedavg import FedAvg
 from medfed.algorithms.fedavgft import FedAvgFT
 from medfed.algorithms.fedbn import FedBN
 from medfed.algorithms.feddrm import FedDRM
+from medfed.algorithms.fedgmi import FedGMI
 from medfed.algorithms.fedprox import FedProx
 from medfed.algorithms.fedrep import FedRep
 from medfed.algorithms.local import LocalOnly
 from medfed.algorithms.lora import LoRA
+from medfed.algorithms.pfedme import PFedMe
 from medfed.errors import ConfigError
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
-    for cls in (LocalOnly, FedAvg, FedProx, FedAvgFT, FedBN, FedRep, Ditto, FedDRM, FedALS, LoRA)
+    for cls in (
+        *(LocalOnly, FedAvg, FedProx, FedAvgFT, FedBN, FedRep, Ditto, FedDRM, FedALS, LoRA),
+        *(FedGMI, PFedMe),
+    )
 }
 
 

@@ -22,6 +22,7 @@ from medfed.models.backbones import (
     kaiming_init,
     spatial_dims,
 )
+from medfed.models.mixture import PREDICT_RULES, MixtureBranch, MixtureHead, VAEBank
 
 NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.BatchNorm1d,
@@ -61,6 +62,12 @@ class ModelSpec:
     lora_alpha: float = 8.0
     lora_adapters: tuple[str, ...] = ()
     lora_targets: tuple[str, ...] = ("conv", "linear")  # layer kinds that get adapters
+    # FedGMI: 0 means none; otherwise M VAEs over a coarse view of the scan and M expert heads
+    # mixed by the site's coefficients (see medfed.models.mixture).
+    mixture_components: int = 0
+    mixture_latent: int = 2
+    mixture_resolution: int = 8  # pooled view size per axis (half of it for 3D volumes)
+    mixture_predict: str = "posterior"  # or "coefficients"
 
     def __post_init__(self) -> None:
         checks = [
@@ -74,6 +81,17 @@ class ModelSpec:
             (
                 set(self.lora_targets) <= set(LORA_KINDS) and bool(self.lora_targets),
                 f"lora_targets must be a non-empty subset of {sorted(LORA_KINDS)}",
+            ),
+            (self.mixture_components >= 0, "mixture_components must be >= 0"),
+            (
+                not (self.mixture_components and self.client_branch),
+                "a mixture model has no client branch",
+            ),
+            (self.mixture_latent >= 1, "mixture_latent must be >= 1"),
+            (self.mixture_resolution >= 2, "mixture_resolution must be >= 2"),
+            (
+                self.mixture_predict in PREDICT_RULES,
+                f"mixture_predict must be one of {list(PREDICT_RULES)}",
             ),
         ]
         for ok, message in checks:
@@ -116,7 +134,10 @@ class FedModel(nn.Module):
         self.backbone, self.feat_dim = build_backbone(spec.backbone, spec.in_channels)
         self.spatial_dims = spatial_dims(spec.backbone)
         self.target_branch = _branch(self.feat_dim, spec.branch_dim)
-        self.target_head = nn.Linear(spec.branch_dim, spec.n_classes)
+        self.target_head: nn.Module = nn.Linear(spec.branch_dim, spec.n_classes)
+        self.vaes: VAEBank | None = None
+        if spec.mixture_components:
+            self._build_mixture(spec)
         self.client_branch: nn.Module | None = None
         self.client_head: nn.Module | None = None
         if spec.client_branch:
@@ -126,11 +147,27 @@ class FedModel(nn.Module):
             if module is not None:
                 kaiming_init(module)
 
+    def _build_mixture(self, spec: ModelSpec) -> None:
+        m = spec.mixture_components
+        self.vaes = VAEBank(
+            m, spec.in_channels, self.spatial_dims, spec.mixture_resolution, spec.mixture_latent
+        )
+        self.target_branch = MixtureBranch(self.feat_dim, spec.branch_dim, m)
+        self.target_head = MixtureHead(
+            spec.branch_dim, spec.n_classes, m, self.vaes.dim, spec.mixture_predict
+        )
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Backbone features (N, feat_dim), to be shared by several heads."""
+        """Backbone features (N, feat_dim), to be shared by several heads.
+
+        A mixture model (FedGMI) appends the M per-dimension VAE log-likelihoods of the scan.
+        """
         if x.dim() != self.spatial_dims + 2:
             raise ModelConfigError(self._wrong_rank_message(x))
-        return self.backbone(x)
+        features = self.backbone(x)
+        if self.vaes is not None:
+            features = torch.cat([features.float(), self.vaes.affinity(x)], dim=1)
+        return features
 
     def _wrong_rank_message(self, x: torch.Tensor) -> str:
         dims = self.spatial_dims
