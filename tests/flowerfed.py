@@ -6,6 +6,7 @@ each one, and every process below it, by PID.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -62,7 +63,12 @@ class LoopbackFederation:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def start_superlink(self, *, auth: bool = False) -> None:
+        """Start (or, after :meth:`kill`, restart) the SuperLink on this federation's port.
+
+        Its state lives in a database file, so a restarted SuperLink still knows its nodes.
+        """
         argv = [str(BIN / "flower-superlink"), "--port", str(self.port)]
+        argv += ["--database", str(self.root / "superlink.db")]
         argv += ["--disable-runtime-dependency-installation"]
         if self.pki is None:
             argv.append("--insecure")
@@ -87,13 +93,19 @@ class LoopbackFederation:
         raise RuntimeError(f"the SuperLink did not listen:\n{self.log('superlink')}")
 
     def start_supernode(
-        self, site: str, manifest: Path, *, cache: Path, key: Path | None = None
+        self,
+        site: str,
+        manifest: Path,
+        *,
+        cache: Path,
+        key: Path | None = None,
+        retries: int | None = 3,
     ) -> subprocess.Popen:
-        config = (
-            f'manifest="{manifest}" state-dir="{self.root / "node_state"}" cache-dir="{cache}"'
-        )
+        config = f'manifest="{manifest}" state-dir="{self.root / "node_state"}" cache-dir="{cache}"'
         argv = [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}"]
-        argv += ["--port", str(free_port()), "--node-config", config, "--max-retries", "3"]
+        argv += ["--port", str(free_port()), "--node-config", config]
+        if retries is not None:  # None: keep trying, as a hospital's node would
+            argv += ["--max-retries", str(retries)]
         if self.pki is None:
             argv.append("--insecure")
         else:
@@ -127,21 +139,29 @@ class LoopbackFederation:
                 break
             time.sleep(1)
         logs = "\n".join(f"--- {n}\n{self.log(n)[-3000:]}" for n in self.procs)
-        events = (run_dir / "events.jsonl").read_text() if (run_dir / "events.jsonl").exists() else ""
+        events = (
+            (run_dir / "events.jsonl").read_text() if (run_dir / "events.jsonl").exists() else ""
+        )
         raise AssertionError(f"the run did not finish within {timeout} s\n{events}\n{logs}")
 
     def kill(self, name: str) -> None:
-        """Kill one process and everything it started, by PID."""
-        proc = self.procs[name]
-        try:
-            family = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
-        except psutil.NoSuchProcess:
-            family = [proc.pid]
+        """Kill one process and everything it started, by PID.
+
+        A SuperNode's SuperExec outlives a SuperNode that exits on its own (it is re-parented),
+        so it is also found by the ``--parent-pid`` it was started with.
+        """
+        proc = self.procs.pop(name)
+        family = {proc.pid}
+        for other in psutil.process_iter(["pid", "cmdline"]):
+            cmdline = other.info["cmdline"] or []
+            if "--parent-pid" in cmdline and str(proc.pid) in cmdline:
+                family.add(other.pid)
+        for pid in list(family):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                family.update(c.pid for c in psutil.Process(pid).children(recursive=True))
         for pid in family:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         proc.wait(timeout=30)
 
     def close(self) -> None:
