@@ -19,9 +19,10 @@ import torch
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
+from medfed.algorithms.fedgmi import mixture_coefficients
 from medfed.audit import AuditLog
 from medfed.cli import app
-from medfed.config import Modality
+from medfed.config import Modality, TrainConfig
 from medfed.dashboard import APP, RUNS_ENV
 from medfed.dashboard.launch import streamlit_command
 from medfed.dashboard.rundata import audit_frame, filter_audit, find_runs, label_runs
@@ -30,7 +31,7 @@ from medfed.route import route_one
 from medfed.routing import make_router
 from medfed.runs import RunDir
 from medfed.siteview import read_site_overview, to_picture, write_site_overview
-from medfed.training import load_sites
+from medfed.training import load_sites, train
 from tests.dashboard_runs import DROPPED_SITE, ROUNDS, DashboardRuns, build
 
 SITES = ["acrima", "refuge", "rimone"]
@@ -228,6 +229,20 @@ def test_sites_page_shows_cards_class_ratio_samples_distances_and_embedding(
     assert {name.split(",")[0] for name in trace_names(scatter)} == set(SITES)
     assert len(at.image) == 3 and all(len(i.value) == 4 for i in at.image)
     assert set(at.image[0].captions) == {"normal", "glaucoma"}
+
+
+def test_sites_page_shows_fedgmi_mixture_coefficients(monkeypatch, runs, tmp_path) -> None:
+    sites = load_sites(sorted((runs.data / "sites").glob("*.toml")), runs.base / "cache")
+    config = TrainConfig("fedgmi", rounds=2, local_steps=1, batch_size=8, device="cpu")
+    train(sites, config, tmp_path / "runs" / "fedgmi")
+    at = open_page(monkeypatch, [tmp_path / "runs"], "sites")
+    assert "Mixture coefficients" in texts(at, "subheader")
+    shares = at.table[0].value
+    assert sorted(shares.index) == SITES
+    assert np.allclose(shares.sum(axis=1).to_numpy(), 1.0, atol=1e-3)
+    stored = mixture_coefficients(tmp_path / "runs" / "fedgmi")
+    for site in SITES:  # the page shows what the sites' saved models hold
+        assert shares.loc[site].to_numpy() == pytest.approx(stored[site], abs=1e-3)
 
 
 def test_sites_page_says_so_when_the_run_publishes_no_images(monkeypatch, runs, tmp_path) -> None:

@@ -185,3 +185,10 @@ def traffic_bars(traffic: pd.DataFrame) -> go.Figure:
     )
     fig.update_layout(yaxis_title="mean kB per round")
     return fig
+
+
+def mixture_bars(mixture: pd.DataFrame) -> go.Figure:
+    """Each site's mixture coefficients as a stacked bar (FedGMI)."""
+    fig = px.bar(mixture, x="site", y="share", color="distribution", barmode="stack")
+    fig.update_yaxes(range=[0, 1], title="share of the site's scans")
+    return fig

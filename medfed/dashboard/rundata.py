@@ -215,6 +215,29 @@ def metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     return frame.sort_values(["round", "site"], kind="stable").reset_index(drop=True)
 
 
+MIXTURE_PREFIX = "train_mixture_"  # FedGMI: a site's share of scans per intrinsic distribution
+
+
+def mixture_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """Each site's latest mixture coefficients: one row per site and distribution."""
+    latest: dict[str, dict[str, Any]] = {}
+    for record in records:
+        if record.get("status") == "ok" and any(k.startswith(MIXTURE_PREFIX) for k in record):
+            latest[record["site"]] = record
+    rows = [
+        {
+            "site": site,
+            "distribution": f"distribution {key[len(MIXTURE_PREFIX) :]}",
+            "share": float(value),
+            "round": record["round"],
+        }
+        for site, record in sorted(latest.items())
+        for key, value in sorted(record.items())
+        if key.startswith(MIXTURE_PREFIX)
+    ]
+    return pd.DataFrame(rows, columns=["site", "distribution", "share", "round"])
+
+
 def available_curves(frame: pd.DataFrame) -> list[str]:
     return [c for c in CURVES if c in frame and frame[c].notna().any()]
 

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from medfed.dashboard import charts, common
+from medfed.dashboard import charts, common, rundata
 from medfed.dashboard.rundata import Run
 from medfed.siteview import OVERVIEW_DIR, OVERVIEW_FILE, overview_dir
 
@@ -126,11 +126,27 @@ def site_tab(folder: Path, site: str, info: dict[str, Any], images: bool) -> Non
             st.info(NO_IMAGES if not images or not samples else "Sample images are missing.")
 
 
+def mixture(run: Run) -> None:
+    """FedGMI's mixture coefficients: which shared distributions each site's scans come from."""
+    frame = rundata.mixture_frame(common.read_metrics(run))
+    if frame.empty:
+        return
+    st.subheader("Mixture coefficients")
+    st.plotly_chart(charts.mixture_bars(frame), key="mixture")
+    table = frame.pivot(index="site", columns="distribution", values="share")
+    st.table(table.round(3))
+    st.caption(
+        f"Each site's share of scans per intrinsic distribution, as of round "
+        f"{int(frame['round'].max())} (FedGMI infers them; they stay at the site)."
+    )
+
+
 def main() -> None:
     st.title("Sites")
     st.caption("Who each site's patients are, and how different the sites' scans look.")
     run = common.pick_run(common.chosen_runs(), key="sites_run")
     st.caption(common.status_line(run))
+    mixture(run)
     overview = common.read_overview(run)
     if overview is None:
         without_overview(run)
