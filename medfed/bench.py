@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import math
 import shutil
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from medfed.speed import (
     data_path,
     device_info,
     engine_overhead,
+    load_average,
+    recorded_round_seconds,
     routing_latency,
 )
 from medfed.training import load_sites, train
@@ -41,7 +44,8 @@ MODALITIES = ("fundus", "ct")
 BUDGETS = {
     # CT volumes cost ~10x a fundus photo per step: a smaller budget keeps the bench short.
     "full": {"fundus": FULL, "ct": Budget(n_per_site=48, rounds=20, local_steps=3)},
-    "quick": {"fundus": QUICK, "ct": Budget(n_per_site=48, rounds=4, local_steps=3)},
+    # Quick CT only shows the 3D path end to end (speed, bytes); its AUCs are noise at 2 rounds.
+    "quick": {"fundus": QUICK, "ct": Budget(n_per_site=24, rounds=2, local_steps=3)},
 }
 SEEDS = {"full": 3, "quick": 2}
 SPEED_ROUNDS = {"full": 20, "quick": 10}
@@ -53,6 +57,7 @@ FIGURES = (
     "routing_accuracy",
     "bytes_per_round",
     "seconds_per_round",
+    "median_seconds_per_round",
 )
 STD_NOTE = "sample standard deviation over seeds (ddof=1); 0 with one seed"
 PLOT_DIR = Path("docs/bench")
@@ -126,8 +131,30 @@ class BenchPlan:
             budgets={m: budgets[m] for m in MODALITIES if m in modalities},
             image_size=image_size,
             speed_rounds=speed_rounds or SPEED_ROUNDS[size],
-            command="medfed bench" + (" --quick" if quick else ""),
+            command=_command(
+                quick=quick,
+                seeds=seeds,
+                modalities=modalities,
+                fundus_budget=fundus_budget,
+                ct_budget=ct_budget,
+                image_size=image_size,
+                speed_rounds=speed_rounds,
+            ),
         )
+
+
+def _command(**options: Any) -> str:
+    """The command line that reproduces a plan (flags left at their defaults are omitted)."""
+    parts = ["medfed bench"]
+    if options.pop("quick"):
+        parts.append("--quick")
+    modalities = options.pop("modalities")
+    if tuple(modalities) != MODALITIES:
+        parts.append(f"--modality {','.join(modalities)}")
+    for name, value in options.items():
+        if value is not None:
+            parts.append(f"--{name.replace('_', '-')} {value}")
+    return " ".join(parts)
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -232,6 +259,9 @@ def train_federation(
                 device="auto",
             )
             summary = train(sites, config, run_dir)
+            # The median is robust to rounds slowed by other work on a shared machine.
+            rounds = recorded_round_seconds(run_dir)
+            summary["median_seconds_per_round"] = statistics.median(rounds) if rounds else None
             summaries[method].append(summary)
             echo(
                 f"[{modality} seed {seed}] {method}: worst-site AUC "
@@ -317,11 +347,11 @@ def run_bench(
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    load_at_start = load_average()
     all_runs = {m: train_federation(out, m, b, plan, echo) for m, b in plan.budgets.items()}
     results: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "command": plan.command
-        + ("" if plan.seeds == SEEDS[_size(plan)] else f" --seeds {plan.seeds}"),
+        "command": plan.command,
         "quick": plan.quick,
         "seeds": list(range(plan.seeds)),
         "std": STD_NOTE,
@@ -332,6 +362,8 @@ def run_bench(
     }
     results["speed"] = measure_speed(out, all_runs, plan, echo)
     results["seconds_total"] = time.perf_counter() - start
+    # Speed figures depend on what else the machine was doing; 1, 5 and 15 minute averages.
+    results["load_average"] = {"start": load_at_start, "end": load_average()}
     results["plots"] = [p.name for p in write_plots(results, out)]
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     (out / "results.md").write_text(results_markdown(results) + "\n", encoding="utf-8")
@@ -343,10 +375,6 @@ def run_bench(
         update_readme(readme, results, out)
         echo(f"updated the {MARKER} section of {readme} (plots in {readme.parent / PLOT_DIR})")
     return results
-
-
-def _size(plan: BenchPlan) -> str:
-    return "quick" if plan.quick else "full"
 
 
 def update_readme(readme: Path, results: dict[str, Any], out: Path) -> None:
@@ -378,7 +406,7 @@ def methods_markdown(federation: dict[str, Any]) -> str:
     """Rows = methods; mean ± std over the seeds."""
     sites = federation["sites"]
     header = ["method", "answered by", *(f"AUC {s}" for s in sites), "mean AUC", "worst AUC"]
-    header += ["avg acc.", "system acc.", "routing acc.", "MB/round", "s/round"]
+    header += ["avg acc.", "system acc.", "routing acc.", "MB/round", "s/round (median)"]
     rows = []
     for name, row in federation["methods"].items():
         m = row["metrics"]
@@ -393,7 +421,7 @@ def methods_markdown(federation: dict[str, Any]) -> str:
                 _cell(m["system_accuracy"]),
                 _cell(m["routing_accuracy"]),
                 _cell(m["bytes_per_round"], 3, 1e-6),
-                _cell(m["seconds_per_round"], 2),
+                _cell(m["median_seconds_per_round"], 2),
             ]
         )
     return markdown_table(header, rows)
@@ -509,7 +537,16 @@ def caption(results: dict[str, Any]) -> str:
     return (
         f"`{results['command']}` (seeds {results['seeds'][0]}..{results['seeds'][-1]}; "
         f"{budgets}; {d['device']}, {where}; {results['seconds_total']:.0f} s in all, "
-        f"{results['started_at']})"
+        f"{results['started_at']}{_load_text(results.get('load_average'))})"
+    )
+
+
+def _load_text(load: dict[str, Any] | None) -> str:
+    if not load or not load.get("start") or not load.get("end"):
+        return ""
+    return (
+        f"; load average {load['start'][0]:.1f} at the start, {load['end'][1]:.1f} over the "
+        "last 5 minutes"
     )
 
 

@@ -59,7 +59,16 @@ def engine_round_seconds(sites: list[SiteData], config: TrainConfig, run_dir: Pa
     if run_dir.exists():
         shutil.rmtree(run_dir)
     train(sites, config, run_dir)
-    by_round = {r["round"]: r["round_seconds"] for r in RunDir(run_dir).read_metrics()}
+    return recorded_round_seconds(run_dir)
+
+
+def recorded_round_seconds(run_dir: Path) -> list[float]:
+    """Each round's training seconds, as the run's metrics.jsonl records them."""
+    by_round = {
+        r["round"]: r["round_seconds"]
+        for r in RunDir(run_dir).read_metrics()
+        if r.get("round_seconds") is not None
+    }
     return [by_round[k] for k in sorted(by_round)]
 
 
@@ -272,6 +281,16 @@ def bytes_ratios(bytes_per_round: dict[str, float], baseline: str = "fedavg") ->
             for name, value in bytes_per_round.items()
         },
     }
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages: how busy the machine was (None where unknown)."""
+    import os
+
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def device_info(setup: DeviceSetup | None = None) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from typing import Any
 
 import numpy as np
@@ -17,8 +18,8 @@ from medfed.errors import ConfigError
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-# Tiny budgets: 12 fundus scans and 8 CT patients per site, 1 round of 1 local step.
-TINY = ["--fundus-budget", "12x1x1", "--ct-budget", "8x1x1", "--image-size", "48"]
+# Tiny budgets: 12 fundus scans and 8 CT patients per site, 2 rounds of 1 local step.
+TINY = ["--fundus-budget", "12x2x1", "--ct-budget", "8x2x1", "--image-size", "48"]
 TINY += ["--speed-rounds", "2"]
 
 
@@ -55,7 +56,7 @@ def test_bench_runs_every_registered_method_on_both_federations(bench_run):
     assert set(results["federations"]) == {"fundus", "ct"}
     for fed in results["federations"].values():
         assert set(fed["methods"]) == set(ALGORITHMS)
-        assert fed["budget"]["rounds"] == 1
+        assert fed["budget"]["rounds"] == 2
 
 
 def test_bench_mean_and_std_match_the_per_seed_summaries(bench_run):
@@ -79,6 +80,12 @@ def test_bench_mean_and_std_match_the_per_seed_summaries(bench_run):
                 summary = json.loads((run / "summary.json").read_text())
                 assert metrics["system_accuracy"]["values"][seed] == summary["system_accuracy"]
                 assert metrics["bytes_per_round"]["values"][seed] == summary["bytes_per_round"]
+                rounds = {
+                    r["round"]: r["round_seconds"]
+                    for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                }
+                median = metrics["median_seconds_per_round"]["values"][seed]
+                assert median == pytest.approx(statistics.median(rounds.values()))
 
 
 def test_bench_speed_section_has_positive_side_by_side_figures(bench_run):
@@ -110,6 +117,8 @@ def test_bench_records_the_device(bench_run):
     assert device["kind"] in ("cpu", "cuda")
     assert device["cpu"]
     assert (device["gpu"] is None) == (device["kind"] == "cpu")
+    load = _results(bench_run)["load_average"]
+    assert len(load["start"]) == 3 and len(load["end"]) == 3
 
 
 def test_bench_writes_markdown_and_plots(bench_run):
