@@ -19,7 +19,7 @@ from medfed.algorithms.base import Algorithm, State
 from medfed.config import TrainConfig
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import ConfigError, MedfedError
+from medfed.errors import ConfigError
 from medfed.evaluation import evaluate, views_of
 from medfed.federation.device import resolve_device
 from medfed.federation.server import Coordinator, RoundPlan, SiteInfo, default_backbone
@@ -29,6 +29,7 @@ from medfed.federation.site import (
     clone_state,
     cosine_lr,
     derive_seed,
+    failure_reason,
 )
 from medfed.inference import SiteEntry, TrainedFederation, fit_abstention
 from medfed.runs import RunDir
@@ -44,11 +45,6 @@ __all__ = [
 ]
 
 TIMING_KEYS = ("seconds_per_round", "seconds_total")
-
-
-def failure_reason(exc: BaseException) -> str:
-    """A site's failure in one line: medfed's own message, or the exception type and text."""
-    return str(exc) if isinstance(exc, MedfedError) else f"{type(exc).__name__}: {exc}"
 
 
 class Engine:

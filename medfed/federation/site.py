@@ -43,6 +43,11 @@ class SiteDropped(MedfedError):
     """A site did not deliver a usable update this round."""
 
 
+def failure_reason(exc: BaseException) -> str:
+    """A site's failure in one line: medfed's own message, or the exception type and text."""
+    return str(exc) if isinstance(exc, MedfedError) else f"{type(exc).__name__}: {exc}"
+
+
 def derive_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 

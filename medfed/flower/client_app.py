@@ -25,10 +25,9 @@ from flwr.clientapp import ClientApp
 
 from medfed.algorithms.base import State
 from medfed.data.records import Split
-from medfed.errors import MedfedError
 from medfed.evaluation import site_evaluation
 from medfed.federation import wire
-from medfed.federation.site import SiteWorker
+from medfed.federation.site import SiteWorker, failure_reason
 from medfed.flower.node import RunSettings, SiteNode, describe
 from medfed.flower.records import (
     json_of,
@@ -47,8 +46,7 @@ def _answer(message: Message, work: Callable[[], RecordDict]) -> Message:
     try:
         content = work()
     except Exception as exc:  # the server records the reason against this site
-        reason = str(exc) if isinstance(exc, MedfedError) else f"{type(exc).__name__}: {exc}"
-        content = RecordDict({"failure": ConfigRecord({"reason": reason})})
+        content = RecordDict({"failure": ConfigRecord({"reason": failure_reason(exc)})})
     return Message(content=content, reply_to=message)
 
 

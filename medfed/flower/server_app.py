@@ -28,6 +28,7 @@ from medfed.errors import ConfigError
 from medfed.evaluation import combine_evaluation
 from medfed.federation.device import resolve_device
 from medfed.federation.server import Coordinator, SiteInfo
+from medfed.federation.site import failure_reason
 from medfed.federation.wire import WireFormat, encode
 from medfed.flower.node import RunSettings, train_config_from_toml
 from medfed.flower.records import (
@@ -231,8 +232,8 @@ class FlowerRun:
                     raise ConfigError(answer)
                 payload_up = payload_of(answer.content)
                 received = server.receive(index, plan, downs[site], payload_up)
-            except Exception as exc:
-                reason = str(exc)
+            except Exception as exc:  # any failure of one site drops that site, not the run
+                reason = failure_reason(exc)
                 record |= {"status": "dropped", "reason": reason}
                 self.run_dir.log_event("dropout", round=round_, site=site, reason=reason)
             else:
