@@ -24,7 +24,7 @@ import numpy as np
 from medfed.algorithms import ALGORITHMS
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
-from medfed.demo import FULL, QUICK, Budget
+from medfed.demo import FULL, QUICK, Budget, MethodSpec
 from medfed.errors import ConfigError
 from medfed.report import markdown_table, replace_marked_section
 from medfed.speed import (
@@ -63,9 +63,13 @@ STD_NOTE = "sample standard deviation over seeds (ddof=1); 0 with one seed"
 PLOT_DIR = Path("docs/bench")
 
 
-def registered_methods() -> tuple[str, ...]:
-    """Every algorithm in the registry, with its default parameters."""
-    return tuple(ALGORITHMS)
+# The paper's FedDRM beside medfed's default (whose backbone norms stay on each site).
+PAPER_FEDDRM = "feddrm:private_norms=false"
+
+
+def bench_methods() -> tuple[str, ...]:
+    """Every algorithm in the registry with its default parameters, and the paper's FedDRM."""
+    return (*ALGORITHMS, PAPER_FEDDRM)
 
 
 def parse_budget(text: str) -> Budget:
@@ -86,7 +90,7 @@ class BenchPlan:
     quick: bool = False
     seeds: int = SEEDS["full"]
     budgets: dict[str, Budget] = field(default_factory=lambda: dict(BUDGETS["full"]))
-    methods: tuple[str, ...] = field(default_factory=registered_methods)
+    methods: tuple[str, ...] = field(default_factory=bench_methods)
     image_size: int | None = None  # native fundus size; None: the generator's default
     speed_rounds: int = SPEED_ROUNDS["full"]
     speed_repeats: int = 2
@@ -98,6 +102,9 @@ class BenchPlan:
         unknown = set(self.budgets) - set(MODALITIES)
         if unknown or not self.budgets:
             raise ConfigError(f"federations must be among {list(MODALITIES)}, got {unknown}")
+        for method in self.methods:
+            if MethodSpec.parse(method).algorithm not in ALGORITHMS:
+                raise ConfigError(f"bench method {method!r}: unknown algorithm")
         if "fedavg" not in self.methods:
             raise ConfigError("the bench needs fedavg: bytes are compared with FedAvg float32")
         if self.speed_rounds < 1 or self.speed_repeats < 1:
@@ -226,7 +233,7 @@ class FederationRuns:
 
 
 def _run_dir(out: Path, modality: str, seed: int, method: str) -> Path:
-    return out / "runs" / modality / f"seed{seed}" / method
+    return out / "runs" / modality / f"seed{seed}" / MethodSpec.parse(method).dirname
 
 
 def train_federation(
@@ -251,14 +258,7 @@ def train_federation(
             run_dir = _run_dir(out, modality, seed, method)
             if run_dir.exists():
                 shutil.rmtree(run_dir)
-            config = TrainConfig(
-                algorithm=method,
-                rounds=budget.rounds,
-                local_steps=budget.local_steps,
-                seed=seed,
-                device="auto",
-            )
-            summary = train(sites, config, run_dir)
+            summary = train(sites, MethodSpec.parse(method).config(budget, seed), run_dir)
             # The median is robust to rounds slowed by other work on a shared machine.
             rounds = recorded_round_seconds(run_dir)
             summary["median_seconds_per_round"] = statistics.median(rounds) if rounds else None

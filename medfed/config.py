@@ -285,7 +285,7 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     seed: int = 0
-    backbone: str = "auto"  # GroupNorm cnn / monai3d (BatchNorm ones for FedBN)
+    backbone: str = "auto"  # GroupNorm cnn / monai3d (BatchNorm ones for FedBN, FedDRM)
     device: str = "auto"
     client_fraction: float = 1.0
     min_sites: int = 1

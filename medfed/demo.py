@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -54,6 +55,24 @@ class MethodSpec:
             raise ConfigError(f"method {text!r}: after '+' only 'delta' is understood")
         return cls(text, name, params, precision or "float32", delta == "delta")
 
+    @property
+    def dirname(self) -> str:
+        """The label as a run-directory name."""
+        return re.sub(r"[:,@=+]", "_", self.label)
+
+    def config(self, budget: Budget, seed: int) -> TrainConfig:
+        """The training config of this method at ``budget``."""
+        return TrainConfig(
+            algorithm=self.algorithm,
+            params=self.params,
+            rounds=budget.rounds,
+            local_steps=budget.local_steps,
+            seed=seed,
+            device="auto",
+            wire_precision=self.wire_precision,
+            wire_delta=self.wire_delta,
+        )
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -87,21 +106,11 @@ def run_demo(
     sites = load_sites(list(manifests), out / "cache")
     summaries = {}
     for method in map(MethodSpec.parse, methods):
-        run_dir = out / "runs" / method.label.replace(":", "_").replace(",", "_").replace("@", "_")
+        run_dir = out / "runs" / method.dirname
         if run_dir.exists():
             shutil.rmtree(run_dir)
         echo(f"training {method.label} ({budget.rounds} rounds x {budget.local_steps} steps) ...")
-        config = TrainConfig(
-            algorithm=method.algorithm,
-            params=method.params,
-            rounds=budget.rounds,
-            local_steps=budget.local_steps,
-            seed=seed,
-            device="auto",
-            wire_precision=method.wire_precision,
-            wire_delta=method.wire_delta,
-        )
-        summaries[method.label] = train(sites, config, run_dir)
+        summaries[method.label] = train(sites, method.config(budget, seed), run_dir)
     table = methods_table(summaries)
     if "fedavg" in summaries:
         table += "\n\n" + communication_table(summaries, baseline="fedavg")

@@ -3,8 +3,10 @@
 Every router takes the scan as each site sees it (``views[i]``: the scan under site i's own
 preprocessing) and returns per-site probabilities, the chosen site (or abstain) and the answer:
 
-- ``density_ratio`` (FedDRM): score_i = client logit_i - log(pi_i), pi_i = n_i / N; site
-  probabilities are the softmax of the scores; the chosen site's target head answers. When only
+- ``density_ratio`` (FedDRM): score_i = log p(site i | scan) - log(pi_i), pi_i = n_i / N, the
+  client posterior taken on site i's view (and from site i's model where more than the heads
+  differ); site probabilities are the softmax of the scores; the chosen site's target head
+  answers. With one view and one model this is the paper's client logit_i - log(pi_i). When only
   the target heads differ between sites this is one batched forward pass;
 - ``soft`` (FedDRM): as density_ratio, but the answer mixes the top sites' predictions by their
   probability;
@@ -30,7 +32,7 @@ from medfed.metrics import ABSTAIN, majority_vote
 
 
 def density_ratio_scores(client_logits: np.ndarray, priors: np.ndarray) -> np.ndarray:
-    """client logit minus log prior, per site: (n, K) -> (n, K)."""
+    """client log-posterior (or logit) minus log prior, per site: (n, K) -> (n, K)."""
     priors = np.asarray(priors, dtype=np.float64)
     if priors.ndim != 1 or priors.shape[0] != client_logits.shape[1]:
         raise ValueError(
@@ -39,6 +41,13 @@ def density_ratio_scores(client_logits: np.ndarray, priors: np.ndarray) -> np.nd
     if np.any(priors <= 0):
         raise ValueError("site priors must be > 0 (every site contributes training data)")
     return np.asarray(client_logits, dtype=np.float64) - np.log(priors)[None, :]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float64: (n, K) -> (n, K)."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
 
 
 def softmax(scores: np.ndarray) -> np.ndarray:
@@ -120,9 +129,11 @@ class DensityRatioRouter(Router):
 
     def decide(self, fed, out):
         k = len(fed.sites)
-        # Site i judges the scan as it preprocesses it: its own client logit on its own view.
-        logits = np.stack([out.client_logits[i, :, i] for i in range(k)], axis=1)
-        site_probs, routed = route_density_ratio(logits, fed.priors)
+        # Site i judges the scan as it preprocesses it (its own view, and its own model where
+        # models differ beyond the heads): log p(site i | view i) from its client posterior.
+        # The posteriors, not the raw logits, are compared: each view has its own normalizer.
+        log_post = np.stack([log_softmax(out.client_logits[i])[:, i] for i in range(k)], axis=1)
+        site_probs, routed = route_density_ratio(log_post, fed.priors)
         return site_probs, routed, _pick(out.class_probs, routed)
 
 

@@ -4,7 +4,8 @@
   doing the same local steps on the same tensors (same model, batch size, optimizer, sites);
 - data path: images per second of the cached pipeline against decoding every epoch;
 - routing: per-scan latency of each trained federation's router (FedDRM's density ratio: one
-  batched pass; majority vote: one pass per site);
+  pass per site model, or one batched pass when only the target heads differ; majority vote:
+  one pass per site);
 - bytes per round of each method against FedAvg in float32.
 """
 
@@ -243,7 +244,7 @@ def routing_latency(
                 times.append(time.perf_counter() - start)
         methods[method] = {
             "router": router.name,
-            # Sites that hold the same body (FedAvg, FedDRM) answer in one batched pass.
+            # Sites that hold the same body (FedAvg, the paper's FedDRM) answer in one batched pass.
             "forward_passes": 1 if fed.shared_body else len(fed.sites),
             "ms_per_scan": 1000 * statistics.median(times),
         }

@@ -20,13 +20,24 @@ def tensor_site(
     size: int = 16,
     seed: int = 0,
     signal: float = 1.0,
+    camera: str = "colour",
 ) -> SiteData:
-    """A site whose class is a faint bright square and whose 'camera' is a colour offset."""
+    """A site whose class is a faint bright square and whose 'camera' is a colour offset
+    (``camera="colour"``) or a bright band across rows of its own (``camera="band"``, which
+    per-channel normalization cannot remove)."""
     g = torch.Generator().manual_seed(seed * 100 + index)
     x = torch.randn(n, 3, size, size, generator=g) * 0.5
     y = torch.arange(n) % 2
     x[y == 1, :, size // 4 : size // 2, size // 4 : size // 2] += signal
-    x[:, index % 3] += 0.8 * (index + 1)  # site-specific colour cast: learnable by a client head
+    if camera == "colour":
+        x[:, index % 3] += 0.8 * (
+            index + 1
+        )  # site-specific colour cast: learnable by a client head
+    elif camera == "band":
+        rows = slice(size // 2 + 2 * index, size // 2 + 2 * index + 2)
+        x[:, :, rows, :] += 1.5
+    else:
+        raise ValueError(f"camera must be colour or band, got {camera!r}")
     parts = {Split.TRAIN: slice(0, n // 2), Split.VAL: slice(n // 2, 3 * n // 4)}
     parts[Split.TEST] = slice(3 * n // 4, n)
     manifest = SiteManifest(

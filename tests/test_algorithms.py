@@ -44,9 +44,13 @@ def test_local_only_shares_nothing(model: nn.Module) -> None:
     assert algorithm.communicates is False
 
 
-@pytest.mark.parametrize("name", ["feddrm", "fedrep"])
-def test_head_personalization_keeps_exactly_the_target_head(name: str, model: nn.Module) -> None:
-    algorithm = make_algorithm(name)
+@pytest.mark.parametrize(
+    ("name", "params"), [("feddrm", {"private_norms": "false"}), ("fedrep", {})]
+)
+def test_head_personalization_keeps_exactly_the_target_head(
+    name: str, params: dict[str, str], model: nn.Module
+) -> None:
+    algorithm = make_algorithm(name, params)
     shared = set(algorithm.shared_keys(model))
     assert algorithm.private_keys(model) == HEAD
     assert shared == set(model.state_dict()) - HEAD
@@ -62,6 +66,23 @@ def test_fedbn_keeps_norm_layers_found_by_type(model: nn.Module) -> None:
     assert "target_branch.1.weight" in private  # LayerNorm is a normalization layer too
     conv_keys = {k for k, v in model.state_dict().items() if v.dim() == 4}
     assert conv_keys and not (conv_keys & private)
+
+
+def test_feddrm_keeps_the_target_head_and_the_backbone_norms_by_default(model: nn.Module) -> None:
+    algorithm = make_algorithm("feddrm")
+    private = algorithm.private_keys(model)
+    backbone_norms = {k for k in norm_state_keys(model) if k.startswith("backbone.")}
+    assert backbone_norms and private == HEAD | backbone_norms
+    shared = set(algorithm.shared_keys(model))
+    # The branches' LayerNorms, the convolutions and the whole client branch still travel.
+    assert {"target_branch.1.weight", "client_branch.1.weight", "client_head.weight"} <= shared
+    conv_keys = {k for k, v in model.state_dict().items() if v.dim() == 4}
+    assert conv_keys and conv_keys <= shared
+    # BatchNorm by default (auto backbone); GroupNorm for the paper's FedDRM.
+    assert algorithm.uses_batch_norm
+    assert not make_algorithm("feddrm", {"private_norms": "false"}).uses_batch_norm
+    with pytest.raises(ConfigError, match="private_norms=false"):
+        make_algorithm("feddrm").private_keys(nn.Module())
 
 
 def test_fedbn_refuses_a_model_without_norm_layers() -> None:

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from medfed.algorithms import ALGORITHMS
-from medfed.bench import FIGURES, MARKER, claims, parse_budget, stat
+from medfed.bench import FIGURES, MARKER, PAPER_FEDDRM, claims, parse_budget, stat
 from medfed.cli import app
 from medfed.errors import ConfigError
 
@@ -52,11 +52,15 @@ def test_bench_runs_every_registered_method_on_both_federations(bench_run):
     assert results["schema_version"] == 1
     assert results["quick"] is True
     assert results["seeds"] == [0, 1]
-    assert results["methods"] == list(ALGORITHMS)
+    assert results["methods"] == [*ALGORITHMS, PAPER_FEDDRM]
     assert set(results["federations"]) == {"fundus", "ct"}
     for fed in results["federations"].values():
-        assert set(fed["methods"]) == set(ALGORITHMS)
+        assert set(fed["methods"]) == {*ALGORITHMS, PAPER_FEDDRM}
         assert fed["budget"]["rounds"] == 2
+        # medfed's FedDRM keeps its backbone norms (BatchNorm); the paper's shares them.
+        backbones = fed["backbones"]
+        assert backbones["feddrm"] != backbones[PAPER_FEDDRM]
+        assert backbones[PAPER_FEDDRM].endswith("-gn")
 
 
 def test_bench_mean_and_std_match_the_per_seed_summaries(bench_run):
@@ -76,7 +80,8 @@ def test_bench_mean_and_std_match_the_per_seed_summaries(bench_run):
                 if len(finite) == 2:
                     assert s["std"] == pytest.approx(np.std(finite, ddof=1))
             for seed in (0, 1):
-                run = bench_run["out"] / "runs" / modality / f"seed{seed}" / method
+                run = bench_run["out"] / "runs" / modality / f"seed{seed}"
+                run /= method.replace(":", "_").replace("=", "_")
                 summary = json.loads((run / "summary.json").read_text())
                 assert metrics["system_accuracy"]["values"][seed] == summary["system_accuracy"]
                 assert metrics["bytes_per_round"]["values"][seed] == summary["bytes_per_round"]
@@ -126,7 +131,7 @@ def test_bench_writes_markdown_and_plots(bench_run):
     results = _results(bench_run)
 
     table = (out / "results.md").read_text()
-    for method in ALGORITHMS:
+    for method in [*ALGORITHMS, PAPER_FEDDRM]:
         assert f"| {method} " in table
     assert results["plots"] == ["fundus.png", "ct.png", "speed.png"]
     for name in results["plots"]:

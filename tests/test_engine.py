@@ -54,10 +54,18 @@ def test_every_algorithm_trains_and_writes_the_run_directory(algorithm, tmp_path
 
 
 def test_feddrm_learns_to_route_scans_to_their_site(tmp_path) -> None:
-    cfg = config("feddrm", rounds=8, local_steps=3, lr=0.02)
-    summary = train(tensor_sites(3), cfg, tmp_path / "r")
+    # Sites that differ by a band of rows: each site's own norms keep it visible. Its private
+    # running statistics lag the shared weights, so the default, gentler AdamW steps are used.
+    cfg = config("feddrm", rounds=16, local_steps=3, optimizer="adam", lr=0.002)
+    summary = train(tensor_sites(3, camera="band"), cfg, tmp_path / "r")
+    assert summary["backbone"] == "cnn"  # BatchNorm: its norms stay on each site
+    assert summary["routing_accuracy"] >= 0.85
+    # Sites that differ only by a colour cast, which a site's own norms remove: the paper's
+    # FedDRM (all norms shared, GroupNorm) routes them.
+    paper = config("feddrm", rounds=8, local_steps=3, lr=0.02, params={"private_norms": False})
+    summary = train(tensor_sites(3), paper, tmp_path / "p")
     assert summary["backbone"] == "cnn-gn"
-    assert summary["routing_accuracy"] >= 0.85  # sites differ by a strong colour cast
+    assert summary["routing_accuracy"] >= 0.85
 
 
 def test_same_seed_same_summary(tmp_path) -> None:

@@ -8,7 +8,7 @@ import torch
 from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig
 from medfed.errors import ConfigError
-from medfed.models.fedmodel import ModelSpec, build_model
+from medfed.models.fedmodel import ModelSpec, build_model, norm_state_keys
 from medfed.runs import RunDir
 from medfed.training import train
 from tests.tensorsites import tensor_sites
@@ -19,9 +19,12 @@ def test_schedule_sends_the_backbone_every_alpha_rounds_and_in_the_last() -> Non
     algorithm = make_algorithm("fedals", {"base": "feddrm", "alpha": "3"})
     assert algorithm.needs_client_branch
     sent = {r: set(algorithm.round_keys(model, r, rounds=7)) for r in range(1, 8)}
-    backbone = {k for k in model.state_dict() if k.startswith("backbone.")}
+    # The backbone's norm layers are FedDRM's too: they never travel.
+    norms = {k for k in norm_state_keys(model) if k.startswith("backbone.")}
+    backbone = {k for k in model.state_dict() if k.startswith("backbone.")} - norms
     for r, keys in sent.items():
         assert not any(k.startswith("target_head.") for k in keys)  # FedDRM's private head
+        assert not keys & norms
         assert {"client_head.weight", "client_branch.0.weight", "target_branch.0.weight"} <= keys
         assert (backbone <= keys) == (r in {3, 6, 7})
         assert not (keys & backbone) or backbone <= keys

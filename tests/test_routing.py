@@ -39,26 +39,44 @@ def outputs(class_probs, client_logits=None) -> SiteOutputs:
     return SiteOutputs(np.asarray(class_probs, float), client_logits, features=[])
 
 
-def test_density_ratio_router_uses_each_sites_own_logit_and_prior() -> None:
-    # Two sites, one scan. Site i's view gives client logits; only logit i of view i counts.
-    client = np.array([[[2.0, 9.0]], [[9.0, 1.0]]])  # (K views, n, K): own logits 2.0 and 1.0
+def test_density_ratio_router_compares_each_sites_own_posterior_and_prior() -> None:
+    # Two sites, one scan. Site i's view gives client logits; only p(site i | view i) counts.
+    # View 0's own logit is the larger (5 > 3), but its posterior is 0.5 against view 1's 0.95:
+    # logits of different views have different normalizers, so posteriors are compared.
+    client = np.array([[[5.0, 5.0]], [[0.0, 3.0]]])  # (K views, n, K)
     probs = [[[0.9, 0.1]], [[0.2, 0.8]]]
     site_probs, routed, answer = DensityRatioRouter().decide(
         fake_fed([0.5, 0.5]), outputs(probs, client)
     )
-    assert routed.tolist() == [0] and answer[0] == pytest.approx([0.9, 0.1])
-    # A small prior for site 1 (log 0.1 = -2.3) outweighs its lower logit.
-    site_probs, routed, answer = DensityRatioRouter().decide(
-        fake_fed([0.9, 0.1]), outputs(probs, client)
-    )
     assert routed.tolist() == [1] and answer[0] == pytest.approx([0.2, 0.8])
-    expected = np.exp([2 - np.log(0.9), 1 - np.log(0.1)])
+    # A small prior for site 0 (log 0.1 = -2.3) outweighs its lower posterior.
+    site_probs, routed, answer = DensityRatioRouter().decide(
+        fake_fed([0.1, 0.9]), outputs(probs, client)
+    )
+    assert routed.tolist() == [0] and answer[0] == pytest.approx([0.9, 0.1])
+    own_post = np.array([0.5, np.exp(3.0) / (1.0 + np.exp(3.0))])
+    expected = own_post / np.array([0.1, 0.9])
     assert site_probs[0] == pytest.approx(expected / expected.sum())
 
 
+def test_density_ratio_with_one_view_is_the_papers_logit_rule() -> None:
+    # Every view the same: log-posteriors differ from the logits by one shared constant.
+    rng = np.random.default_rng(0)
+    row = rng.normal(size=(4, 3))
+    client = np.stack([row] * 3)
+    priors = np.array([0.5, 0.3, 0.2])
+    site_probs, routed, _ = DensityRatioRouter().decide(
+        fake_fed(priors), outputs(np.full((3, 4, 2), 0.5), client)
+    )
+    scores = row - np.log(priors)
+    assert routed.tolist() == scores.argmax(axis=1).tolist()
+    expected = np.exp(scores) / np.exp(scores).sum(axis=1, keepdims=True)
+    assert site_probs == pytest.approx(expected)
+
+
 def test_soft_router_mixes_the_top_sites_by_probability() -> None:
-    client = np.zeros((3, 1, 3))
-    client[0, 0, 0], client[1, 0, 1], client[2, 0, 2] = np.log(3.0), np.log(1.0), np.log(0.001)
+    # Own posteriors 0.6, 0.2 and 0.0001: the top two mix 3:1.
+    client = np.log(np.array([[[0.6, 0.2, 0.2]], [[0.4, 0.2, 0.4]], [[0.5, 0.4999, 0.0001]]]))
     probs = [[[1.0, 0.0]], [[0.0, 1.0]], [[0.5, 0.5]]]
     _, routed, mixed = SoftRouter().decide(fake_fed([1 / 3] * 3), outputs(probs, client))
     assert routed.tolist() == [0]
@@ -114,11 +132,32 @@ def test_evaluate_reports_every_router_with_latency(tensor_run):
     out, _, summary = tensor_run
     assert set(summary["routers"]) == {"density_ratio", "soft", "majority_vote", "max_confidence"}
     dr, mv = summary["routers"]["density_ratio"], summary["routers"]["majority_vote"]
-    assert dr["forward_passes"] == 1 and mv["forward_passes"] == 3
+    # FedDRM keeps its backbone norms on each site: every site's own model judges the scan.
+    assert dr["forward_passes"] == 3 and mv["forward_passes"] == 3
     assert dr["latency_ms_per_scan"] > 0 and mv["latency_ms_per_scan"] > 0
     result = runner.invoke(app, ["evaluate", str(out)])
     assert result.exit_code == 0 and "density_ratio" in result.output
     assert "ms per scan" in result.output
+
+
+def test_a_federation_whose_sites_differ_only_in_heads_routes_in_one_batched_pass(tensor_run):
+    out, sites, _ = tensor_run
+    fed = TrainedFederation.load(out, "cpu")
+    assert not fed.shared_body
+    # Every site gets site 0's body, as in the paper's FedDRM: only the target heads differ.
+    states = [
+        {k: v if k.startswith("target_head.") else fed.states[0][k] for k, v in state.items()}
+        for state in fed.states
+    ]
+    heads_only = TrainedFederation(fed.spec, fed.algorithm, fed.sites, states, fed.setup)
+    assert heads_only.shared_body
+    assert DensityRatioRouter().forward_passes(heads_only) == 1
+    views = [torch.cat([o.as_seen_by(m, Split.TEST) for o in sites]) for m in sites]
+    batched = heads_only.outputs(views)
+    heads_only.shared_body = False  # the same federation, one model at a time
+    looped = heads_only.outputs(views)
+    assert np.allclose(batched.class_probs, looped.class_probs, atol=1e-5)
+    assert np.allclose(batched.client_logits, looped.client_logits, atol=1e-4)
 
 
 @pytest.fixture(scope="module")

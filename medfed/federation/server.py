@@ -60,11 +60,12 @@ class SiteInfo:
 
 
 def default_backbone(modality: Modality, algorithm: Algorithm) -> str:
-    """GroupNorm backbones by default; BatchNorm ones for algorithms built around BN (FedBN).
+    """GroupNorm backbones by default; BatchNorm ones for algorithms that keep normalization
+    layers on each site (FedBN, and FedDRM unless ``private_norms=false``).
 
-    With BatchNorm, every training batch holds one site's scans only, so batch statistics wipe
-    out exactly the site differences FedDRM's client head has to learn (the reference FedDRM
-    code uses GroupNorm for the same reason).
+    Shared BatchNorm is a poor default here: every training batch holds one site's scans only,
+    so batch statistics wipe out the very site differences, and averaged running statistics fit
+    no site (the reference FedDRM code shares everything and uses GroupNorm).
     """
     if modality is Modality.CT:
         return "monai3d" if algorithm.uses_batch_norm else "monai3d-gn"
