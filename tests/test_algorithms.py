@@ -97,7 +97,7 @@ def test_unknown_algorithm_and_parameter_are_named() -> None:
         make_algorithm("feddrm", {"mu": "1"})
     with pytest.raises(ConfigError, match="lam must be in"):
         make_algorithm("feddrm", {"lam": "1.5"})
-    assert make_algorithm("feddrm", {"lam": "0.8"}).params.lam == pytest.approx(0.8)
+    assert make_algorithm("feddrm", {"lam": "0.7"}).params.lam == pytest.approx(0.7)
 
 
 def test_feddrm_loss_matches_hand_computation() -> None:

@@ -81,7 +81,7 @@ def test_bench_mean_and_std_match_the_per_seed_summaries(bench_run):
                     assert s["std"] == pytest.approx(np.std(finite, ddof=1))
             for seed in (0, 1):
                 run = bench_run["out"] / "runs" / modality / f"seed{seed}"
-                run /= method.replace(":", "_").replace("=", "_")
+                run /= method.replace(":", "_").replace("=", "_").replace(",", "_")
                 summary = json.loads((run / "summary.json").read_text())
                 assert metrics["system_accuracy"]["values"][seed] == summary["system_accuracy"]
                 assert metrics["bytes_per_round"]["values"][seed] == summary["bytes_per_round"]

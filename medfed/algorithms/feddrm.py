@@ -8,9 +8,9 @@ Beyond the reference method, and on by default (``private_norms``): the backbone
 normalization layers (weights and running statistics) also stay on each site, as in FedBN, and
 ``--backbone auto`` picks the BatchNorm backbone. Each site's model then normalizes a scan with
 its own statistics, which both fits its target head to its camera or scanner and makes its
-client posterior a sharper judge of "is this scan mine". ``private_norms=false`` is the paper's
-FedDRM (everything but the target head shared, GroupNorm backbone); ``medfed bench`` measures
-both.
+client posterior a sharper judge of "is this scan mine". ``private_norms=false, lam=0.9`` is
+the paper's FedDRM (everything but the target head shared, GroupNorm backbone);
+``medfed bench`` measures both.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from medfed.models.fedmodel import FedModel, keys_with_prefix, norm_state_keys
 
 @dataclass(frozen=True)
 class FedDRMParams(Params):
-    lam: float = 0.9
+    # 0.8 rather than the reference code's 0.9: with private norms the client head has the
+    # harder task, and 0.8 routed better at both bench budgets (fundus, seeds 0-3).
+    lam: float = 0.8
     private_norms: bool = True  # the backbone's normalization layers stay on each site
 
     def __post_init__(self) -> None:
