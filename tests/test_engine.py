@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from medfed.config import TrainConfig
+from medfed.data.records import Split
 from medfed.errors import ConfigError
 from medfed.federation.engine import TIMING_KEYS, Engine
+from medfed.inference import TrainedFederation
 from medfed.runs import RunDir
 from medfed.training import train
 from tests.tensorsites import tensor_sites
@@ -66,6 +69,25 @@ def test_feddrm_learns_to_route_scans_to_their_site(tmp_path) -> None:
     summary = train(tensor_sites(3), paper, tmp_path / "p")
     assert summary["backbone"] == "cnn-gn"
     assert summary["routing_accuracy"] >= 0.85
+
+
+def test_private_batch_norm_statistics_are_measured_again_with_the_final_weights(tmp_path):
+    # 24 training scans per site in batches of 8: the cumulative average of the batch means is
+    # exactly the mean over the site's training split.
+    sites = tensor_sites(3)
+    train(sites, config("fedbn", rounds=2, backbone="cnn"), tmp_path / "bn")
+    fed = TrainedFederation.load(tmp_path / "bn", "cpu")
+    for site, model in zip(sites, fed.models, strict=True):
+        conv, norm = model.backbone.features[0], model.backbone.features[1]
+        assert isinstance(norm, torch.nn.BatchNorm2d)
+        with torch.no_grad():
+            expected = conv(site.x[Split.TRAIN]).mean(dim=(0, 2, 3))
+        assert torch.allclose(norm.running_mean, expected, atol=1e-5)
+    # Shared statistics (FedAvg on the same backbone) stay the averaged ones, equal everywhere.
+    train(sites, config("fedavg", rounds=2, backbone="cnn"), tmp_path / "avg")
+    shared = TrainedFederation.load(tmp_path / "avg", "cpu")
+    means = [m.backbone.features[1].running_mean for m in shared.models]
+    assert all(torch.equal(means[0], m) for m in means[1:])
 
 
 def test_same_seed_same_summary(tmp_path) -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from medfed.algorithms.base import (
     Algorithm,
@@ -65,6 +67,42 @@ def finetune_lr(config: TrainConfig) -> float:
 
 def clone_state(state: State) -> State:
     return {k: v.detach().clone() for k, v in state.items()}
+
+
+def private_batch_norms(model: nn.Module, private: set[str]) -> list[_BatchNorm]:
+    """The BatchNorm layers whose running statistics stay on the site (FedBN, FedDRM)."""
+    return [
+        module
+        for name, module in model.named_modules()
+        if isinstance(module, _BatchNorm)
+        and module.track_running_stats
+        and f"{name}.running_mean" in private
+    ]
+
+
+@torch.no_grad()
+def recompute_batch_norm_stats(
+    model: nn.Module, layers: list[_BatchNorm], x: torch.Tensor, batch_size: int
+) -> None:
+    """Running statistics of ``layers`` measured afresh on ``x`` with the model's final weights.
+
+    The statistics a site accumulated while training belong to its weights before the last
+    averaging; the weights it answers with are the averaged ones. Every batch of ``x`` counts
+    equally (cumulative average); the rest of the model stays in eval mode.
+    """
+    model.eval()
+    momenta = [layer.momentum for layer in layers]
+    for layer in layers:
+        layer.reset_running_stats()
+        layer.momentum = None
+        layer.train()
+    try:
+        for start in range(0, int(x.shape[0]), batch_size):
+            model(x[start : start + batch_size])
+    finally:
+        for layer, momentum in zip(layers, momenta, strict=True):
+            layer.momentum = momentum
+            layer.eval()
 
 
 @dataclass
@@ -240,12 +278,22 @@ class SiteWorker:
         return record
 
     def finish(self, global_state: State) -> State:
-        """The site's final weights: fine-tuned on its own data where the algorithm asks."""
-        steps = self.algorithm.finetune_steps(self.config.local_steps)
-        if steps > 0 and self.final_state is None:
-            self.load(self.eval_state(global_state))
-            # Fine-tuning happens on the site after the federation is done: no round deadline.
-            task = self.task(self.config.rounds + 1, finetune_lr(self.config), {}, limited=False)
-            supervised_steps(task, self.model, self.model.parameters(), self.algorithm.loss, steps)
-            self.final_state = clone_state(self.model.state_dict())
+        """The site's final weights: fine-tuned on its own data where the algorithm asks, and
+        its own BatchNorm statistics measured again with those weights on its training split."""
+        if self.final_state is None:
+            steps = self.algorithm.finetune_steps(self.config.local_steps)
+            norms = private_batch_norms(self.model, self.algorithm.private_keys(self.model))
+            if steps > 0 or norms:
+                self.load(self.eval_state(global_state))
+                if steps > 0:
+                    # Fine-tuning happens on the site after the federation: no deadline.
+                    task = self.task(
+                        self.config.rounds + 1, finetune_lr(self.config), {}, limited=False
+                    )
+                    params = self.model.parameters()
+                    supervised_steps(task, self.model, params, self.algorithm.loss, steps)
+                if norms:
+                    batch = self.config.batch_size
+                    recompute_batch_norm_stats(self.model, norms, self.x_train, batch)
+                self.final_state = clone_state(self.model.state_dict())
         return {k: v.cpu() for k, v in self.eval_state(global_state).items()}
