@@ -30,9 +30,8 @@ def tensor_site(
     y = torch.arange(n) % 2
     x[y == 1, :, size // 4 : size // 2, size // 4 : size // 2] += signal
     if camera == "colour":
-        x[:, index % 3] += 0.8 * (
-            index + 1
-        )  # site-specific colour cast: learnable by a client head
+        # Site-specific colour cast: learnable by a client head that sees shared norms.
+        x[:, index % 3] += 0.8 * (index + 1)
     elif camera == "band":
         rows = slice(size // 2 + 2 * index, size // 2 + 2 * index + 2)
         x[:, :, rows, :] += 1.5
