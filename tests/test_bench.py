@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from medfed.algorithms import ALGORITHMS
 from medfed.bench import FIGURES, MARKER, PAPER_FEDDRM, claims, parse_budget, stat
 from medfed.cli import app
+from medfed.demo import MethodSpec
 from medfed.errors import ConfigError
 
 runner = CliRunner()
@@ -81,7 +82,7 @@ def test_bench_mean_and_std_match_the_per_seed_summaries(bench_run):
                     assert s["std"] == pytest.approx(np.std(finite, ddof=1))
             for seed in (0, 1):
                 run = bench_run["out"] / "runs" / modality / f"seed{seed}"
-                run /= method.replace(":", "_").replace("=", "_").replace(",", "_")
+                run /= MethodSpec.parse(method).dirname
                 summary = json.loads((run / "summary.json").read_text())
                 assert metrics["system_accuracy"]["values"][seed] == summary["system_accuracy"]
                 assert metrics["bytes_per_round"]["values"][seed] == summary["bytes_per_round"]
