@@ -176,9 +176,9 @@ def train(
 ) -> None:
     """Train a federation over the given sites and write the run directory."""
     from medfed.config import TrainConfig
-    from medfed.report import federation_lines, site_table
-    from medfed.training import load_sites
-    from medfed.training import train as run_training
+    from medfed.federation.training import load_sites
+    from medfed.federation.training import train as run_training
+    from medfed.runs.report import federation_lines, site_table
 
     config = TrainConfig(
         algorithm=algorithm,
@@ -213,8 +213,8 @@ def evaluate(
     as_json: Annotated[bool, typer.Option("--json", help="Print summary.json.")] = False,
 ) -> None:
     """Print the per-site table, the federation figures and every router's figures."""
-    from medfed.report import federation_lines, routers_table, site_table
     from medfed.runs import RunDir
+    from medfed.runs.report import federation_lines, routers_table, site_table
 
     summary = RunDir(run).require().read_summary()
     if as_json:
@@ -245,9 +245,9 @@ def route(
     audit: Annotated[bool, typer.Option(help="Append each decision to RUN/audit.sqlite.")] = True,
 ) -> None:
     """Send each scan to the site whose model fits it best (or abstain), and answer it."""
-    from medfed.inference import TrainedFederation
-    from medfed.route import route_files
-    from medfed.routing import make_router
+    from medfed.serving.bundle import TrainedFederation
+    from medfed.serving.routers import make_router
+    from medfed.serving.service import route_files
 
     fed = TrainedFederation.load(run, device)
     chosen = make_router(router, fed)
@@ -273,7 +273,7 @@ def demo(
     ] = None,
 ) -> None:
     """Synthesize three fundus sites, train FedDRM and baselines, print the comparison."""
-    from medfed.demo import run_demo
+    from medfed.experiments.demo import run_demo
 
     run_demo(out, quick=quick, seed=seed, echo=typer.echo, readme=update_readme)
 
@@ -299,7 +299,7 @@ def compare(
     ] = None,
 ) -> None:
     """Train several methods on the synthetic fundus federation; accuracy and bytes per round."""
-    from medfed.demo import COMMUNICATION_METHODS, run_demo
+    from medfed.experiments.demo import COMMUNICATION_METHODS, run_demo
 
     run_demo(
         out,
@@ -344,7 +344,7 @@ def bench(
 ) -> None:
     """Every method on the synthetic fundus and CT federations over several seeds, with speed
     figures; writes OUT/results.json, OUT/results.md and PNG plots."""
-    from medfed.bench import BenchPlan, run_bench
+    from medfed.experiments.bench import BenchPlan, run_bench
 
     plan = BenchPlan.make(
         quick=quick,

@@ -19,7 +19,7 @@ import pytest
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
 from medfed.federation.engine import Engine
-from medfed.training import load_sites, train
+from medfed.federation.training import load_sites, train
 
 ROUNDS = 3
 DROPPED_SITE = "rimone"

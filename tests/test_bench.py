@@ -12,10 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from medfed.algorithms import ALGORITHMS
-from medfed.bench import FIGURES, MARKER, PAPER_FEDDRM, claims, parse_budget, stat
 from medfed.cli import app
-from medfed.demo import MethodSpec
 from medfed.errors import ConfigError
+from medfed.experiments.bench import FIGURES, MARKER, PAPER_FEDDRM, claims, parse_budget, stat
+from medfed.experiments.demo import MethodSpec
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

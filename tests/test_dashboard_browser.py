@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from medfed.audit import AuditLog
+from medfed.serving.audit import AuditLog
 from tests.dashboard_runs import DashboardRuns, build
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -11,9 +11,9 @@ from medfed.config import TrainConfig
 from medfed.data.records import Split
 from medfed.errors import ConfigError
 from medfed.federation.engine import TIMING_KEYS, Engine
-from medfed.inference import TrainedFederation
+from medfed.federation.training import train
 from medfed.runs import RunDir
-from medfed.training import train
+from medfed.serving.bundle import TrainedFederation
 from tests.tensorsites import tensor_sites
 
 VOLATILE = set(TIMING_KEYS) | {"resumes"}

@@ -8,9 +8,9 @@ import torch
 from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig
 from medfed.errors import ConfigError
+from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model, norm_state_keys
 from medfed.runs import RunDir
-from medfed.training import train
 from tests.tensorsites import tensor_sites
 
 

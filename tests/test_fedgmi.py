@@ -23,11 +23,11 @@ from medfed.data.preprocess import Normalization
 from medfed.data.records import Record, Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError, RunDirError
-from medfed.inference import TrainedFederation
+from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model
 from medfed.models.mixture import MixtureHead, greedy_spread, vae_divergence
 from medfed.runs import RunDir
-from medfed.training import train
+from medfed.serving.bundle import TrainedFederation
 from tests.tensorsites import tensor_sites
 from tests.test_engine import config, kill_and_resume, stable
 

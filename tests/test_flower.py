@@ -10,10 +10,10 @@ import pytest
 
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
+from medfed.federation.training import load_sites, train
 from medfed.flower.deploy import write_app, write_pki
-from medfed.inference import TrainedFederation
 from medfed.runs import RunDir
-from medfed.training import load_sites, train
+from medfed.serving.bundle import TrainedFederation
 from tests.flowerfed import LoopbackFederation
 
 SITES = ["acrima", "rimone", "refuge"]

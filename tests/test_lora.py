@@ -8,10 +8,10 @@ from medfed.algorithms import make_algorithm
 from medfed.algorithms.lora import is_adapter_key
 from medfed.config import TrainConfig
 from medfed.federation.engine import derive_seed
-from medfed.inference import TrainedFederation
+from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model
 from medfed.runs import RunDir
-from medfed.training import train
+from medfed.serving.bundle import TrainedFederation
 from tests.tensorsites import tensor_sites
 
 SITES = ["site0", "site1", "site2"]

@@ -15,8 +15,8 @@ from medfed.data.cache import TensorCache
 from medfed.data.sitedata import load_site
 from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
+from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model
-from medfed.training import train
 from tests.test_engine import config, kill_and_resume, stable
 
 IMAGE_SIZE = 32  # the federation's scans preprocessed at half the usual size: a fast test

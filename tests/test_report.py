@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from medfed.demo import MethodSpec
 from medfed.errors import ConfigError
-from medfed.report import communication_table, methods_table, replace_marked_section
+from medfed.experiments.demo import MethodSpec
+from medfed.runs.report import communication_table, methods_table, replace_marked_section
 
 
 def test_method_specs_parse_parameters_and_wire_options() -> None:

@@ -14,18 +14,18 @@ import torch
 from PIL import Image
 from typer.testing import CliRunner
 
-from medfed.audit import AuditEntry, AuditLog
 from medfed.cli import app
 from medfed.config import TrainConfig
 from medfed.data.records import Split
-from medfed.inference import SiteOutputs, TrainedFederation
-from medfed.routing import (
+from medfed.federation.training import train
+from medfed.serving.audit import AuditEntry, AuditLog
+from medfed.serving.bundle import SiteOutputs, TrainedFederation
+from medfed.serving.routers import (
     DensityRatioRouter,
     MajorityVoteRouter,
     MaxConfidenceRouter,
     SoftRouter,
 )
-from medfed.training import train
 from tests.tensorsites import tensor_sites
 
 runner = CliRunner()
@@ -164,7 +164,7 @@ def test_a_federation_whose_sites_differ_only_in_heads_routes_in_one_batched_pas
 def file_runs(tmp_path_factory):
     """Tiny fundus and CT federations trained on synthetic files."""
     from medfed.data.synth import synthesize
-    from medfed.training import load_sites
+    from medfed.federation.training import load_sites
 
     base = tmp_path_factory.mktemp("files")
     fundus = synthesize(base / "fundus", modality="fundus", n_per_site=24, seed=1)

@@ -8,10 +8,10 @@ import torch
 from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig
 from medfed.errors import ConfigError
+from medfed.federation.training import train
 from medfed.federation.wire import WireError, WireFormat, decode, encode
 from medfed.models.fedmodel import ModelSpec, build_model
 from medfed.runs import RunDir
-from medfed.training import train
 from tests.tensorsites import tensor_sites
 
 

@@ -12,9 +12,9 @@ import streamlit as st
 
 from medfed.dashboard import APP, RUNS_ENV
 from medfed.dashboard.rundata import Run, find_runs, label_runs, run_status
+from medfed.data.overview import OVERVIEW_FILE, overview_dir, read_site_overview
 from medfed.errors import MedfedError
 from medfed.runs import RunDir
-from medfed.siteview import OVERVIEW_FILE, overview_dir, read_site_overview
 
 SELECTED = "selected_runs"
 NO_RUNS_HELP = (
@@ -158,7 +158,7 @@ def status_line(run: Run) -> str:
 
 @st.cache_resource(show_spinner="Loading the trained site models ...", max_entries=4)
 def _federation(path: str, stamp: tuple[int, int]) -> Any:
-    from medfed.inference import TrainedFederation
+    from medfed.serving.bundle import TrainedFederation
 
     return TrainedFederation.load(path, "auto")
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-from medfed.audit import AuditEntry
-from medfed.report import fmt
 from medfed.runs import RunDir
+from medfed.runs.report import fmt
+from medfed.serving.audit import AuditEntry
 
 # Folders medfed writes that never hold runs (a run's own, the preprocessing cache): skipping
 # them keeps discovery fast.

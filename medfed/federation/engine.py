@@ -1,6 +1,6 @@
 """The in-process engine: all sites in one process, rounds of local work and aggregation.
 
-The server side is a :class:`~medfed.federation.server.Coordinator`, each site a
+The server side is a :class:`~medfed.federation.coordinator.Coordinator`, each site a
 :class:`~medfed.federation.site.SiteWorker`; the Flower apps drive the same two classes, so the
 same seed and sites give the same figures in one process and across machines.
 
@@ -20,9 +20,7 @@ from medfed.config import TrainConfig
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError
-from medfed.evaluation import evaluate, views_of
-from medfed.federation.device import resolve_device
-from medfed.federation.server import Coordinator, RoundPlan, SiteInfo, default_backbone
+from medfed.federation.coordinator import Coordinator, RoundPlan, SiteInfo, default_backbone
 from medfed.federation.site import (
     SiteDropped,
     SiteWorker,
@@ -31,8 +29,16 @@ from medfed.federation.site import (
     derive_seed,
     failure_reason,
 )
-from medfed.inference import SiteEntry, TrainedFederation, fit_abstention
+from medfed.models.device import resolve_device
 from medfed.runs import RunDir
+from medfed.serving.abstention import (
+    DEFAULT_FALSE_ABSTAIN,
+    calibrate,
+    site_gaussian,
+    uncalibrated,
+)
+from medfed.serving.bundle import SiteEntry, TrainedFederation
+from medfed.serving.evaluation import evaluate, views_of
 
 __all__ = [
     "TIMING_KEYS",
@@ -170,11 +176,17 @@ class Engine:
             self.setup,
         )
         data = [worker.data for worker in self.workers]
-        fed.abstention = fit_abstention(
-            fed,
-            [d.x[Split.TRAIN] for d in data],
-            [views_of(data, origin, Split.VAL) for origin in data],
-        )
+        gaussians = [
+            site_gaussian(fed.models[w.index], w.data.x[Split.TRAIN], self.setup, w.id)
+            for w in self.workers
+        ]
+        fed.abstention = uncalibrated(gaussians, DEFAULT_FALSE_ABSTAIN)
+        scores = [
+            fed.abstention.scores(fed.outputs(views_of(data, origin, Split.VAL)).features)
+            for origin in data
+            if origin.n(Split.VAL)
+        ]
+        calibrate(fed.abstention, scores)
         return fed
 
     # ------------------------------------------------------------------ the whole run

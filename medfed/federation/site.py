@@ -32,11 +32,11 @@ from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import MedfedError
 from medfed.federation import wire
-from medfed.federation.device import DeviceSetup
 from medfed.federation.wire import WireFormat
-from medfed.inference import run_model
 from medfed.metrics import site_metrics
+from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel
+from medfed.models.forward import run_model
 
 FAULT_KINDS = ("drop", "raise", "nan", "shape", "timeout")
 

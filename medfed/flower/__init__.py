@@ -1,5 +1,5 @@
 """medfed on Flower 1.42: a ServerApp and a ClientApp that drive the same server and site code as
-the in-process engine (:mod:`medfed.federation.server`, :mod:`medfed.federation.site`).
+the in-process engine (:mod:`medfed.federation.coordinator`, :mod:`medfed.federation.site`).
 
 - :mod:`medfed.flower.server_app`: rounds, aggregation and the run directory, on the SuperLink;
 - :mod:`medfed.flower.client_app`: one hospital's SuperNode; its scans never leave it;

@@ -25,7 +25,6 @@ from flwr.clientapp import ClientApp
 
 from medfed.algorithms.base import State
 from medfed.data.records import Split
-from medfed.evaluation import site_evaluation
 from medfed.federation import wire
 from medfed.federation.site import SiteWorker, failure_reason
 from medfed.flower.node import RunSettings, SiteNode, describe
@@ -37,7 +36,9 @@ from medfed.flower.records import (
     state_record,
     weights_of,
 )
-from medfed.inference import SiteEntry, TrainedFederation, site_gaussian
+from medfed.serving.abstention import site_gaussian
+from medfed.serving.bundle import SiteEntry, TrainedFederation
+from medfed.serving.evaluation import site_evaluation
 
 app = ClientApp()
 
@@ -124,12 +125,12 @@ def finish(message: Message, context: Context) -> Message:
         entry = SiteEntry(
             node.data.id, node.index, 1.0, node.data.normalization, node.data.manifest
         )
-        alone = TrainedFederation(node.run.spec, node.algorithm.name, [entry], [state], node.setup)
-        mean, precision = site_gaussian(alone, 0, node.data.x[Split.TRAIN])
+        worker.load(state)
+        gaussian = site_gaussian(worker.model, node.data.x[Split.TRAIN], node.setup, node.data.id)
         return RecordDict(
             {
                 "weights": state_record(state),
-                "features": state_record({"mean": mean, "precision": precision}),
+                "features": state_record({"mean": gaussian.mean, "precision": gaussian.precision}),
                 "site": json_record({"entry": entry.to_dict(), "n_train": worker.n_train}),
             }
         )

@@ -25,9 +25,9 @@ from medfed.config import TrainConfig, load_manifest
 from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError, RunDirError
-from medfed.federation.device import resolve_device
-from medfed.federation.server import SiteInfo, initial_model
+from medfed.federation.coordinator import SiteInfo, initial_model
 from medfed.federation.site import SiteWorker, clone_state
+from medfed.models.device import resolve_device
 from medfed.models.fedmodel import ModelSpec
 
 ROUND_FILE = re.compile(r"round_(\d{4,})\.safetensors$")

@@ -1,6 +1,6 @@
 """The ServerApp: a deployed run's rounds, aggregation and run directory, on the SuperLink.
 
-It drives the same :class:`~medfed.federation.server.Coordinator` as the in-process engine and
+It drives the same :class:`~medfed.federation.coordinator.Coordinator` as the in-process engine and
 writes the same run directory, so ``medfed evaluate``, ``medfed route`` and the dashboard read a
 deployed run unchanged. Sites are known by the id in their manifest (Flower's node ids are
 random); the run's config names them in order, which fixes each site's index.
@@ -18,16 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig
 from medfed.errors import ConfigError
-from medfed.evaluation import combine_evaluation
-from medfed.federation.device import resolve_device
-from medfed.federation.server import Coordinator, SiteInfo
+from medfed.federation.coordinator import Coordinator, SiteInfo
 from medfed.federation.site import failure_reason
 from medfed.federation.wire import WireFormat, encode
 from medfed.flower.node import RunSettings, train_config_from_toml
@@ -39,8 +36,16 @@ from medfed.flower.records import (
     state_of,
     weights_records,
 )
-from medfed.inference import Abstention, TrainedFederation, calibrate
+from medfed.models.device import resolve_device
 from medfed.runs import RunDir
+from medfed.serving.abstention import (
+    DEFAULT_FALSE_ABSTAIN,
+    FeatureGaussian,
+    calibrate,
+    uncalibrated,
+)
+from medfed.serving.bundle import TrainedFederation
+from medfed.serving.evaluation import combine_evaluation
 
 app = ServerApp()
 
@@ -282,7 +287,7 @@ class FlowerRun:
         if not published:
             raise ConfigError(f"no site published its final model: {self.lost}")
         total = sum(json_of(a.content, "site")["n_train"] for a in published.values())
-        entries, states, means, precisions = [], [], [], []
+        entries, states, gaussians = [], [], []
         for site in self.d.sites:
             if site not in published:
                 continue
@@ -292,8 +297,7 @@ class FlowerRun:
             entries.append(entry)
             states.append(state_of(reply, "weights"))
             features = state_of(reply, "features")
-            means.append(features["mean"])
-            precisions.append(features["precision"])
+            gaussians.append(FeatureGaussian(features["mean"], features["precision"]))
         fed = TrainedFederation.from_parts(
             {
                 "algorithm": self.algorithm.name,
@@ -303,14 +307,14 @@ class FlowerRun:
             {f"site_{e['id']}": st for e, st in zip(entries, states, strict=True)},
             str(self.setup.device),
         )
-        fed.abstention = Abstention(means, precisions, float("inf"), 0.05, 0.0)
+        fed.abstention = uncalibrated(gaussians, DEFAULT_FALSE_ABSTAIN)
         answers = self._send(f"{MessageType.EVALUATE}.calibrate", self._federation(fed))
         scores = [
             a.content.array_records["scores"]["scores"].numpy()
             for a in answers.values()
             if isinstance(a, Message)
         ]
-        calibrate(fed.abstention, np.concatenate(scores) if scores else np.zeros(0))
+        calibrate(fed.abstention, scores)
         answers = self._send(f"{MessageType.EVALUATE}.test", self._federation(fed))
         parts = [
             json_of(answers[s.id].content, "evaluation")

@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from medfed.dashboard import charts, common, rundata
-from medfed.report import fmt
+from medfed.runs.report import fmt
 
 WORST_STYLE = "background-color: #f8d7da; color: #842029; font-weight: bold"
 

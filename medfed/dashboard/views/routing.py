@@ -1,7 +1,7 @@
 """Routing: answer a new patient scan (upload or path), see where it goes, review past scans.
 
-The scan goes through ``medfed.route.route_files``, exactly as ``medfed route`` sends it, so
-every decision lands in the run's audit log before it is shown.
+The scan goes through ``medfed.serving.service.route_files``, exactly as ``medfed route``
+sends it, so every decision lands in the run's audit log before it is shown.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 
 import streamlit as st
 
-from medfed.audit import AuditLog
 from medfed.dashboard import charts, common, rundata
 from medfed.dashboard.rundata import Run
-from medfed.report import fmt
-from medfed.route import route_files
-from medfed.routing import default_router, make_router, routers_for
+from medfed.runs.report import fmt
+from medfed.serving.audit import AuditLog
+from medfed.serving.routers import default_router, make_router, routers_for
+from medfed.serving.service import route_files
 
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "tif", "tiff", "bmp", "dcm", "nii", "gz"]
 AUDIT_LIMIT = 5000

@@ -11,7 +11,7 @@ import streamlit as st
 
 from medfed.dashboard import charts, common, rundata
 from medfed.dashboard.rundata import Run
-from medfed.siteview import OVERVIEW_DIR, OVERVIEW_FILE, overview_dir
+from medfed.data.overview import OVERVIEW_DIR, OVERVIEW_FILE, overview_dir
 
 SPLITS = ("train", "val", "test")
 NO_IMAGES = (

@@ -19,9 +19,9 @@ import torch
 from medfed.data.preprocess import Normalization
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.inference import TrainedFederation
 from medfed.metrics import SiteMetrics, federation_metrics, roc_points, site_metrics
-from medfed.routing import Router, default_router, routers_for
+from medfed.serving.bundle import TrainedFederation
+from medfed.serving.routers import Router, default_router, routers_for
 
 LATENCY_SCANS = 16  # per router, spread over the sites
 

@@ -8,10 +8,10 @@ from typing import Any
 from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig, load_manifests
 from medfed.data.cache import TensorCache, default_cache_dir
+from medfed.data.overview import write_site_overview
 from medfed.data.sitedata import SiteData, load_site
 from medfed.federation.engine import Engine
 from medfed.runs import RunDir
-from medfed.siteview import write_site_overview
 
 
 def load_sites(

@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from medfed.audit import AuditEntry, AuditLog
 from medfed.data.cache import content_hash
 from medfed.data.preprocess import apply_pipeline
 from medfed.errors import MedfedError
-from medfed.inference import TrainedFederation
-from medfed.routing import Router
-from medfed.scans import Scan, read_scan
+from medfed.serving.audit import AuditEntry, AuditLog
+from medfed.serving.bundle import TrainedFederation
+from medfed.serving.routers import Router
+from medfed.serving.scans import Scan, read_scan
 
 
 @dataclass

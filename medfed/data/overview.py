@@ -26,7 +26,7 @@ from medfed.data.checks import SiteReport, _features, _site_distances
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import RunDirError
-from medfed.runs import RunDir, _atomic_write
+from medfed.runs.rundir import RunDir, _atomic_write
 
 OVERVIEW_DIR = "site_overview"
 OVERVIEW_FILE = "overview.json"

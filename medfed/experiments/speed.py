@@ -28,15 +28,15 @@ from medfed.config import Modality, TrainConfig, load_manifests
 from medfed.data.cache import TensorCache
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
-from medfed.evaluation import pooled_views
-from medfed.federation.device import DeviceSetup, resolve_device
+from medfed.federation.coordinator import initial_model
 from medfed.federation.engine import cosine_lr, default_backbone, derive_seed
-from medfed.federation.server import initial_model
-from medfed.inference import TrainedFederation
+from medfed.federation.training import train
+from medfed.models.device import DeviceSetup, resolve_device
 from medfed.models.fedmodel import ModelSpec
-from medfed.routing import default_router
 from medfed.runs import RunDir
-from medfed.training import train
+from medfed.serving.bundle import TrainedFederation
+from medfed.serving.evaluation import pooled_views
+from medfed.serving.routers import default_router
 
 ENGINE_OVERHEAD_GOAL = 1.05
 ENGINE_OVERHEAD_DEFINITION = (

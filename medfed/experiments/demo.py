@@ -13,8 +13,8 @@ from typing import Any
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
-from medfed.report import communication_table, methods_table, replace_marked_section
-from medfed.training import load_sites, train
+from medfed.federation.training import load_sites, train
+from medfed.runs.report import communication_table, methods_table, replace_marked_section
 
 DEMO_METHODS = ("feddrm", "fedavgft", "fedbn", "local")
 COMMUNICATION_METHODS = (

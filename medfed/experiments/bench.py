@@ -24,10 +24,9 @@ import numpy as np
 from medfed.algorithms import ALGORITHMS
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
-from medfed.demo import FULL, QUICK, Budget, MethodSpec
 from medfed.errors import ConfigError
-from medfed.report import markdown_table, replace_marked_section
-from medfed.speed import (
+from medfed.experiments.demo import FULL, QUICK, Budget, MethodSpec
+from medfed.experiments.speed import (
     bytes_ratios,
     data_path,
     device_info,
@@ -36,7 +35,8 @@ from medfed.speed import (
     recorded_round_seconds,
     routing_latency,
 )
-from medfed.training import load_sites, train
+from medfed.federation.training import load_sites, train
+from medfed.runs.report import markdown_table, replace_marked_section
 
 SCHEMA_VERSION = 1
 MARKER = "bench-table"
@@ -342,7 +342,7 @@ def run_bench(
     readme: Path | None = None,
 ) -> dict[str, Any]:
     """Train, measure, and write results.json, results.md and the plots under ``out``."""
-    from medfed.plots import write_plots
+    from medfed.experiments.plots import write_plots
 
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)

@@ -23,11 +23,11 @@ from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError
 from medfed.federation import wire
-from medfed.federation.device import DeviceSetup
 from medfed.federation.site import clone_state, cosine_lr, derive_seed
 from medfed.federation.validate import validate_update
 from medfed.federation.wire import WireFormat
 from medfed.models.backbones import spatial_dims
+from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model
 from medfed.runs import RunDir
 

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from medfed.errors import ConfigError
-from medfed.inference import SiteOutputs, TrainedFederation
 from medfed.metrics import ABSTAIN, majority_vote
+from medfed.serving.bundle import SiteOutputs, TrainedFederation
 
 
 def density_ratio_scores(client_logits: np.ndarray, priors: np.ndarray) -> np.ndarray:

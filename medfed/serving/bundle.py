@@ -17,13 +17,14 @@ import torch
 from medfed.algorithms.base import HEAD_PREFIX
 from medfed.config import SiteManifest, parse_manifest
 from medfed.data.preprocess import Normalization
-from medfed.errors import DataError, RunDirError
-from medfed.federation.device import DeviceSetup, resolve_device
+from medfed.errors import RunDirError
+from medfed.models.device import DeviceSetup, resolve_device
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model
+from medfed.models.forward import run_model
 from medfed.runs import RunDir, load_state, save_state
+from medfed.serving.abstention import Abstention
 
 State = dict[str, torch.Tensor]
-BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -52,54 +53,6 @@ def manifest_from_dict(data: dict[str, Any]) -> SiteManifest:
     fields = {k: v for k, v in data.items() if k != "manifest_path" and v is not None}
     where = data.get("manifest_path") or data.get("id", "stored manifest")
     return parse_manifest(fields, where=str(where), base_dir=Path("/"))
-
-
-@dataclass
-class Abstention:
-    """Out-of-distribution check: Mahalanobis distance of a scan's features to each site.
-
-    Each site keeps the mean and (shrunk) precision of its own model's features on its training
-    split; a scan's score is its distance to the closest site. Scores above ``threshold``
-    (calibrated on the sites' validation splits) abstain.
-    """
-
-    means: list[torch.Tensor]
-    precisions: list[torch.Tensor]
-    threshold: float
-    target_false_abstain: float
-    val_abstain_rate: float
-
-    def scores(self, features: list[torch.Tensor]) -> np.ndarray:
-        """(n,) distance to the closest site; ``features[i]`` is site model i's view."""
-        per_site = []
-        for f, mean, precision in zip(features, self.means, self.precisions, strict=True):
-            d = f.double() - mean.double()
-            per_site.append(((d @ precision.double()) * d).sum(dim=1))
-        closest = torch.stack(per_site, dim=1).min(dim=1).values
-        return closest.clamp_min(0).sqrt().cpu().numpy()  # rounding can dip just below 0
-
-    def state(self) -> State:
-        out: State = {}
-        for i, (m, p) in enumerate(zip(self.means, self.precisions, strict=True)):
-            out[f"mean.{i}"], out[f"precision.{i}"] = m.cpu(), p.cpu()
-        return out
-
-    def info(self) -> dict[str, float]:
-        return {
-            "threshold": self.threshold,
-            "target_false_abstain": self.target_false_abstain,
-            "val_abstain_rate": self.val_abstain_rate,
-        }
-
-    @classmethod
-    def load(cls, state: State, info: dict[str, float], n_sites: int) -> Abstention:
-        return cls(
-            means=[state[f"mean.{i}"] for i in range(n_sites)],
-            precisions=[state[f"precision.{i}"] for i in range(n_sites)],
-            threshold=float(info["threshold"]),
-            target_false_abstain=float(info["target_false_abstain"]),
-            val_abstain_rate=float(info["val_abstain_rate"]),
-        )
 
 
 @dataclass
@@ -270,91 +223,3 @@ def _only_heads_differ(states: list[State]) -> bool:
             if not key.startswith(HEAD_PREFIX) and not torch.equal(value, first[key]):
                 return False
     return True
-
-
-@torch.no_grad()
-def run_model(
-    model: FedModel, x: torch.Tensor, setup: DeviceSetup, heads: list | None
-) -> tuple[np.ndarray, np.ndarray | None, torch.Tensor]:
-    """Class probabilities, client logits and backbone features of ``model`` on ``x``.
-
-    With ``heads``, ``x`` holds len(heads) equal-sized blocks and block i uses head i.
-    """
-    model.eval()
-    probs, clients, feats = [], [], []
-    block = x.shape[0] // len(heads) if heads else x.shape[0]
-    for start in range(0, x.shape[0], BATCH):
-        xb = x[start : start + BATCH].to(setup.device)
-        with setup.autocast()():
-            f = model.features(xb)
-            hidden = model.target_branch(f)
-            if heads is None:
-                logits = model.target_head(hidden)
-            else:
-                owner = torch.arange(start, start + xb.shape[0], device=xb.device) // block
-                logits = torch.stack([h(hidden) for h in heads])[owner, torch.arange(len(xb))]
-            client = None
-            if model.client_branch is not None and model.client_head is not None:
-                client = model.client_head(model.client_branch(f))
-        probs.append(torch.softmax(logits.float(), dim=1).cpu())
-        feats.append(f.float().cpu())
-        if client is not None:
-            clients.append(client.float().cpu())
-    p = torch.cat(probs).numpy().astype(np.float64)
-    c = torch.cat(clients).numpy().astype(np.float64) if clients else None
-    return p, c, torch.cat(feats)
-
-
-@torch.no_grad()
-def site_features(fed: TrainedFederation, index: int, x: torch.Tensor) -> torch.Tensor:
-    """Backbone features of site ``index``'s model on ``x`` (already in that site's view)."""
-    return run_model(fed.models[index], x, fed.setup, heads=None)[2]
-
-
-def site_gaussian(fed: TrainedFederation, index: int, x: torch.Tensor):
-    """Mean and (Ledoit-Wolf) precision of site ``index``'s features on its training scans."""
-    from sklearn.covariance import LedoitWolf
-
-    feats = site_features(fed, index, x).double().numpy()
-    if feats.shape[0] < 2:
-        raise DataError(
-            f"site {fed.sites[index].id!r}: at least 2 training scans are needed to calibrate "
-            "abstention; add scans or lower the site's split fractions"
-        )
-    lw = LedoitWolf().fit(feats)
-    return torch.from_numpy(lw.location_).float(), torch.from_numpy(lw.precision_).float()
-
-
-def calibrate(abstention: Abstention, scores: np.ndarray) -> Abstention:
-    """Set the threshold so that about the target share of ``scores`` (validation) abstain."""
-    if scores.size == 0:
-        return abstention  # no validation scans anywhere: never abstain, and say so in info()
-    abstention.threshold = float(np.quantile(scores, 1.0 - abstention.target_false_abstain))
-    abstention.val_abstain_rate = float((scores > abstention.threshold).mean())
-    return abstention
-
-
-def fit_abstention(
-    fed: TrainedFederation,
-    train_views: list[torch.Tensor],
-    val_views: list[list[torch.Tensor]],
-    target_false_abstain: float = 0.05,
-) -> Abstention:
-    """Fit each site's feature Gaussian on its training split; set the threshold so that about
-    ``target_false_abstain`` of the sites' validation scans abstain.
-
-    ``train_views[i]``: site i's training scans in its own view; ``val_views[j]``: site j's
-    validation scans as every site sees them.
-    """
-    gaussians = [site_gaussian(fed, i, x) for i, x in enumerate(train_views)]
-    abstention = Abstention(
-        [m for m, _ in gaussians],
-        [p for _, p in gaussians],
-        float("inf"),
-        target_false_abstain,
-        0.0,
-    )
-    scores = [
-        abstention.scores(fed.outputs(views).features) for views in val_views if len(views[0])
-    ]
-    return calibrate(abstention, np.concatenate(scores) if scores else np.zeros(0))

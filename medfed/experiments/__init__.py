@@ -1,0 +1,1 @@
+"""Experiments over the library: the demo, the bench, speed figures and README table writers."""

@@ -1,0 +1,44 @@
+"""The forward helper: a federated model's class probabilities, client logits and features."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from medfed.models.device import DeviceSetup
+from medfed.models.fedmodel import FedModel
+
+BATCH = 256
+
+
+@torch.no_grad()
+def run_model(
+    model: FedModel, x: torch.Tensor, setup: DeviceSetup, heads: list | None
+) -> tuple[np.ndarray, np.ndarray | None, torch.Tensor]:
+    """Class probabilities, client logits and backbone features of ``model`` on ``x``.
+
+    With ``heads``, ``x`` holds len(heads) equal-sized blocks and block i uses head i.
+    """
+    model.eval()
+    probs, clients, feats = [], [], []
+    block = x.shape[0] // len(heads) if heads else x.shape[0]
+    for start in range(0, x.shape[0], BATCH):
+        xb = x[start : start + BATCH].to(setup.device)
+        with setup.autocast()():
+            f = model.features(xb)
+            hidden = model.target_branch(f)
+            if heads is None:
+                logits = model.target_head(hidden)
+            else:
+                owner = torch.arange(start, start + xb.shape[0], device=xb.device) // block
+                logits = torch.stack([h(hidden) for h in heads])[owner, torch.arange(len(xb))]
+            client = None
+            if model.client_branch is not None and model.client_head is not None:
+                client = model.client_head(model.client_branch(f))
+        probs.append(torch.softmax(logits.float(), dim=1).cpu())
+        feats.append(f.float().cpu())
+        if client is not None:
+            clients.append(client.float().cpu())
+    p = torch.cat(probs).numpy().astype(np.float64)
+    c = torch.cat(clients).numpy().astype(np.float64) if clients else None
+    return p, c, torch.cat(feats)

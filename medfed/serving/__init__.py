@@ -1,0 +1,1 @@
+"""Serving a trained federation: the bundle, abstention, routers, file routing and its audit log."""
