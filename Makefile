@@ -2,12 +2,16 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# pytest exits 5 when it collected no tests: a failure of the suite too, and said so (make
+# itself then exits 2, so callers only see that the tests failed).
+PYTEST_FAILED = { rc=$$?; [ $$rc -ne 5 ] || echo "pytest collected no tests" >&2; exit $$rc; }
 
-.PHONY: demo bench dashboard test lint clean
+.PHONY: demo bench dashboard test test-fast lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
+# '.[dev]' = every extra (flower, dashboard, lora, bench) + the test and lint tools.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(BIN)/pip install --quiet -e '.[dev]'
@@ -25,12 +29,17 @@ dashboard: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/medfed bench --out bench_out
 
+# Everything (what CI runs): slow tests, a real Flower deployment, the dashboard in Chromium.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q || $(PYTEST_FAILED)
+
+# The quick loop while editing: leaves out the slow, Flower and browser tests.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not flower and not browser" || $(PYTEST_FAILED)
 
 lint: $(STAMP)
-	$(BIN)/ruff check medfed tests dashboard
-	$(BIN)/ruff format --check medfed tests dashboard
+	$(BIN)/ruff check medfed tests
+	$(BIN)/ruff format --check medfed tests
 
 clean:
 	rm -rf demo_out bench_out .pytest_cache .ruff_cache

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
+from typer.core import TyperCommand
 
-from medfed.errors import ConfigError, MedfedError
+from medfed import __version__
+from medfed.config import DEVICES, FAULT_KINDS, WIRE_PRECISION_NOTES, TrainConfig
+from medfed.errors import ConfigError, ManifestError, MedfedError
+
+if TYPE_CHECKING:
+    from medfed.config import RunConfigFile, SiteManifest
 
 app = typer.Typer(
     help="medfed: federated learning across hospitals.",
@@ -21,6 +29,90 @@ app = typer.Typer(
 )
 sites_app = typer.Typer(help="Onboard sites: validate them and write their data cards.")
 app.add_typer(sites_app, name="sites")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"medfed {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """medfed: federated learning across hospitals."""
+
+
+# --- help that lists the registries -----------------------------------------------------------
+# The registries import torch, so their entries are read only when a command's help is shown;
+# `medfed --help` and every command's parsing stay free of that import.
+
+
+def _registry(section: str) -> tuple[str, list[tuple[str, str]]]:
+    """A help section's title and its (name, one-line description) entries."""
+    if section == "algorithms":
+        from medfed.algorithms import ALGORITHMS
+
+        return "Algorithms (--algorithm)", [(n, c.summary) for n, c in ALGORITHMS.items()]
+    if section == "backbones":
+        from medfed.models.backbones import BACKBONE_SUMMARIES, BACKBONES
+
+        entries = [("auto", "the default for the modality and algorithm; config.toml records it")]
+        return "Backbones (--backbone)", entries + [
+            (n, BACKBONE_SUMMARIES.get(n, "")) for n in BACKBONES
+        ]
+    if section == "routers":
+        from medfed.serving.routers import ROUTERS
+
+        entries = [("auto", "density_ratio when the run has a client head, else majority_vote")]
+        return "Routers (--router)", entries + [(n, c.summary) for n, c in ROUTERS.items()]
+    if section == "wire precisions":
+        return "Wire precisions (--wire-precision)", list(WIRE_PRECISION_NOTES.items())
+    raise ValueError(f"no help section {section!r}")
+
+
+def registry_help(sections: tuple[str, ...]) -> str:
+    """One line per registered entry, grouped by section (paragraphs: typer keeps their breaks)."""
+    try:
+        from rich.markup import escape
+    except ImportError:  # plain click help: no markup to escape
+
+        def escape(text: str) -> str:
+            return text
+
+    paragraphs: list[str] = []
+    for section in sections:
+        try:
+            title, entries = _registry(section)
+        except ImportError as exc:  # help must still show when an optional package is missing
+            title, entries = f"{section.capitalize()} (cannot be listed: {exc})", []
+        width = max((len(name) for name, _ in entries), default=0) + 2
+        paragraphs += ["", escape(f"{title}:")] if paragraphs else [escape(f"{title}:")]
+        paragraphs += [escape(f"  {name:<{width}}{summary}".rstrip()) for name, summary in entries]
+    return "\n\n".join(paragraphs)
+
+
+def _with_registries(*sections: str) -> type[TyperCommand]:
+    """A command class whose help ends with the given registries' entries."""
+
+    class RegistryHelpCommand(TyperCommand):
+        def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+            self.epilog = registry_help(sections)
+            super().format_help(ctx, formatter)
+
+    return RegistryHelpCommand
+
+
+def _default(name: str) -> str:
+    """A training setting's default, for help texts (options default to None: 'not given')."""
+    value = TrainConfig.__dataclass_fields__[name].default
+    return f"(default: {value})"
 
 
 def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -138,51 +230,147 @@ def sites_card(
     typer.echo(f"wrote {path}")
 
 
-@app.command()
+def resolved_train_config(config: TrainConfig) -> TrainConfig:
+    """``config`` with every algorithm parameter spelled out, defaults included, so that the
+    run's config.toml re-runs the same training even after a default changes."""
+    from medfed.algorithms import make_algorithm
+
+    algorithm = make_algorithm(config.algorithm, config.params)
+    resolve = getattr(algorithm, "resolved_params", None)
+    params = resolve() if callable(resolve) else dataclasses.asdict(algorithm.params)
+    return dataclasses.replace(config, params=dict(params))
+
+
+def _given(**options: Any) -> dict[str, Any]:
+    """The options given on the command line (typer leaves the others None)."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def _stored_manifests(stored: RunConfigFile) -> list[SiteManifest]:
+    """The sites a run configuration lists: from each manifest file when it is still there,
+    otherwise rebuilt from the resolved manifest the file stores."""
+    from medfed.config import load_manifest
+    from medfed.serving.bundle import manifest_from_dict
+
+    manifests = []
+    for data in stored.sites:
+        path = str(data.get("manifest_path") or "")
+        if path and Path(path).is_file():
+            manifests.append(load_manifest(path))
+            continue
+        try:
+            manifest = manifest_from_dict(data)
+        except ManifestError as exc:
+            raise ManifestError(f"{stored.path}: site {data.get('id', '?')!r}: {exc}") from None
+        # Keep where it came from, so a resumed run's config.toml lists the same sites.
+        manifests.append(dataclasses.replace(manifest, manifest_path=Path(path) if path else None))
+    return manifests
+
+
+@app.command(cls=_with_registries("algorithms", "backbones", "wire precisions"))
 @friendly
 def train(
-    sites: Annotated[list[Path], typer.Option("--sites", help="Site manifests (*.toml).")],
-    algorithm: Annotated[str, typer.Option(help="feddrm, fedavg, fedprox, fedavgft, ...")],
+    sites: Annotated[
+        list[Path] | None,
+        typer.Option("--sites", help="Site manifests (*.toml); default: the sites --config lists."),
+    ] = None,
     more_sites: Annotated[
         list[Path] | None, typer.Argument(help="More manifests: --sites a.toml b.toml c.toml")
     ] = None,
-    rounds: Annotated[int, typer.Option(help="Communication rounds.")] = 60,
-    local_steps: Annotated[int, typer.Option(help="Local optimizer steps per round.")] = 3,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="A run's config.toml (or a TOML file with a 'train' table) to train again; "
+            "options given here override its settings.",
+        ),
+    ] = None,
+    algorithm: Annotated[
+        str | None, typer.Option(help="Algorithm (listed below); required without --config.")
+    ] = None,
+    rounds: Annotated[
+        int | None, typer.Option(help=f"Communication rounds {_default('rounds')}.")
+    ] = None,
+    local_steps: Annotated[
+        int | None,
+        typer.Option(help=f"Local optimizer steps per round {_default('local_steps')}."),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help=f"Random seed {_default('seed')}.")] = None,
     out: Annotated[Path, typer.Option(help="Run directory to write.")] = Path("runs/latest"),
     resume: Annotated[bool, typer.Option(help="Continue a killed run in --out.")] = False,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    backbone: Annotated[str, typer.Option(help="auto, cnn, cnn-gn, resnet18-gn, ...")] = "auto",
-    batch_size: Annotated[int, typer.Option(help="Local minibatch size.")] = 32,
-    optimizer: Annotated[str, typer.Option(help="adam (AdamW) or sgd (momentum 0.9).")] = "adam",
-    lr: Annotated[float, typer.Option(help="Initial learning rate (cosine decay).")] = 0.002,
-    client_fraction: Annotated[float, typer.Option(help="Share of sites per round.")] = 1.0,
-    min_sites: Annotated[int, typer.Option(help="Fewest usable updates to aggregate.")] = 1,
-    site_timeout: Annotated[float, typer.Option(help="Seconds per site per round (0=none).")] = 0,
+    device: Annotated[
+        str | None, typer.Option(help=f"{', '.join(DEVICES)} {_default('device')}.")
+    ] = None,
+    backbone: Annotated[
+        str | None, typer.Option(help=f"Backbone (listed below) {_default('backbone')}.")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help=f"Local minibatch size {_default('batch_size')}.")
+    ] = None,
+    optimizer: Annotated[
+        str | None,
+        typer.Option(help=f"adam (AdamW) or sgd (momentum 0.9) {_default('optimizer')}."),
+    ] = None,
+    lr: Annotated[
+        float | None,
+        typer.Option(help=f"Initial learning rate, cosine decay {_default('lr')}."),
+    ] = None,
+    client_fraction: Annotated[
+        float | None,
+        typer.Option(help=f"Share of sites per round {_default('client_fraction')}."),
+    ] = None,
+    min_sites: Annotated[
+        int | None,
+        typer.Option(help=f"Fewest usable updates to aggregate {_default('min_sites')}."),
+    ] = None,
+    site_timeout: Annotated[
+        float | None,
+        typer.Option(help=f"Seconds per site per round, 0: none {_default('site_timeout_s')}."),
+    ] = None,
     wire_precision: Annotated[
-        str, typer.Option(help="Update encoding: float32, float16, int8, int8-channel.")
-    ] = "float32",
+        str | None,
+        typer.Option(help=f"Update encoding (listed below) {_default('wire_precision')}."),
+    ] = None,
     wire_delta: Annotated[
-        bool, typer.Option(help="Send differences to the global state each site holds.")
-    ] = False,
+        bool | None,
+        typer.Option(
+            help=f"Send differences to the global state each site holds {_default('wire_delta')}."
+        ),
+    ] = None,
     param: Annotated[
-        list[str] | None, typer.Option(help="Algorithm parameter NAME=VALUE (repeatable).")
+        list[str] | None,
+        typer.Option(
+            help="Algorithm parameter NAME=VALUE (repeatable; merged over --config's params)."
+        ),
     ] = None,
     inject_fault: Annotated[
-        list[str] | None, typer.Option(help="Resilience drill ROUND:SITE:KIND (repeatable).")
+        list[str] | None,
+        typer.Option(
+            help=f"Resilience drill ROUND:SITE:KIND, KIND one of {', '.join(FAULT_KINDS)} "
+            "(repeatable)."
+        ),
     ] = None,
     cache_dir: Annotated[Path | None, typer.Option(help="Preprocessing cache folder.")] = None,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
 ) -> None:
     """Train a federation over the given sites and write the run directory."""
-    from medfed.config import TrainConfig
+    from medfed.config import load_run_config, merge_train_settings
+    from medfed.data.cache import TensorCache, default_cache_dir
+    from medfed.data.sitedata import load_site
     from medfed.federation.training import load_sites
     from medfed.federation.training import train as run_training
     from medfed.runs.report import federation_lines, site_table
 
-    config = TrainConfig(
+    stored = load_run_config(config_file) if config_file is not None else None
+    if stored is not None and stored.medfed_version not in (None, __version__):
+        typer.echo(
+            f"note: {stored.path} was written by medfed {stored.medfed_version}; "
+            f"this is {__version__}",
+            err=True,
+        )
+    given = _given(
         algorithm=algorithm,
-        params=_parse_params(param or []),
+        params=_parse_params(param) if param else None,
         rounds=rounds,
         local_steps=local_steps,
         batch_size=batch_size,
@@ -196,10 +384,24 @@ def train(
         site_timeout_s=site_timeout,
         wire_precision=wire_precision,
         wire_delta=wire_delta,
-        faults=tuple(inject_fault or []),
+        faults=tuple(inject_fault) if inject_fault else None,
     )
+    where = str(stored.path) if stored else None
+    config = merge_train_settings(stored.train if stored else {}, given, where=where)
+    config = resolved_train_config(config)
     show = progress and sys.stderr.isatty()
-    loaded = load_sites([*sites, *(more_sites or [])], cache_dir, progress=show)
+    paths = [*(sites or []), *(more_sites or [])]
+    if paths:
+        loaded = load_sites(paths, cache_dir, progress=show)
+    elif stored is not None and stored.sites:
+        cache = TensorCache(cache_dir if cache_dir is not None else default_cache_dir())
+        loaded = [load_site(m, cache, progress=show) for m in _stored_manifests(stored)]
+    else:
+        where_sites = f"{stored.path} lists no [[sites]]; " if stored else ""
+        raise ConfigError(
+            f"no sites to train on: {where_sites}pass --sites a.toml b.toml "
+            "(or --config RUN/config.toml, which lists the sites of that run)"
+        )
     summary = run_training(loaded, config, out, resume=resume, progress=show)
     typer.echo(site_table(summary))
     typer.echo("\n".join(federation_lines(summary)))
@@ -218,30 +420,28 @@ def evaluate(
 
     summary = RunDir(run).require().read_summary()
     if as_json:
-        typer.echo(json.dumps(summary, indent=2, sort_keys=True))
+        typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
         return
-    typer.echo(f"{summary['algorithm']} | {summary['rounds']} rounds | seed {summary['seed']}")
+    typer.echo(f"{summary.algorithm} | {summary.rounds} rounds | seed {summary.seed}")
     typer.echo(site_table(summary))
     typer.echo("\n".join(federation_lines(summary)))
-    if summary.get("routers"):
+    if summary.routers:
         typer.echo("")
         typer.echo(routers_table(summary))
 
 
-@app.command()
+@app.command(cls=_with_registries("routers"))
 @friendly
 def route(
     run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
     files: Annotated[
         list[Path], typer.Argument(help="JPEG/PNG photos, DICOM files or series folders, NIfTI.")
     ],
-    router: Annotated[
-        str, typer.Option(help="auto, density_ratio, soft, majority_vote or max_confidence.")
-    ] = "auto",
+    router: Annotated[str, typer.Option(help="auto or a router listed below.")] = "auto",
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object per file.")
     ] = False,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    device: Annotated[str, typer.Option(help=f"{', '.join(DEVICES)}.")] = "auto",
     audit: Annotated[bool, typer.Option(help="Append each decision to RUN/audit.sqlite.")] = True,
 ) -> None:
     """Send each scan to the site whose model fits it best (or abstain), and answer it."""
@@ -382,13 +582,16 @@ deploy_app = typer.Typer(
 app.add_typer(deploy_app, name="deploy")
 
 
-@deploy_app.command("app")
+@deploy_app.command("app", cls=_with_registries("algorithms"))
 @friendly
 def deploy_app_folder(
     out: Annotated[Path, typer.Argument(help="Folder to write (then: flwr run OUT CONNECTION).")],
     site: Annotated[list[str], typer.Option(help="Site ids in order (repeat), as in manifests.")],
     run_dir: Annotated[str, typer.Option(help="Run directory on the SuperLink's machine.")],
-    algorithm: Annotated[str, typer.Option(help="feddrm, fedavg, fedbn, lora, ...")] = "feddrm",
+    algorithm: Annotated[
+        str | None,
+        typer.Option(help="Algorithm (listed below); default: --train-config's, else feddrm."),
+    ] = None,
     rounds: Annotated[int | None, typer.Option(help="Communication rounds.")] = None,
     local_steps: Annotated[int | None, typer.Option(help="Local steps per round.")] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
@@ -397,7 +600,7 @@ def deploy_app_folder(
     ] = None,
     train_config: Annotated[
         Path | None,
-        typer.Option(help="TOML with a [train] table (any training setting, as in config.toml)."),
+        typer.Option(help="TOML with a 'train' table (any training setting, as in config.toml)."),
     ] = None,
     wait: Annotated[float, typer.Option(help="Seconds to wait for every site to connect.")] = 300,
     reply_timeout: Annotated[
@@ -406,25 +609,25 @@ def deploy_app_folder(
     resume: Annotated[bool, typer.Option(help="Continue the run in --run-dir.")] = False,
 ) -> None:
     """Write the Flower app folder of one run: medfed's ServerApp, ClientApp and settings."""
-    import dataclasses
-
-    from medfed.config import TrainConfig
+    from medfed.config import merge_train_settings
     from medfed.flower.deploy import write_app
     from medfed.flower.node import train_config_from_toml
 
+    stored: dict[str, Any] = {}
     if train_config is not None:
         if not train_config.is_file():
             raise ConfigError(f"--train-config {train_config}: no such file")
-        base = train_config_from_toml(train_config.read_text(encoding="utf-8"), str(train_config))
-    else:
-        base = TrainConfig(algorithm=algorithm)
-    changes: dict[str, Any] = {"algorithm": algorithm}
-    for name, value in (("rounds", rounds), ("local_steps", local_steps), ("seed", seed)):
-        if value is not None:
-            changes[name] = value
-    if param:
-        changes["params"] = _parse_params(param)
-    config = dataclasses.replace(base, **changes)
+        text = train_config.read_text(encoding="utf-8")
+        stored = train_config_from_toml(text, str(train_config)).to_dict()
+    given = _given(
+        algorithm=algorithm or (None if stored else "feddrm"),
+        rounds=rounds,
+        local_steps=local_steps,
+        seed=seed,
+        params=_parse_params(param) if param else None,
+    )
+    where = str(train_config) if train_config is not None else None
+    config = resolved_train_config(merge_train_settings(stored, given, where=where))
     path = write_app(
         out, config, site, run_dir, wait_s=wait, reply_timeout_s=reply_timeout, resume=resume
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -21,10 +22,28 @@ class Modality(StrEnum):
     CT = "ct"
 
 
+# The on-disk layouts each modality can be read from; each names a module of medfed.data.layouts.
 LAYOUTS_BY_MODALITY: dict[Modality, tuple[str, ...]] = {
     Modality.FUNDUS: ("acrima", "rimone", "refuge", "imagefolder"),
     Modality.CT: ("dicom", "nifti"),
 }
+
+# A site id names files and folders (cards, caches, run directories), so it stays file-safe.
+SITE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def valid_site_id(text: str) -> bool:
+    """True for letters, digits, '_', '-' and '.', starting with a letter or digit."""
+    return SITE_ID_PATTERN.fullmatch(text) is not None
+
+
+def class_names(labels: Mapping[str, int]) -> dict[int, str]:
+    """Class index -> name, by index; 'a/b' when a manifest maps several names to one index."""
+    names: dict[int, list[str]] = {}
+    for name, index in labels.items():
+        names.setdefault(index, []).append(name)
+    return {i: "/".join(sorted(names[i])) for i in sorted(names)}
+
 
 _ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
@@ -82,6 +101,15 @@ class CTPreprocess:
             raise ValueError("preprocess.shape must be three integers >= 4")
 
 
+PreprocessOptions = FundusPreprocess | CTPreprocess
+
+# Which [preprocess] table a manifest of each modality holds.
+PREPROCESS_BY_MODALITY: dict[Modality, type[FundusPreprocess] | type[CTPreprocess]] = {
+    Modality.FUNDUS: FundusPreprocess,
+    Modality.CT: CTPreprocess,
+}
+
+
 @dataclass(frozen=True)
 class SplitOptions:
     """Patient-level split. Layout-declared test sets are kept when ``use_layout_split``."""
@@ -107,7 +135,7 @@ class SiteManifest:
     layout: str
     root: Path
     labels: dict[str, int]
-    preprocess: FundusPreprocess | CTPreprocess
+    preprocess: PreprocessOptions
     split: SplitOptions = field(default_factory=SplitOptions)
     layout_options: dict[str, Any] = field(default_factory=dict)
     description: str = ""
@@ -121,6 +149,10 @@ class SiteManifest:
     @property
     def n_classes(self) -> int:
         return len(set(self.labels.values()))
+
+    def class_names(self) -> dict[int, str]:
+        """Class index -> name, by index (see :func:`class_names`)."""
+        return class_names(self.labels)
 
     def to_dict(self) -> dict[str, Any]:
         """A TOML/JSON-ready dictionary of the resolved manifest."""
@@ -166,7 +198,7 @@ def parse_manifest(data: dict[str, Any], *, where: str, base_dir: Path) -> SiteM
     if unknown:
         raise ManifestError(f"{where}: unknown field(s) {sorted(unknown)}")
     site_id = _require(data, "id", str, where)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", site_id):
+    if not valid_site_id(site_id):
         raise ManifestError(
             f"{where}: id {site_id!r} must be letters, digits, '_', '-', '.' (it names files)"
         )
@@ -195,8 +227,9 @@ def parse_manifest(data: dict[str, Any], *, where: str, base_dir: Path) -> SiteM
     indices = sorted(set(labels.values()))
     if indices != list(range(len(indices))):
         raise ManifestError(f"{where}: [labels] indices must be 0..K-1 without gaps, got {indices}")
-    pre_cls = FundusPreprocess if modality is Modality.FUNDUS else CTPreprocess
-    preprocess = _typed(pre_cls, data.get("preprocess", {}), where, "preprocess")
+    preprocess = _typed(
+        PREPROCESS_BY_MODALITY[modality], data.get("preprocess", {}), where, "preprocess"
+    )
     split = _typed(SplitOptions, data.get("split", {}), where, "split")
     layout_options = data.get("layout_options", {})
     if not isinstance(layout_options, dict):
@@ -242,8 +275,16 @@ def load_manifests(paths: list[str | Path]) -> list[SiteManifest]:
     return manifests
 
 
-DEVICES = ("auto", "cpu", "cuda")
-FAULT_KINDS = ("raise", "nan", "shape", "timeout", "drop")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+FAULT_KINDS: tuple[str, ...] = ("raise", "nan", "shape", "timeout", "drop")
+# How updates are encoded on the wire (medfed.federation.wire), with the line help shows.
+WIRE_PRECISION_NOTES: dict[str, str] = {
+    "float32": "exact; 4 bytes per weight",
+    "float16": "half the bytes; relative error <= 2**-11",
+    "int8": "a quarter of the bytes; one float32 scale per tensor",
+    "int8-channel": "int8 with one scale per output channel, for rows of differing range",
+}
+WIRE_PRECISIONS: tuple[str, ...] = tuple(WIRE_PRECISION_NOTES)
 
 
 @dataclass(frozen=True)
@@ -286,12 +327,12 @@ class TrainConfig:
     weight_decay: float = 5e-4
     seed: int = 0
     backbone: str = "auto"  # GroupNorm cnn / monai3d (BatchNorm ones for FedBN, FedDRM)
-    device: str = "auto"
+    device: str = "auto"  # one of DEVICES
     client_fraction: float = 1.0
     min_sites: int = 1
     site_timeout_s: float = 0.0  # 0: no limit on one site's local work
     augment: bool = True
-    wire_precision: str = "float32"  # float32, float16, int8, int8-channel
+    wire_precision: str = "float32"  # one of WIRE_PRECISIONS
     wire_delta: bool = False  # send differences to the global state the site holds
     faults: tuple[str, ...] = ()
     keep_checkpoints: int = 2
@@ -311,8 +352,8 @@ class TrainConfig:
             (self.site_timeout_s >= 0, "site_timeout_s must be >= 0"),
             (self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1"),
             (
-                self.wire_precision in ("float32", "float16", "int8", "int8-channel"),
-                "wire_precision must be float32, float16, int8 or int8-channel",
+                self.wire_precision in WIRE_PRECISIONS,
+                f"wire_precision must be one of {list(WIRE_PRECISIONS)}",
             ),
         ]
         for ok, message in checks:
@@ -335,11 +376,125 @@ class TrainConfig:
         known = set(cls.__dataclass_fields__)
         unknown = set(data) - known
         if unknown:
-            raise ConfigError(f"{where}: unknown training setting(s) {sorted(unknown)}")
+            raise ConfigError(
+                f"{where}: unknown training setting(s) {sorted(unknown)}; known: {sorted(known)}"
+            )
+        if "algorithm" not in data:
+            raise ConfigError(f'{where}: no algorithm; set algorithm = "NAME" (e.g. feddrm)')
+        for name, value in data.items():
+            _check_setting_type(name, value, cls.__dataclass_fields__[name].type, where)
         values = dict(data)
         if "faults" in values:
             values["faults"] = tuple(values["faults"])
         try:
             return cls(**values)
-        except TypeError as exc:
+        except (ConfigError, TypeError) as exc:
             raise ConfigError(f"{where}: {exc}") from None
+
+
+# Field annotations (strings under ``from __future__ import annotations``) -> accepted types.
+_SETTING_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "int": ((int,), "an integer"),
+    "float": ((int, float), "a number"),
+    "str": ((str,), "a string"),
+    "bool": ((bool,), "true or false"),
+    "dict[str, Any]": ((dict,), "a table"),
+    "tuple[str, ...]": ((list, tuple), "a list of strings"),
+}
+
+
+def _check_setting_type(name: str, value: Any, annotation: Any, where: str) -> None:
+    """A file's value of the wrong type is named here, not as a comparison error later."""
+    if str(annotation) not in _SETTING_TYPES:
+        return
+    kinds, expected = _SETTING_TYPES[str(annotation)]
+    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
+    if ok and isinstance(value, list | tuple):
+        ok = all(isinstance(v, str) for v in value)
+    if not ok:
+        raise ConfigError(f"{where}: training setting {name} must be {expected}, got {value!r}")
+
+
+# Top-level keys of a run's config.toml (schema_version is the run directory's, see medfed.runs).
+RUN_CONFIG_KEYS: tuple[str, ...] = ("schema_version", "medfed_version", "train", "model", "sites")
+
+
+@dataclass(frozen=True)
+class RunConfigFile:
+    """What ``medfed train --config`` reads: a run's config.toml, or a TOML with a [train] table.
+
+    ``train`` holds only the settings the file sets (options given on the command line override
+    them, TrainConfig's defaults fill the rest); ``sites`` are the resolved manifests it lists.
+    """
+
+    path: Path
+    train: dict[str, Any]
+    sites: list[dict[str, Any]]
+    medfed_version: str | None = None
+
+
+def load_run_config(path: str | Path) -> RunConfigFile:
+    """Read and check a run configuration file; every problem names the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"{path}: no such file; give a run directory's config.toml or a TOML file "
+            "with a [train] table"
+        )
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    unknown = set(data) - set(RUN_CONFIG_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown top-level key(s) {sorted(unknown)}; training settings go in a "
+            f"[train] table (a run's config.toml holds {list(RUN_CONFIG_KEYS)})"
+        )
+    train = data.get("train")
+    if not isinstance(train, dict):
+        raise ConfigError(
+            f"{path}: no [train] table; write the training settings under [train], "
+            "as in a run directory's config.toml"
+        )
+    known = set(TrainConfig.__dataclass_fields__)
+    unknown = set(train) - known
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown setting(s) {sorted(unknown)} in [train]; known: {sorted(known)}"
+        )
+    sites = data.get("sites", [])
+    if not isinstance(sites, list) or not all(isinstance(s, dict) for s in sites):
+        raise ConfigError(f"{path}: 'sites' must be [[sites]] tables (resolved site manifests)")
+    version = data.get("medfed_version")
+    return RunConfigFile(path, dict(train), list(sites), str(version) if version else None)
+
+
+def merge_train_settings(
+    stored: dict[str, Any], given: dict[str, Any], *, where: str | None = None
+) -> TrainConfig:
+    """Stored settings (a file's [train] table) overridden by those ``given`` (command-line
+    options); TrainConfig's defaults fill what neither sets.
+
+    Given ``params`` merge over the stored ones; when the algorithm changes, the stored params
+    are dropped, since they were another algorithm's.
+    """
+    values = dict(stored)
+    extra = dict(given)
+    params = extra.pop("params", None) or {}
+    changed = (
+        "algorithm" in extra
+        and str(extra["algorithm"]).lower() != str(values.get("algorithm", "")).lower()
+    )
+    if changed:
+        values.pop("params", None)
+    values |= extra
+    values["params"] = {**(values.get("params") or {}), **params}
+    if "algorithm" not in values:
+        raise ConfigError(
+            f"{where or 'medfed train'}: no algorithm; pass --algorithm NAME"
+            + (" or set algorithm in the file's [train] table" if where else "")
+        )
+    if where is None:
+        return TrainConfig(**values)
+    return TrainConfig.from_dict(values, where=where)

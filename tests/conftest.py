@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -229,3 +230,31 @@ def write_nifti() -> Callable[..., Path]:
         return path
 
     return write
+
+
+# ------------------------------------------------------------------------------ markers
+# Markers are registered in pyproject.toml. Whole files are marked by their ``pytestmark``;
+# the long tests below are marked here, from CPU seconds measured on a 2-core machine, so that
+# ``make test-fast`` stays a quick loop. ``make test`` runs them all.
+SLOW_FIXTURES = {
+    "bench_run": "a whole medfed bench over two seeds and both modalities (~90 s)",
+}
+SLOW_TESTS = {
+    "test_engine.py::test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run": "~20 s",
+    "test_pfedme.py::test_personalized_models_beat_the_fedavg_model_on_their_own_sites": "~20 s",
+    "test_fedgmi.py::test_three_distributions_are_recovered_too": "~7 s",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark SLOW_TESTS and the users of SLOW_FIXTURES ``slow``; warn on a stale name."""
+    found, files = set(), {item.path.name for item in items}
+    for item in items:
+        key = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
+        if key in SLOW_TESTS or SLOW_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+            found.add(key)
+    for key in SLOW_TESTS.keys() - found:
+        if key.split("::")[0] in files:
+            warnings.warn(f"conftest SLOW_TESTS names {key}, which no longer exists", stacklevel=1)

@@ -18,7 +18,7 @@ import pytest
 
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
-from medfed.federation.engine import Engine
+from medfed.federation.coordinator import Coordinator
 from medfed.federation.training import load_sites, train
 
 ROUNDS = 3
@@ -53,15 +53,15 @@ def build(base: Path) -> DashboardRuns:
     runs = base / "runs"
     feddrm = runs / "feddrm"
     config = _config("feddrm", faults=(f"2:{DROPPED_SITE}:drop",))
-    original = Engine._checkpoint
+    original = Coordinator.checkpoint
 
-    def die_after_round_2(self: Engine, round_: int) -> None:
-        original(self, round_)
+    def die_after_round_2(self: Coordinator, round_: int, site_states=None) -> None:
+        original(self, round_, site_states)
         if round_ == 2:
             raise Killed
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Engine, "_checkpoint", die_after_round_2)
+        patch.setattr(Coordinator, "checkpoint", die_after_round_2)
         with pytest.raises(Killed):
             train(sites, config, feddrm)
     half_written = base / "half_written"

@@ -14,7 +14,16 @@ from typer.testing import CliRunner
 from medfed.algorithms import ALGORITHMS
 from medfed.cli import app
 from medfed.errors import ConfigError
-from medfed.experiments.bench import FIGURES, MARKER, PAPER_FEDDRM, claims, parse_budget, stat
+from medfed.experiments.bench import (
+    FIGURES,
+    MARKER,
+    PAPER_FEDDRM,
+    RESULTS_VERSION,
+    findings,
+    findings_lines,
+    parse_budget,
+    stat,
+)
 from medfed.experiments.demo import MethodSpec
 
 runner = CliRunner()
@@ -50,7 +59,7 @@ def test_bench_json_flag_prints_results_json(bench_run):
 def test_bench_runs_every_registered_method_on_both_federations(bench_run):
     results = _results(bench_run)
 
-    assert results["schema_version"] == 1
+    assert results["schema_version"] == RESULTS_VERSION
     assert results["quick"] is True
     assert results["seeds"] == [0, 1]
     assert results["methods"] == [*ALGORITHMS, PAPER_FEDDRM]
@@ -168,28 +177,68 @@ def test_stat_skips_undefined_values():
     assert stat([0.4])["std"] == 0.0
 
 
-def _row(router: str, system: float, worst: float) -> dict[str, Any]:
+def _row(router: str, system: list[float], worst: list[float]) -> dict[str, Any]:
     return {
         "routing_method": router,
-        "metrics": {"system_accuracy": stat([system]), "worst_site_auc": stat([worst])},
+        "metrics": {
+            "system_accuracy": stat(system),
+            "worst_site_auc": stat(worst),
+            "mean_site_auc": stat([None] * len(system)),
+        },
     }
 
 
-def test_claims_compare_feddrm_with_every_majority_vote_and_fedavg():
+def test_findings_state_what_the_results_show_and_against_the_seed_spread():
     fed = {
         "methods": {
-            "fedavg": _row("majority_vote", 0.70, 0.80),
-            "fedbn": _row("majority_vote", 0.75, 0.82),
-            "feddrm": _row("density_ratio", 0.74, 0.81),
-            "lora": _row("density_ratio", 0.90, 0.60),
+            "fedavg": _row("majority_vote", [0.70, 0.70], [0.80, 0.80]),
+            "fedbn": _row("majority_vote", [0.74, 0.76], [0.70, 0.94]),
+            "feddrm": _row("density_ratio", [0.73, 0.73], [0.81, 0.81]),
+            "lora": _row("density_ratio", [0.91, 0.89], [0.60, 0.60]),
         }
     }
 
-    c = claims(fed)
+    found = findings(fed)
 
-    assert c["best_majority_vote"] == "fedbn"
-    assert c["feddrm_system_accuracy_above_every_majority_vote"] is False
-    assert c["feddrm_worst_site_auc_at_least_fedavg"] is True
+    system = found["leads"]["system_accuracy"]
+    assert (system["best"], system["runner_up"]) == ("lora", "fedbn")
+    assert system["gap"] == pytest.approx(0.15) and system["gap_exceeds_spread"] is True
+    worst = found["leads"]["worst_site_auc"]
+    assert (worst["best"], worst["runner_up"]) == ("fedbn", "feddrm")
+    assert worst["gap_exceeds_spread"] is False  # 0.01 apart, fedbn's seeds 0.17 apart
+    assert "mean_site_auc" not in found["leads"]  # undefined everywhere: nothing to state
+    assert found["best_by_router"]["majority_vote"]["method"] == "fedbn"
+    assert found["best_by_router"]["density_ratio"]["method"] == "lora"
+    lines = findings_lines({"federations": {"fundus": {"findings": found}}})
+    assert lines[0].startswith("- fundus, highest system accuracy: lora 0.900 ± 0.014")
+    assert "more than the spread between seeds" in lines[0]
+    assert "within the spread between seeds" in lines[1]
+    assert lines[2].endswith("density_ratio lora 0.900 ± 0.014; majority_vote fedbn 0.750 ± 0.014.")
+
+
+def test_findings_with_one_seed_do_not_claim_a_spread():
+    fed = {"methods": {m: _row("majority_vote", [v], [v]) for m, v in (("a", 0.6), ("b", 0.5))}}
+
+    found = findings(fed)
+
+    assert found["leads"]["system_accuracy"]["gap_exceeds_spread"] is None
+    line = findings_lines({"federations": {"ct": {"findings": found}}})[0]
+    assert line == (
+        "- ct, highest system accuracy: a 0.600, ahead of b (0.500) by 0.100 "
+        "(one seed: no spread to compare the gap with)."
+    )
+
+
+def test_findings_name_ties_instead_of_a_zero_lead():
+    fed = {
+        "methods": {
+            m: _row("majority_vote", v, v) for m, v in (("a", [0.5, 0.7]), ("b", [0.7, 0.5]))
+        }
+    }
+
+    (line, *_) = findings_lines({"federations": {"ct": {"findings": findings(fed)}}})
+
+    assert line == "- ct, highest system accuracy: a 0.600 ± 0.141 (tied with b)."
 
 
 def test_bench_refuses_a_zero_seed_count(tmp_path):

@@ -19,7 +19,6 @@ import torch
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
-from medfed.algorithms.fedgmi import mixture_coefficients
 from medfed.cli import app
 from medfed.config import Modality, TrainConfig
 from medfed.dashboard import APP, RUNS_ENV
@@ -27,9 +26,9 @@ from medfed.dashboard.launch import streamlit_command
 from medfed.dashboard.rundata import audit_frame, filter_audit, find_runs, label_runs
 from medfed.data.overview import read_site_overview, to_picture, write_site_overview
 from medfed.federation.training import load_sites, train
-from medfed.runs import RunDir
+from medfed.runs import SCHEMA_VERSION, RunDir
 from medfed.serving.audit import AuditLog
-from medfed.serving.bundle import TrainedFederation
+from medfed.serving.bundle import TrainedFederation, mixture_coefficients
 from medfed.serving.routers import make_router
 from medfed.serving.service import route_one
 from tests.dashboard_runs import DROPPED_SITE, ROUNDS, DashboardRuns, build
@@ -104,7 +103,7 @@ def test_summary_holds_a_roc_curve_for_every_site(runs: DashboardRuns) -> None:
 
 
 def test_site_overview_holds_cards_counts_samples_distances_and_embedding(runs) -> None:
-    overview = read_site_overview(RunDir(runs.feddrm))
+    overview = read_site_overview(runs.feddrm)
     assert overview is not None and sorted(overview["sites"]) == SITES
     for site, info in overview["sites"].items():
         assert sum(sum(per.values()) for per in info["counts"].values()) == 24
@@ -222,7 +221,7 @@ def test_sites_page_shows_cards_class_ratio_samples_distances_and_embedding(
     kinds = {figure["data"][0]["type"] for figure in figures(at)}
     assert {"bar", "heatmap", "scatter"} <= kinds
     heatmap = next(f for f in figures(at) if f["data"][0]["type"] == "heatmap")
-    distances = read_site_overview(RunDir(runs.feddrm))["distances"]
+    distances = read_site_overview(runs.feddrm)["distances"]
     assert heatmap["data"][0]["x"] == distances["sites"]
     assert heatmap["data"][0]["z"] == distances["matrix"]
     scatter = next(f for f in figures(at) if f["data"][0]["type"] == "scatter")
@@ -249,7 +248,7 @@ def test_sites_page_says_so_when_the_run_publishes_no_images(monkeypatch, runs, 
     run = copy_run(runs.fedavg, tmp_path)
     shutil.rmtree(run / "site_overview")
     sites = load_sites(sorted((runs.data / "sites").glob("*.toml")), runs.base / "cache")
-    write_site_overview(RunDir(run), sites, samples_per_site=0, embed=False)
+    write_site_overview(run, sites, samples_per_site=0, embed=False)
     at = open_page(monkeypatch, [run], "sites")
     assert not at.image and not at.error
     info = texts(at, "info")
@@ -401,6 +400,27 @@ def test_a_damaged_summary_is_reported_by_name(monkeypatch, runs, tmp_path) -> N
     (run / "summary.json").write_text("{")
     at = open_page(monkeypatch, [run])
     assert "summary.json: not valid JSON" in texts(at, "error")
+
+
+def test_a_summary_from_a_newer_medfed_says_to_upgrade(monkeypatch, runs, tmp_path) -> None:
+    run = copy_run(runs.fedavg, tmp_path)
+    newer = summary_of(run) | {"schema_version": SCHEMA_VERSION + 1}
+    (run / "summary.json").write_text(json.dumps(newer))
+    at = open_page(monkeypatch, [run])
+    shown = texts(at, "error")
+    assert f"summary.json: written with schema_version {SCHEMA_VERSION + 1}" in shown
+    assert "upgrade medfed" in shown and not at.exception
+
+
+def test_run_files_carry_the_schema_version(runs) -> None:
+    for run in (runs.feddrm, runs.fedavg):
+        assert summary_of(run)["schema_version"] == SCHEMA_VERSION
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        events = (run / "events.jsonl").read_text().splitlines()
+        assert {json.loads(line)["schema_version"] for line in lines + events} == {SCHEMA_VERSION}
+        model = json.loads((run / "model" / "model.json").read_text())
+        assert model["schema_version"] == SCHEMA_VERSION
+        assert RunDir(run).read_config()["train"]["rounds"] == ROUNDS
 
 
 def test_the_dashboard_never_imports_training_code(runs) -> None:

@@ -19,6 +19,9 @@ import pytest
 from medfed.serving.audit import AuditLog
 from tests.dashboard_runs import DashboardRuns, build
 
+# A Streamlit server and Chromium: make test-fast leaves them out.
+pytestmark = pytest.mark.browser
+
 CHROMIUM = Path("/usr/bin/chromium")
 SITES = ("acrima", "refuge", "rimone")
 START_TIMEOUT_S = 90

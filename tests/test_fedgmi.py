@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from medfed.algorithms import make_algorithm
+from medfed.algorithms.base import Update
 from medfed.algorithms.fedgmi import (
     ASSIGNED,
     COEFFICIENTS,
     expert_probabilities,
     is_partition_round,
-    mixture_coefficients,
 )
 from medfed.config import FundusPreprocess, Modality, SiteManifest, TrainConfig
 from medfed.data.preprocess import Normalization
@@ -27,7 +27,7 @@ from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model
 from medfed.models.mixture import MixtureHead, greedy_spread, vae_divergence
 from medfed.runs import RunDir
-from medfed.serving.bundle import TrainedFederation
+from medfed.serving.bundle import TrainedFederation, mixture_coefficients
 from tests.tensorsites import tensor_sites
 from tests.test_engine import config, kill_and_resume, stable
 
@@ -194,10 +194,9 @@ def test_coefficients_never_leave_a_site(model) -> None:
     assert component.private_keys(model) == {COEFFICIENTS}
     shared = set(component.shared_keys(model))
     assert shared == set(model.state_dict()) - {COEFFICIENTS}
-    assert {ASSIGNED, "target_head.weight", "vaes.dec_w2", "vaes.view_mean"} <= shared
-    # weighting=site: the counts behind the coefficients stay home too.
-    site = make_algorithm("fedgmi", {"components": "3", "weighting": "site"})
-    assert site.private_keys(model) == {COEFFICIENTS, ASSIGNED}
+    assert {"target_head.weight", "vaes.dec_w2", "vaes.view_mean"} <= shared
+    # The counts behind the coefficients are no weights: they travel in the side channel.
+    assert not any("assigned" in k for k in model.state_dict())
 
 
 def test_vaes_travel_only_in_the_statistics_round_and_partition_rounds(model) -> None:
@@ -222,21 +221,29 @@ def test_component_keys_are_averaged_over_the_scans_each_distribution_holds(mode
     b = {k: v.clone() for k, v in state.items()}
     a["vaes.dec_b1"][:] = 1.0
     b["vaes.dec_b1"][:] = 3.0
-    a[ASSIGNED], b[ASSIGNED] = torch.tensor([30.0, 10.0, 5.0]), torch.tensor([10.0, 30.0, 5.0])
     a["backbone.features.0.weight"][:] = 1.0
     b["backbone.features.0.weight"][:] = 3.0
-    out = algorithm.aggregate([(a, 45.0), (b, 45.0)])
+    out = algorithm.aggregate(
+        [
+            Update(a, 45.0, {ASSIGNED: [30.0, 10.0, 5.0]}),
+            Update(b, 45.0, {ASSIGNED: [10.0, 30.0, 5.0]}),
+        ]
+    )
     assert out["vaes.dec_b1"][:, 0].tolist() == pytest.approx([1.5, 2.5, 2.0])
     assert float(out["backbone.features.0.weight"].mean()) == pytest.approx(2.0)  # n_i / N
-    assert out[ASSIGNED].tolist() == [40.0, 40.0, 10.0]
+    # Without the counts (weighting=site, or round 1) every key is averaged by n_i / N.
+    site = make_algorithm("fedgmi", {"components": "3", "weighting": "site"})
+    plain = site.aggregate([Update(a, 45.0), Update(b, 45.0)])
+    assert plain["vaes.dec_b1"][:, 0].tolist() == pytest.approx([2.0, 2.0, 2.0])
+    with pytest.raises(ValueError, match="expected 3"):
+        algorithm.aggregate([Update(a, 45.0, {ASSIGNED: [1.0, 2.0]})])
 
 
 def test_a_distribution_no_site_holds_is_split_off_the_largest(model) -> None:
     algorithm = make_algorithm("fedgmi", {"components": "3"})
     algorithm.initialize(model, seed=0)
     state = {k: v.clone() for k, v in model.state_dict().items() if k != COEFFICIENTS}
-    state[ASSIGNED] = torch.tensor([5.0, 40.0, 0.0])
-    out = algorithm.aggregate([(state, 45.0)])
+    out = algorithm.aggregate([Update(state, 45.0, {ASSIGNED: [5.0, 40.0, 0.0]})])
     assert torch.equal(out["vaes.enc_w1"][2], out["vaes.enc_w1"][1])
     assert torch.equal(out["target_head.weight"][2], out["target_head.weight"][1])
     before = state["vaes.dec_b2"][1]

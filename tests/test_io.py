@@ -16,8 +16,8 @@ from medfed.data.io import (
     read_dicom_series,
     read_image,
     read_nifti,
-    read_record,
 )
+from medfed.data.modality import read_record
 from medfed.data.records import Record
 from medfed.errors import DataError
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medfed.data.io import read_record
 from medfed.data.layouts import scan_site
+from medfed.data.modality import read_record
 from medfed.data.records import Split
 from medfed.errors import ManifestError
 

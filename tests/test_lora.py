@@ -7,10 +7,11 @@ import torch
 from medfed.algorithms import make_algorithm
 from medfed.algorithms.lora import is_adapter_key
 from medfed.config import TrainConfig
-from medfed.federation.engine import derive_seed
+from medfed.federation.site import derive_seed
 from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model
 from medfed.runs import RunDir
+from medfed.runs.weights import load_model_state
 from medfed.serving.bundle import TrainedFederation
 from tests.tensorsites import tensor_sites
 
@@ -53,7 +54,7 @@ def test_training_personalizes_adapters_and_keeps_the_base_bit_identical(tmp_pat
     cfg = TrainConfig("lora", rounds=2, local_steps=3, batch_size=8, device="cpu")
     summary = train(tensor_sites(3), cfg, tmp_path / "run")
     run = RunDir(tmp_path / "run")
-    states = [run.load_model_state(f"site_{s}") for s in SITES]
+    states = [load_model_state(run, f"site_{s}") for s in SITES]
     _, init = lora_model("private")
     init_state = init.state_dict()
     for key, value in init_state.items():

@@ -6,7 +6,16 @@ import pytest
 
 from medfed.errors import ConfigError
 from medfed.experiments.demo import MethodSpec
-from medfed.runs.report import communication_table, methods_table, replace_marked_section
+from medfed.runs.report import (
+    communication_table,
+    federation_lines,
+    methods_table,
+    replace_marked_section,
+    routers_table,
+    site_table,
+)
+from medfed.runs.schema import Summary
+from tests.test_schema import make_summary, site_figures
 
 
 def test_method_specs_parse_parameters_and_wire_options() -> None:
@@ -21,18 +30,13 @@ def test_method_specs_parse_parameters_and_wire_options() -> None:
         MethodSpec.parse("fedavg@int8+zip")
 
 
-def summary(system: float, nbytes: float) -> dict:
-    site = {"auc": 0.8, "accuracy": 0.7, "balanced_accuracy": 0.7, "n_test": 10}
-    return {
-        "sites": {"a": site, "b": site},
-        "worst_site_auc": 0.8,
-        "mean_site_auc": 0.8,
-        "average_accuracy": 0.7,
-        "system_accuracy": system,
-        "routing_method": "majority_vote",
-        "routing_accuracy": None,
-        "bytes_per_round": nbytes,
-    }
+def summary(system: float, nbytes: float) -> Summary:
+    return make_summary(
+        system_accuracy=system,
+        bytes_per_round=nbytes,
+        routing_method="majority_vote",
+        routing_accuracy=None,
+    )
 
 
 def test_communication_table_compares_with_the_baseline() -> None:
@@ -42,6 +46,19 @@ def test_communication_table_compares_with_the_baseline() -> None:
     row = next(line for line in table.splitlines() if line.startswith("| lora@int8"))
     assert "20.0x" in row and "-0.5" in row and "0.200 MB" in row
     assert "| method" in methods_table({"fedavg": summary(0.8, 4e6)})
+
+
+def test_evaluate_tables_show_each_site_the_federation_and_every_router() -> None:
+    run = make_summary(sites={"a": site_figures(0.8), "b": site_figures(None)})
+
+    sites = site_table(run)
+    lines = federation_lines(run)
+    routers = routers_table(run)
+
+    row_b = next(line for line in sites.splitlines() if line.startswith("| b "))
+    assert "n/a (test split holds one class)" in row_b and "1000.0 kB" in row_b
+    assert "worst site: b" in lines and "system accuracy (density_ratio): 0.720" in lines
+    assert "| majority_vote " in routers and "| density_ratio " in routers
 
 
 def test_marked_sections_are_replaced_and_missing_markers_refused() -> None:

@@ -16,8 +16,9 @@ import pytest
 
 from medfed.config import CTPreprocess, FundusPreprocess, Modality, load_manifest
 from medfed.data import _phantoms, synth
-from medfed.data.io import Volume, read_record
+from medfed.data.io import Volume
 from medfed.data.layouts import scan_site
+from medfed.data.modality import read_record
 from medfed.data.records import Split
 from medfed.data.synth import SynthesisError, load_synth_meta, synthesize
 from medfed.errors import MedfedError

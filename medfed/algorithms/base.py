@@ -7,18 +7,18 @@ the Flower apps. Nothing here knows about engines, files or networks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medfed.algorithms.schedule import EveryRound, Schedule
 from medfed.errors import ConfigError
-from medfed.models.fedmodel import FedModel, ModelSpec, keys_with_prefix
+from medfed.models.fedmodel import HEAD_PREFIX, FedModel, ModelSpec, keys_with_prefix
 
 State = dict[str, torch.Tensor]
-HEAD_PREFIX = "target_head."  # the per-site target head (FedDRM, FedRep keep it private)
 
 
 def head_keys(model: nn.Module) -> set[str]:
@@ -54,9 +54,6 @@ class Batches:
                 xb = xb.clone()
                 xb[flip.to(xb.device)] = xb[flip.to(xb.device)].flip(-1)
         return xb, yb
-
-
-OPTIMIZERS = ("sgd", "adam")
 
 
 @dataclass
@@ -95,10 +92,30 @@ class LocalTask:
     check_deadline: Callable[[], None] = lambda: None
 
 
+Stats = dict[str, list[float]]
+
+
 @dataclass
 class LocalResult:
+    """What one round of local training produced besides the weights.
+
+    ``metrics`` go to metrics.jsonl; ``stats`` are the side channel: non-weight statistics the
+    site reports to the server's ``aggregate`` (FedGMI's scans per distribution), sent next to
+    the update by both engines and counted in its bytes.
+    """
+
     loss: float
     metrics: dict[str, float] = field(default_factory=dict)
+    stats: Stats = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Update:
+    """One site's contribution to a round's aggregation."""
+
+    state: State  # the shared tensors the site sent this round
+    weight: float  # its number of training scans
+    stats: Stats = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -141,17 +158,43 @@ def _as_bool(value: Any) -> bool:
 
 
 class Algorithm:
-    """Base: FedAvg semantics. Subclasses override the sharing rule and/or the local objective."""
+    """Base: FedAvg semantics. Subclasses override the sharing rule and/or the local objective.
+
+    When keys travel is the ``schedule``'s business (every round by default; FedALS's
+    alternating schedule composes with any algorithm), what travels is the algorithm's.
+    """
 
     name: ClassVar[str] = "fedavg"
-    summary: ClassVar[str] = ""
+    summary: ClassVar[str] = ""  # one line, shown by the CLI's help
     params_class: ClassVar[type[Params]] = Params
     needs_client_branch: ClassVar[bool] = False
     communicates: ClassVar[bool] = True
-    uses_batch_norm: ClassVar[bool] = False  # picks a BatchNorm backbone when --backbone auto
 
-    def __init__(self, params: Params | None = None) -> None:
+    def __init__(self, params: Params | None = None, schedule: Schedule | None = None) -> None:
         self.params = params if params is not None else self.params_class()
+        self.schedule: Schedule = schedule if schedule is not None else EveryRound()
+
+    def prefers_batch_norm(self) -> bool:
+        """Whether ``--backbone auto`` picks a BatchNorm backbone (norms kept on each site)."""
+        return False
+
+    @property
+    def run_name(self) -> str:
+        """The algorithm a run records: this one's name, or its schedule's (``fedals``)."""
+        return self.schedule.spelling or self.name
+
+    def resolved_params(self) -> dict[str, Any]:
+        """Every parameter with its value, defaults included (config.toml records them)."""
+        params = asdict(self.params)
+        if self.schedule.spelling:  # the base's parameters, named after it (lora.alpha)
+            own = {f"{self.name}.{k}": v for k, v in params.items()}
+            return {"base": self.name, **self.schedule.params(), **own}
+        return params
+
+    def check(self, model: nn.Module) -> None:
+        """Refuse, before training starts, a model this algorithm and schedule cannot train."""
+        if self.communicates:
+            self.schedule.check(self.shared_keys(model))
 
     def adapt_spec(self, spec: ModelSpec, site_ids: list[str]) -> ModelSpec:
         """The model this algorithm trains (LoRA adds its adapters); unchanged by default."""
@@ -171,9 +214,14 @@ class Algorithm:
         private = self.private_keys(model)
         return sorted(k for k in model.state_dict() if k not in private)
 
-    def round_keys(self, model: nn.Module, round_: int, rounds: int) -> list[str]:
-        """The shared keys that travel in ``round_`` (all of them, unless a schedule says less)."""
+    def own_round_keys(self, model: nn.Module, round_: int, rounds: int) -> list[str]:
+        """The shared keys the algorithm itself needs in ``round_`` (FedGMI: not every one)."""
         return self.shared_keys(model)
+
+    def round_keys(self, model: nn.Module, round_: int, rounds: int) -> list[str]:
+        """The shared keys that travel in ``round_``: the algorithm's, thinned by the schedule."""
+        own = self.own_round_keys(model, round_, rounds)
+        return self.schedule.select(self.shared_keys(model), own, round_, rounds)
 
     # --- site-side --------------------------------------------------------------------------
     def init_extra(self, model: FedModel) -> State:
@@ -196,22 +244,22 @@ class Algorithm:
         return site_state
 
     # --- server-side ------------------------------------------------------------------------
-    def aggregate(self, updates: list[tuple[State, float]]) -> State:
+    def aggregate(self, updates: list[Update]) -> State:
         """Weighted average of the shared tensors (weights n_i / N)."""
         return weighted_average(updates)
 
 
-def weighted_average(updates: list[tuple[State, float]]) -> State:
+def weighted_average(updates: list[Update]) -> State:
     if not updates:
         raise ValueError("no updates to aggregate")
-    total = float(sum(w for _, w in updates))
+    total = float(sum(u.weight for u in updates))
     if total <= 0:
         raise ValueError("aggregation weights must sum to a positive number")
     out: State = {}
-    for key, ref in updates[0][0].items():
+    for key, ref in updates[0].state.items():
         acc = torch.zeros_like(ref, dtype=torch.float64)
-        for state, weight in updates:
-            acc += state[key].to(torch.float64) * (weight / total)
+        for update in updates:
+            acc += update.state[key].to(torch.float64) * (update.weight / total)
         # Integer buffers (BatchNorm's num_batches_tracked) are averaged and rounded back.
         out[key] = acc.round().to(ref.dtype) if not ref.is_floating_point() else acc.to(ref.dtype)
     return out

@@ -12,7 +12,9 @@ from medfed.models.fedmodel import norm_state_keys
 class FedBN(Algorithm):
     name = "fedbn"
     summary = "FedAvg except normalization layers, which stay local (found by module type)"
-    uses_batch_norm = True
+
+    def prefers_batch_norm(self) -> bool:
+        return True
 
     def private_keys(self, model: nn.Module) -> set[str]:
         keys = norm_state_keys(model)

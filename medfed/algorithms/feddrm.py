@@ -63,9 +63,8 @@ class FedDRM(Algorithm):
     params_class = FedDRMParams
     needs_client_branch = True
 
-    def __init__(self, params: Params | None = None) -> None:
-        super().__init__(params)
-        self.uses_batch_norm = self.params.private_norms
+    def prefers_batch_norm(self) -> bool:
+        return self.params.private_norms
 
     def private_keys(self, model: nn.Module) -> set[str]:
         keys = head_keys(model)

@@ -20,15 +20,15 @@ Rounds: round 1 only measures the view's moments (each site's, averaged by the s
 federation's, which standardize the view from then on); the VAEs travel, and sites re-assign
 their scans, in rounds 2, 2+R, 2+2R, ... (R = ``repartition_every``); in between only the
 backbone and the experts travel: fewer bytes, staler partitions. With ``weighting=component``
-(default) each site also sends how many of its scans each distribution holds, and the server
-averages VAE m and expert m over the scans they were trained on (and can split empty ones);
-``weighting=site`` keeps those counts on the site and averages with n_i / N like FedAvg.
+(default) each site also reports, through the update's side channel (``LocalResult.stats``),
+how many of its scans each distribution holds, and the server averages VAE m and expert m over
+the scans they were trained on (and can split empty ones); ``weighting=site`` keeps those
+counts on the site and averages with n_i / N like FedAvg.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -42,11 +42,13 @@ from medfed.algorithms.base import (
     LocalTask,
     Params,
     State,
+    Update,
     weighted_average,
 )
-from medfed.errors import ConfigError, RunDirError
+from medfed.errors import ConfigError
 from medfed.models.fedmodel import FedModel, ModelSpec
 from medfed.models.mixture import (
+    COEFFICIENTS,
     PREDICT_RULES,
     VAE_PREFIX,
     VIEW_STATS,
@@ -56,8 +58,7 @@ from medfed.models.mixture import (
     vae_divergence,
 )
 
-COEFFICIENTS = "target_head.coefficients"
-ASSIGNED = "target_head.assigned"
+ASSIGNED = "assigned"  # side-channel statistic: the site's scans per distribution
 EXPERT_KEYS = ("target_head.weight", "target_head.bias")
 ASSIGNMENT = "assignment"  # extra: each training scan's distribution at the last partition
 DECODER_OFFSET = "vaes.dec_b2"
@@ -129,12 +130,9 @@ class FedGMI(Algorithm):
 
     # --- the sharing rule -------------------------------------------------------------------
     def private_keys(self, model: nn.Module) -> set[str]:
-        private = {COEFFICIENTS}
-        if self.params.weighting == "site":
-            private.add(ASSIGNED)
-        return private
+        return {COEFFICIENTS}
 
-    def round_keys(self, model: nn.Module, round_: int, rounds: int) -> list[str]:
+    def own_round_keys(self, model: nn.Module, round_: int, rounds: int) -> list[str]:
         if rounds < 2:
             raise ConfigError(
                 "fedgmi needs at least 2 rounds: round 1 only measures the view statistics"
@@ -157,8 +155,6 @@ class FedGMI(Algorithm):
             # learns before there is a partition: trained on every scan, all of them would
             # start as the same federation-wide classifier.
             bank.calibrate(task.batches.x)
-            with torch.no_grad():
-                model.target_head.assigned.fill_(n / m)
             result, partition = self._untrained_loss(task), False
         else:
             partition = any(k.startswith(VAE_PREFIX) for k in task.global_state)
@@ -167,6 +163,9 @@ class FedGMI(Algorithm):
                 task.extra[ASSIGNMENT] = stored
                 partition = True
             result = self._steps(task, stored, train_vaes=partition)
+            if self.params.weighting == "component":
+                counts = torch.bincount(stored.cpu(), minlength=m).float()
+                result.stats[ASSIGNED] = counts.tolist()
         coefficients = model.target_head.coefficients.tolist()
         result.metrics |= {f"mixture_{k}": float(c) for k, c in enumerate(coefficients)}
         result.metrics["repartitioned"] = float(partition)
@@ -188,7 +187,6 @@ class FedGMI(Algorithm):
         counts = torch.bincount(assignment.cpu(), minlength=self.params.components).float()
         with torch.no_grad():
             model.target_head.coefficients.copy_(counts / max(1, x.shape[0]))
-            model.target_head.assigned.copy_(counts)
         return assignment
 
     def _steps(self, task: LocalTask, assignment: torch.Tensor, train_vaes: bool) -> LocalResult:
@@ -240,24 +238,28 @@ class FedGMI(Algorithm):
         return F.nll_loss(model(x).target_logits.float(), y)
 
     # --- server-side ------------------------------------------------------------------------
-    def aggregate(self, updates: list[tuple[State, float]]) -> State:
+    def aggregate(self, updates: list[Update]) -> State:
         out = weighted_average(updates)
-        if self.params.weighting != "component" or ASSIGNED not in updates[0][0]:
-            return out
-        counts = torch.stack([state[ASSIGNED].double().cpu() for state, _ in updates])  # (S, M)
+        if self.params.weighting != "component" or not all(ASSIGNED in u.stats for u in updates):
+            return out  # round 1 (no partition yet), or counts kept on the sites
+        counts = torch.tensor([u.stats[ASSIGNED] for u in updates], dtype=torch.float64)  # (S, M)
+        if counts.shape[1] != self.params.components or bool((counts < 0).any()):
+            raise ValueError(
+                f"fedgmi: sites reported scans per distribution of shape {tuple(counts.shape)}; "
+                f"expected {self.params.components} non-negative counts each"
+            )
         totals = counts.sum(dim=0)
         for key in out:
             if not is_component_key(key):
                 continue
-            ref = updates[0][0][key]
+            ref = updates[0].state[key]
             acc = torch.zeros_like(ref, dtype=torch.float64)
-            for (state, _), site_counts in zip(updates, counts, strict=True):
+            for update, site_counts in zip(updates, counts, strict=True):
                 share = (site_counts / totals.clamp_min(1.0)).to(ref.device)
-                acc += state[key].double() * share.view(-1, *([1] * (ref.dim() - 1)))
+                acc += update.state[key].double() * share.view(-1, *([1] * (ref.dim() - 1)))
             # A distribution no site holds keeps the plain average (its weights did not move).
             trained = (totals > 0).to(ref.device).view(-1, *([1] * (ref.dim() - 1)))
             out[key] = torch.where(trained, acc.to(ref.dtype), out[key])
-        out[ASSIGNED] = totals.to(updates[0][0][ASSIGNED].dtype)
         if DECODER_OFFSET in out and bool((totals > 0).any()):
             for empty in (totals == 0).nonzero().flatten().tolist():
                 self._split(out, int(totals.argmax()), empty, totals)
@@ -346,21 +348,3 @@ def expert_probabilities(model: FedModel, x: torch.Tensor) -> torch.Tensor:
     model.eval()
     hidden = model.target_branch.body(model.backbone(x))
     return torch.softmax(model.target_head.expert_logits(hidden).float(), dim=-1)
-
-
-def mixture_coefficients(run_dir: str | Path) -> dict[str, list[float]]:
-    """Each site's mixture coefficients, from a finished run's saved model."""
-    from medfed.runs import RunDir
-
-    run = RunDir(run_dir).require()
-    info = run.read_model_json()
-    out = {}
-    for site in info["sites"]:
-        state = run.load_model_state(f"site_{site['id']}")
-        if COEFFICIENTS not in state:
-            raise RunDirError(
-                f"{run.model_dir}: a {info.get('algorithm')!r} run has no mixture coefficients "
-                "(only fedgmi runs do)"
-            )
-        out[site["id"]] = state[COEFFICIENTS].tolist()
-    return out

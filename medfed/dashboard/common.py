@@ -15,6 +15,7 @@ from medfed.dashboard.rundata import Run, find_runs, label_runs, run_status
 from medfed.data.overview import OVERVIEW_FILE, overview_dir, read_site_overview
 from medfed.errors import MedfedError
 from medfed.runs import RunDir
+from medfed.runs.schema import RoundRecord, Summary
 
 SELECTED = "selected_runs"
 NO_RUNS_HELP = (
@@ -103,12 +104,12 @@ def _stamp(path: Path) -> tuple[int, int]:
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _summary(path: str, stamp: tuple[int, int]) -> dict[str, Any]:
+def _summary(path: str, stamp: tuple[int, int]) -> Summary:
     return RunDir(path).read_summary()
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _metrics(path: str, stamp: tuple[int, int]) -> list[dict[str, Any]]:
+def _metrics(path: str, stamp: tuple[int, int]) -> list[RoundRecord]:
     return RunDir(path).read_metrics()
 
 
@@ -124,17 +125,17 @@ def _config(path: str, stamp: tuple[int, int]) -> dict[str, Any]:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _overview(path: str, stamp: tuple[int, int]) -> dict[str, Any] | None:
-    return read_site_overview(RunDir(path))
+    return read_site_overview(path)
 
 
-def read_summary(run: Run) -> dict[str, Any] | None:
+def read_summary(run: Run) -> Summary | None:
     """summary.json, or None while the run has not finished."""
     if not run.has_summary:
         return None
     return _summary(str(run.path), _stamp(run.dir.summary_path))
 
 
-def read_metrics(run: Run) -> list[dict[str, Any]]:
+def read_metrics(run: Run) -> list[RoundRecord]:
     return _metrics(str(run.path), _stamp(run.dir.metrics_path))
 
 
@@ -149,7 +150,7 @@ def read_config(run: Run) -> dict[str, Any] | None:
 
 
 def read_overview(run: Run) -> dict[str, Any] | None:
-    return _overview(str(run.path), _stamp(overview_dir(run.dir) / OVERVIEW_FILE))
+    return _overview(str(run.path), _stamp(overview_dir(run.path) / OVERVIEW_FILE))
 
 
 def status_line(run: Run) -> str:

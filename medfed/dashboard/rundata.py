@@ -1,13 +1,14 @@
 """Run directories as the dashboard's tables: discovery, labels, and one function per view.
 
-No Streamlit here: every function takes what a run directory holds (summary dicts, metric
-records, events, audit entries) and returns plain values or pandas frames.
+No Streamlit here: every function takes what a run directory holds (typed summaries and round
+records from :mod:`medfed.runs.schema`, events, audit entries) and returns plain values or pandas
+frames.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pandas as pd
 
 from medfed.runs import RunDir
 from medfed.runs.report import fmt
+from medfed.runs.schema import DROPPED, OK, RoundRecord, Summary
 from medfed.serving.audit import AuditEntry
 
 # Folders medfed writes that never hold runs (a run's own, the preprocessing cache): skipping
@@ -94,12 +96,12 @@ def label_runs(paths: Sequence[Path]) -> list[Run]:
     return labels
 
 
-def run_status(run: Run, config: dict[str, Any] | None, records: list[dict[str, Any]]) -> str:
+def run_status(run: Run, config: dict[str, Any] | None, records: list[RoundRecord]) -> str:
     """One sentence on how far the run got, for the top of each page."""
     if not run.has_config:
         return f"{run.path}: no config.toml: not a run directory yet."
     planned = (config or {}).get("train", {}).get("rounds")
-    done = max((r.get("round", 0) for r in records), default=0)
+    done = max((r.round for r in records), default=0)
     of = f" of {planned}" if planned else ""
     if run.has_summary:
         return f"finished: {done}{of} rounds recorded."
@@ -115,81 +117,83 @@ def run_status(run: Run, config: dict[str, Any] | None, records: list[dict[str, 
 
 
 # ---------------------------------------------------------------------------- Federation page
-def auc_table(summaries: dict[str, dict[str, Any]]) -> pd.DataFrame:
+Summaries = Mapping[str, Summary]  # run label -> its summary.json
+
+
+def auc_table(summaries: Summaries) -> pd.DataFrame:
     """Per-site test AUC: one row per site, one column per run (NaN where undefined)."""
     sites: list[str] = []
     for summary in summaries.values():
-        sites += [s for s in summary.get("sites", {}) if s not in sites]
-    data = {
-        label: [_number(summary.get("sites", {}).get(s, {}).get("auc")) for s in sites]
-        for label, summary in summaries.items()
-    }
+        sites += [s for s in summary.sites if s not in sites]
+    data = {label: [_auc(summary, s) for s in sites] for label, summary in summaries.items()}
     return pd.DataFrame(data, index=pd.Index(sites, name="site"), dtype="float64")
 
 
-def worst_sites(summaries: dict[str, dict[str, Any]]) -> dict[str, tuple[str | None, float | None]]:
+def _auc(summary: Summary, site: str) -> float:
+    figures = summary.sites.get(site)
+    return math.nan if figures is None or figures.auc is None else figures.auc
+
+
+def worst_sites(summaries: Summaries) -> dict[str, tuple[str | None, float | None]]:
     """Each run's worst site and its AUC, as summary.json names them."""
-    return {
-        label: (summary.get("worst_site"), _number(summary.get("worst_site_auc"), None))
-        for label, summary in summaries.items()
-    }
+    return {label: (s.worst_site, s.worst_site_auc) for label, s in summaries.items()}
 
 
-def undefined_aucs(summaries: dict[str, dict[str, Any]]) -> list[str]:
+def undefined_aucs(summaries: Summaries) -> list[str]:
     """Sentences for every site whose AUC is undefined, with summary.json's reason."""
     notes = []
     for label, summary in summaries.items():
-        for site, figures in summary.get("sites", {}).items():
-            if figures.get("auc") is None:
-                reason = figures.get("auc_reason") or "undefined"
+        for site, figures in summary.sites.items():
+            if figures.auc is None:
+                reason = figures.auc_reason or "undefined"
                 notes.append(f"{label}, site {site}: AUC n/a ({reason})")
     return notes
 
 
-FEDERATION_ROWS = (
-    ("mean site AUC", "mean_site_auc"),
-    ("worst site AUC", "worst_site_auc"),
-    ("worst site", "worst_site"),
-    ("best site AUC", "best_site_auc"),
-    ("AUC spread (std)", "auc_std"),
-    ("AUC Gini", "auc_gini"),
-    ("worst 10% AUC", "worst10_auc"),
-    ("average accuracy (weighted by scans)", "average_accuracy"),
-    ("mean accuracy", "mean_accuracy"),
-    ("accuracy spread (std)", "accuracy_std"),
-    ("system accuracy", "system_accuracy"),
-    ("answered by", "routing_method"),
-    ("routing accuracy", "routing_accuracy"),
-    ("abstain rate", "abstain_rate"),
-    ("rounds", "rounds"),
+FEDERATION_ROWS: tuple[tuple[str, Callable[[Summary], Any]], ...] = (
+    ("mean site AUC", lambda s: s.mean_site_auc),
+    ("worst site AUC", lambda s: s.worst_site_auc),
+    ("worst site", lambda s: s.worst_site),
+    ("best site AUC", lambda s: s.best_site_auc),
+    ("AUC spread (std)", lambda s: s.auc_std),
+    ("AUC Gini", lambda s: s.auc_gini),
+    ("worst 10% AUC", lambda s: s.worst10_auc),
+    ("average accuracy (weighted by scans)", lambda s: s.average_accuracy),
+    ("mean accuracy", lambda s: s.mean_accuracy),
+    ("accuracy spread (std)", lambda s: s.accuracy_std),
+    ("system accuracy", lambda s: s.system_accuracy),
+    ("answered by", lambda s: s.routing_method),
+    ("routing accuracy", lambda s: s.routing_accuracy),
+    ("abstain rate", lambda s: s.abstain_rate),
+    ("rounds", lambda s: s.rounds),
 )
 
 
-def federation_table(summaries: dict[str, dict[str, Any]]) -> pd.DataFrame:
+def federation_table(summaries: Summaries) -> pd.DataFrame:
     """The federation figures of every run, formatted (rows: figures, columns: runs)."""
     data = {
-        label: [fmt(summary.get(key)) for _, key in FEDERATION_ROWS]
+        label: [fmt(figure(summary)) for _, figure in FEDERATION_ROWS]
         for label, summary in summaries.items()
     }
     return pd.DataFrame(data, index=pd.Index([name for name, _ in FEDERATION_ROWS], name="figure"))
 
 
-def roc_frame(summary: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, str]]:
+def roc_frame(summary: Summary) -> tuple[pd.DataFrame, dict[str, str]]:
     """ROC points of every site (site, curve label, fpr, tpr) and, per site without a curve,
     the reason."""
     rows, missing = [], {}
-    for site, figures in summary.get("sites", {}).items():
-        roc = figures.get("roc")
+    for site, figures in summary.sites.items():
+        roc = figures.roc
         if roc is None:
             missing[site] = "summary.json holds no ROC points (written before they were stored)"
-        elif not roc.get("fpr"):
-            missing[site] = roc.get("reason") or "no ROC points"
+        elif not roc.drawable:
+            missing[site] = roc.reason or "no ROC points"
         else:
-            auc = figures.get("auc")
+            auc = figures.auc
             curve = f"{site} (AUC {auc:.3f})" if auc is not None else site
             rows += [
                 {"site": site, "curve": curve, "fpr": f, "tpr": t}
-                for f, t in zip(roc["fpr"], roc["tpr"], strict=True)
+                for f, t in zip(roc.fpr or [], roc.tpr or [], strict=True)
             ]
     return pd.DataFrame(rows, columns=["site", "curve", "fpr", "tpr"]), missing
 
@@ -204,10 +208,10 @@ CURVES = {
 }
 
 
-def metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """metrics.jsonl as a frame with one row per round per site."""
+def metrics_frame(records: Sequence[RoundRecord]) -> pd.DataFrame:
+    """metrics.jsonl as a frame with one row per round per site (a column per figure)."""
     columns = ["round", "site", "status", "reason", *CURVES]
-    frame = pd.DataFrame(records)
+    frame = pd.DataFrame([r.to_dict() for r in records])
     for column in columns:
         if column not in frame:
             frame[column] = None
@@ -218,22 +222,21 @@ def metrics_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
 MIXTURE_PREFIX = "train_mixture_"  # FedGMI: a site's share of scans per intrinsic distribution
 
 
-def mixture_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+def mixture_frame(records: Sequence[RoundRecord]) -> pd.DataFrame:
     """Each site's latest mixture coefficients: one row per site and distribution."""
-    latest: dict[str, dict[str, Any]] = {}
+    latest: dict[str, RoundRecord] = {}
     for record in records:
-        if record.get("status") == "ok" and any(k.startswith(MIXTURE_PREFIX) for k in record):
-            latest[record["site"]] = record
+        if record.status == OK and record.extras(MIXTURE_PREFIX):
+            latest[record.site] = record
     rows = [
         {
             "site": site,
-            "distribution": f"distribution {key[len(MIXTURE_PREFIX) :]}",
-            "share": float(value),
-            "round": record["round"],
+            "distribution": f"distribution {component}",
+            "share": share,
+            "round": record.round,
         }
         for site, record in sorted(latest.items())
-        for key, value in sorted(record.items())
-        if key.startswith(MIXTURE_PREFIX)
+        for component, share in record.extras(MIXTURE_PREFIX).items()
     ]
     return pd.DataFrame(rows, columns=["site", "distribution", "share", "round"])
 
@@ -245,7 +248,7 @@ def available_curves(frame: pd.DataFrame) -> list[str]:
 def dropouts(frame: pd.DataFrame, curve: str) -> pd.DataFrame:
     """Dropped sites, placed on ``curve`` at their value (or their last value before)."""
     rows = []
-    for _, record in frame[frame["status"] == "dropped"].iterrows():
+    for _, record in frame[frame["status"] == DROPPED].iterrows():
         mine = frame[(frame["site"] == record["site"]) & (frame["round"] <= record["round"])]
         known = pd.to_numeric(mine[curve], errors="coerce").dropna()
         if known.empty:
@@ -296,18 +299,18 @@ def skipped_rounds(events: list[dict[str, Any]]) -> list[int]:
 
 
 # ------------------------------------------------------------------------- Communication page
-def traffic_frame(records_by_run: dict[str, list[dict[str, Any]]]) -> pd.DataFrame:
+def traffic_frame(records_by_run: Mapping[str, Sequence[RoundRecord]]) -> pd.DataFrame:
     """Bytes each site sent and received in each round, for every run."""
     rows = []
     for label, records in records_by_run.items():
         for r in records:
-            up, down = int(r.get("bytes_up") or 0), int(r.get("bytes_down") or 0)
+            up, down = r.bytes_up or 0, r.bytes_down or 0
             rows.append(
                 {
                     "method": label,
-                    "round": int(r.get("round", 0)),
-                    "site": r.get("site", "?"),
-                    "status": r.get("status", "?"),
+                    "round": r.round,
+                    "site": r.site,
+                    "status": r.status,
                     "kB sent": up / 1e3,
                     "kB received": down / 1e3,
                     "kB total": (up + down) / 1e3,
@@ -317,26 +320,21 @@ def traffic_frame(records_by_run: dict[str, list[dict[str, Any]]]) -> pd.DataFra
     return pd.DataFrame(rows, columns=columns)
 
 
-def traffic_table(summaries: dict[str, dict[str, Any]]) -> pd.DataFrame:
+def traffic_table(summaries: Summaries) -> pd.DataFrame:
     """Per run: wire format, bytes per round in all, and each site's share per round (kB)."""
     rows = []
     for label, summary in summaries.items():
-        wire = summary.get("wire") or {}
-        encoding = wire.get("precision", "float32") + (" + delta" if wire.get("delta") else "")
-        row = {
+        row: dict[str, Any] = {
             "method": label,
-            "wire": encoding,
-            "kB per round (all sites)": fmt(_kb(summary.get("bytes_per_round")), 1),
+            # Runs from before the wire format was recorded sent float32.
+            "wire": summary.wire.label if summary.wire is not None else "float32",
+            "kB per round (all sites)": fmt(summary.bytes_per_round / 1e3, 1),
         }
-        for site, t in (summary.get("bytes_per_round_by_site") or {}).items():
-            row[f"{site} sent"] = fmt(_kb(t.get("up")), 1)
-            row[f"{site} received"] = fmt(_kb(t.get("down")), 1)
+        for site, t in summary.bytes_per_round_by_site.items():
+            row[f"{site} sent"] = fmt(t.up / 1e3, 1)
+            row[f"{site} received"] = fmt(t.down / 1e3, 1)
         rows.append(row)
     return pd.DataFrame(rows).set_index("method") if rows else pd.DataFrame()
-
-
-def _kb(value: Any) -> float | None:
-    return None if value is None else float(value) / 1e3
 
 
 # ------------------------------------------------------------------------------- Routing page

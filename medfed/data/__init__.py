@@ -1,1 +1,2 @@
-"""Site data: layout readers, preprocessing, cache, splits, onboarding checks."""
+"""Site data: layout readers, decoding, preprocessing, cache, splits, onboarding checks,
+site distances, data cards and the modality registry (what differs between fundus and CT)."""

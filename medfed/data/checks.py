@@ -6,19 +6,19 @@ being listed: each problem names its file and what to do.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
-from medfed.config import Modality, SiteManifest, load_manifest
+from medfed.config import SiteManifest, load_manifest
 from medfed.data.cache import TensorCache
-from medfed.data.io import Volume, read_record
+from medfed.data.distances import SiteFeatures, scan_features, site_distances
+from medfed.data.io import Volume
 from medfed.data.layouts import scan_site
+from medfed.data.modality import modality_spec, read_record
 from medfed.data.records import Problem, Split
 from medfed.data.sitedata import preprocess_record
 from medfed.data.splits import assign_splits
@@ -90,15 +90,6 @@ def _raw_stats(decoded: np.ndarray | Volume) -> tuple[tuple[int, ...], np.ndarra
     return decoded.shape[:2], np.stack([a.mean(0), a.std(0)], axis=1), ()
 
 
-def _features(tensor: torch.Tensor) -> np.ndarray:
-    """Simple appearance features for site distances: channel moments + a coarse thumbnail."""
-    x = tensor.float()[None]
-    pooled = F.adaptive_avg_pool2d(x, 4) if x.dim() == 4 else F.adaptive_avg_pool3d(x, 2)
-    dims = tuple(range(2, x.dim()))
-    moments = torch.cat([x.mean(dim=dims), x.std(dim=dims)], dim=1)
-    return torch.cat([moments.flatten(), pooled.flatten()]).numpy().astype(np.float64)
-
-
 def _summarize_sizes(shapes: list[tuple[int, ...]], spacings: list[tuple]) -> dict[str, Any]:
     if not shapes:
         return {}
@@ -153,15 +144,14 @@ def check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
         shapes.append(tuple(int(s) for s in shape))
         spacings.append(spacing)
         moments.append(moment)
-        features.append(_features(tensor))
+        features.append(scan_features(tensor))
         readable.append(record)
     report.n_readable = len(readable)
     report.sizes = _summarize_sizes(shapes, spacings)
     if moments:
         m = np.stack(moments)  # (n, channels, 2)
-        unit = "HU" if manifest.modality is Modality.CT else "0-255"
         report.intensity = {
-            "unit": unit,
+            "unit": modality_spec(manifest.modality).intensity_unit,
             "mean": [round(float(v), 2) for v in m[:, :, 0].mean(axis=0)],
             "std": [round(float(v), 2) for v in m[:, :, 1].mean(axis=0)],
         }
@@ -171,10 +161,9 @@ def check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
 
 
 def _count(manifest: SiteManifest, records: list, report: SiteReport) -> None:
-    names = defaultdict(list)
-    for name, index in manifest.labels.items():
-        names[index].append(name)
-    class_name = {i: "/".join(sorted(n)) for i, n in names.items()}
+    by_index = manifest.class_names()
+    # Classes in the order the manifest declares them: how the report lists them.
+    class_name = {i: by_index[i] for i in dict.fromkeys(manifest.labels.values())}
     try:
         splits = assign_splits(records, manifest.split)
     except MedfedError as exc:
@@ -204,43 +193,11 @@ def _count(manifest: SiteManifest, records: list, report: SiteReport) -> None:
         report.problems.append(Problem(str(manifest.root), "training split is empty"))
 
 
-def mmd_rbf(a: np.ndarray, b: np.ndarray) -> float:
-    """Squared maximum mean discrepancy with an RBF kernel (median-distance bandwidth)."""
-    both = np.concatenate([a, b])
-    sq = ((both[:, None, :] - both[None, :, :]) ** 2).sum(-1)
-    positive = sq[sq > 0]
-    bandwidth = np.median(positive) if positive.size else 1.0
-    k = np.exp(-sq / bandwidth)
-    n = len(a)
-    kaa, kbb, kab = k[:n, :n], k[n:, n:], k[:n, n:]
-    return float(max(0.0, kaa.mean() + kbb.mean() - 2 * kab.mean()))
-
-
-def _site_distances(reports: list[SiteReport], max_per_site: int = 200) -> None:
-    """MMD between every pair of sites of the same modality (features differ across them)."""
-    for modality in {r.modality for r in reports}:
-        _distances_within([r for r in reports if r.modality == modality], max_per_site)
-
-
-def _distances_within(reports: list[SiteReport], max_per_site: int) -> None:
-    usable = [r for r in reports if r.features is not None and len(r.features) > 1]
-    if len(usable) < 2:
-        return
-    pooled = np.concatenate([r.features for r in usable])
-    mean, std = pooled.mean(0), pooled.std(0) + 1e-8
-    rng = np.random.default_rng(0)
-    scaled = {}
-    for r in usable:
-        feats = (r.features - mean) / std
-        if len(feats) > max_per_site:
-            feats = feats[rng.choice(len(feats), max_per_site, replace=False)]
-        scaled[r.site] = feats
-    for r in usable:
-        r.distances = {
-            other: round(mmd_rbf(scaled[r.site], scaled[other]), 4)
-            for other in scaled
-            if other != r.site
-        }
+def _site_distances(reports: list[SiteReport]) -> None:
+    """Fill each report's distances to the other sites of its modality."""
+    sites = [SiteFeatures(r.site, r.modality, r.features) for r in reports]
+    for report, distances in zip(reports, site_distances(sites), strict=True):
+        report.distances = distances
 
 
 def check_manifests(paths: list[str | Path], cache: TensorCache) -> list[SiteReport]:

@@ -1,7 +1,8 @@
 """Decoding scans: fundus images to uint8 RGB, CT series and NIfTI files to HU volumes.
 
 Every failure is a :class:`DataError` naming the file and what is wrong; decoder libraries'
-own exceptions never reach the caller.
+own exceptions never reach the caller. Which decoder a modality uses is decided in one place,
+:mod:`medfed.data.modality`.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from medfed.config import Modality
 from medfed.data.records import Record
 from medfed.errors import DataError
 
 if TYPE_CHECKING:
     from pydicom.dataset import Dataset
+
+# File names the decoders accept, for every reader that picks files by name (layouts, serving).
+IMAGE_SUFFIXES = (".bmp", ".jpeg", ".jpg", ".png", ".tif", ".tiff")
+NIFTI_SUFFIXES = (".nii.gz", ".nii")  # longest first, so stripping one leaves the stem
+DICOM_SUFFIX = ".dcm"  # DICOM files may also have no suffix at all: see probe_dicom
 
 _DICOM_MAGIC_OFFSET = 128
 # Two slices closer than this (mm) along the normal are the same position: a mixed series.
@@ -40,6 +45,9 @@ class Volume:
             raise ValueError(f"a Volume is 3-D (slice, row, column), got shape {self.array.shape}")
         if len(self.spacing) != 3 or not all(s > 0 for s in self.spacing):
             raise ValueError(f"Volume spacing must be three positive numbers, got {self.spacing}")
+
+
+Decoded = np.ndarray | Volume  # what a decoder returns: a photo (H, W, 3) or a volume
 
 
 def read_image(path: Path) -> np.ndarray:
@@ -291,11 +299,13 @@ def read_nifti(path: Path) -> Volume:
     return Volume(array=array, spacing=(zooms[2], zooms[1], zooms[0]))
 
 
-def read_record(record: Record, modality: Modality | str) -> np.ndarray | Volume:
-    """Decode one record: an RGB image for fundus, a HU volume for CT."""
-    modality = Modality(modality)
-    if modality is Modality.FUNDUS:
-        return read_image(record.path)
+def read_photo(record: Record) -> np.ndarray:
+    """Decode a photo record (one image file) to uint8 RGB."""
+    return read_image(record.path)
+
+
+def read_volume(record: Record) -> Volume:
+    """Decode a volume record: its DICOM slice files when it lists them, else its NIfTI file."""
     if record.files:
         return read_dicom_series(record.files)
     return read_nifti(record.path)

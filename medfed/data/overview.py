@@ -13,6 +13,8 @@ images, no per-scan embedding), and the page says what is missing.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,34 +24,27 @@ from PIL import Image
 
 from medfed.config import Modality
 from medfed.data.cards import render_card
-from medfed.data.checks import SiteReport, _features, _site_distances
+from medfed.data.checks import SiteReport
+from medfed.data.distances import SiteFeatures, distance_matrix, scan_features, site_distances
+from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import RunDirError
-from medfed.runs.rundir import RunDir, _atomic_write
 
 OVERVIEW_DIR = "site_overview"
 OVERVIEW_FILE = "overview.json"
 FORMAT_VERSION = 1
-DISTANCE_METHOD = "MMD² (RBF kernel) on channel moments and a coarse thumbnail"
 MAX_EMBEDDED_PER_SITE = 200
 
 
-def overview_dir(run: RunDir) -> Path:
-    return run.path / OVERVIEW_DIR
-
-
-def class_names(site: SiteData) -> dict[int, str]:
-    """Class index -> name ('a/b' when a manifest maps several names to one index)."""
-    names: dict[int, list[str]] = {}
-    for name, index in site.manifest.labels.items():
-        names.setdefault(index, []).append(name)
-    return {i: "/".join(sorted(n)) for i, n in sorted(names.items())}
+def overview_dir(run_dir: str | os.PathLike[str]) -> Path:
+    """``RUN/site_overview`` of the run directory ``run_dir``."""
+    return Path(run_dir) / OVERVIEW_DIR
 
 
 def split_counts(site: SiteData) -> dict[str, dict[str, int]]:
     """split -> class name -> number of scans."""
-    names = class_names(site)
+    names = site.manifest.class_names()
     counts = {}
     for split in Split:
         per = site.class_counts(split)
@@ -74,53 +69,43 @@ def _all_raw(site: SiteData) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def _reports(sites: list[SiteData]) -> list[SiteReport]:
-    """Onboarding-style reports of what the run knows, with site distances filled in."""
-    reports = []
-    for site in sites:
-        x, _ = _all_raw(site)
-        n = int(x.shape[0])
-        report = SiteReport(
-            manifest=str(site.manifest.manifest_path or site.id),
-            site=site.id,
-            modality=str(site.manifest.modality),
-            layout=site.manifest.layout,
-            root=str(site.manifest.root),
-            n_records=n,
-            n_readable=n,
-            counts=split_counts(site),
-            sizes={"after preprocessing": list(x.shape[1:])} if n else {},
-        )
-        report.features = np.stack([_features(t) for t in x]) if n else None
-        reports.append(report)
-    # The same measure as 'medfed sites check', so the card and onboarding agree.
-    _site_distances(reports)
-    return reports
+def _features(site: SiteData) -> np.ndarray | None:
+    """Appearance features of every scan of the site (see medfed.data.distances)."""
+    x, _ = _all_raw(site)
+    return np.stack([scan_features(t) for t in x]) if x.shape[0] else None
 
 
-def distance_matrix(reports: list[SiteReport]) -> dict[str, Any] | None:
-    """Symmetric site-by-site distances (0 on the diagonal), or None when not measurable."""
-    ids = [r.site for r in reports]
-    if not all(set(r.distances) == set(ids) - {r.site} for r in reports) or len(ids) < 2:
-        return None
-    by_site = {r.site: r.distances for r in reports}
-    matrix = [[0.0 if a == b else float(by_site[a][b]) for b in ids] for a in ids]
-    return {"method": DISTANCE_METHOD, "sites": ids, "matrix": matrix}
+def _card_report(site: SiteData, distances: dict[str, float]) -> SiteReport:
+    """What the run knows of a site, in the form its data card is rendered from."""
+    x, _ = _all_raw(site)
+    n = int(x.shape[0])
+    return SiteReport(
+        manifest=str(site.manifest.manifest_path or site.id),
+        site=site.id,
+        modality=str(site.manifest.modality),
+        layout=site.manifest.layout,
+        root=str(site.manifest.root),
+        n_records=n,
+        n_readable=n,
+        counts=split_counts(site),
+        sizes={"after preprocessing": list(x.shape[1:])} if n else {},
+        distances=distances,
+    )
 
 
-def embedding(sites: list[SiteData], reports: list[SiteReport]) -> dict[str, Any] | None:
+def embedding(sites: list[SiteData], features: list[np.ndarray | None]) -> dict[str, Any] | None:
     """First two principal components of the standardized scan features, per scan."""
     rng = np.random.default_rng(0)
     rows, site_of, label_of = [], [], []
-    for site, report in zip(sites, reports, strict=True):
-        if report.features is None:
+    for site, feats in zip(sites, features, strict=True):
+        if feats is None:
             continue
         _, y = _all_raw(site)
-        keep = np.arange(len(report.features))
+        keep = np.arange(len(feats))
         if keep.size > MAX_EMBEDDED_PER_SITE:
             keep = np.sort(rng.choice(keep, MAX_EMBEDDED_PER_SITE, replace=False))
-        names = class_names(site)
-        rows.append(report.features[keep])
+        names = site.manifest.class_names()
+        rows.append(feats[keep])
         site_of += [site.id] * keep.size
         label_of += [names.get(int(y[i]), str(int(y[i]))) for i in keep]
     if not rows or sum(len(r) for r in rows) < 3:
@@ -142,10 +127,10 @@ def embedding(sites: list[SiteData], reports: list[SiteReport]) -> dict[str, Any
     }
 
 
-def to_picture(tensor: torch.Tensor, modality: Modality) -> np.ndarray:
-    """A preprocessed scan as an 8-bit picture: RGB for fundus, the middle slice for CT."""
+def to_picture(tensor: torch.Tensor, modality: Modality | str) -> np.ndarray:
+    """A preprocessed scan as an 8-bit picture: RGB for a photo, the middle slice of a volume."""
     x = tensor.detach().float().cpu()
-    if modality is Modality.CT:
+    if modality_spec(modality).spatial_dims == 3:
         x = x[0, x.shape[1] // 2]  # (1, D, H, W) -> middle (H, W) slice
     else:
         x = x.permute(1, 2, 0) if x.shape[0] in (1, 3) else x
@@ -158,7 +143,7 @@ def to_picture(tensor: torch.Tensor, modality: Modality) -> np.ndarray:
 
 def _write_samples(site: SiteData, folder: Path, per_site: int) -> list[dict[str, Any]]:
     """A few training scans of each class, as PNG files under ``folder``."""
-    names = class_names(site)
+    names = site.manifest.class_names()
     x, y = site.raw[Split.TRAIN], site.y[Split.TRAIN]
     per_class = max(1, per_site // max(1, len(names)))
     chosen = []
@@ -175,23 +160,38 @@ def _write_samples(site: SiteData, folder: Path, per_site: int) -> list[dict[str
 
 
 def write_site_overview(
-    run: RunDir, sites: list[SiteData], *, samples_per_site: int = 4, embed: bool = True
+    run_dir: str | os.PathLike[str],
+    sites: list[SiteData],
+    *,
+    samples_per_site: int = 4,
+    embed: bool = True,
 ) -> Path:
-    """Write ``RUN/site_overview/``; ``samples_per_site=0`` and ``embed=False`` publish only
-    card statistics and site distances (no image, no per-scan point)."""
-    out = overview_dir(run)
-    reports = _reports(sites)
+    """Write ``RUN/site_overview/`` under the run directory ``run_dir``.
+
+    ``samples_per_site=0`` and ``embed=False`` publish only card statistics and site distances
+    (no image, no per-scan point).
+    """
+    out = overview_dir(run_dir)
+    features = [_features(site) for site in sites]
+    # The same measure as 'medfed sites check', so the card and onboarding agree.
+    distances = site_distances(
+        [
+            SiteFeatures(site.id, str(site.manifest.modality), feats)
+            for site, feats in zip(sites, features, strict=True)
+        ]
+    )
     overview: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "modality": str(sites[0].manifest.modality) if sites else None,
         "images": samples_per_site > 0,
         "sites": {},
-        "distances": distance_matrix(reports),
-        "embedding": embedding(sites, reports) if embed else None,
+        "distances": distance_matrix([site.id for site in sites], distances),
+        "embedding": embedding(sites, features) if embed else None,
     }
-    for site, report in zip(sites, reports, strict=True):
+    for site, site_distance in zip(sites, distances, strict=True):
+        report = _card_report(site, site_distance)
         card = out / "cards" / f"{site.id}.md"
-        _atomic_write(card, render_card(site.manifest, report))
+        _write_text(card, render_card(site.manifest, report))
         samples = []
         if samples_per_site > 0:
             samples = _write_samples(site, out / "samples" / site.id, samples_per_site)
@@ -204,13 +204,25 @@ def write_site_overview(
             "card": card.relative_to(out).as_posix(),
             "samples": samples,
         }
-    _atomic_write(out / OVERVIEW_FILE, json.dumps(overview, indent=2, sort_keys=True) + "\n")
+    _write_text(out / OVERVIEW_FILE, json.dumps(overview, indent=2, sort_keys=True) + "\n")
     return out
 
 
-def read_site_overview(run: RunDir) -> dict[str, Any] | None:
+def _write_text(path: Path, text: str) -> None:
+    """Write then rename, so the dashboard never reads a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def read_site_overview(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The overview, or None when the run directory has none; RunDirError when damaged."""
-    path = overview_dir(run) / OVERVIEW_FILE
+    path = overview_dir(run_dir) / OVERVIEW_FILE
     if not path.is_file():
         return None
     try:

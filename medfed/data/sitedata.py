@@ -9,8 +9,8 @@ from tqdm import tqdm
 
 from medfed.config import SiteManifest
 from medfed.data.cache import TensorCache, cache_key
-from medfed.data.io import read_record
 from medfed.data.layouts import scan_site
+from medfed.data.modality import read_record
 from medfed.data.preprocess import Normalization, apply_pipeline, pipeline_fingerprint
 from medfed.data.records import Problem, Record, Split
 from medfed.data.splits import assign_splits

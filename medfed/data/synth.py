@@ -27,11 +27,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from io import BytesIO, StringIO
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+import tomli_w
 from PIL import Image
 
+from medfed.config import Modality
 from medfed.data._phantoms import (
     BodyAnatomy,
     Camera,
@@ -48,9 +50,10 @@ GENERATOR = "medfed.data.synth"
 FORMAT_VERSION = 1
 META_FILE = "synth_meta.json"
 MANIFEST_DIR = "sites"
-MODALITIES = ("fundus", "ct", "all")
-DEFAULT_N_PER_SITE = {"fundus": 240, "ct": 48}
-MIN_N_PER_SITE = {"fundus": 12, "ct": 4}
+ALL = "all"
+MODALITIES = (*(str(m) for m in Modality), ALL)
+DEFAULT_N_PER_SITE = {Modality.FUNDUS: 240, Modality.CT: 48}
+MIN_N_PER_SITE = {Modality.FUNDUS: 12, Modality.CT: 4}
 LICENCE = "synthetic, no restrictions"
 ETHICS = "synthetic data, no patients"
 
@@ -74,6 +77,15 @@ class FundusSite:
     image_format: str  # "JPEG" or "PNG"
     jpeg_quality: int
     stand_in_for: str
+    modality: ClassVar[Modality] = Modality.FUNDUS
+
+    def write(self, out: Path, n: int, seed: int, scale: float) -> dict[str, Any]:
+        """Write the site's images and label tables; return its ground truth."""
+        return _write_fundus_site(out, self, n, seed, scale)
+
+    def manifest(self, seed: int, scale: float) -> dict[str, Any]:
+        """The site's manifest, as a table for ``sites/<id>.toml``."""
+        return _fundus_manifest(self, seed, scale)
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,15 @@ class CTSite:
     scanner: Scanner
     slices: int  # typical number of slices; each patient varies by a few
     patient_prefix: str
+    modality: ClassVar[Modality] = Modality.CT
+
+    def write(self, out: Path, n: int, seed: int, scale: float) -> dict[str, Any]:
+        """Write the site's volumes and labels.csv; ``scale`` sizes fundus cameras only."""
+        return _write_ct_site(out, self, n, seed)
+
+    def manifest(self, seed: int, scale: float) -> dict[str, Any]:
+        """The site's manifest, as a table for ``sites/<id>.toml``."""
+        return _ct_manifest(self, seed)
 
 
 FUNDUS_SITES: tuple[FundusSite, ...] = (
@@ -192,9 +213,9 @@ CT_SITES: tuple[CTSite, ...] = (
     ),
 )
 
-_OWNED_NAMES = frozenset(
-    {META_FILE, MANIFEST_DIR, *(s.folder for s in FUNDUS_SITES), *(s.folder for s in CT_SITES)}
-)
+SITES: tuple[FundusSite | CTSite, ...] = (*FUNDUS_SITES, *CT_SITES)
+
+_OWNED_NAMES = frozenset({META_FILE, MANIFEST_DIR, *(s.folder for s in SITES)})
 # Fixed moment for formats that insist on one (xlsx document properties, zip entries, DICOM).
 _FIXED_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 _FIXED_ISO_TIME = "2000-01-01T00:00:00Z"
@@ -219,29 +240,24 @@ def synthesize(
     ``out`` must be new, empty, or a previous output of this function (then it is replaced).
     """
     out = Path(out)
-    n_fundus, n_ct, scale = _check_arguments(modality, n_per_site, seed, image_size)
+    n_of, scale = _check_arguments(modality, n_per_site, seed, image_size)
     _prepare_folder(out)
-    fundus = FUNDUS_SITES if modality in ("fundus", "all") else ()
-    cts = CT_SITES if modality in ("ct", "all") else ()
     meta: dict[str, Any] = {
         "generator": GENERATOR,
         "format_version": FORMAT_VERSION,
         "complete": False,
         "seed": seed,
         "modality": modality,
-        "n_per_site": {"fundus": n_fundus if fundus else 0, "ct": n_ct if cts else 0},
+        "n_per_site": {str(m): n_of.get(m, 0) for m in Modality},
         "image_size": round(224 * scale),
         "sites": {},
     }
     _write_meta(out, meta)  # marks the folder as ours even if this run is interrupted
     (out / MANIFEST_DIR).mkdir()
     manifests = []
-    for site in fundus:
-        meta["sites"][site.id] = _write_fundus_site(out, site, n_fundus, seed, scale)
-        manifests.append(_write_manifest(out, site.id, _fundus_manifest(site, seed, scale)))
-    for site in cts:
-        meta["sites"][site.id] = _write_ct_site(out, site, n_ct, seed)
-        manifests.append(_write_manifest(out, site.id, _ct_manifest(site, seed)))
+    for site in (s for s in SITES if s.modality in n_of):
+        meta["sites"][site.id] = site.write(out, n_of[site.modality], seed, scale)
+        manifests.append(_write_manifest(out, site.id, site.manifest(seed, scale)))
     meta["complete"] = True
     _write_meta(out, meta)
     return manifests
@@ -263,12 +279,14 @@ def load_synth_meta(out: str | Path) -> dict[str, Any]:
 
 def _check_arguments(
     modality: str, n_per_site: int | None, seed: int, image_size: int | None
-) -> tuple[int, int, float]:
+) -> tuple[dict[Modality, int], float]:
+    """The number of scans per site of each chosen modality, and the fundus camera scale."""
     if modality not in MODALITIES:
         raise SynthesisError(f"modality {modality!r} is not one of {list(MODALITIES)}")
     if not isinstance(seed, int) or seed < 0:
         raise SynthesisError(f"seed must be a non-negative integer, got {seed!r}")
-    low = max(MIN_N_PER_SITE[m] for m in ("fundus", "ct") if modality in (m, "all"))
+    chosen = tuple(Modality) if modality == ALL else (Modality(modality),)
+    low = max(MIN_N_PER_SITE[m] for m in chosen)
     if n_per_site is not None and n_per_site < low:
         raise SynthesisError(
             f"n_per_site = {n_per_site} is too small for modality {modality!r}: every split and "
@@ -276,9 +294,8 @@ def _check_arguments(
         )
     if image_size is not None and not 48 <= image_size <= 2048:
         raise SynthesisError(f"image_size must be between 48 and 2048 pixels, got {image_size}")
-    n_fundus = n_per_site or DEFAULT_N_PER_SITE["fundus"]
-    n_ct = n_per_site or DEFAULT_N_PER_SITE["ct"]
-    return n_fundus, n_ct, (image_size or 224) / 224
+    n_of = {m: n_per_site or DEFAULT_N_PER_SITE[m] for m in chosen}
+    return n_of, (image_size or 224) / 224
 
 
 # --------------------------------------------------------------------------- output folder
@@ -322,7 +339,7 @@ def _foreign_manifests(out: Path) -> list[str]:
     folder = out / MANIFEST_DIR
     if not folder.is_dir():
         return []
-    ours = {f"{s.id}.toml" for s in (*FUNDUS_SITES, *CT_SITES)}
+    ours = {f"{s.id}.toml" for s in SITES}
     return [f"{MANIFEST_DIR}/{p.name}" for p in sorted(folder.iterdir()) if p.name not in ours]
 
 
@@ -782,7 +799,7 @@ def _fundus_manifest(site: FundusSite, seed: int, scale: float) -> dict[str, Any
     fmt = "PNG" if site.image_format == "PNG" else f"JPEG quality {site.jpeg_quality}"
     data: dict[str, Any] = {
         "id": site.id,
-        "modality": "fundus",
+        "modality": str(site.modality),
         "layout": site.layout,
         "root": f"../{site.folder}",
         "description": f"Synthetic glaucoma screening site, a stand-in for {site.stand_in_for}.",
@@ -837,7 +854,7 @@ def _ct_manifest(site: CTSite, seed: int) -> dict[str, Any]:
     files = "one DICOM series per patient" if site.layout == "dicom" else "one .nii.gz per patient"
     return {
         "id": site.id,
-        "modality": "ct",
+        "modality": str(site.modality),
         "layout": site.layout,
         "root": f"../{site.folder}",
         "description": (
@@ -870,36 +887,5 @@ def _ct_manifest(site: CTSite, seed: int) -> dict[str, Any]:
 def _write_manifest(out: Path, site_id: str, data: dict[str, Any]) -> Path:
     path = out / MANIFEST_DIR / f"{site_id}.toml"
     header = f"# Synthetic site written by {GENERATOR}; regenerate it rather than edit it.\n"
-    path.write_text(header + _toml(data), encoding="utf-8")
+    path.write_text(header + tomli_w.dumps(data), encoding="utf-8")
     return path
-
-
-def _toml(data: dict[str, Any], prefix: str = "") -> str:
-    """TOML for nested tables and arrays of tables (enough for a site manifest)."""
-    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not _is_table(v)]
-    text = "\n".join(lines) + ("\n" if lines else "")
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            text += f"\n[{name}]\n" + _toml(value, prefix=f"{name}.")
-        elif _is_table(value):
-            for entry in value:
-                text += f"\n[[{name}]]\n" + _toml(entry, prefix=f"{name}.")
-    return text
-
-
-def _is_table(value: object) -> bool:
-    is_array_of_tables = isinstance(value, list) and bool(value) and isinstance(value[0], dict)
-    return isinstance(value, dict) or is_array_of_tables
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {type(value).__name__} to a manifest")

@@ -36,9 +36,12 @@ from medfed.experiments.speed import (
     routing_latency,
 )
 from medfed.federation.training import load_sites, train
+from medfed.runs import RunDir, Summary
 from medfed.runs.report import markdown_table, replace_marked_section
 
-SCHEMA_VERSION = 1
+# results.json's own version (not the run directory's): 2 states findings computed from the
+# results instead of fixed acceptance claims.
+RESULTS_VERSION = 2
 MARKER = "bench-table"
 MODALITIES = ("fundus", "ct")
 BUDGETS = {
@@ -49,16 +52,28 @@ BUDGETS = {
 }
 SEEDS = {"full": 3, "quick": 2}
 SPEED_ROUNDS = {"full": 20, "quick": 10}
-FIGURES = (
-    "mean_site_auc",
-    "worst_site_auc",
-    "average_accuracy",
-    "system_accuracy",
-    "routing_accuracy",
-    "bytes_per_round",
-    "seconds_per_round",
-    "median_seconds_per_round",
-)
+
+
+@dataclass(frozen=True)
+class SeedRun:
+    """One method trained on one seed: its summary.json and its median round time."""
+
+    summary: Summary
+    # The median is robust to rounds slowed by other work on a shared machine.
+    median_seconds_per_round: float | None
+
+
+# The figures results.json averages over the seeds, by name.
+FIGURES: dict[str, Callable[[SeedRun], float | None]] = {
+    "mean_site_auc": lambda r: r.summary.mean_site_auc,
+    "worst_site_auc": lambda r: r.summary.worst_site_auc,
+    "average_accuracy": lambda r: r.summary.average_accuracy,
+    "system_accuracy": lambda r: r.summary.system_accuracy,
+    "routing_accuracy": lambda r: r.summary.routing_accuracy,
+    "bytes_per_round": lambda r: r.summary.bytes_per_round,
+    "seconds_per_round": lambda r: r.summary.seconds_per_round,
+    "median_seconds_per_round": lambda r: r.median_seconds_per_round,
+}
 STD_NOTE = "sample standard deviation over seeds (ddof=1); 0 with one seed"
 PLOT_DIR = Path("docs/bench")
 
@@ -176,45 +191,74 @@ def stat(values: list[float | None]) -> dict[str, Any]:
     }
 
 
-def method_row(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """One method's figures over the seeds (one summary.json per seed)."""
-    sites = list(summaries[0]["sites"])
+def method_row(runs: list[SeedRun]) -> dict[str, Any]:
+    """One method's figures over the seeds (one run directory per seed)."""
+    first = runs[0].summary
     return {
-        "algorithm": summaries[0]["algorithm"],
-        "routing_method": summaries[0].get("routing_method"),
+        "algorithm": first.algorithm,
+        "routing_method": first.routing_method,
         "metrics": {
-            "site_auc": {s: stat([x["sites"][s]["auc"] for x in summaries]) for s in sites},
-            **{k: stat([x.get(k) for x in summaries]) for k in FIGURES},
+            "site_auc": {s: stat([r.summary.sites[s].auc for r in runs]) for s in first.sites},
+            **{name: stat([figure(r) for r in runs]) for name, figure in FIGURES.items()},
         },
     }
 
 
-def claims(federation: dict[str, Any]) -> dict[str, Any]:
-    """FedDRM against the baselines, on the seed means (the issue's two acceptance figures)."""
+# Figures where higher is better, in the order the findings state them.
+LEADING_FIGURES = {
+    "system_accuracy": "system accuracy",
+    "worst_site_auc": "worst-site AUC",
+    "mean_site_auc": "mean site AUC",
+}
+
+
+def lead(rows: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """The method with the highest seed mean of ``key`` (and any tied with it), the next one
+    behind, and whether the gap to it is larger than the spread between seeds (None with a
+    single seed)."""
+    scored = [
+        (m, r["metrics"][key]) for m, r in rows.items() if r["metrics"][key]["mean"] is not None
+    ]
+    if not scored:
+        return None
+    scored.sort(key=lambda item: -item[1]["mean"])  # stable: ties keep the table's order
+    (best, b), *rest = scored
+    found: dict[str, Any] = {"best": best, "mean": b["mean"], "std": b["std"], "seeds": b["n"]}
+    found["tied"] = [m for m, s in rest if s["mean"] == b["mean"]]
+    behind = [(m, s) for m, s in rest if s["mean"] < b["mean"]]
+    if behind:
+        second, s = behind[0]
+        gap = b["mean"] - s["mean"]
+        spread = max(b["std"] or 0.0, s["std"] or 0.0)
+        found |= {
+            "runner_up": second,
+            "runner_up_mean": s["mean"],
+            "runner_up_std": s["std"],
+            "runner_up_seeds": s["n"],
+            "gap": gap,
+            "seed_spread": spread,
+            "gap_exceeds_spread": gap > spread if min(b["n"], s["n"]) > 1 else None,
+        }
+    return found
+
+
+def findings(federation: dict[str, Any]) -> dict[str, Any]:
+    """What the seed means show, stated from the results themselves: which method leads each
+    figure a clinician reads first (and by how much against the seed spread), and the best
+    system accuracy of each way of answering a new scan (routing or voting)."""
     rows = federation["methods"]
-    if "feddrm" not in rows or "fedavg" not in rows:
-        return {}
-
-    def mean(method: str, key: str) -> float | None:
-        return rows[method]["metrics"][key]["mean"]
-
-    votes = {m: mean(m, "system_accuracy") for m, r in rows.items()}
-    votes = {m: v for m, v in votes.items() if rows[m]["routing_method"] == "majority_vote"}
-    feddrm_sys, feddrm_worst = mean("feddrm", "system_accuracy"), mean("feddrm", "worst_site_auc")
-    best_vote = max(votes, key=lambda m: votes[m] or -1.0) if votes else None
-    fedavg_worst = mean("fedavg", "worst_site_auc")
+    by_router: dict[str, dict[str, Any]] = {}
+    for method, row in rows.items():
+        figure = row["metrics"]["system_accuracy"]
+        best = by_router.get(row["routing_method"])
+        if figure["mean"] is not None and (best is None or figure["mean"] > best["mean"]):
+            by_router[row["routing_method"]] = {"method": method, **figure}
     return {
-        "feddrm_system_accuracy": feddrm_sys,
-        "best_majority_vote": best_vote,
-        "best_majority_vote_system_accuracy": votes.get(best_vote) if best_vote else None,
-        "feddrm_system_accuracy_above_every_majority_vote": bool(
-            feddrm_sys is not None and all(v is not None and feddrm_sys > v for v in votes.values())
-        ),
-        "feddrm_worst_site_auc": feddrm_worst,
-        "fedavg_worst_site_auc": fedavg_worst,
-        "feddrm_worst_site_auc_at_least_fedavg": bool(
-            feddrm_worst is not None and fedavg_worst is not None and feddrm_worst >= fedavg_worst
-        ),
+        "leads": {key: found for key in LEADING_FIGURES if (found := lead(rows, key))},
+        "best_by_router": {
+            router: {k: best[k] for k in ("method", "mean", "std")} | {"seeds": best["n"]}
+            for router, best in by_router.items()
+        },
     }
 
 
@@ -225,7 +269,7 @@ class FederationRuns:
 
     modality: str
     budget: Budget
-    summaries: dict[str, list[dict[str, Any]]]
+    runs: dict[str, list[SeedRun]]
     first_seed_sites: list[Any]
     first_seed_runs: dict[str, Path]
     first_seed_manifests: list[Path]
@@ -241,8 +285,7 @@ def train_federation(
 ) -> FederationRuns:
     """Synthesize ``modality``'s federation for every seed and train every method on it."""
     start = time.perf_counter()
-    summaries: dict[str, list[dict[str, Any]]] = {m: [] for m in plan.methods}
-    runs = FederationRuns(modality, budget, summaries, [], {}, [], 0.0)
+    runs = FederationRuns(modality, budget, {m: [] for m in plan.methods}, [], {}, [], 0.0)
     for seed in range(plan.seeds):
         data = out / "data" / f"{modality}_seed{seed}"
         echo(f"[{modality} seed {seed}] synthesizing {budget.n_per_site} per site into {data}")
@@ -258,15 +301,16 @@ def train_federation(
             run_dir = _run_dir(out, modality, seed, method)
             if run_dir.exists():
                 shutil.rmtree(run_dir)
-            summary = train(sites, MethodSpec.parse(method).config(budget, seed), run_dir)
-            # The median is robust to rounds slowed by other work on a shared machine.
+            train(sites, MethodSpec.parse(method).config(budget, seed), run_dir)
+            summary = RunDir(run_dir).read_summary()
             rounds = recorded_round_seconds(run_dir)
-            summary["median_seconds_per_round"] = statistics.median(rounds) if rounds else None
-            summaries[method].append(summary)
+            runs.runs[method].append(
+                SeedRun(summary, statistics.median(rounds) if rounds else None)
+            )
             echo(
                 f"[{modality} seed {seed}] {method}: worst-site AUC "
-                f"{_fmt(summary['worst_site_auc'])}, system accuracy "
-                f"{_fmt(summary['system_accuracy'])} ({summary['routing_method']})"
+                f"{_fmt(summary.worst_site_auc)}, system accuracy "
+                f"{_fmt(summary.system_accuracy)} ({summary.routing_method})"
             )
         if seed == 0:
             runs.first_seed_sites = sites
@@ -277,19 +321,20 @@ def train_federation(
 
 
 def federation_results(runs: FederationRuns) -> dict[str, Any]:
-    rows = {m: method_row(s) for m, s in runs.summaries.items()}
+    rows = {m: method_row(r) for m, r in runs.runs.items()}
+    first = next(iter(runs.runs.values()))[0].summary
     result = {
         "budget": {
             "n_per_site": runs.budget.n_per_site,
             "rounds": runs.budget.rounds,
             "local_steps": runs.budget.local_steps,
         },
-        "sites": list(next(iter(runs.summaries.values()))[0]["sites"]),
-        "backbones": {m: s[0]["backbone"] for m, s in runs.summaries.items()},
+        "sites": list(first.sites),
+        "backbones": {m: r[0].summary.backbone for m, r in runs.runs.items()},
         "seconds": runs.seconds,
         "methods": rows,
     }
-    result["claims"] = claims(result)
+    result["findings"] = findings(result)
     return result
 
 
@@ -327,8 +372,8 @@ def measure_speed(
         )
         speed["bytes"][modality] = bytes_ratios(
             {
-                m: float(np.mean([x["bytes_per_round"] for x in s]))
-                for m, s in runs.summaries.items()
+                m: float(np.mean([r.summary.bytes_per_round for r in seed_runs]))
+                for m, seed_runs in runs.runs.items()
             }
         )
     return speed
@@ -350,7 +395,7 @@ def run_bench(
     load_at_start = load_average()
     all_runs = {m: train_federation(out, m, b, plan, echo) for m, b in plan.budgets.items()}
     results: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": RESULTS_VERSION,
         "command": plan.command,
         "quick": plan.quick,
         "seeds": list(range(plan.seeds)),
@@ -508,22 +553,43 @@ def bytes_markdown(by_federation: dict[str, Any]) -> str:
     return markdown_table(header, rows)
 
 
-def claims_lines(results: dict[str, Any]) -> list[str]:
+def findings_lines(results: dict[str, Any]) -> list[str]:
+    """The findings of every federation as sentences (the figures as measured, nothing assumed)."""
     lines = []
     for modality, fed in results["federations"].items():
-        c = fed.get("claims")
-        if not c:
-            continue
-        lines.append(
-            f"- {modality}: FedDRM system accuracy {_fmt(c['feddrm_system_accuracy'])} vs the "
-            f"best majority vote ({c['best_majority_vote']}) "
-            f"{_fmt(c['best_majority_vote_system_accuracy'])}: "
-            f"{'above' if c['feddrm_system_accuracy_above_every_majority_vote'] else 'NOT above'}"
-            f" every majority-vote baseline; FedDRM worst-site AUC "
-            f"{_fmt(c['feddrm_worst_site_auc'])} vs FedAvg {_fmt(c['fedavg_worst_site_auc'])}: "
-            f"{'at least' if c['feddrm_worst_site_auc_at_least_fedavg'] else 'BELOW'} FedAvg's."
-        )
+        found = fed.get("findings") or {}
+        for key, lead_ in found.get("leads", {}).items():
+            text = f"- {modality}, highest {LEADING_FIGURES[key]}: {_lead_text(lead_)}"
+            lines.append(text)
+        routers = found.get("best_by_router", {})
+        if len(routers) > 1:
+            best = "; ".join(
+                f"{router} {b['method']} {_pm(b['mean'], b['std'], b['seeds'])}"
+                for router, b in sorted(routers.items(), key=lambda item: -item[1]["mean"])
+            )
+            lines.append(f"- {modality}, best system accuracy of each way to answer: {best}.")
     return lines
+
+
+def _pm(mean: float, std: float | None, seeds: int) -> str:
+    """``mean ± std``; the mean alone for one seed (no spread to show)."""
+    return _fmt(mean) + (f" ± {std:.3f}" if seeds > 1 and std is not None else "")
+
+
+def _lead_text(lead_: dict[str, Any]) -> str:
+    text = f"{lead_['best']} {_pm(lead_['mean'], lead_['std'], lead_['seeds'])}"
+    if lead_["tied"]:
+        text += f" (tied with {', '.join(lead_['tied'])})"
+    if "runner_up" not in lead_:
+        return text + "."
+    behind = _pm(lead_["runner_up_mean"], lead_["runner_up_std"], lead_["runner_up_seeds"])
+    text += f", ahead of {lead_['runner_up']} ({behind}) by {lead_['gap']:.3f}"
+    exceeds = lead_["gap_exceeds_spread"]
+    if exceeds is None:
+        return text + " (one seed: no spread to compare the gap with)."
+    if exceeds:
+        return text + f", more than the spread between seeds ({lead_['seed_spread']:.3f})."
+    return text + f", within the spread between seeds ({lead_['seed_spread']:.3f})."
 
 
 def caption(results: dict[str, Any]) -> str:
@@ -562,7 +628,7 @@ def results_markdown(
             f"{len(results['seeds'])} seed(s)"
         )
         parts.append(methods_markdown(fed))
-    lines = claims_lines(results)
+    lines = findings_lines(results)
     if lines:
         parts.append("\n".join(lines))
     parts.append(f"{h} Speed")

@@ -14,6 +14,7 @@ from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
 from medfed.federation.training import load_sites, train
+from medfed.runs import RunDir, Summary
 from medfed.runs.report import communication_table, methods_table, replace_marked_section
 
 DEMO_METHODS = ("feddrm", "fedavgft", "fedbn", "local")
@@ -96,7 +97,7 @@ def run_demo(
     budget: Budget | None = None,
     echo: Callable[[str], Any] = print,
     readme: Path | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Summary]:
     """Run the demo end to end; returns each method's summary."""
     budget = budget or (QUICK if quick else FULL)
     start = time.perf_counter()
@@ -104,13 +105,14 @@ def run_demo(
     echo(f"synthesizing 3 fundus sites ({budget.n_per_site} scans each) into {data} ...")
     manifests = synthesize(data, modality="fundus", n_per_site=budget.n_per_site, seed=seed)
     sites = load_sites(list(manifests), out / "cache")
-    summaries = {}
+    summaries: dict[str, Summary] = {}
     for method in map(MethodSpec.parse, methods):
         run_dir = out / "runs" / method.dirname
         if run_dir.exists():
             shutil.rmtree(run_dir)
         echo(f"training {method.label} ({budget.rounds} rounds x {budget.local_steps} steps) ...")
-        summaries[method.label] = train(sites, method.config(budget, seed), run_dir)
+        train(sites, method.config(budget, seed), run_dir)
+        summaries[method.label] = RunDir(run_dir).read_summary()
     table = methods_table(summaries)
     if "fedavg" in summaries:
         table += "\n\n" + communication_table(summaries, baseline="fedavg")
@@ -118,7 +120,7 @@ def run_demo(
     caption = (
         f"`{command}{' --quick' if quick else ''}` (seed {seed}, {budget.n_per_site} scans per "
         f"site, {budget.rounds} rounds x {budget.local_steps} local steps, "
-        f"{next(iter(summaries.values()))['device']}, {seconds:.0f} s in all)"
+        f"{next(iter(summaries.values())).device}, {seconds:.0f} s in all)"
     )
     (out / f"{marker}.md").write_text(f"{table}\n\n{caption}\n", encoding="utf-8")
     echo("")

@@ -6,13 +6,20 @@ import math
 from pathlib import Path
 from typing import Any
 
+from medfed.errors import ConfigError
+
 ROUTER_COLOURS = {"density_ratio": "#1f77b4", "majority_vote": "#ff7f0e"}
 DPI = 110
 
 
 def _pyplot():
-    import matplotlib
-
+    """pyplot on the Agg backend; matplotlib is the ``bench`` extra, not the core install."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ConfigError(
+            f"bench plots need matplotlib ({exc}); install it with pip install 'medfed[bench]'"
+        ) from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -24,12 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from medfed.algorithms import make_algorithm
-from medfed.config import Modality, TrainConfig, load_manifests
+from medfed.config import TrainConfig, load_manifests
 from medfed.data.cache import TensorCache
+from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
-from medfed.federation.coordinator import initial_model
-from medfed.federation.engine import cosine_lr, default_backbone, derive_seed
+from medfed.federation.coordinator import default_backbone, initial_model
+from medfed.federation.site import cosine_lr, derive_seed
 from medfed.federation.training import train
 from medfed.models.device import DeviceSetup, resolve_device
 from medfed.models.fedmodel import ModelSpec
@@ -88,7 +89,7 @@ def plain_round_seconds(sites: list[SiteData], config: TrainConfig) -> list[floa
     data = [(setup.put(s.x[Split.TRAIN]), setup.put(s.y[Split.TRAIN])) for s in sites]
     total = sum(int(y.shape[0]) for _, y in data)
     weights = [int(y.shape[0]) / total for _, y in data]
-    flip = config.augment and modality is Modality.FUNDUS
+    flip = config.augment and modality_spec(modality).horizontal_flip
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     seconds = []
     for round_ in range(1, config.rounds + 1):

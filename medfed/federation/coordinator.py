@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,8 +17,10 @@ import tomli_w
 import torch
 
 from medfed import __version__
-from medfed.algorithms.base import Algorithm, State
+from medfed.algorithms import make_algorithm
+from medfed.algorithms.base import Algorithm, State, Update
 from medfed.config import Fault, Modality, TrainConfig
+from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError
@@ -30,6 +32,8 @@ from medfed.models.backbones import spatial_dims
 from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model
 from medfed.runs import RunDir
+from medfed.runs.checkpoints import CheckpointStore
+from medfed.runs.schema import Evaluation, RunCosts, Summary, WireSettings
 
 
 @dataclass(frozen=True)
@@ -67,9 +71,7 @@ def default_backbone(modality: Modality, algorithm: Algorithm) -> str:
     so batch statistics wipe out the very site differences, and averaged running statistics fit
     no site (the reference FedDRM code shares everything and uses GroupNorm).
     """
-    if modality is Modality.CT:
-        return "monai3d" if algorithm.uses_batch_norm else "monai3d-gn"
-    return "cnn" if algorithm.uses_batch_norm else "cnn-gn"
+    return modality_spec(modality).default_backbone(algorithm.prefers_batch_norm())
 
 
 def initial_model(spec: ModelSpec, algorithm: Algorithm, seed: int, setup: DeviceSetup) -> FedModel:
@@ -137,11 +139,6 @@ class Downlink:
     held: State  # the global state the site rebuilds from the payload
 
 
-@dataclass
-class RoundUpdates:
-    updates: list[tuple[State, float]] = field(default_factory=list)
-
-
 class Coordinator:
     """Global state, round plans, aggregation, checkpoints and the summary of one run."""
 
@@ -173,6 +170,8 @@ class Coordinator:
         )
         self.spec = algorithm.adapt_spec(self.spec, [s.id for s in sites])
         self.model = initial_model(self.spec, algorithm, config.seed, setup)
+        algorithm.check(self.model)
+        self.store = CheckpointStore(run.checkpoints, config.keep_checkpoints)
         self.initial_state = clone_state(self.model.state_dict())
         self.shared_keys = algorithm.shared_keys(self.model) if algorithm.communicates else []
         self.global_state: State = {k: self.initial_state[k].clone() for k in self.shared_keys}
@@ -188,7 +187,7 @@ class Coordinator:
     def resolved_config(self) -> dict[str, Any]:
         return {
             "medfed_version": __version__,
-            "train": self.config.to_dict(),
+            "train": self.config.to_dict() | {"params": self.algorithm.resolved_params()},
             "model": self.spec.to_dict(),
             "sites": [s.manifest for s in self.sites],
         }
@@ -210,17 +209,21 @@ class Coordinator:
             raise ConfigError(f"--resume: {self.run.path} holds no run to resume")
         previous = self.run.read_config()
         config = tomllib.loads(tomli_w.dumps(config))  # as stored: tuples become lists
-        if previous.get("train") != config["train"] or previous.get("sites") != config["sites"]:
+        stored = dict(previous.get("train") or {})
+        if "algorithm" in stored:  # runs written before config.toml resolved every parameter
+            algorithm = make_algorithm(str(stored["algorithm"]), stored.get("params") or {})
+            stored["params"] = tomllib.loads(tomli_w.dumps(algorithm.resolved_params()))
+        if stored != config["train"] or previous.get("sites") != config["sites"]:
             raise ConfigError(
                 f"--resume: the settings differ from the run in {self.run.path} "
                 "(config.toml); resume with the same sites and options"
             )
-        checkpoints = self.run.list_checkpoints()
-        if not checkpoints:
+        latest = self.store.latest()
+        if latest is None:
             self.run.truncate_metrics(0)
             self.run.log_event("resume", from_round=0, **event)
             return 1, {}
-        states, meta = self.run.load_checkpoint(checkpoints[-1])
+        states, meta = self.store.load(latest)
         self.global_state = {k: v.to(self.setup.device) for k, v in states["global"].items()}
         for i, site in enumerate(self.sites):
             self.held[i] = states.get(f"held_{site.id}", self.held[i])
@@ -234,7 +237,7 @@ class Coordinator:
         if self.wire.delta:
             for site, held in zip(self.sites, self.held, strict=True):
                 states[f"held_{site.id}"] = held
-        self.run.save_checkpoint(round_, states, {}, keep=self.config.keep_checkpoints)
+        self.store.save(round_, states)
 
     # ------------------------------------------------------------------ one round
     def sample(self, round_: int) -> set[int]:
@@ -292,7 +295,7 @@ class Coordinator:
         if self.wire.delta:
             self.held[index].update(down.held)
 
-    def aggregate(self, round_: int, updates: list[tuple[State, float]]) -> bool:
+    def aggregate(self, round_: int, updates: list[Update]) -> bool:
         if not self.shared_keys:
             return True
         ok = len(updates)
@@ -309,49 +312,29 @@ class Coordinator:
         return True
 
     # ------------------------------------------------------------------ the summary
-    def summary(self, evaluation: dict[str, Any]) -> dict[str, Any]:
-        metrics = self.run.read_metrics()
-        per_round: dict[int, dict[str, float]] = {}
-        for r in metrics:
-            agg = per_round.setdefault(r["round"], {"bytes": 0, "seconds": r.get("round_seconds")})
-            agg["bytes"] += r.get("bytes_up", 0) + r.get("bytes_down", 0)
-        dropped = [
-            {"round": r["round"], "site": r["site"], "reason": r.get("reason", "")}
-            for r in metrics
-            if r.get("status") == "dropped"
-        ]
-        seconds = [v["seconds"] for v in per_round.values() if v["seconds"] is not None]
-        rounds = max(1, len(per_round))
-        traffic = {
-            site.id: {
-                direction: sum(
-                    r.get(f"bytes_{direction}", 0) for r in metrics if r["site"] == site.id
-                )
-                / rounds
-                for direction in ("up", "down")
-            }
-            for site in self.sites
-        }
-        return {
-            "algorithm": self.algorithm.name,
-            "params": dict(self.algorithm.params.__dict__),
-            "rounds": self.config.rounds,
-            "local_steps": self.config.local_steps,
-            "seed": self.config.seed,
-            "backbone": self.spec.backbone,
-            "modality": str(self.modality),
-            "device": self.setup.describe(),
-            **evaluation,
-            "priors": {s.id: float(p) for s, p in zip(self.sites, self.priors, strict=True)},
-            "bytes_per_round": float(np.mean([v["bytes"] for v in per_round.values()]))
-            if per_round
-            else 0.0,
-            "bytes_per_round_by_site": traffic,
-            "wire": {"precision": self.wire.precision, "delta": self.wire.delta},
-            "seconds_per_round": float(np.mean(seconds)) if seconds else None,
-            "seconds_total": float(np.sum(seconds)) if seconds else None,
-            "dropouts": len(dropped),
-            "dropped": dropped,
-            "skipped_rounds": sorted({r["round"] for r in metrics if r.get("aggregated") is False}),
-            "resumes": sum(1 for e in self.run.read_events() if e.get("event") == "resume"),
-        }
+    def summary(
+        self,
+        evaluation: Evaluation,
+        *,
+        engine: str | None = None,
+        lost_sites: dict[str, str] | None = None,
+    ) -> Summary:
+        """summary.json: the evaluation, the run's settings and what its rounds cost (from
+        metrics.jsonl). ``engine`` and ``lost_sites``: a Flower deployment's."""
+        return Summary.build(
+            evaluation,
+            RunCosts.of(self.run.read_metrics(), [site.id for site in self.sites]),
+            algorithm=self.algorithm.run_name,
+            params=self.algorithm.resolved_params(),
+            rounds=self.config.rounds,
+            local_steps=self.config.local_steps,
+            seed=self.config.seed,
+            backbone=self.spec.backbone,
+            modality=str(self.modality),
+            device=self.setup.describe(),
+            priors={s.id: float(p) for s, p in zip(self.sites, self.priors, strict=True)},
+            wire=WireSettings(self.wire.precision, self.wire.delta),
+            resumes=sum(1 for e in self.run.read_events() if e.get("event") == "resume"),
+            engine=engine,
+            lost_sites=lost_sites,
+        )

@@ -28,6 +28,7 @@ from medfed.algorithms.base import (
     supervised_steps,
 )
 from medfed.config import Modality, TrainConfig
+from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import MedfedError
@@ -37,8 +38,8 @@ from medfed.metrics import site_metrics
 from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel
 from medfed.models.forward import run_model
-
-FAULT_KINDS = ("drop", "raise", "nan", "shape", "timeout")
+from medfed.serving.abstention import FeatureGaussian, site_gaussian
+from medfed.serving.bundle import SiteEntry
 
 
 class SiteDropped(MedfedError):
@@ -117,6 +118,16 @@ class LocalRound:
 
 
 @dataclass
+class Published:
+    """A site's final model, as it publishes it after the last round."""
+
+    entry: SiteEntry
+    n_train: int
+    state: State
+    gaussian: FeatureGaussian
+
+
+@dataclass
 class SiteWorker:
     """One site's weights and private state, and the work it does on them.
 
@@ -181,7 +192,7 @@ class SiteWorker:
                 self.y_train,
                 self.config.batch_size,
                 generator,
-                augment_flip=self.config.augment and self.modality is Modality.FUNDUS,
+                augment_flip=self.config.augment and modality_spec(self.modality).horizontal_flip,
             ),
             steps=self.config.local_steps,
             optim=Optim(lr, self.config.momentum, self.config.weight_decay, self.config.optimizer),
@@ -297,3 +308,12 @@ class SiteWorker:
                     recompute_batch_norm_stats(self.model, norms, self.x_train, batch)
                 self.final_state = clone_state(self.model.state_dict())
         return {k: v.cpu() for k, v in self.eval_state(global_state).items()}
+
+    def publish(self, global_state: State) -> Published:
+        """The final model and the Gaussian of its features on this site's training scans
+        (what abstention needs; the scans themselves never leave)."""
+        state = self.finish(global_state)
+        self.load(state)
+        gaussian = site_gaussian(self.model, self.data.x[Split.TRAIN], self.setup, self.id)
+        entry = SiteEntry(self.id, self.index, 1.0, self.data.normalization, self.data.manifest)
+        return Published(entry, self.n_train, state, gaussian)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig, load_manifests
@@ -11,7 +10,7 @@ from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.overview import write_site_overview
 from medfed.data.sitedata import SiteData, load_site
 from medfed.federation.engine import Engine
-from medfed.runs import RunDir
+from medfed.runs import RunDir, Summary
 
 
 def load_sites(
@@ -29,10 +28,10 @@ def train(
     *,
     resume: bool = False,
     progress: bool = False,
-) -> dict[str, Any]:
+) -> Summary:
     """Train ``config.algorithm`` over ``sites`` and write the run directory ``out``."""
     algorithm = make_algorithm(config.algorithm, config.params)
     engine = Engine(sites, algorithm, config, RunDir(out), progress=progress)
     summary = engine.train(resume=resume)
-    write_site_overview(RunDir(out), sites)  # the dashboard's Sites page
+    write_site_overview(out, sites)  # the dashboard's Sites page
     return summary

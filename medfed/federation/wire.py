@@ -22,10 +22,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
+from medfed.config import WIRE_PRECISIONS as PRECISIONS
 from medfed.errors import ConfigError, MedfedError
 
 State = dict[str, torch.Tensor]
-PRECISIONS = ("float32", "float16", "int8", "int8-channel")
 _SCALE = ".__scale__"
 _META_KEY = "medfed_wire"
 

@@ -36,8 +36,7 @@ from medfed.flower.records import (
     state_record,
     weights_of,
 )
-from medfed.serving.abstention import site_gaussian
-from medfed.serving.bundle import SiteEntry, TrainedFederation
+from medfed.serving.bundle import TrainedFederation
 from medfed.serving.evaluation import site_evaluation
 
 app = ClientApp()
@@ -97,6 +96,7 @@ def train(message: Message, context: Context) -> Message:
                     {
                         "loss": done.result.loss,
                         "metrics": done.result.metrics,
+                        "stats": done.result.stats,
                         "seconds": time.perf_counter() - start,
                     }
                 ),
@@ -121,40 +121,31 @@ def finish(message: Message, context: Context) -> Message:
     def work() -> RecordDict:
         node = _node(message, context)
         worker = node.worker(node.run.config.rounds)
-        state = worker.finish(_global(node, worker, message))
-        entry = SiteEntry(
-            node.data.id, node.index, 1.0, node.data.normalization, node.data.manifest
-        )
-        worker.load(state)
-        gaussian = site_gaussian(worker.model, node.data.x[Split.TRAIN], node.setup, node.data.id)
+        published = worker.publish(_global(node, worker, message))
+        gaussian = published.gaussian
         return RecordDict(
             {
-                "weights": state_record(state),
+                "weights": state_record(published.state),
                 "features": state_record({"mean": gaussian.mean, "precision": gaussian.precision}),
-                "site": json_record({"entry": entry.to_dict(), "n_train": worker.n_train}),
+                "site": json_record(
+                    {"entry": published.entry.to_dict(), "n_train": published.n_train}
+                ),
             }
         )
 
     return _answer(message, work)
 
 
-def _federation(message: Message, node: SiteNode) -> tuple[TrainedFederation, int]:
+def _federation(message: Message, node: SiteNode) -> TrainedFederation:
     info = json_of(message.content, "federation")
-    fed = TrainedFederation.from_parts(info, weights_of(message.content), str(node.setup.device))
-    position = [s.id for s in fed.sites].index(node.data.id)
-    return fed, position
+    return TrainedFederation.from_parts(info, weights_of(message.content), str(node.setup.device))
 
 
 @app.evaluate("calibrate")
 def calibrate(message: Message, context: Context) -> Message:
     def work() -> RecordDict:
         node = _node(message, context)
-        fed, _ = _federation(message, node)
-        raw = node.data.raw[Split.VAL]
-        scores = np.zeros(0)
-        if len(raw) and fed.abstention is not None:
-            views = [s.normalization.apply(raw) for s in fed.sites]
-            scores = fed.abstention.scores(fed.outputs(views).features)
+        scores = _federation(message, node).abstention_scores(node.data.raw[Split.VAL])
         return RecordDict({"scores": ArrayRecord({"scores": Array(np.asarray(scores))})})
 
     return _answer(message, work)
@@ -164,9 +155,9 @@ def calibrate(message: Message, context: Context) -> Message:
 def test(message: Message, context: Context) -> Message:
     def work() -> RecordDict:
         node = _node(message, context)
-        fed, position = _federation(message, node)
+        fed = _federation(message, node)
         norms = [s.normalization for s in fed.sites]
-        part = site_evaluation(fed, node.data, position, norms)
+        part = site_evaluation(fed, node.data, fed.position(node.data.id), norms)
         return RecordDict({"evaluation": json_record(part)})
 
     return _answer(message, work)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,16 +20,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from medfed.config import TrainConfig
+from medfed.config import TrainConfig, valid_site_id
 from medfed.errors import ConfigError
-
-SITE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def _check_sites(sites: list[str]) -> None:
     if not sites:
         raise ConfigError("name the sites of the federation, in order (--site a --site b ...)")
-    bad = [s for s in sites if not SITE_ID.match(s)]
+    bad = [s for s in sites if not valid_site_id(s)]
     if bad or len(set(sites)) != len(sites):
         raise ConfigError(f"site ids must be unique letters, digits, '.', '_' or '-': {sites}")
 

@@ -3,8 +3,9 @@
 The SuperNode is started with ``--node-config 'manifest="/path/site.toml" state-dir="/path"'``
 (optional: ``cache-dir``, ``device``). Its weights, private state (FedDRM's target head, FedBN's
 norm layers, LoRA adapters, Ditto's personal model) and the global state it last received are
-written to ``state-dir/<run>/<site>/round_NNNN.safetensors`` after every round, so a node that
-restarts, or a resumed run, continues from the last round it finished.
+checkpointed after every round under ``state-dir/<run>/<site>/round_NNNN/`` by the same
+:class:`~medfed.runs.checkpoints.CheckpointStore` as the server's, so a node that restarts, or a
+resumed run, continues from the last round it finished.
 """
 
 from __future__ import annotations
@@ -16,22 +17,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
-
 from medfed.algorithms import make_algorithm
-from medfed.algorithms.base import State
 from medfed.config import TrainConfig, load_manifest
 from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.sitedata import SiteData, load_site
-from medfed.errors import ConfigError, RunDirError
+from medfed.errors import ConfigError
 from medfed.federation.coordinator import SiteInfo, initial_model
 from medfed.federation.site import SiteWorker, clone_state
 from medfed.models.device import resolve_device
 from medfed.models.fedmodel import ModelSpec
+from medfed.runs.checkpoints import CheckpointStore
 
-ROUND_FILE = re.compile(r"round_(\d{4,})\.safetensors$")
-KEEP_ROUNDS = 3
 _SITES: dict[tuple[str, str], SiteData] = {}  # a ClientApp process may serve many messages
 
 
@@ -113,6 +109,9 @@ class SiteNode:
         self.dir = Path(state_dir) / _safe(run.name) / _safe(self.data.id)
         self.algorithm = make_algorithm(run.config.algorithm, run.config.params)
         self.setup = resolve_device(_setting(node_config, "device") or run.config.device)
+        # One round more than the server keeps: a node may have finished a round the server
+        # never checkpointed, and a resumed run asks for the round before it.
+        self.store = CheckpointStore(self.dir, run.config.keep_checkpoints + 1)
 
     def worker(self, upto_round: int) -> SiteWorker:
         """This site as it stood after the last round it finished, up to ``upto_round``."""
@@ -131,54 +130,20 @@ class SiteNode:
             extra=self.algorithm.init_extra(model),
             held={k: init[k].cpu().clone() for k in shared},
         )
-        saved = self._latest(upto_round)
+        saved = self.store.latest(upto_round)
         if saved is not None:
-            parts = _split(_load(saved))
-            worker.state = {k: v.to(self.setup.device) for k, v in parts["state"].items()}
-            worker.extra = {k: v.to(self.setup.device) for k, v in parts["extra"].items()}
-            worker.held.update(parts["held"])
+            states, _ = self.store.load(saved)
+            device = self.setup.device
+            worker.state = {k: v.to(device) for k, v in states["state"].items()}
+            worker.extra = {k: v.to(device) for k, v in states.get("extra", {}).items()}
+            worker.held.update(states.get("held", {}))
         return worker
 
     def save(self, round_: int, worker: SiteWorker) -> None:
-        """Keep the site's weights after ``round_``, atomically; older rounds are pruned."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        flat = {f"state/{k}": v for k, v in worker.state.items()}
-        flat |= {f"extra/{k}": v for k, v in worker.extra.items()}
-        flat |= {f"held/{k}": v for k, v in worker.held.items()}
-        target = self.dir / f"round_{round_:04d}.safetensors"
-        tmp = target.with_suffix(".tmp")
-        save_file({k: v.detach().cpu().contiguous() for k, v in flat.items()}, str(tmp))
-        os.replace(tmp, target)
-        for old in self._rounds()[:-KEEP_ROUNDS]:
-            old[1].unlink(missing_ok=True)
-
-    def _rounds(self) -> list[tuple[int, Path]]:
-        if not self.dir.is_dir():
-            return []
-        found = [
-            (int(m.group(1)), p) for p in self.dir.iterdir() if (m := ROUND_FILE.match(p.name))
-        ]
-        return sorted(found)
-
-    def _latest(self, upto_round: int) -> Path | None:
-        done = [path for round_, path in self._rounds() if round_ <= upto_round]
-        return done[-1] if done else None
+        """Checkpoint the site after ``round_`` (atomically; older rounds are pruned)."""
+        parts = {"state": worker.state, "extra": worker.extra, "held": worker.held}
+        self.store.save(round_, {name: state for name, state in parts.items() if state})
 
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
-
-
-def _load(path: Path) -> State:
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError) as exc:
-        raise RunDirError(f"{path}: cannot read this site's saved weights ({exc})") from exc
-
-
-def _split(flat: State) -> dict[str, State]:
-    parts: dict[str, State] = {"state": {}, "extra": {}, "held": {}}
-    for key, value in flat.items():
-        part, _, name = key.partition("/")
-        parts[part][name] = value
-    return parts

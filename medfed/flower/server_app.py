@@ -18,14 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from medfed.algorithms import make_algorithm
+from medfed.algorithms.base import State
 from medfed.config import TrainConfig
 from medfed.errors import ConfigError
-from medfed.federation.coordinator import Coordinator, SiteInfo
-from medfed.federation.site import failure_reason
+from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, SiteInfo
+from medfed.federation.rounds import RoundLoop, SiteFailure, SiteReply
+from medfed.federation.site import Published
 from medfed.federation.wire import WireFormat, encode
 from medfed.flower.node import RunSettings, train_config_from_toml
 from medfed.flower.records import (
@@ -38,14 +41,8 @@ from medfed.flower.records import (
 )
 from medfed.models.device import resolve_device
 from medfed.runs import RunDir
-from medfed.serving.abstention import (
-    DEFAULT_FALSE_ABSTAIN,
-    FeatureGaussian,
-    calibrate,
-    uncalibrated,
-)
-from medfed.serving.bundle import TrainedFederation
-from medfed.serving.evaluation import combine_evaluation
+from medfed.serving.abstention import FeatureGaussian
+from medfed.serving.bundle import SiteEntry, TrainedFederation
 
 app = ServerApp()
 
@@ -100,7 +97,8 @@ def main(grid: Grid, context: Context) -> None:
 
 
 class FlowerRun:
-    """One deployed run, from finding the sites to the summary."""
+    """One deployed run: finds the sites, then runs the shared round loop, reaching each site
+    by Flower messages (it is the loop's :class:`~medfed.federation.rounds.SiteLink`)."""
 
     def __init__(self, grid: Grid, deployment: Deployment) -> None:
         self.grid, self.d = grid, deployment
@@ -109,6 +107,7 @@ class FlowerRun:
         self.algorithm = make_algorithm(deployment.config.algorithm, deployment.config.params)
         self.nodes: dict[str, int] = {}
         self.lost: dict[str, str] = {}  # site -> why it left the run
+        self.eval_bytes = 0  # bytes of the global state sent with each evaluation message
 
     # ------------------------------------------------------------------ messaging
     def _send(
@@ -197,10 +196,7 @@ class FlowerRun:
         self.settings = json_record(
             RunSettings(self.d.run_name, self.d.config, self.server.spec, self.d.sites).to_json()
         )
-        first, _ = self.server.start(self.d.resume, engine="flower")
-        for round_ in range(first, self.d.config.rounds + 1):
-            self._round(round_)
-        return self._finish()
+        return RoundLoop(self.server, self).train(resume=self.d.resume, engine="flower")
 
     def _content(self, step: dict[str, Any], payload: bytes = b"", **more: Any) -> RecordDict:
         return RecordDict(
@@ -208,125 +204,95 @@ class FlowerRun:
             | more
         )
 
-    def _full_global(self) -> tuple[list[str], bytes]:
-        keys = sorted(self.server.global_state)
-        return keys, encode(self.server.global_state, WireFormat()) if keys else b""
+    def _to_all(self, kind: str, step: dict[str, Any], global_state: State) -> dict[int, Any]:
+        """Send the whole global state (float32, lossless) to every site still in the run."""
+        keys = sorted(global_state)
+        payload = encode(global_state, WireFormat()) if keys else b""
+        content = self._content(step | {"keys": keys}, payload)
+        answers = self._send(kind, {s: content for s in self.d.sites if s not in self.lost})
+        self.eval_bytes = len(payload)
+        return {self.d.sites.index(s): a for s, a in answers.items()}
 
-    def _round(self, round_: int) -> None:
-        start = time.perf_counter()
-        server, config = self.server, self.d.config
-        plan = server.plan(round_)
-        faults = config.fault_plan
-        downs, contents = {}, {}
-        for index in sorted(plan.sampled):
-            site = self.d.sites[index]
-            downs[site] = server.downlink(index, plan)
-            step = {"round": round_, "lr": plan.lr, "keys": plan.keys}
-            step["fault"] = faults.get((round_, site))
-            contents[site] = self._content(step, downs[site].payload)
-        answers = self._send(MessageType.TRAIN, contents)
-        records, updates = [], []
-        for index, site in enumerate(self.d.sites):
-            record: dict[str, Any] = {"round": round_, "site": site, "lr": plan.lr}
-            answer = answers.get(site)
-            if answer is None:
-                records.append(record | {"status": "not_sampled"})
-                continue
-            try:
-                if isinstance(answer, str):
-                    raise ConfigError(answer)
-                payload_up = payload_of(answer.content)
-                received = server.receive(index, plan, downs[site], payload_up)
-            except Exception as exc:  # any failure of one site drops that site, not the run
-                reason = failure_reason(exc)
-                record |= {"status": "dropped", "reason": reason}
-                self.run_dir.log_event("dropout", round=round_, site=site, reason=reason)
-            else:
-                server.accepted(index, downs[site])
-                result = json_of(answer.content, "result")
-                if received:
-                    updates.append((received, float(server.sites[index].n_train)))
-                record |= {
-                    "status": "ok",
-                    "train_loss": result["loss"],
-                    **{f"train_{k}": v for k, v in result["metrics"].items()},
-                    "bytes_up": len(payload_up),
-                    "bytes_down": len(downs[site].payload),
-                    "keys_sent": len(plan.keys),
-                    "seconds": result["seconds"],
-                }
-            records.append(record)
-        aggregated = server.aggregate(round_, updates)
-        seconds = time.perf_counter() - start
-        keys, payload = self._full_global()
-        step = {"round": round_, "keys": keys}
-        answers = self._send(
-            f"{MessageType.EVALUATE}.validate",
-            {s: self._content(step, payload) for s in self.d.sites if s not in self.lost},
-        )
-        for record in records:
-            record |= {"round_seconds": seconds, "aggregated": aggregated}
-            answer = answers.get(record["site"])
-            if isinstance(answer, Message):
-                record |= json_of(answer.content, "figures") | {"bytes_eval": len(payload)}
-        self.run_dir.append_metrics(records)
-        server.checkpoint(round_)
+    # ------------------------------------------------------------------ SiteLink
+    def restore(self, states: dict[str, State]) -> None:
+        """Nothing to do: every SuperNode resumes from its own checkpoints."""
 
-    def _finish(self) -> dict[str, Any]:
-        keys, payload = self._full_global()
-        step = {"round": self.d.config.rounds, "keys": keys}
-        answers = self._send(
-            f"{MessageType.EVALUATE}.finish",
-            {s: self._content(step, payload) for s in self.d.sites if s not in self.lost},
-        )
-        published = {s: a for s, a in answers.items() if isinstance(a, Message)}
-        for site, why in answers.items():
-            if not isinstance(why, Message):
-                self.lost[site] = why
-                self.run_dir.log_event("site_lost", site=site, reason=why)
-        if not published:
-            raise ConfigError(f"no site published its final model: {self.lost}")
-        total = sum(json_of(a.content, "site")["n_train"] for a in published.values())
-        entries, states, gaussians = [], [], []
-        for site in self.d.sites:
-            if site not in published:
+    def train(
+        self, plan: RoundPlan, downs: dict[int, Downlink], faults: dict[int, str]
+    ) -> dict[int, SiteReply | SiteFailure]:
+        contents = {}
+        for index, down in downs.items():
+            step = {"round": plan.round, "lr": plan.lr, "keys": plan.keys}
+            step["fault"] = faults.get(index)
+            contents[self.d.sites[index]] = self._content(step, down.payload)
+        replies: dict[int, SiteReply | SiteFailure] = {}
+        for site, answer in self._send(MessageType.TRAIN, contents).items():
+            index = self.d.sites.index(site)
+            if isinstance(answer, str):
+                replies[index] = SiteFailure(answer)
                 continue
-            reply = published[site].content
+            result = json_of(answer.content, "result")
+            replies[index] = SiteReply(
+                payload_of(answer.content),
+                float(result["loss"]),
+                dict(result["metrics"]),
+                dict(result.get("stats", {})),
+                float(result["seconds"]),
+            )
+        return replies
+
+    def commit(self, index: int) -> None:
+        """Nothing to do: a SuperNode keeps its round as soon as it has trained."""
+
+    def validate(self, round_: int, global_state: State) -> dict[int, dict[str, Any]]:
+        answers = self._to_all(f"{MessageType.EVALUATE}.validate", {"round": round_}, global_state)
+        return {
+            index: json_of(a.content, "figures") | {"bytes_eval": self.eval_bytes}
+            for index, a in answers.items()
+            if isinstance(a, Message)
+        }
+
+    def site_states(self) -> dict[str, State]:
+        return {}
+
+    def finish(self, global_state: State) -> dict[int, Published | SiteFailure]:
+        step = {"round": self.d.config.rounds}
+        answers = self._to_all(f"{MessageType.EVALUATE}.finish", step, global_state)
+        out: dict[int, Published | SiteFailure] = {}
+        for index, answer in answers.items():
+            if not isinstance(answer, Message):
+                self.lost[self.d.sites[index]] = answer
+                out[index] = SiteFailure(answer)
+                continue
+            reply = answer.content
             info = json_of(reply, "site")
-            entry = info["entry"] | {"prior": info["n_train"] / total}
-            entries.append(entry)
-            states.append(state_of(reply, "weights"))
             features = state_of(reply, "features")
-            gaussians.append(FeatureGaussian(features["mean"], features["precision"]))
-        fed = TrainedFederation.from_parts(
-            {
-                "algorithm": self.algorithm.name,
-                "spec": self.server.spec.to_dict(),
-                "sites": entries,
-            },
-            {f"site_{e['id']}": st for e, st in zip(entries, states, strict=True)},
-            str(self.setup.device),
-        )
-        fed.abstention = uncalibrated(gaussians, DEFAULT_FALSE_ABSTAIN)
+            out[index] = Published(
+                SiteEntry.from_dict(info["entry"]),
+                int(info["n_train"]),
+                state_of(reply, "weights"),
+                FeatureGaussian(features["mean"], features["precision"]),
+            )
+        return out
+
+    def abstention_scores(self, fed: TrainedFederation) -> list[np.ndarray]:
         answers = self._send(f"{MessageType.EVALUATE}.calibrate", self._federation(fed))
-        scores = [
+        return [
             a.content.array_records["scores"]["scores"].numpy()
             for a in answers.values()
             if isinstance(a, Message)
         ]
-        calibrate(fed.abstention, scores)
+
+    def test(self, fed: TrainedFederation) -> list[dict[str, Any]]:
         answers = self._send(f"{MessageType.EVALUATE}.test", self._federation(fed))
-        parts = [
+        return [
             json_of(answers[s.id].content, "evaluation")
             for s in fed.sites
             if isinstance(answers[s.id], Message)
         ]
-        summary = self.server.summary(combine_evaluation(fed, parts))
-        summary |= {"engine": "flower", "lost_sites": dict(self.lost)}
-        self.run_dir.write_summary(summary)
-        fed.save(self.run_dir, {"n_train": {s.id: s.n_train for s in self.server.sites}})
-        self.run_dir.log_event("finish", rounds=self.d.config.rounds)
-        return summary
+
+    def summary_extra(self) -> dict[str, Any]:
+        return {"engine": "flower", "lost_sites": dict(self.lost)}
 
     def _federation(self, fed: TrainedFederation) -> dict[str, RecordDict]:
         """Every published model, for each site to evaluate on its own scans."""

@@ -17,6 +17,15 @@ from medfed.errors import ConfigError
 BACKBONES_2D: tuple[str, ...] = ("cnn", "cnn-gn", "resnet18-gn", "resnet18-bn")
 BACKBONES_3D: tuple[str, ...] = ("monai3d", "monai3d-gn")
 BACKBONES: tuple[str, ...] = BACKBONES_2D + BACKBONES_3D
+# One line per backbone, shown by the CLI's help.
+BACKBONE_SUMMARIES: dict[str, str] = {
+    "cnn": "small 4-block CNN with BatchNorm (2-D, fundus)",
+    "cnn-gn": "small 4-block CNN with GroupNorm (2-D, fundus)",
+    "resnet18-gn": "ResNet-18 with GroupNorm, for 32-128 pixel images (2-D, fundus)",
+    "resnet18-bn": "ResNet-18 with BatchNorm, for 32-128 pixel images (2-D, fundus)",
+    "monai3d": "MONAI 3-D ResNet with BatchNorm (3-D, CT volumes)",
+    "monai3d-gn": "MONAI 3-D ResNet with GroupNorm (3-D, CT volumes)",
+}
 
 CNN_WIDTHS = (16, 32, 64, 128)
 RESNET18_WIDTHS = (64, 128, 256, 512)

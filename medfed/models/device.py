@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from medfed.config import DEVICES
 from medfed.errors import ConfigError
 
 
@@ -40,8 +41,8 @@ class DeviceSetup:
 
 def resolve_device(name: str) -> DeviceSetup:
     """``auto`` picks CUDA when available; asking for CUDA without one is an error."""
-    if name not in {"auto", "cpu", "cuda"}:
-        raise ConfigError(f"--device {name!r}: choose auto, cpu or cuda")
+    if name not in DEVICES:
+        raise ConfigError(f"--device {name!r}: choose one of {', '.join(DEVICES)}")
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for, but no CUDA device is visible; use auto")
     if name == "cpu" or not torch.cuda.is_available():

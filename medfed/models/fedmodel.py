@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from medfed.errors import ConfigError
 from medfed.models.backbones import (
     BACKBONES,
     BACKBONES_2D,
@@ -44,6 +45,7 @@ LORA_KINDS: dict[str, tuple[type[nn.Module], ...]] = {
 }
 
 SUBMODULES = ("backbone", "target_branch", "target_head", "client_branch", "client_head")
+HEAD_PREFIX = "target_head."  # the per-site target head (FedDRM, FedRep keep it private)
 
 
 @dataclass(frozen=True)
@@ -195,10 +197,9 @@ class FedModel(nn.Module):
 
     def select_adapter(self, name: str) -> None:
         """Make the LoRA adapter ``name`` the active one (no-op for a model without LoRA)."""
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
+        base_tuner_layer = _peft().tuners.tuners_utils.BaseTunerLayer
         for module in self.modules():
-            if isinstance(module, BaseTunerLayer):
+            if isinstance(module, base_tuner_layer):
                 module.set_adapter(name)
 
     def adapter_for(self, site: str) -> str | None:
@@ -219,15 +220,27 @@ def lora_targets(model: nn.Module, kinds: tuple[str, ...] = ("conv", "linear")) 
     ]
 
 
+def _peft() -> Any:
+    """PEFT, imported only when a model has LoRA adapters: the core install goes without it."""
+    try:
+        import peft
+        import peft.tuners.tuners_utils  # noqa: F401  (select_adapter reads BaseTunerLayer)
+    except ImportError as exc:
+        raise ConfigError(
+            f"LoRA adapters need the 'peft' package ({exc}); install it with "
+            "pip install 'medfed[lora]'"
+        ) from exc
+    return peft
+
+
 def build_model(spec: ModelSpec) -> FedModel:
     """A fresh model for ``spec``; seed torch first for identical weights on every site."""
     model = FedModel(spec)
     if spec.lora_rank:
         import warnings
 
-        from peft import LoraConfig, inject_adapter_in_model
-
-        config = LoraConfig(
+        peft = _peft()
+        config = peft.LoraConfig(
             r=spec.lora_rank,
             lora_alpha=spec.lora_alpha,
             target_modules=lora_targets(model, spec.lora_targets),
@@ -237,7 +250,7 @@ def build_model(spec: ModelSpec) -> FedModel:
             # PEFT warns on every adapter after the first; several named adapters are the point.
             warnings.simplefilter("ignore", UserWarning)
             for name in spec.lora_adapters:
-                model = inject_adapter_in_model(config, model, adapter_name=name)
+                model = peft.inject_adapter_in_model(config, model, adapter_name=name)
         model.select_adapter(spec.lora_adapters[0])
     return model
 

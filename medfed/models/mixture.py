@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 VAE_PREFIX = "vaes."
+COEFFICIENTS = "target_head.coefficients"  # the MixtureHead buffer: a site's shares
 VIEW_STATS = ("view_mean", "view_sq", "calibrated")  # VAEBank buffers shared by all components
 LOG_SCALE_MIN, LOG_SCALE_MAX = -3.0, 3.0
 DETAIL_EPS = 1e-3
@@ -235,8 +236,8 @@ class MixtureHead(nn.Module):
     """M expert heads and the site's mixture coefficients; answers log mixture probabilities.
 
     ``posterior``: expert m weighs p(m | x) ∝ pi_m exp(ELBO_m(x)); ``coefficients``: pi_m.
-    ``coefficients`` is a buffer (the site's share of scans per distribution) and ``assigned``
-    holds the counts behind it, which the server uses to weight each component's average.
+    ``coefficients`` is a buffer: the site's share of scans per distribution, kept with the
+    site's model so that the saved model answers with it.
     """
 
     def __init__(
@@ -250,7 +251,6 @@ class MixtureHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(components, n_classes))
         nn.init.kaiming_normal_(self.weight, mode="fan_in", nonlinearity="relu")
         self.register_buffer("coefficients", torch.full((components,), 1.0 / components))
-        self.register_buffer("assigned", torch.zeros(components))
 
     def expert_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, branch_dim) -> (N, M, C) every expert's logits."""

@@ -2,53 +2,75 @@
 dashboard) reads.
 
     RUN/config.toml      fully resolved training config and site manifests
-    RUN/metrics.jsonl    one record per round per site
-    RUN/events.jsonl     run-level events (start, resume, round skipped, finish)
-    RUN/summary.json     final per-site and federation figures
+    RUN/metrics.jsonl    one record per round per site (schema.RoundRecord)
+    RUN/events.jsonl     run-level events (start, resume, dropout, round skipped, finish)
+    RUN/summary.json     final per-site and federation figures (schema.Summary)
     RUN/checkpoints/     round_NNNN/ (safetensors + state.json), written atomically
     RUN/model/           model.json + one safetensors file per site
-    RUN/site_overview/   data cards, class counts, sample scans, site distances (siteview.py)
-    RUN/audit.sqlite     every scan routed with this run (audit.py)
+    RUN/site_overview/   data cards, class counts, sample scans, site distances
+    RUN/audit.sqlite     every scan routed with this run
+
+Every JSON, JSONL and TOML file carries ``schema_version``, added here on write and checked here
+on read (:func:`write_json` / :func:`read_json` for files written elsewhere, such as a
+checkpoint's state.json). Weights (safetensors) are read and written by
+:mod:`medfed.runs.weights`, so this module, like the schema, loads without torch.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 import time
 import tomllib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import tomli_w
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from medfed.errors import RunDirError
+from medfed.runs.schema import (
+    VERSION_KEY,
+    RoundRecord,
+    Summary,
+    check_version,
+    unversioned,
+    versioned,
+)
 
-State = dict[str, torch.Tensor]
 
-
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so a reader sees the old file or the new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
-
-
-def save_state(path: Path, state: State) -> None:
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(path))
-
-
-def load_state(path: Path) -> State:
     try:
-        return load_file(str(path))
-    except (SafetensorError, OSError) as exc:
-        raise RunDirError(f"{path}: cannot read weights ({exc}); the file may be damaged") from exc
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: Mapping[str, Any], *, sort_keys: bool = True) -> None:
+    """Write one JSON object of the run directory, stamped with ``schema_version``, atomically."""
+    atomic_write(path, json.dumps(versioned(data), indent=2, sort_keys=sort_keys) + "\n")
+
+
+def read_json(path: Path, missing: str = "missing") -> dict[str, Any]:
+    """One JSON object of the run directory, without ``schema_version`` once it is readable."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RunDirError(f"{path}: {missing}") from None
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot read ({exc})") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RunDirError(f"{path}: not valid JSON ({exc}); the file is damaged") from exc
+    return unversioned(data, str(path))
 
 
 class RunDir:
@@ -58,12 +80,37 @@ class RunDir:
         self.path = Path(path)
 
     # --- paths ---
-    config_path = property(lambda self: self.path / "config.toml")
-    metrics_path = property(lambda self: self.path / "metrics.jsonl")
-    events_path = property(lambda self: self.path / "events.jsonl")
-    summary_path = property(lambda self: self.path / "summary.json")
-    checkpoints = property(lambda self: self.path / "checkpoints")
-    model_dir = property(lambda self: self.path / "model")
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.toml"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / "summary.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+    @property
+    def model_json_path(self) -> Path:
+        return self.model_dir / "model.json"
+
+    def model_weights_path(self, name: str) -> Path:
+        """Where the final model's weights called ``name`` (``site_<id>``, ...) are kept."""
+        return self.model_dir / f"{name}.safetensors"
 
     def require(self) -> RunDir:
         """Fail with a clear message unless this looks like a run directory."""
@@ -77,125 +124,98 @@ class RunDir:
         return self
 
     # --- config ---
-    def write_config(self, config: dict[str, Any]) -> None:
-        _atomic_write(self.config_path, tomli_w.dumps(config))
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        atomic_write(self.config_path, tomli_w.dumps(versioned(config)))
 
     def read_config(self) -> dict[str, Any]:
+        """config.toml as written (without ``schema_version``)."""
         try:
-            return tomllib.loads(self.config_path.read_text(encoding="utf-8"))
+            data = tomllib.loads(self.config_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise RunDirError(f"{self.config_path}: missing") from None
         except tomllib.TOMLDecodeError as exc:
             raise RunDirError(f"{self.config_path}: not valid TOML ({exc})") from exc
+        return unversioned(data, str(self.config_path))
 
     # --- metrics and events ---
-    def append_metrics(self, records: list[dict[str, Any]]) -> None:
-        self._append(self.metrics_path, records)
+    def append_metrics(self, records: Iterable[RoundRecord | Mapping[str, Any]]) -> None:
+        """Append one round's records (typed, or plain dicts checked as :class:`RoundRecord`)."""
+        where = f"{self.metrics_path} (record to write)"
+        typed = [RoundRecord.of(r, where) for r in records]
+        self._append(self.metrics_path, [r.to_dict() for r in typed])
+
+    def read_metrics(self) -> list[RoundRecord]:
+        return [
+            RoundRecord.from_dict(data, where)
+            for where, data in self._read_jsonl(self.metrics_path)
+        ]
+
+    def truncate_metrics(self, last_round: int) -> None:
+        """Drop records after ``last_round`` (work a killed run did past its last checkpoint)."""
+        kept = [r for r in self.read_metrics() if r.round <= last_round]
+        atomic_write(self.metrics_path, "".join(_line(r.to_dict()) for r in kept))
 
     def log_event(self, kind: str, **fields: Any) -> None:
         self._append(self.events_path, [{"event": kind, "time": time.time(), **fields}])
+
+    def read_events(self) -> list[dict[str, Any]]:
+        """events.jsonl: each event's ``event`` (its kind), ``time`` and its own fields."""
+        events = []
+        for where, data in self._read_jsonl(self.events_path):
+            if not isinstance(data.get("event"), str):
+                raise RunDirError(f"{where}: an event without its kind; the file is damaged")
+            events.append({k: v for k, v in data.items() if k != VERSION_KEY})
+        return events
 
     @staticmethod
     def _append(path: Path, records: list[dict[str, Any]]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as handle:
             for record in records:
-                handle.write(json.dumps(record, sort_keys=True) + "\n")
+                handle.write(_line(record))
             handle.flush()
             os.fsync(handle.fileno())
 
     @staticmethod
-    def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
+        """Each readable record with where it stands (``path:line``), its version checked."""
         if not path.is_file():
             return []
         records = []
         lines = path.read_text(encoding="utf-8").splitlines()
         for number, line in enumerate(lines, start=1):
+            where = f"{path}:{number}"
             try:
-                records.append(json.loads(line))
+                data = json.loads(line)
             except json.JSONDecodeError:
                 if number == len(lines):
                     continue  # the last line cut short by a killed process; resume rewrites it
-                raise RunDirError(f"{path}:{number}: not valid JSON; the file is damaged") from None
+                raise RunDirError(f"{where}: not valid JSON; the file is damaged") from None
+            if not isinstance(data, dict):
+                raise RunDirError(f"{where}: not a JSON object; the file is damaged")
+            check_version(data, where)
+            records.append((where, data))
         return records
 
-    def read_metrics(self) -> list[dict[str, Any]]:
-        return self._read_jsonl(self.metrics_path)
-
-    def read_events(self) -> list[dict[str, Any]]:
-        return self._read_jsonl(self.events_path)
-
-    def truncate_metrics(self, last_round: int) -> None:
-        """Drop records after ``last_round`` (work a killed run did past its last checkpoint)."""
-        kept = [r for r in self.read_metrics() if r.get("round", 0) <= last_round]
-        text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept)
-        _atomic_write(self.metrics_path, text)
-
     # --- summary ---
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        _atomic_write(self.summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    def write_summary(self, summary: Summary | Mapping[str, Any]) -> None:
+        """Write summary.json (a :class:`Summary`, or a plain dict checked as one)."""
+        if not isinstance(summary, Summary):
+            summary = Summary.from_dict(summary, f"{self.summary_path} (summary to write)")
+        write_json(self.summary_path, summary.to_dict())
 
-    def read_summary(self) -> dict[str, Any]:
-        if not self.summary_path.is_file():
-            raise RunDirError(
-                f"{self.summary_path}: missing; the run has not finished "
-                "(resume it with 'medfed train ... --resume')"
-            )
-        try:
-            return json.loads(self.summary_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise RunDirError(f"{self.summary_path}: not valid JSON ({exc})") from exc
-
-    # --- checkpoints ---
-    def save_checkpoint(
-        self, round_: int, states: dict[str, State], meta: dict[str, Any], keep: int
-    ) -> Path:
-        """Write ``checkpoints/round_NNNN`` atomically; keep the newest ``keep`` of them."""
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
-        final = self.checkpoints / f"round_{round_:04d}"
-        tmp = Path(tempfile.mkdtemp(dir=self.checkpoints, prefix=".tmp_round_"))
-        for name, state in states.items():
-            save_state(tmp / f"{name}.safetensors", state)
-        (tmp / "state.json").write_text(json.dumps({"round": round_, **meta}, sort_keys=True))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        for old in self.list_checkpoints()[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        return final
-
-    def list_checkpoints(self) -> list[Path]:
-        if not self.checkpoints.is_dir():
-            return []
-        done = [p for p in self.checkpoints.glob("round_*") if (p / "state.json").is_file()]
-        return sorted(done)
-
-    def load_checkpoint(self, folder: Path) -> tuple[dict[str, State], dict[str, Any]]:
-        try:
-            meta = json.loads((folder / "state.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise RunDirError(f"{folder / 'state.json'}: damaged checkpoint ({exc})") from exc
-        states = {p.stem: load_state(p) for p in sorted(folder.glob("*.safetensors"))}
-        return states, meta
+    def read_summary(self) -> Summary:
+        missing = "missing; the run has not finished (resume it with 'medfed train ... --resume')"
+        return Summary.from_dict(read_json(self.summary_path, missing), str(self.summary_path))
 
     # --- final model ---
-    def save_model(self, model_json: dict[str, Any], states: dict[str, State]) -> None:
-        self.model_dir.mkdir(parents=True, exist_ok=True)
-        for name, state in states.items():
-            save_state(self.model_dir / f"{name}.safetensors", state)
-        _atomic_write(self.model_dir / "model.json", json.dumps(model_json, indent=2) + "\n")
+    def write_model_json(self, model_json: Mapping[str, Any]) -> None:
+        """model.json, written after the weights: its presence marks the model complete."""
+        write_json(self.model_json_path, model_json, sort_keys=False)
 
     def read_model_json(self) -> dict[str, Any]:
-        path = self.model_dir / "model.json"
-        if not path.is_file():
-            raise RunDirError(f"{path}: missing; the run has not finished training")
-        try:
-            return json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise RunDirError(f"{path}: not valid JSON ({exc})") from exc
+        return read_json(self.model_json_path, "missing; the run has not finished training")
 
-    def load_model_state(self, name: str) -> State:
-        path = self.model_dir / f"{name}.safetensors"
-        if not path.is_file():
-            raise RunDirError(f"{path}: missing model weights")
-        return load_state(path)
+
+def _line(record: Mapping[str, Any]) -> str:
+    return json.dumps(versioned(record), sort_keys=True) + "\n"

@@ -14,14 +14,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from medfed.algorithms.base import HEAD_PREFIX
 from medfed.config import SiteManifest, parse_manifest
 from medfed.data.preprocess import Normalization
 from medfed.errors import RunDirError
 from medfed.models.device import DeviceSetup, resolve_device
-from medfed.models.fedmodel import FedModel, ModelSpec, build_model
+from medfed.models.fedmodel import HEAD_PREFIX, FedModel, ModelSpec, build_model
 from medfed.models.forward import run_model
-from medfed.runs import RunDir, load_state, save_state
+from medfed.models.mixture import COEFFICIENTS
+from medfed.runs import RunDir
+from medfed.runs.weights import load_model_state, load_state, save_model, save_state
 from medfed.serving.abstention import Abstention
 
 State = dict[str, torch.Tensor]
@@ -46,6 +47,16 @@ class SiteEntry:
             "manifest": self.manifest.to_dict(),
             "weights": f"site_{self.id}.safetensors",
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SiteEntry:
+        return cls(
+            id=data["id"],
+            index=int(data["index"]),
+            prior=float(data["prior"]),
+            normalization=Normalization.from_dict(data["normalization"]),
+            manifest=manifest_from_dict(data["manifest"]),
+        )
 
 
 def manifest_from_dict(data: dict[str, Any]) -> SiteManifest:
@@ -115,11 +126,19 @@ class TrainedFederation:
             return client
         return client[..., self.client_columns]
 
+    def position(self, site_id: str) -> int:
+        """Where site ``site_id`` stands among this federation's sites."""
+        return [s.id for s in self.sites].index(site_id)
+
+    def abstention_scores(self, raw: torch.Tensor) -> np.ndarray:
+        """Abstention scores of scans before normalization (each site sees them in its view)."""
+        if self.abstention is None or raw.shape[0] == 0:
+            return np.zeros(0)
+        views = [s.normalization.apply(raw) for s in self.sites]
+        return self.abstention.scores(self.outputs(views).features)
+
     def class_names(self) -> list[str]:
-        names: dict[int, list[str]] = {}
-        for name, index in self.sites[0].manifest.labels.items():
-            names.setdefault(index, []).append(name)
-        return ["/".join(sorted(names[i])) for i in sorted(names)]
+        return list(self.sites[0].manifest.class_names().values())
 
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
@@ -167,7 +186,7 @@ class TrainedFederation:
     def save(self, run: RunDir, extra: dict[str, Any]) -> None:
         weights = self.weights()
         abstention = weights.pop("abstention", None)
-        run.save_model(self.describe(extra), weights)
+        save_model(run, self.describe(extra), weights)
         if abstention is not None:
             save_state(run.model_dir / "abstention.safetensors", abstention)
 
@@ -186,7 +205,7 @@ class TrainedFederation:
     @classmethod
     def _from_info(cls, run: RunDir, info: dict[str, Any], device: str) -> TrainedFederation:
         weights = {
-            f"site_{s['id']}": run.load_model_state(f"site_{s['id']}") for s in info["sites"]
+            f"site_{s['id']}": load_model_state(run, f"site_{s['id']}") for s in info["sites"]
         }
         if info.get("abstention"):
             weights["abstention"] = load_state(run.model_dir / "abstention.safetensors")
@@ -197,16 +216,7 @@ class TrainedFederation:
         cls, info: dict[str, Any], weights: dict[str, State], device: str = "auto"
     ) -> TrainedFederation:
         """Rebuild from :meth:`describe` and :meth:`weights` (read from disk or received)."""
-        sites = [
-            SiteEntry(
-                id=s["id"],
-                index=int(s["index"]),
-                prior=float(s["prior"]),
-                normalization=Normalization.from_dict(s["normalization"]),
-                manifest=manifest_from_dict(s["manifest"]),
-            )
-            for s in info["sites"]
-        ]
+        sites = [SiteEntry.from_dict(s) for s in info["sites"]]
         states = [weights[f"site_{s.id}"] for s in sites]
         abstention = None
         if info.get("abstention"):
@@ -223,3 +233,19 @@ def _only_heads_differ(states: list[State]) -> bool:
             if not key.startswith(HEAD_PREFIX) and not torch.equal(value, first[key]):
                 return False
     return True
+
+
+def mixture_coefficients(run_dir: str | Path) -> dict[str, list[float]]:
+    """Each site's FedGMI mixture coefficients, from a finished run's saved model."""
+    run = RunDir(run_dir).require()
+    info = run.read_model_json()
+    out = {}
+    for site in info["sites"]:
+        state = load_model_state(run, f"site_{site['id']}")
+        if COEFFICIENTS not in state:
+            raise RunDirError(
+                f"{run.model_dir}: a {info.get('algorithm')!r} run has no mixture coefficients "
+                "(only fedgmi runs do)"
+            )
+        out[site["id"]] = state[COEFFICIENTS].tolist()
+    return out

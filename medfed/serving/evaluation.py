@@ -20,6 +20,7 @@ from medfed.data.preprocess import Normalization
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.metrics import SiteMetrics, federation_metrics, roc_points, site_metrics
+from medfed.runs.schema import Evaluation, RocPoints, RouterFigures, SiteFigures
 from medfed.serving.bundle import TrainedFederation
 from medfed.serving.routers import Router, default_router, routers_for
 
@@ -98,7 +99,7 @@ def _ratio(num: int, den: int) -> float | None:
     return num / den if den else None
 
 
-def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> dict[str, Any]:
+def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> Evaluation:
     """The evaluation part of summary.json, from every site's :func:`site_evaluation`."""
     per_site = {p["id"]: SiteMetrics.from_dict(p["metrics"]) for p in parts}
     federation = federation_metrics(per_site)
@@ -107,42 +108,54 @@ def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> d
         counts = [p["routers"][router.name] for p in parts]
         total = {k: sum(c[k] for c in counts) for k in counts[0] if k != "latency_ms"}
         latency = [t for c in counts for t in c["latency_ms"]]
-        routers[router.name] = {
-            "system_accuracy": _ratio(total["correct"], total["n"]),
-            "routing_accuracy": None
+        routers[router.name] = RouterFigures(
+            system_accuracy=_ratio(total["correct"], total["n"]),
+            routing_accuracy=None
             if router.name == "majority_vote"
             else _ratio(total["routed_home"], total["n"]),
-            "abstain_rate": _ratio(total["abstained"], total["n"]),
-            "answered_accuracy": _ratio(total["answered_correct"], total["answered"]),
-            "forward_passes": router.forward_passes(fed),
-            "latency_ms_per_scan": float(np.median(latency)) if latency else float("nan"),
-            "n_pooled": total["n"],
-        }
-    main = default_router(fed).name
-    return {
-        "sites": {
-            p["id"]: {
-                "auc": m.auc,
-                "auc_reason": m.auc_reason,
-                "accuracy": m.accuracy,
-                "balanced_accuracy": m.balanced_accuracy,
-                "n_test": m.n,
-                "n_train": p["n_train"],
-                "n_val": p["n_val"],
-                "roc": p["roc"],
-            }
+            abstain_rate=_ratio(total["abstained"], total["n"]),
+            answered_accuracy=_ratio(total["answered_correct"], total["answered"]),
+            forward_passes=router.forward_passes(fed),
+            latency_ms_per_scan=float(np.median(latency)) if latency else float("nan"),
+            n_pooled=total["n"],
+        )
+    main = routers[default_router(fed).name]
+    return Evaluation(
+        sites={
+            p["id"]: SiteFigures(
+                auc=m.auc,
+                auc_reason=m.auc_reason,
+                accuracy=m.accuracy,
+                balanced_accuracy=m.balanced_accuracy,
+                n_test=m.n,
+                n_train=p["n_train"],
+                n_val=p["n_val"],
+                roc=RocPoints.from_dict(p["roc"], f"evaluation of site {p['id']}"),
+            )
             for p, m in zip(parts, per_site.values(), strict=True)
         },
-        **federation.to_dict(),
-        "routing_method": main,
-        "system_accuracy": routers[main]["system_accuracy"],
-        "routing_accuracy": routers[main]["routing_accuracy"],
-        "abstain_rate": routers[main]["abstain_rate"],
-        "routers": routers,
-    }
+        n_sites=federation.n_sites,
+        mean_site_auc=federation.mean_site_auc,
+        worst_site_auc=federation.worst_site_auc,
+        worst_site=federation.worst_site,
+        best_site_auc=federation.best_site_auc,
+        best_site=federation.best_site,
+        auc_std=federation.auc_std,
+        worst10_auc=federation.worst10_auc,
+        auc_gini=federation.auc_gini,
+        average_accuracy=federation.average_accuracy,
+        mean_accuracy=federation.mean_accuracy,
+        accuracy_std=federation.accuracy_std,
+        sites_without_auc=list(federation.sites_without_auc),
+        routing_method=default_router(fed).name,
+        system_accuracy=main.system_accuracy,
+        routing_accuracy=main.routing_accuracy,
+        abstain_rate=main.abstain_rate,
+        routers=routers,
+    )
 
 
-def evaluate(fed: TrainedFederation, sites: list[SiteData]) -> dict[str, Any]:
+def evaluate(fed: TrainedFederation, sites: list[SiteData]) -> Evaluation:
     """The evaluation part of summary.json, with every site's scans at hand."""
     normalizations = [s.normalization for s in sites]
     return combine_evaluation(

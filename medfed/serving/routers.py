@@ -85,6 +85,7 @@ class Router:
     """Base class: subclasses decide the site and the answer from every site's outputs."""
 
     name: ClassVar[str]
+    summary: ClassVar[str] = ""  # one line, shown by the CLI's help
     needs_client_head: ClassVar[bool] = False
 
     def decide(
@@ -125,6 +126,7 @@ def _pick(class_probs: np.ndarray, routed: np.ndarray) -> np.ndarray:
 
 class DensityRatioRouter(Router):
     name = "density_ratio"
+    summary = "FedDRM: the site maximizing its client posterior minus log of its data share"
     needs_client_head = True
 
     def decide(self, fed, out):
@@ -141,6 +143,7 @@ class SoftRouter(DensityRatioRouter):
     """Density-ratio routing whose answer mixes the top sites' predictions (beyond the paper)."""
 
     name = "soft"
+    summary = "as density_ratio, but the answer mixes the top sites' predictions"
     top_k: int = 2
 
     def decide(self, fed, out):
@@ -161,6 +164,7 @@ class MajorityVoteRouter(Router):
     """
 
     name = "majority_vote"
+    summary = "every site model answers (one pass each); the majority wins"
 
     def forward_passes(self, fed: TrainedFederation) -> int:
         return len(fed.sites)
@@ -178,6 +182,7 @@ class MajorityVoteRouter(Router):
 
 class MaxConfidenceRouter(Router):
     name = "max_confidence"
+    summary = "the site model most confident in its own answer is chosen"
 
     def forward_passes(self, fed: TrainedFederation) -> int:
         return len(fed.sites)

@@ -12,11 +12,17 @@ from pathlib import Path
 import numpy as np
 
 from medfed.config import Modality
-from medfed.data.io import Volume, probe_dicom, read_dicom_series, read_image, read_nifti
+from medfed.data.io import (
+    DICOM_SUFFIX,
+    IMAGE_SUFFIXES,
+    NIFTI_SUFFIXES,
+    Volume,
+    probe_dicom,
+    read_dicom_series,
+    read_image,
+    read_nifti,
+)
 from medfed.errors import DataError
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp")
-NIFTI_SUFFIXES = (".nii", ".nii.gz")
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,7 @@ def read_scan(path: str | Path) -> Scan:
         return Scan(path, Modality.CT, read_dicom_series(files), tuple(files))
     if name.endswith(NIFTI_SUFFIXES):
         return Scan(path, Modality.CT, read_nifti(path), (path,))
-    if name.endswith(".dcm") or probe_dicom(path):
+    if name.endswith(DICOM_SUFFIX) or probe_dicom(path):
         return Scan(path, Modality.CT, read_dicom_series([path]), (path,))
     if name.endswith(IMAGE_SUFFIXES):
         return Scan(path, Modality.FUNDUS, read_image(path), (path,))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from medfed.dashboard import charts, common, rundata
+from medfed.runs.schema import OK
 
 DIRECTIONS = {"kB total": "sent + received", "kB sent": "sent", "kB received": "received"}
 
@@ -44,7 +45,7 @@ def main() -> None:
         key="traffic_direction",
     )
     st.plotly_chart(charts.traffic_lines(traffic, column), key="traffic_lines")
-    silent = traffic[traffic["status"] != "ok"]
+    silent = traffic[traffic["status"] != OK]
     if not silent.empty:
         st.caption(
             f"{len(silent)} site-round(s) exchanged nothing (dropped out or not sampled): "

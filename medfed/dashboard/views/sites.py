@@ -63,17 +63,16 @@ def without_overview(run: Run) -> None:
         "beyond their test figures. Retrain it to see cards, class ratios and site distances."
     )
     summary = common.read_summary(run)
-    if summary and summary.get("sites"):
-        priors = summary.get("priors", {})
+    if summary and summary.sites:
         rows = [
             {
                 "site": site,
-                "train scans": f.get("n_train"),
-                "val scans": f.get("n_val"),
-                "test scans": f.get("n_test"),
-                "share of training data": priors.get(site),
+                "train scans": f.n_train,
+                "val scans": f.n_val,
+                "test scans": f.n_test,
+                "share of training data": summary.priors.get(site),
             }
-            for site, f in summary["sites"].items()
+            for site, f in summary.sites.items()
         ]
         st.write("What summary.json tells about the sites:")
         st.table(pd.DataFrame(rows).set_index("site"))
@@ -159,7 +158,7 @@ def main() -> None:
     st.plotly_chart(charts.class_ratio_bars(class_counts(sites)), key="class_ratio")
     shift(overview)
     st.subheader("Site by site")
-    folder = overview_dir(run.dir)
+    folder = overview_dir(run.path)
     for tab, (site, info) in zip(st.tabs(list(sites)), sites.items(), strict=True):
         with tab:
             site_tab(folder, site, info, bool(overview.get("images")))

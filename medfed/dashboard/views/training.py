@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from medfed.dashboard import charts, common, rundata
+from medfed.runs.schema import DROPPED, NOT_SAMPLED
 
 DEFAULT_CURVES = ("train_loss", "val_auc")
 
@@ -39,7 +40,7 @@ def main() -> None:
         fig = charts.round_curves(frame, curve, title, dropped, resumed_after, skipped)
         st.plotly_chart(fig, key=f"curve_{curve}")
 
-    dropped = frame[frame["status"] == "dropped"]
+    dropped = frame[frame["status"] == DROPPED]
     st.subheader("Dropouts and resumes")
     if dropped.empty:
         st.write("No site dropped out.")
@@ -53,7 +54,7 @@ def main() -> None:
         st.write("The run was never resumed.")
     if skipped:
         st.write(f"Rounds not aggregated (too few usable updates): {skipped}.")
-    not_sampled = int((frame["status"] == "not_sampled").sum())
+    not_sampled = int((frame["status"] == NOT_SAMPLED).sum())
     if not_sampled:
         st.caption(f"{not_sampled} site-round(s) were not sampled (gaps in the curves).")
     with st.expander("All run events"):

@@ -10,14 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import import_module
 
-from medfed.config import SiteManifest
+from medfed.config import LAYOUTS_BY_MODALITY, SiteManifest
 from medfed.data.records import LayoutScan
 from medfed.errors import ManifestError
 
-LAYOUT_MODULES = ("acrima", "rimone", "refuge", "imagefolder", "dicom", "nifti")
+# Every layout a manifest may name (config.LAYOUTS_BY_MODALITY), each a module of this package.
+LAYOUT_MODULES = tuple(layout for names in LAYOUTS_BY_MODALITY.values() for layout in names)
 
 
 def get_reader(layout: str) -> Callable[[SiteManifest], LayoutScan]:
+    """The ``scan`` function of a layout's module."""
     if layout not in LAYOUT_MODULES:
         raise ManifestError(f"unknown layout {layout!r}; choose one of {list(LAYOUT_MODULES)}")
     return import_module(f"medfed.data.layouts.{layout}").scan

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import SiteManifest
+from medfed.data.io import IMAGE_SUFFIXES
 from medfed.data.records import LayoutScan, Problem, Record, Split
 from medfed.errors import DataError, ManifestError
 
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".tif", ".tiff", ".bmp"})
 # Files operating systems drop into folders; reporting them would only bury real problems.
 OS_CLUTTER = frozenset({"thumbs.db", "desktop.ini"})
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import SiteManifest
-from medfed.data.io import dicom_read_error, probe_dicom
+from medfed.data.io import DICOM_SUFFIX, dicom_read_error, probe_dicom
 from medfed.data.layouts._common import (
     check_options,
     is_clutter,
@@ -82,7 +82,7 @@ def find_slice_files(root: Path, skip: Path) -> tuple[list[Path], list[Problem]]
             continue
         if path.name.lower() in _NOT_SLICES:
             continue
-        if path.suffix.lower() == ".dcm" or (path.suffix == "" and probe_dicom(path)):
+        if path.suffix.lower() == DICOM_SUFFIX or (path.suffix == "" and probe_dicom(path)):
             found.append(path)
         else:
             ignored.append(path)

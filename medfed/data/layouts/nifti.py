@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import SiteManifest
+from medfed.data.io import NIFTI_SUFFIXES
 from medfed.data.layouts._common import (
     check_options,
     is_clutter,
@@ -16,13 +17,11 @@ from medfed.data.layouts._common import (
 )
 from medfed.data.records import LayoutScan, Problem, Record
 
-SUFFIXES = (".nii.gz", ".nii")
-
 
 def nifti_stem(path: Path) -> str | None:
     """The file name without .nii / .nii.gz, or None when it is not a NIfTI file name."""
     name = path.name
-    for suffix in SUFFIXES:
+    for suffix in NIFTI_SUFFIXES:
         if name.lower().endswith(suffix):
             return name[: -len(suffix)]
     return None

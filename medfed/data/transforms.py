@@ -1,0 +1,107 @@
+"""The deterministic preprocessing stage of each modality, as MONAI dictionary transforms.
+
+MONAI is imported where a pipeline is built: it takes seconds to import, and cached scans (the
+common case) never need it. Which function a modality uses is decided in
+:mod:`medfed.data.modality`; site normalization follows in :mod:`medfed.data.preprocess`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from medfed.config import CTPreprocess, FundusPreprocess
+from medfed.data.io import Volume
+
+if TYPE_CHECKING:
+    from monai.data import MetaTensor
+    from monai.transforms import Compose
+
+
+class CameraField:
+    """Foreground selector for the camera field: pixels brighter than a share of the maximum."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+
+    def __call__(self, img: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+        brightness = (
+            img.mean(0, keepdims=True) if isinstance(img, np.ndarray) else img.mean(0, True)
+        )
+        return brightness > self.threshold * float(brightness.max())
+
+
+def fundus_pipeline(options: FundusPreprocess) -> Compose:
+    """uint8 RGB (H, W, 3) -> float32 (3, S, S) in [0, 1], cropped to the camera field."""
+    from monai.transforms import (
+        Compose,
+        CropForegroundd,
+        EnsureChannelFirstd,
+        EnsureTyped,
+        Resized,
+        ScaleIntensityRanged,
+        SpatialPadd,
+    )
+
+    size = options.image_size
+    steps = [EnsureChannelFirstd(keys="image", channel_dim=-1)]
+    if options.roi_crop:
+        steps.append(
+            CropForegroundd(
+                keys="image",
+                source_key="image",
+                select_fn=CameraField(options.roi_threshold),
+                allow_smaller=True,
+            )
+        )
+    steps += [
+        Resized(keys="image", spatial_size=size, size_mode="longest", mode="area"),
+        SpatialPadd(keys="image", spatial_size=(size, size)),
+        ScaleIntensityRanged(keys="image", a_min=0.0, a_max=255.0, b_min=0.0, b_max=1.0),
+        EnsureTyped(keys="image", data_type="tensor", dtype=torch.float32, track_meta=False),
+    ]
+    return Compose(steps)
+
+
+def ct_pipeline(options: CTPreprocess) -> Compose:
+    """HU volume (D, H, W) with spacing -> float32 (1, *shape) in [0, 1] after the HU window."""
+    from monai.transforms import (
+        Compose,
+        EnsureTyped,
+        ResizeWithPadOrCropd,
+        ScaleIntensityRanged,
+        Spacingd,
+    )
+
+    lo, hi = options.hu_window
+    return Compose(
+        [
+            ScaleIntensityRanged(keys="image", a_min=lo, a_max=hi, b_min=0.0, b_max=1.0, clip=True),
+            Spacingd(keys="image", pixdim=options.spacing, mode="bilinear", padding_mode="border"),
+            ResizeWithPadOrCropd(keys="image", spatial_size=options.shape),
+            EnsureTyped(keys="image", data_type="tensor", dtype=torch.float32, track_meta=False),
+        ]
+    )
+
+
+def volume_to_meta(volume: Volume) -> MetaTensor:
+    """A (1, D, H, W) MetaTensor whose affine carries the volume's spacing, for Spacingd."""
+    from monai.data import MetaTensor
+
+    affine = torch.diag(torch.tensor([*volume.spacing, 1.0], dtype=torch.float64))
+    return MetaTensor(torch.from_numpy(np.ascontiguousarray(volume.array))[None], affine=affine)
+
+
+def fundus_tensor(options: FundusPreprocess, image: np.ndarray) -> torch.Tensor:
+    """Run the fundus pipeline on one decoded photo."""
+    # float32 copy: the decoder's array may be read-only, and the ROI mask needs floats.
+    out = fundus_pipeline(options)({"image": np.asarray(image, dtype=np.float32).copy()})
+    return out["image"].contiguous()
+
+
+def ct_tensor(options: CTPreprocess, volume: Volume) -> torch.Tensor:
+    """Run the CT pipeline on one decoded volume."""
+    out = ct_pipeline(options)({"image": volume_to_meta(volume)})
+    return out["image"].contiguous()

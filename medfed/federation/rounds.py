@@ -1,0 +1,186 @@
+"""The round loop: one implementation of a run, for the in-process engine and the Flower ServerApp.
+
+The loop owns everything that must be the same wherever the sites are: the round record of each
+site, dropouts and skipped rounds, aggregation, checkpoints, validation figures, and finishing
+(the sites' final models, abstention fitted on their features and calibrated on their validation
+scans, the test evaluation, the summary and the saved model). How a message reaches a site is a
+:class:`SiteLink`'s business: a direct call in one process, a Flower message across machines.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+from medfed.algorithms.base import State, Stats, Update
+from medfed.errors import MedfedError
+from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan
+from medfed.federation.site import Published, SiteDropped, failure_reason
+from medfed.runs.schema import Summary
+from medfed.serving.abstention import DEFAULT_FALSE_ABSTAIN, calibrate, uncalibrated
+from medfed.serving.bundle import SiteEntry, TrainedFederation
+from medfed.serving.evaluation import combine_evaluation
+
+
+def stats_bytes(stats: Stats) -> int:
+    """Bytes of a side-channel report as it travels (JSON), counted with the update."""
+    return len(json.dumps(stats, sort_keys=True).encode()) if stats else 0
+
+
+@dataclass
+class SiteReply:
+    """A site's answer to a training message."""
+
+    payload_up: bytes
+    loss: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    stats: Stats = field(default_factory=dict)
+    seconds: float | None = None
+
+
+@dataclass
+class SiteFailure:
+    """Why a site has no answer this round."""
+
+    reason: str
+    seconds: float | None = None
+
+
+class SiteLink(Protocol):
+    """How the round loop reaches the sites (indices are positions in ``Coordinator.sites``)."""
+
+    def restore(self, states: dict[str, State]) -> None:
+        """Resume the sites from the server's last checkpoint (``states``: its named states)."""
+
+    def train(
+        self, plan: RoundPlan, downs: dict[int, Downlink], faults: dict[int, str]
+    ) -> dict[int, SiteReply | SiteFailure]:
+        """Each sampled site's local round; nothing it keeps changes before :meth:`commit`."""
+
+    def commit(self, index: int) -> None:
+        """The server accepted site ``index``'s update: the site keeps its round."""
+
+    def validate(self, round_: int, global_state: State) -> dict[int, dict[str, Any]]:
+        """Validation figures of every reachable site after a round."""
+
+    def site_states(self) -> dict[str, State]:
+        """Site states the server checkpoints itself (none where the sites keep their own)."""
+
+    def finish(self, global_state: State) -> dict[int, Published | SiteFailure]:
+        """Every site's final model and feature Gaussian."""
+
+    def abstention_scores(self, fed: TrainedFederation) -> list[np.ndarray]:
+        """Abstention scores of each site's validation scans, computed where they are."""
+
+    def test(self, fed: TrainedFederation) -> list[dict[str, Any]]:
+        """Each site's part of the test evaluation (figures and counts, no scans)."""
+
+    def summary_extra(self) -> dict[str, Any]:
+        """What the summary records about this engine (``Coordinator.summary``'s keywords)."""
+
+
+class RoundLoop:
+    """A whole run: rounds, then finishing, over a :class:`Coordinator` and a :class:`SiteLink`."""
+
+    def __init__(self, server: Coordinator, link: SiteLink, *, progress: bool = False) -> None:
+        self.server, self.link, self.progress = server, link, progress
+        self.config, self.run = server.config, server.run
+
+    def train(self, *, resume: bool = False, **event: Any) -> Summary:
+        first, states = self.server.start(resume, **event)
+        if states:
+            self.link.restore(states)
+        rounds = range(first, self.config.rounds + 1)
+        name = self.server.algorithm.run_name
+        for round_ in tqdm(rounds, desc=f"{name} rounds", disable=not self.progress, leave=False):
+            self.round(round_)
+        return self.finish()
+
+    # ------------------------------------------------------------------ one round
+    def round(self, round_: int) -> None:
+        start = time.perf_counter()
+        server = self.server
+        plan = server.plan(round_)
+        sampled = sorted(plan.sampled)
+        downs = {i: server.downlink(i, plan) for i in sampled}
+        planned = self.config.fault_plan
+        faults = {i: planned.get((round_, server.sites[i].id)) for i in sampled}
+        faults = {i: kind for i, kind in faults.items() if kind}
+        replies = self.link.train(plan, downs, faults)
+        records, updates = [], []
+        for index, site in enumerate(server.sites):
+            record: dict[str, Any] = {"round": round_, "site": site.id, "lr": plan.lr}
+            if index not in plan.sampled:
+                records.append(record | {"status": "not_sampled"})
+                continue
+            reply = replies.get(index, SiteFailure("no reply"))
+            try:
+                if isinstance(reply, SiteFailure):
+                    raise SiteDropped(reply.reason)
+                received = server.receive(index, plan, downs[index], reply.payload_up)
+            except Exception as exc:  # any failure of one site drops that site, not the run
+                reason = failure_reason(exc)
+                record |= {"status": "dropped", "reason": reason}
+                self.run.log_event("dropout", round=round_, site=site.id, reason=reason)
+            else:
+                self.link.commit(index)
+                server.accepted(index, downs[index])
+                if received:
+                    updates.append(Update(received, float(site.n_train), reply.stats))
+                record |= {
+                    "status": "ok",
+                    "train_loss": reply.loss,
+                    **{f"train_{k}": v for k, v in reply.metrics.items()},
+                    "bytes_up": len(reply.payload_up) + stats_bytes(reply.stats),
+                    "bytes_down": len(downs[index].payload),
+                    "keys_sent": len(plan.keys),
+                }
+            if reply.seconds is not None:
+                record["seconds"] = reply.seconds
+            records.append(record)
+        aggregated = server.aggregate(round_, updates)
+        seconds = time.perf_counter() - start
+        figures = self.link.validate(round_, server.global_state)
+        for index, record in enumerate(records):
+            record |= {"round_seconds": seconds, "aggregated": aggregated}
+            record |= figures.get(index, {})
+        self.run.append_metrics(records)
+        server.checkpoint(round_, self.link.site_states())
+
+    # ------------------------------------------------------------------ finishing
+    def finish(self) -> Summary:
+        """Final models, abstention, the test evaluation, summary.json and model/."""
+        server = self.server
+        answers = self.link.finish(server.global_state)
+        published = [answers[i] for i in sorted(answers) if isinstance(answers[i], Published)]
+        for index in sorted(answers):
+            if isinstance(answers[index], SiteFailure):
+                site = server.sites[index].id
+                self.run.log_event("site_lost", site=site, reason=answers[index].reason)
+        if not published:
+            raise MedfedError("no site published its final model; see events.jsonl")
+        total = sum(p.n_train for p in published)
+        fed = TrainedFederation(
+            server.spec,
+            server.algorithm.run_name,
+            [_with_prior(p.entry, p.n_train / total) for p in published],
+            [p.state for p in published],
+            server.setup,
+        )
+        fed.abstention = uncalibrated([p.gaussian for p in published], DEFAULT_FALSE_ABSTAIN)
+        calibrate(fed.abstention, self.link.abstention_scores(fed))
+        evaluation = combine_evaluation(fed, self.link.test(fed))
+        summary = server.summary(evaluation, **self.link.summary_extra())
+        self.run.write_summary(summary)
+        fed.save(self.run, {"n_train": {s.id: s.n_train for s in server.sites}})
+        self.run.log_event("finish", rounds=self.config.rounds)
+        return summary
+
+
+def _with_prior(entry: SiteEntry, prior: float) -> SiteEntry:
+    return SiteEntry(entry.id, entry.index, prior, entry.normalization, entry.manifest)

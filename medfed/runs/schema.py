@@ -1,0 +1,773 @@
+"""What a run directory holds, as types: the one definition every reader and writer shares.
+
+``summary.json`` is a :class:`Summary` (an :class:`Evaluation` of the trained federation plus
+what the run was and what it cost), each line of ``metrics.jsonl`` a :class:`RoundRecord`.
+Every JSON, JSONL and TOML file of a run carries ``schema_version``; :class:`RunDir` adds it on
+write and checks it on read (:func:`check_version`), so a reader meets a newer file with a clear
+message instead of a ``KeyError``. A file without ``schema_version`` predates versioning and
+reads as version 1.
+
+Version 1 fields: those medfed has written since its first release are required; those added
+later (ROC points, router figures, traffic per site, the wire format, skipped rounds, the engine)
+have defaults, so every version-1 file still reads. Unknown keys are ignored, except in round
+records, where a numeric one is an algorithm's own figure (:attr:`RoundRecord.extra`).
+
+No torch here (and nothing that imports it): the dashboard and the report tables read runs
+without loading the training code.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+from medfed.errors import RunDirError
+
+SCHEMA_VERSION = 1
+"""The run-directory schema this medfed writes; it reads this one and every older one."""
+VERSION_KEY = "schema_version"
+_REDO = "the file is damaged or was not written by medfed; train the run again to rewrite it"
+_REQUIRED: Any = object()
+
+
+def check_version(data: Mapping[str, Any], where: str) -> int:
+    """The schema version of one file or record (1 when it has none), if this medfed reads it."""
+    version = data.get(VERSION_KEY, 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise RunDirError(f"{where}: schema_version {version!r} is not a positive integer; {_REDO}")
+    if version > SCHEMA_VERSION:
+        raise RunDirError(
+            f"{where}: written with schema_version {version}, newer than this medfed reads "
+            f"(up to {SCHEMA_VERSION}); upgrade medfed (pip install -U medfed) to read this run"
+        )
+    return version
+
+
+def versioned(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` stamped with the schema version it is written in."""
+    return {VERSION_KEY: SCHEMA_VERSION, **{k: v for k, v in data.items() if k != VERSION_KEY}}
+
+
+def unversioned(data: Any, where: str) -> dict[str, Any]:
+    """A file's JSON object without its ``schema_version``, once the version is known readable."""
+    if not isinstance(data, Mapping):
+        raise RunDirError(f"{where}: expected a JSON object, got {_kind(data)}; {_REDO}")
+    check_version(data, where)
+    return {k: v for k, v in data.items() if k != VERSION_KEY}
+
+
+# ---------------------------------------------------------------------------- reading helpers
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+class _Fields:
+    """Typed reads from one JSON object; every error names the file and the field."""
+
+    def __init__(self, data: Any, where: str, path: str = "") -> None:
+        if not isinstance(data, Mapping):
+            what = f"field {path.rstrip('.')!r}" if path else "the record"
+            got = _kind(data)
+            raise RunDirError(f"{where}: {what} should be a JSON object, got {got}; {_REDO}")
+        self.data, self.where, self.path = data, where, path
+
+    def _raw(self, key: str, default: Any) -> Any:
+        if key in self.data:
+            return self.data[key]
+        if default is _REQUIRED:
+            raise RunDirError(f"{self.where}: missing required field {self.path + key!r}; {_REDO}")
+        return default
+
+    def bad(self, key: str, expected: str, value: Any) -> RunDirError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return RunDirError(
+            f"{self.where}: field {self.path + key!r} should be {expected}, got {shown}; {_REDO}"
+        )
+
+    def text(self, key: str, default: Any = _REQUIRED) -> str:
+        value = self._raw(key, default)
+        if not isinstance(value, str):
+            raise self.bad(key, "text", value)
+        return value
+
+    def opt_text(self, key: str, default: Any = None) -> str | None:
+        value = self._raw(key, default)
+        if value is not None and not isinstance(value, str):
+            raise self.bad(key, "text or null", value)
+        return value
+
+    def integer(self, key: str, default: Any = _REQUIRED) -> int:
+        value = self._raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.bad(key, "a whole number", value)
+        return value
+
+    def opt_integer(self, key: str, default: Any = None) -> int | None:
+        value = self._raw(key, default)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise self.bad(key, "a whole number or null", value)
+        return value
+
+    def number(self, key: str, default: Any = _REQUIRED) -> float:
+        value = self._raw(key, default)
+        if not _is_number(value):
+            raise self.bad(key, "a number", value)
+        return float(value)
+
+    def opt_number(self, key: str, default: Any = None) -> float | None:
+        value = self._raw(key, default)
+        if value is not None and not _is_number(value):
+            raise self.bad(key, "a number or null", value)
+        return None if value is None else float(value)
+
+    def flag(self, key: str, default: Any = _REQUIRED) -> bool:
+        value = self._raw(key, default)
+        if not isinstance(value, bool):
+            raise self.bad(key, "true or false", value)
+        return value
+
+    def opt_flag(self, key: str, default: Any = None) -> bool | None:
+        value = self._raw(key, default)
+        if value is not None and not isinstance(value, bool):
+            raise self.bad(key, "true, false or null", value)
+        return value
+
+    def obj(self, key: str, default: Any = _REQUIRED) -> dict[str, Any]:
+        value = self._raw(key, default)
+        if not isinstance(value, Mapping):
+            raise self.bad(key, "a JSON object", value)
+        return dict(value)
+
+    def numbers(self, key: str, default: Any = _REQUIRED) -> dict[str, float]:
+        """A JSON object of numbers (site id -> share, ...)."""
+        values = self.obj(key, default)
+        for name, value in values.items():
+            if not _is_number(value):
+                raise self.bad(f"{key}.{name}", "a number", value)
+        return {name: float(value) for name, value in values.items()}
+
+    def texts(self, key: str, default: Any = _REQUIRED) -> dict[str, str]:
+        values = self.obj(key, default)
+        for name, value in values.items():
+            if not isinstance(value, str):
+                raise self.bad(f"{key}.{name}", "text", value)
+        return values
+
+    def array(self, key: str, default: Any = _REQUIRED) -> list[Any]:
+        value = self._raw(key, default)
+        if not isinstance(value, list):
+            raise self.bad(key, "a list", value)
+        return value
+
+    def number_list(self, key: str, *, nulls: bool = False) -> list[Any] | None:
+        """A list of numbers (``nulls``: null entries allowed), or null."""
+        value = self._raw(key, None)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise self.bad(key, "a list of numbers or null", value)
+        for item in value:
+            if not (_is_number(item) or (nulls and item is None)):
+                raise self.bad(key, "a list of numbers", item)
+        return [None if v is None else float(v) for v in value]
+
+
+class _JsonView:
+    """Read-only access as the JSON object (``summary["sites"]["a"]["auc"]``, ``.items()``), for
+    code written before the types. New code reads attributes; this keeps older callers working
+    until they move over. Nothing written through it reaches the object (each read is a copy).
+    """
+
+    def to_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_dict()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_dict().get(key, default)
+
+    def keys(self) -> KeysView[str]:
+        return self.to_dict().keys()
+
+    def items(self) -> ItemsView[str, Any]:
+        return self.to_dict().items()
+
+    def values(self) -> ValuesView[Any]:
+        return self.to_dict().values()
+
+
+# ---------------------------------------------------------------------------- summary parts
+@dataclass(frozen=True)
+class RocPoints(_JsonView):
+    """One site's test ROC curve, or the reason it has none (one class, more than two)."""
+
+    fpr: list[float] | None
+    tpr: list[float] | None
+    thresholds: list[float | None] | None
+    reason: str | None = None
+
+    @property
+    def drawable(self) -> bool:
+        return bool(self.fpr) and bool(self.tpr)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "fpr": self.fpr,
+            "tpr": self.tpr,
+            "thresholds": self.thresholds,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "roc", path: str = "") -> RocPoints:
+        f = _Fields(data, where, path)
+        return cls(
+            fpr=f.number_list("fpr"),
+            tpr=f.number_list("tpr"),
+            thresholds=f.number_list("thresholds", nulls=True),
+            reason=f.opt_text("reason"),
+        )
+
+
+@dataclass(frozen=True)
+class SiteFigures(_JsonView):
+    """One site's model on its own test scans; ``auc`` is None exactly when ``auc_reason`` says
+    why (a test split with one class has no AUC)."""
+
+    auc: float | None
+    auc_reason: str | None
+    accuracy: float
+    balanced_accuracy: float
+    n_test: int
+    n_train: int
+    n_val: int
+    roc: RocPoints | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "auc": self.auc,
+            "auc_reason": self.auc_reason,
+            "accuracy": self.accuracy,
+            "balanced_accuracy": self.balanced_accuracy,
+            "n_test": self.n_test,
+            "n_train": self.n_train,
+            "n_val": self.n_val,
+            **({} if self.roc is None else {"roc": self.roc.to_dict()}),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "site figures", path: str = "") -> SiteFigures:
+        f = _Fields(data, where, path)
+        roc = f.data.get("roc")
+        return cls(
+            auc=f.opt_number("auc", _REQUIRED),
+            auc_reason=f.opt_text("auc_reason", _REQUIRED),
+            accuracy=f.number("accuracy"),
+            balanced_accuracy=f.number("balanced_accuracy"),
+            n_test=f.integer("n_test"),
+            n_train=f.integer("n_train"),
+            n_val=f.integer("n_val"),
+            roc=None if roc is None else RocPoints.from_dict(roc, where, f"{path}roc."),
+        )
+
+
+@dataclass(frozen=True)
+class RouterFigures(_JsonView):
+    """One router on every site's test scans pooled (a new patient's view of the federation).
+
+    ``routing_accuracy`` is None for a majority vote (it sends no scan anywhere);
+    ``answered_accuracy`` counts only the scans it did not abstain on.
+    """
+
+    system_accuracy: float | None
+    routing_accuracy: float | None
+    abstain_rate: float | None
+    answered_accuracy: float | None
+    forward_passes: int
+    latency_ms_per_scan: float
+    n_pooled: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "router figures", path: str = "") -> RouterFigures:
+        f = _Fields(data, where, path)
+        return cls(
+            system_accuracy=f.opt_number("system_accuracy", _REQUIRED),
+            routing_accuracy=f.opt_number("routing_accuracy", _REQUIRED),
+            abstain_rate=f.opt_number("abstain_rate", _REQUIRED),
+            answered_accuracy=f.opt_number("answered_accuracy", _REQUIRED),
+            forward_passes=f.integer("forward_passes"),
+            latency_ms_per_scan=f.number("latency_ms_per_scan"),
+            n_pooled=f.integer("n_pooled"),
+        )
+
+
+@dataclass(frozen=True)
+class SiteTraffic(_JsonView):
+    """Bytes one site sent (``up``) and received (``down``), per round on average."""
+
+    up: float
+    down: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"up": self.up, "down": self.down}
+
+
+@dataclass(frozen=True)
+class WireSettings(_JsonView):
+    """How updates were encoded on the wire."""
+
+    precision: str
+    delta: bool
+
+    @property
+    def label(self) -> str:
+        return self.precision + (" + delta" if self.delta else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"precision": self.precision, "delta": self.delta}
+
+
+@dataclass(frozen=True)
+class Dropout(_JsonView):
+    """A site that dropped out of one round, and why."""
+
+    round: int
+    site: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "site": self.site, "reason": self.reason}
+
+
+# ---------------------------------------------------------------------------- evaluation
+@dataclass(frozen=True, kw_only=True)
+class Evaluation(_JsonView):
+    """The figures of a trained federation on its sites' test scans: per site, across sites
+    (centred on the worst site), and as a new patient meets it (system accuracy, by router).
+
+    The AUC figures over sites leave out sites without an AUC (``sites_without_auc``) and are
+    None when no site has one. ``routing_method`` is the router that answers by default.
+    """
+
+    sites: dict[str, SiteFigures]
+    n_sites: int
+    mean_site_auc: float | None
+    worst_site_auc: float | None
+    worst_site: str | None
+    best_site_auc: float | None
+    best_site: str | None
+    auc_std: float | None
+    worst10_auc: float | None
+    auc_gini: float | None
+    average_accuracy: float
+    mean_accuracy: float
+    accuracy_std: float
+    sites_without_auc: list[str]
+    routing_method: str
+    system_accuracy: float | None
+    routing_accuracy: float | None
+    abstain_rate: float | None = None
+    routers: dict[str, RouterFigures] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _evaluation_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "evaluation") -> Evaluation:
+        return cls(**_evaluation_fields(_Fields(data, where)))
+
+    def field_values(self) -> dict[str, Any]:
+        """The evaluation's fields as they are (typed), to build a :class:`Summary` from."""
+        return {f.name: getattr(self, f.name) for f in fields(Evaluation)}
+
+
+def _evaluation_dict(e: Evaluation) -> dict[str, Any]:
+    return {
+        "sites": {s: figures.to_dict() for s, figures in e.sites.items()},
+        "n_sites": e.n_sites,
+        "mean_site_auc": e.mean_site_auc,
+        "worst_site_auc": e.worst_site_auc,
+        "worst_site": e.worst_site,
+        "best_site_auc": e.best_site_auc,
+        "best_site": e.best_site,
+        "auc_std": e.auc_std,
+        "worst10_auc": e.worst10_auc,
+        "auc_gini": e.auc_gini,
+        "average_accuracy": e.average_accuracy,
+        "mean_accuracy": e.mean_accuracy,
+        "accuracy_std": e.accuracy_std,
+        "sites_without_auc": list(e.sites_without_auc),
+        "routing_method": e.routing_method,
+        "system_accuracy": e.system_accuracy,
+        "routing_accuracy": e.routing_accuracy,
+        "abstain_rate": e.abstain_rate,
+        "routers": {name: r.to_dict() for name, r in e.routers.items()},
+    }
+
+
+def _evaluation_fields(f: _Fields) -> dict[str, Any]:
+    sites = f.obj("sites")
+    routers = f.obj("routers", {})
+    without = f.array("sites_without_auc")
+    if not all(isinstance(s, str) for s in without):
+        raise f.bad("sites_without_auc", "a list of site ids", without)
+    return {
+        "sites": {
+            s: SiteFigures.from_dict(sites[s], f.where, f"{f.path}sites.{s}.") for s in sites
+        },
+        "n_sites": f.integer("n_sites"),
+        "mean_site_auc": f.opt_number("mean_site_auc", _REQUIRED),
+        "worst_site_auc": f.opt_number("worst_site_auc", _REQUIRED),
+        "worst_site": f.opt_text("worst_site", _REQUIRED),
+        "best_site_auc": f.opt_number("best_site_auc", _REQUIRED),
+        "best_site": f.opt_text("best_site", _REQUIRED),
+        "auc_std": f.opt_number("auc_std", _REQUIRED),
+        "worst10_auc": f.opt_number("worst10_auc", _REQUIRED),
+        "auc_gini": f.opt_number("auc_gini", _REQUIRED),
+        "average_accuracy": f.number("average_accuracy"),
+        "mean_accuracy": f.number("mean_accuracy"),
+        "accuracy_std": f.number("accuracy_std"),
+        "sites_without_auc": list(without),
+        "routing_method": f.text("routing_method"),
+        "system_accuracy": f.opt_number("system_accuracy", _REQUIRED),
+        "routing_accuracy": f.opt_number("routing_accuracy", _REQUIRED),
+        "abstain_rate": f.opt_number("abstain_rate"),
+        "routers": {
+            name: RouterFigures.from_dict(routers[name], f.where, f"{f.path}routers.{name}.")
+            for name in routers
+        },
+    }
+
+
+# ---------------------------------------------------------------------------- round records
+RoundStatus = Literal["ok", "dropped", "not_sampled"]
+OK: RoundStatus = "ok"
+DROPPED: RoundStatus = "dropped"
+NOT_SAMPLED: RoundStatus = "not_sampled"
+
+
+@dataclass(frozen=True)
+class Validation(_JsonView):
+    """A site's model on its validation split after a round (``val_*`` in metrics.jsonl)."""
+
+    loss: float
+    accuracy: float
+    auc: float | None = None  # None: undefined on this split (one class)
+    client_accuracy: float | None = None  # site recognition, where the model has a client head
+
+    def to_dict(self) -> dict[str, Any]:
+        flat: dict[str, Any] = {"val_loss": self.loss, "val_auc": self.auc}
+        flat["val_accuracy"] = self.accuracy
+        if self.client_accuracy is not None:
+            flat["val_client_accuracy"] = self.client_accuracy
+        return flat
+
+
+_VALIDATION_KEYS = ("val_loss", "val_auc", "val_accuracy", "val_client_accuracy")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoundRecord(_JsonView):
+    """One site's part of one round: one line of metrics.jsonl.
+
+    Written flat, as ``{"round": 3, "site": "acrima", "train_loss": 0.4, "val_auc": 0.8, ...}``.
+    Figures an algorithm adds (FedGMI's ``train_mixture_0``, Ditto's ``train_global_loss``)
+    live in ``extra`` and are written beside the others.
+    """
+
+    round: int
+    site: str
+    status: str  # RoundStatus; read as text so a new status never makes old files unreadable
+    lr: float | None = None
+    reason: str | None = None
+    train_loss: float | None = None
+    bytes_up: int | None = None
+    bytes_down: int | None = None
+    bytes_eval: int | None = None
+    keys_sent: int | None = None
+    seconds: float | None = None
+    round_seconds: float | None = None
+    aggregated: bool | None = None
+    validation: Validation | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        clash = set(self.extra) & _RECORD_KEYS
+        if clash:
+            raise ValueError(f"RoundRecord.extra repeats the record's own fields {sorted(clash)}")
+
+    @property
+    def bytes_exchanged(self) -> int:
+        """Update bytes sent and received this round (0 when the site exchanged nothing)."""
+        return (self.bytes_up or 0) + (self.bytes_down or 0)
+
+    def extras(self, prefix: str) -> dict[str, float]:
+        """The algorithm's figures whose names start with ``prefix``, the prefix cut off."""
+        return {k[len(prefix) :]: v for k, v in sorted(self.extra.items()) if k.startswith(prefix)}
+
+    def to_dict(self) -> dict[str, Any]:
+        flat: dict[str, Any] = {"round": self.round, "site": self.site, "status": self.status}
+        for name in _OPTIONAL_RECORD_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                flat[name] = value
+        if self.validation is not None:
+            flat |= self.validation.to_dict()
+        return flat | self.extra
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "round record") -> RoundRecord:
+        f = _Fields(data, where)
+        validation = None
+        if any(key in f.data for key in _VALIDATION_KEYS):
+            validation = Validation(
+                loss=f.number("val_loss"),
+                accuracy=f.number("val_accuracy"),
+                auc=f.opt_number("val_auc"),
+                client_accuracy=f.opt_number("val_client_accuracy"),
+            )
+        extra = {}
+        for key, value in f.data.items():
+            if key in _RECORD_KEYS or key == VERSION_KEY:
+                continue
+            if not _is_number(value):
+                raise f.bad(key, "a number (an algorithm's figure)", value)
+            extra[key] = float(value)
+        return cls(
+            round=f.integer("round"),
+            site=f.text("site"),
+            status=f.text("status"),
+            lr=f.opt_number("lr"),
+            reason=f.opt_text("reason"),
+            train_loss=f.opt_number("train_loss"),
+            bytes_up=f.opt_integer("bytes_up"),
+            bytes_down=f.opt_integer("bytes_down"),
+            bytes_eval=f.opt_integer("bytes_eval"),
+            keys_sent=f.opt_integer("keys_sent"),
+            seconds=f.opt_number("seconds"),
+            round_seconds=f.opt_number("round_seconds"),
+            aggregated=f.opt_flag("aggregated"),
+            validation=validation,
+            extra=extra,
+        )
+
+    @classmethod
+    def of(
+        cls, record: RoundRecord | Mapping[str, Any], where: str = "round record"
+    ) -> RoundRecord:
+        """``record`` itself, or the record a plain dict describes (validated)."""
+        return record if isinstance(record, RoundRecord) else cls.from_dict(record, where)
+
+
+_OPTIONAL_RECORD_FIELDS = (
+    "lr",
+    "reason",
+    "train_loss",
+    "bytes_up",
+    "bytes_down",
+    "bytes_eval",
+    "keys_sent",
+    "seconds",
+    "round_seconds",
+    "aggregated",
+)
+_RECORD_KEYS = {"round", "site", "status", *_OPTIONAL_RECORD_FIELDS, *_VALIDATION_KEYS}
+
+
+# ---------------------------------------------------------------------------- what a run cost
+@dataclass(frozen=True, kw_only=True)
+class RunCosts:
+    """What the rounds cost, from metrics.jsonl: bytes, seconds, dropouts, skipped rounds."""
+
+    bytes_per_round: float
+    bytes_per_round_by_site: dict[str, SiteTraffic]
+    seconds_per_round: float | None
+    seconds_total: float | None
+    dropouts: int
+    dropped: list[Dropout]
+    skipped_rounds: list[int]
+
+    @classmethod
+    def of(cls, records: Iterable[RoundRecord], sites: Iterable[str]) -> RunCosts:
+        """Per round: bytes summed over sites, seconds as recorded; per site: mean per round."""
+        records = list(records)
+        rounds: dict[int, list[RoundRecord]] = {}
+        for r in records:
+            rounds.setdefault(r.round, []).append(r)
+        per_round = [sum(r.bytes_exchanged for r in rs) for rs in rounds.values()]
+        seconds = [rs[0].round_seconds for rs in rounds.values() if rs[0].round_seconds is not None]
+        n = max(1, len(rounds))
+        dropped = [Dropout(r.round, r.site, r.reason or "") for r in records if r.status == DROPPED]
+        return cls(
+            bytes_per_round=sum(per_round) / len(per_round) if per_round else 0.0,
+            bytes_per_round_by_site={
+                site: SiteTraffic(
+                    up=sum(r.bytes_up or 0 for r in records if r.site == site) / n,
+                    down=sum(r.bytes_down or 0 for r in records if r.site == site) / n,
+                )
+                for site in sites
+            },
+            seconds_per_round=sum(seconds) / len(seconds) if seconds else None,
+            seconds_total=math.fsum(seconds) if seconds else None,
+            dropouts=len(dropped),
+            dropped=dropped,
+            skipped_rounds=sorted({r.round for r in records if r.aggregated is False}),
+        )
+
+    def field_values(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(RunCosts)}
+
+
+# ---------------------------------------------------------------------------- summary.json
+@dataclass(frozen=True, kw_only=True)
+class Summary(Evaluation):
+    """summary.json: what was trained, how it did (:class:`Evaluation`), and what it cost.
+
+    ``engine`` and ``lost_sites`` are written by a Flower deployment only (sites that left
+    before publishing their final model, with the reason).
+    """
+
+    algorithm: str
+    params: dict[str, Any]
+    rounds: int
+    local_steps: int
+    seed: int
+    backbone: str
+    modality: str
+    device: str
+    priors: dict[str, float]
+    bytes_per_round: float
+    seconds_per_round: float | None
+    seconds_total: float | None
+    dropouts: int
+    dropped: list[Dropout]
+    resumes: int
+    bytes_per_round_by_site: dict[str, SiteTraffic] = field(default_factory=dict)
+    wire: WireSettings | None = None
+    skipped_rounds: list[int] = field(default_factory=list)
+    engine: str | None = None
+    lost_sites: dict[str, str] | None = None
+
+    @classmethod
+    def build(cls, evaluation: Evaluation, costs: RunCosts, **run: Any) -> Summary:
+        """The summary of a finished run: its evaluation, its costs and the run's settings."""
+        return cls(**evaluation.field_values(), **costs.field_values(), **run)
+
+    @property
+    def evaluation(self) -> Evaluation:
+        return Evaluation(**self.field_values())
+
+    def to_dict(self) -> dict[str, Any]:
+        """summary.json's content (without ``schema_version``, which RunDir writes)."""
+        data = {
+            "algorithm": self.algorithm,
+            "params": dict(self.params),
+            "rounds": self.rounds,
+            "local_steps": self.local_steps,
+            "seed": self.seed,
+            "backbone": self.backbone,
+            "modality": self.modality,
+            "device": self.device,
+            **_evaluation_dict(self),
+            "priors": dict(self.priors),
+            "bytes_per_round": self.bytes_per_round,
+            "bytes_per_round_by_site": {
+                s: t.to_dict() for s, t in self.bytes_per_round_by_site.items()
+            },
+            "seconds_per_round": self.seconds_per_round,
+            "seconds_total": self.seconds_total,
+            "dropouts": self.dropouts,
+            "dropped": [d.to_dict() for d in self.dropped],
+            "skipped_rounds": list(self.skipped_rounds),
+            "resumes": self.resumes,
+        }
+        if self.wire is not None:
+            data["wire"] = self.wire.to_dict()
+        if self.engine is not None:
+            data["engine"] = self.engine
+        if self.lost_sites is not None:
+            data["lost_sites"] = dict(self.lost_sites)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "summary.json") -> Summary:
+        f = _Fields(data, where)
+        traffic = f.obj("bytes_per_round_by_site", {})
+        wire = f.data.get("wire")
+        dropped = f.array("dropped")
+        skipped = f.array("skipped_rounds", [])
+        if not all(isinstance(r, int) and not isinstance(r, bool) for r in skipped):
+            raise f.bad("skipped_rounds", "a list of round numbers", skipped)
+        lost = f.data.get("lost_sites")
+        return cls(
+            **_evaluation_fields(f),
+            algorithm=f.text("algorithm"),
+            params=f.obj("params"),
+            rounds=f.integer("rounds"),
+            local_steps=f.integer("local_steps"),
+            seed=f.integer("seed"),
+            backbone=f.text("backbone"),
+            modality=f.text("modality"),
+            device=f.text("device"),
+            priors=f.numbers("priors"),
+            bytes_per_round=f.number("bytes_per_round"),
+            seconds_per_round=f.opt_number("seconds_per_round", _REQUIRED),
+            seconds_total=f.opt_number("seconds_total", _REQUIRED),
+            dropouts=f.integer("dropouts"),
+            dropped=[_dropout(f, k) for k in range(len(dropped))],
+            resumes=f.integer("resumes"),
+            bytes_per_round_by_site={s: _traffic(f, s) for s in traffic},
+            wire=None if wire is None else _wire(f),
+            skipped_rounds=list(skipped),
+            engine=f.opt_text("engine"),
+            lost_sites=None if lost is None else f.texts("lost_sites"),
+        )
+
+    def __or__(self, other: Mapping[str, Any]) -> Summary:
+        """``summary | {"engine": "flower"}``: a copy with those fields changed (as for a dict).
+
+        Prefer ``dataclasses.replace``; this keeps code written for dict summaries working.
+        """
+        names = {f.name for f in fields(self)}
+        unknown = set(other) - names
+        if unknown:
+            raise TypeError(f"Summary has no field(s) {sorted(unknown)}")
+        return replace(self, **other)
+
+
+def _dropout(f: _Fields, k: int) -> Dropout:
+    item = _Fields(f.data["dropped"][k], f.where, f"dropped.{k}.")
+    return Dropout(item.integer("round"), item.text("site"), item.text("reason", ""))
+
+
+_TRAFFIC = "bytes_per_round_by_site"
+
+
+def _traffic(f: _Fields, site: str) -> SiteTraffic:
+    item = _Fields(f.data["bytes_per_round_by_site"][site], f.where, f"{_TRAFFIC}.{site}.")
+    return SiteTraffic(up=item.number("up"), down=item.number("down"))
+
+
+def _wire(f: _Fields) -> WireSettings:
+    item = _Fields(f.data["wire"], f.where, "wire.")
+    return WireSettings(precision=item.text("precision"), delta=item.flag("delta"))
