@@ -16,7 +16,7 @@ from typer.core import TyperCommand
 
 from medfed import __version__
 from medfed.config import DEVICES, FAULT_KINDS, WIRE_PRECISION_NOTES, TrainConfig
-from medfed.errors import ConfigError, ManifestError, MedfedError
+from medfed.errors import ConfigError, ManifestError, MedfedError, require_extra
 
 if TYPE_CHECKING:
     from medfed.config import RunConfigFile, SiteManifest
@@ -571,6 +571,7 @@ def dashboard(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8501,
 ) -> None:
     """Open the clinician dashboard (Streamlit, on 127.0.0.1 only) over run directories."""
+    require_extra("streamlit", "dashboard", "medfed dashboard")
     from medfed.dashboard.launch import launch
 
     launch(runs or [Path("demo_out")], port, echo=typer.echo)
@@ -610,6 +611,9 @@ def deploy_app_folder(
 ) -> None:
     """Write the Flower app folder of one run: medfed's ServerApp, ClientApp and settings."""
     from medfed.config import merge_train_settings
+
+    for module in ("flwr", "cryptography"):
+        require_extra(module, "flower", "medfed deploy app")
     from medfed.flower.deploy import write_app
     from medfed.flower.node import train_config_from_toml
 
@@ -644,6 +648,7 @@ def deploy_pki(
     days: Annotated[int, typer.Option(help="Validity of the certificates.")] = 365,
 ) -> None:
     """A pilot's CA, the SuperLink's TLS certificate and one key pair per SuperNode."""
+    require_extra("cryptography", "flower", "medfed deploy pki")
     from medfed.flower.deploy import write_pki
 
     pki = write_pki(out, host, site, days)

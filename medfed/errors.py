@@ -31,3 +31,18 @@ class RunDirError(MedfedError):
     """A run directory is missing, incomplete or inconsistent."""
 
     exit_code = 2
+
+
+def require_extra(module: str, extra: str, feature: str) -> None:
+    """Refuse ``feature`` with the install command when its optional package is missing."""
+    from importlib.util import find_spec
+
+    try:
+        found = find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken install counts as a missing one
+        found = False
+    if not found:
+        raise ConfigError(
+            f"{feature} needs the {module!r} package, which is not installed; "
+            f"install it with: pip install 'medfed[{extra}]'"
+        )

@@ -54,8 +54,13 @@ trained = runner.invoke(app, train)
 scan = sorted((out / "data" / "ACRIMA").glob("*.jpg"))[0]
 routed = runner.invoke(app, ["route", str(out / "run"), str(scan), "--json"])
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+# The front ends of a missing extra say what to install instead of failing on an import.
+dashboard = runner.invoke(app, ["dashboard", str(out / "run"), "--port", "8599"])
+deploy = ["deploy", "app", str(out / "app"), "--site", "acrima", "--run-dir", str(out / "r")]
+deployed = runner.invoke(app, deploy)
 report = {"attempts": attempts, "loaded": loaded}
-for key, result in (("train", trained), ("route", routed)):
+steps = (("train", trained), ("route", routed), ("dashboard", dashboard), ("deploy", deployed))
+for key, result in steps:
     report[key] = {"exit_code": result.exit_code, "output": result.output}
     if result.exc_info and not isinstance(result.exception, SystemExit):
         import traceback
@@ -86,8 +91,16 @@ def test_core_install_trains_and_routes_without_the_extras(tmp_path: Path) -> No
     assert row["status"] in {"routed", "abstained"}, row
     assert set(row["site_probs"]) == {"acrima", "rimone", "refuge"}
 
+    for step, extra in (("dashboard", "dashboard"), ("deploy", "flower")):
+        result = report[step]
+        assert result["exit_code"] == 2 and "error" not in result, result
+        assert f"pip install 'medfed[{extra}]'" in result["output"], result["output"]
+
+    # Only the extras check (medfed.errors.require_extra) may look for them.
     asked_by_medfed = [
-        (name, asker) for name, asker in report["attempts"] if asker.startswith("medfed")
+        (name, asker)
+        for name, asker in report["attempts"]
+        if asker.startswith("medfed") and asker != "medfed.errors"
     ]
     assert not asked_by_medfed, f"medfed imported optional packages: {asked_by_medfed}"
     assert report["loaded"] == []

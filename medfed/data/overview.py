@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import RunDirError
+from medfed.fileio import atomic_write
 
 OVERVIEW_DIR = "site_overview"
 OVERVIEW_FILE = "overview.json"
@@ -191,7 +191,7 @@ def write_site_overview(
     for site, site_distance in zip(sites, distances, strict=True):
         report = _card_report(site, site_distance)
         card = out / "cards" / f"{site.id}.md"
-        _write_text(card, render_card(site.manifest, report))
+        atomic_write(card, render_card(site.manifest, report))
         samples = []
         if samples_per_site > 0:
             samples = _write_samples(site, out / "samples" / site.id, samples_per_site)
@@ -204,20 +204,8 @@ def write_site_overview(
             "card": card.relative_to(out).as_posix(),
             "samples": samples,
         }
-    _write_text(out / OVERVIEW_FILE, json.dumps(overview, indent=2, sort_keys=True) + "\n")
+    atomic_write(out / OVERVIEW_FILE, json.dumps(overview, indent=2, sort_keys=True) + "\n")
     return out
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Write then rename, so the dashboard never reads a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def read_site_overview(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:

@@ -36,7 +36,7 @@ from medfed.experiments.speed import (
     routing_latency,
 )
 from medfed.federation.training import load_sites, train
-from medfed.runs import RunDir, Summary
+from medfed.runs import Summary
 from medfed.runs.report import markdown_table, replace_marked_section
 
 # results.json's own version (not the run directory's): 2 states findings computed from the
@@ -301,8 +301,7 @@ def train_federation(
             run_dir = _run_dir(out, modality, seed, method)
             if run_dir.exists():
                 shutil.rmtree(run_dir)
-            train(sites, MethodSpec.parse(method).config(budget, seed), run_dir)
-            summary = RunDir(run_dir).read_summary()
+            summary = train(sites, MethodSpec.parse(method).config(budget, seed), run_dir)
             rounds = recorded_round_seconds(run_dir)
             runs.runs[method].append(
                 SeedRun(summary, statistics.median(rounds) if rounds else None)

@@ -14,7 +14,7 @@ from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
 from medfed.federation.training import load_sites, train
-from medfed.runs import RunDir, Summary
+from medfed.runs import Summary
 from medfed.runs.report import communication_table, methods_table, replace_marked_section
 
 DEMO_METHODS = ("feddrm", "fedavgft", "fedbn", "local")
@@ -111,8 +111,9 @@ def run_demo(
         if run_dir.exists():
             shutil.rmtree(run_dir)
         echo(f"training {method.label} ({budget.rounds} rounds x {budget.local_steps} steps) ...")
-        train(sites, method.config(budget, seed), run_dir)
-        summaries[method.label] = RunDir(run_dir).read_summary()
+        # The summary as training returns it keeps the sites in federation order (the table's
+        # columns); summary.json on disk lists them sorted.
+        summaries[method.label] = train(sites, method.config(budget, seed), run_dir)
     table = methods_table(summaries)
     if "fedavg" in summaries:
         table += "\n\n" + communication_table(summaries, baseline="fedavg")

@@ -2,7 +2,7 @@
 reads, with a typed, versioned schema (:mod:`medfed.runs.schema`). Weights live in
 :mod:`medfed.runs.weights`, the only module here that needs torch."""
 
-from medfed.runs.rundir import RunDir, atomic_write, read_json, write_json
+from medfed.runs.rundir import RunDir, read_json, write_json
 from medfed.runs.schema import (
     SCHEMA_VERSION,
     Dropout,
@@ -32,7 +32,6 @@ __all__ = [
     "Summary",
     "Validation",
     "WireSettings",
-    "atomic_write",
     "read_json",
     "write_json",
 ]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -30,6 +29,7 @@ from typing import Any
 import tomli_w
 
 from medfed.errors import RunDirError
+from medfed.fileio import atomic_write
 from medfed.runs.schema import (
     VERSION_KEY,
     RoundRecord,
@@ -38,19 +38,6 @@ from medfed.runs.schema import (
     unversioned,
     versioned,
 )
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so a reader sees the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_json(path: Path, data: Mapping[str, Any], *, sort_keys: bool = True) -> None:

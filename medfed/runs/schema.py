@@ -180,9 +180,9 @@ class _Fields:
 
 
 class _JsonView:
-    """Read-only access as the JSON object (``summary["sites"]["a"]["auc"]``, ``.items()``), for
-    code written before the types. New code reads attributes; this keeps older callers working
-    until they move over. Nothing written through it reaches the object (each read is a copy).
+    """Read-only access as the JSON file reads (``summary["sites"]["a"]["auc"]``, ``.items()``),
+    for scripts and tests that compare against summary.json; library code reads attributes.
+    Nothing written through it reaches the object (each read is a copy).
     """
 
     def to_dict(self) -> dict[str, Any]:
