@@ -15,7 +15,7 @@ import typer
 from typer.core import TyperCommand
 
 from medfed import __version__
-from medfed.config import DEVICES, FAULT_KINDS, WIRE_PRECISION_NOTES, TrainConfig
+from medfed.config import DEVICES, FAULT_KINDS, WIRE_PRECISION_NOTES, Modality, TrainConfig
 from medfed.errors import ConfigError, ManifestError, MedfedError, require_extra
 
 if TYPE_CHECKING:
@@ -549,7 +549,7 @@ def bench(
     plan = BenchPlan.make(
         quick=quick,
         seeds=seeds,
-        modalities=("fundus", "ct") if modality == "all" else (modality,),
+        modalities=tuple(map(str, Modality)) if modality == "all" else (modality,),
         fundus_budget=fundus_budget,
         ct_budget=ct_budget,
         image_size=image_size,

@@ -15,6 +15,7 @@ from medfed.algorithms.base import Update
 from medfed.algorithms.fedgmi import (
     ASSIGNED,
     COEFFICIENTS,
+    FedGMI,
     expert_probabilities,
     is_partition_round,
 )
@@ -235,8 +236,10 @@ def test_component_keys_are_averaged_over_the_scans_each_distribution_holds(mode
     site = make_algorithm("fedgmi", {"components": "3", "weighting": "site"})
     plain = site.aggregate([Update(a, 45.0), Update(b, 45.0)])
     assert plain["vaes.dec_b1"][:, 0].tolist() == pytest.approx([2.0, 2.0, 2.0])
-    with pytest.raises(ValueError, match="expected 3"):
+    with pytest.raises(ValueError, match="3 non-negative counts"):
         algorithm.aggregate([Update(a, 45.0, {ASSIGNED: [1.0, 2.0]})])
+    with pytest.raises(ValueError, match="finite"):
+        algorithm.check_stats({ASSIGNED: [1.0, float("nan"), 2.0]})
 
 
 def test_a_distribution_no_site_holds_is_split_off_the_largest(model) -> None:
@@ -321,3 +324,21 @@ def test_resume_after_a_kill_keeps_the_partition_and_ends_the_same(tmp_path, mon
     whole, resumed = kill_and_resume(cfg, tmp_path, monkeypatch, kill_after=2)
     assert stable(resumed) == stable(whole)
     assert resumed["resumes"] == 1
+
+
+def test_a_site_reporting_unusable_counts_is_dropped_not_the_run(tmp_path, monkeypatch) -> None:
+    original = FedGMI.local_train
+
+    def lying(self, task):
+        result = original(self, task)
+        if task.site_id == "site1" and ASSIGNED in result.stats:
+            result.stats[ASSIGNED] = [-1.0] * self.params.components
+        return result
+
+    monkeypatch.setattr(FedGMI, "local_train", lying)
+    summary = train(tensor_sites(3), config("fedgmi", rounds=3), tmp_path / "run")
+    records = RunDir(tmp_path / "run").read_metrics()
+    dropped = [r for r in records if r["status"] == "dropped"]
+    assert {(r["round"], r["site"]) for r in dropped} == {(2, "site1"), (3, "site1")}
+    assert all("non-negative counts" in r["reason"] for r in dropped)
+    assert summary["dropouts"] == 2 and set(summary["sites"]) == {"site0", "site1", "site2"}

@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 
 from medfed.errors import RunDirError
-from medfed.runs import RunDir, read_json, write_json
+from medfed.runs import SCHEMA_VERSION, RunDir, read_json, write_json
 from medfed.runs.schema import (
-    SCHEMA_VERSION,
     Dropout,
     Evaluation,
     RoundRecord,

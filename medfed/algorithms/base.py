@@ -6,6 +6,7 @@ the Flower apps. Nothing here knows about engines, files or networks.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
@@ -244,6 +245,15 @@ class Algorithm:
         return site_state
 
     # --- server-side ------------------------------------------------------------------------
+    def check_stats(self, stats: Stats) -> None:
+        """Refuse a site's side-channel report (ValueError) before it reaches :meth:`aggregate`;
+        the site is then dropped for the round, like a site whose weights are unusable."""
+        for name, values in stats.items():
+            if not isinstance(values, list) or not all(
+                isinstance(v, int | float) and math.isfinite(v) for v in values
+            ):
+                raise ValueError(f"statistic {name!r} must be a list of finite numbers")
+
     def aggregate(self, updates: list[Update]) -> State:
         """Weighted average of the shared tensors (weights n_i / N)."""
         return weighted_average(updates)

@@ -42,6 +42,7 @@ from medfed.algorithms.base import (
     LocalTask,
     Params,
     State,
+    Stats,
     Update,
     weighted_average,
 )
@@ -238,16 +239,24 @@ class FedGMI(Algorithm):
         return F.nll_loss(model(x).target_logits.float(), y)
 
     # --- server-side ------------------------------------------------------------------------
+    def check_stats(self, stats: Stats) -> None:
+        super().check_stats(stats)
+        counts = stats.get(ASSIGNED)
+        if counts is not None and (
+            len(counts) != self.params.components or any(c < 0 for c in counts)
+        ):
+            raise ValueError(
+                f"fedgmi: scans per distribution must be {self.params.components} "
+                f"non-negative counts, got {counts!r}"
+            )
+
     def aggregate(self, updates: list[Update]) -> State:
         out = weighted_average(updates)
         if self.params.weighting != "component" or not all(ASSIGNED in u.stats for u in updates):
             return out  # round 1 (no partition yet), or counts kept on the sites
+        for update in updates:
+            self.check_stats(update.stats)
         counts = torch.tensor([u.stats[ASSIGNED] for u in updates], dtype=torch.float64)  # (S, M)
-        if counts.shape[1] != self.params.components or bool((counts < 0).any()):
-            raise ValueError(
-                f"fedgmi: sites reported scans per distribution of shape {tuple(counts.shape)}; "
-                f"expected {self.params.components} non-negative counts each"
-            )
         totals = counts.sum(dim=0)
         for key in out:
             if not is_component_key(key):

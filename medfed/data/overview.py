@@ -30,6 +30,7 @@ from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import RunDirError
 from medfed.fileio import atomic_write
+from medfed.versions import unversioned, versioned
 
 OVERVIEW_DIR = "site_overview"
 OVERVIEW_FILE = "overview.json"
@@ -204,7 +205,8 @@ def write_site_overview(
             "card": card.relative_to(out).as_posix(),
             "samples": samples,
         }
-    atomic_write(out / OVERVIEW_FILE, json.dumps(overview, indent=2, sort_keys=True) + "\n")
+    text = json.dumps(versioned(overview), indent=2, sort_keys=True) + "\n"
+    atomic_write(out / OVERVIEW_FILE, text)
     return out
 
 
@@ -217,6 +219,7 @@ def read_site_overview(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise RunDirError(f"{path}: not valid JSON ({exc}); rewrite it by retraining") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("sites"), dict):
+    data = unversioned(data, str(path))
+    if not isinstance(data.get("sites"), dict):
         raise RunDirError(f"{path}: no 'sites' table; the file is damaged")
     return data

@@ -123,6 +123,7 @@ class RoundLoop:
                 if isinstance(reply, SiteFailure):
                     raise SiteDropped(reply.reason)
                 received = server.receive(index, plan, downs[index], reply.payload_up)
+                server.algorithm.check_stats(reply.stats)
             except Exception as exc:  # any failure of one site drops that site, not the run
                 reason = failure_reason(exc)
                 record |= {"status": "dropped", "reason": reason}

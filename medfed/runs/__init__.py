@@ -4,7 +4,6 @@ reads, with a typed, versioned schema (:mod:`medfed.runs.schema`). Weights live 
 
 from medfed.runs.rundir import RunDir, read_json, write_json
 from medfed.runs.schema import (
-    SCHEMA_VERSION,
     Dropout,
     Evaluation,
     RocPoints,
@@ -17,6 +16,7 @@ from medfed.runs.schema import (
     Validation,
     WireSettings,
 )
+from medfed.versions import SCHEMA_VERSION
 
 __all__ = [
     "SCHEMA_VERSION",

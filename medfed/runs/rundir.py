@@ -30,14 +30,8 @@ import tomli_w
 
 from medfed.errors import RunDirError
 from medfed.fileio import atomic_write
-from medfed.runs.schema import (
-    VERSION_KEY,
-    RoundRecord,
-    Summary,
-    check_version,
-    unversioned,
-    versioned,
-)
+from medfed.runs.schema import RoundRecord, Summary
+from medfed.versions import VERSION_KEY, check_version, unversioned, versioned
 
 
 def write_json(path: Path, data: Mapping[str, Any], *, sort_keys: bool = True) -> None:

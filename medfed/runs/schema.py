@@ -24,38 +24,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from medfed.errors import RunDirError
+from medfed.versions import REDO, VERSION_KEY
 
-SCHEMA_VERSION = 1
-"""The run-directory schema this medfed writes; it reads this one and every older one."""
-VERSION_KEY = "schema_version"
-_REDO = "the file is damaged or was not written by medfed; train the run again to rewrite it"
 _REQUIRED: Any = object()
-
-
-def check_version(data: Mapping[str, Any], where: str) -> int:
-    """The schema version of one file or record (1 when it has none), if this medfed reads it."""
-    version = data.get(VERSION_KEY, 1)
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise RunDirError(f"{where}: schema_version {version!r} is not a positive integer; {_REDO}")
-    if version > SCHEMA_VERSION:
-        raise RunDirError(
-            f"{where}: written with schema_version {version}, newer than this medfed reads "
-            f"(up to {SCHEMA_VERSION}); upgrade medfed (pip install -U medfed) to read this run"
-        )
-    return version
-
-
-def versioned(data: Mapping[str, Any]) -> dict[str, Any]:
-    """``data`` stamped with the schema version it is written in."""
-    return {VERSION_KEY: SCHEMA_VERSION, **{k: v for k, v in data.items() if k != VERSION_KEY}}
-
-
-def unversioned(data: Any, where: str) -> dict[str, Any]:
-    """A file's JSON object without its ``schema_version``, once the version is known readable."""
-    if not isinstance(data, Mapping):
-        raise RunDirError(f"{where}: expected a JSON object, got {_kind(data)}; {_REDO}")
-    check_version(data, where)
-    return {k: v for k, v in data.items() if k != VERSION_KEY}
 
 
 # ---------------------------------------------------------------------------- reading helpers
@@ -74,21 +45,21 @@ class _Fields:
         if not isinstance(data, Mapping):
             what = f"field {path.rstrip('.')!r}" if path else "the record"
             got = _kind(data)
-            raise RunDirError(f"{where}: {what} should be a JSON object, got {got}; {_REDO}")
+            raise RunDirError(f"{where}: {what} should be a JSON object, got {got}; {REDO}")
         self.data, self.where, self.path = data, where, path
 
     def _raw(self, key: str, default: Any) -> Any:
         if key in self.data:
             return self.data[key]
         if default is _REQUIRED:
-            raise RunDirError(f"{self.where}: missing required field {self.path + key!r}; {_REDO}")
+            raise RunDirError(f"{self.where}: missing required field {self.path + key!r}; {REDO}")
         return default
 
     def bad(self, key: str, expected: str, value: Any) -> RunDirError:
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         return RunDirError(
-            f"{self.where}: field {self.path + key!r} should be {expected}, got {shown}; {_REDO}"
+            f"{self.where}: field {self.path + key!r} should be {expected}, got {shown}; {REDO}"
         )
 
     def text(self, key: str, default: Any = _REQUIRED) -> str:
