@@ -134,19 +134,7 @@ def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> E
             )
             for p, m in zip(parts, per_site.values(), strict=True)
         },
-        n_sites=federation.n_sites,
-        mean_site_auc=federation.mean_site_auc,
-        worst_site_auc=federation.worst_site_auc,
-        worst_site=federation.worst_site,
-        best_site_auc=federation.best_site_auc,
-        best_site=federation.best_site,
-        auc_std=federation.auc_std,
-        worst10_auc=federation.worst10_auc,
-        auc_gini=federation.auc_gini,
-        average_accuracy=federation.average_accuracy,
-        mean_accuracy=federation.mean_accuracy,
-        accuracy_std=federation.accuracy_std,
-        sites_without_auc=list(federation.sites_without_auc),
+        **federation.to_dict(),  # the figures over sites, field for field
         routing_method=default_router(fed).name,
         system_accuracy=main.system_accuracy,
         routing_accuracy=main.routing_accuracy,
