@@ -337,6 +337,27 @@ def train(
             help=f"Send differences to the global state each site holds {_default('wire_delta')}."
         ),
     ] = None,
+    augment: Annotated[
+        str | None,
+        typer.Option(
+            help="Training augmentation: flip (left-right, fundus only) or none "
+            f"{_default('augment')}."
+        ),
+    ] = None,
+    normalization: Annotated[
+        str | None,
+        typer.Option(
+            help="site (each site's own training statistics) or federation (statistics pooled "
+            f"over the sites: counts and sums travel, never scans) {_default('normalization')}."
+        ),
+    ] = None,
+    operating_point: Annotated[
+        str | None,
+        typer.Option(
+            help="Each site's threshold, chosen on its validation split: specificity:0.90, "
+            f"youden or threshold:0.5 {_default('operating_point')}."
+        ),
+    ] = None,
     param: Annotated[
         list[str] | None,
         typer.Option(
@@ -384,6 +405,9 @@ def train(
         site_timeout_s=site_timeout,
         wire_precision=wire_precision,
         wire_delta=wire_delta,
+        augment=augment,
+        normalization=normalization,
+        operating_point=operating_point,
         faults=tuple(inject_fault) if inject_fault else None,
     )
     where = str(stored.path) if stored else None
@@ -412,22 +436,44 @@ def train(
 @friendly
 def evaluate(
     run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print summary.json.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print summary.json (every figure, CIs and counts).")
+    ] = False,
 ) -> None:
-    """Print the per-site table, the federation figures and every router's figures."""
+    """Print each site's AUC with its 95% CI, operating points, calibration, the federation
+    figures, the cross-site matrix and every router under both protocols."""
     from medfed.runs import RunDir
-    from medfed.runs.report import federation_lines, routers_table, site_table
+    from medfed.runs.report import evaluation_text
 
     summary = RunDir(run).require().read_summary()
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
         return
-    typer.echo(f"{summary.algorithm} | {summary.rounds} rounds | seed {summary.seed}")
-    typer.echo(site_table(summary))
-    typer.echo("\n".join(federation_lines(summary)))
-    if summary.routers:
-        typer.echo("")
-        typer.echo(routers_table(summary))
+    typer.echo(evaluation_text(summary))
+
+
+@app.command()
+@friendly
+def report(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Run directories, one per method, trained on the same sites."),
+    ],
+    out: Annotated[Path, typer.Option(help="The HTML file to write.")] = Path("report.html"),
+    title: Annotated[
+        str | None, typer.Option(help="Title (default: the modality, sites and methods).")
+    ] = None,
+) -> None:
+    """Write one self-contained HTML report for the study's clinicians: sites and data, AUCs
+    with CIs, operating points, calibration, cross-site matrix, routing, traffic. It loads
+    nothing from a network and opens from a USB stick."""
+    from medfed.runs.study import write_study_report
+
+    written = write_study_report(runs, out, title=title)
+    typer.echo(
+        f"wrote {written.path}: {len(written.methods)} method(s) "
+        f"({', '.join(written.methods)}) on {len(written.sites)} site(s)"
+    )
 
 
 @app.command(cls=_with_registries("routers"))

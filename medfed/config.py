@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from medfed.errors import ConfigError, ManifestError
+from medfed.metrics import DEFAULT_OPERATING_RULE, OperatingRule
 
 
 class Modality(StrEnum):
@@ -286,6 +287,12 @@ WIRE_PRECISION_NOTES: dict[str, str] = {
 }
 WIRE_PRECISIONS: tuple[str, ...] = tuple(WIRE_PRECISION_NOTES)
 
+AUGMENTATIONS: tuple[str, ...] = ("flip", "none")
+"""Training-time augmentation: a random left-right flip (fundus only), or none."""
+
+NORMALIZATIONS: tuple[str, ...] = ("site", "federation")
+"""Each site's own training statistics, or statistics pooled over the federation."""
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -331,7 +338,14 @@ class TrainConfig:
     client_fraction: float = 1.0
     min_sites: int = 1
     site_timeout_s: float = 0.0  # 0: no limit on one site's local work
-    augment: bool = True
+    augment: str = "flip"  # one of AUGMENTATIONS; "flip" is used only where the modality allows
+    # How every site normalizes its scans: with its own training statistics ("site"), or with
+    # statistics pooled over the federation ("federation": per-channel counts, sums and sums of
+    # squares travel, never images), so that a scan of unknown origin meets every model alike.
+    normalization: str = "site"  # one of NORMALIZATIONS
+    # Where each site's operating point sits, chosen on its validation split:
+    # "specificity:0.90", "youden" or "threshold:0.5" (see medfed.metrics.OperatingRule).
+    operating_point: str = DEFAULT_OPERATING_RULE
     wire_precision: str = "float32"  # one of WIRE_PRECISIONS
     wire_delta: bool = False  # send differences to the global state the site holds
     faults: tuple[str, ...] = ()
@@ -355,12 +369,23 @@ class TrainConfig:
                 self.wire_precision in WIRE_PRECISIONS,
                 f"wire_precision must be one of {list(WIRE_PRECISIONS)}",
             ),
+            (self.augment in AUGMENTATIONS, f"augment must be one of {list(AUGMENTATIONS)}"),
+            (
+                self.normalization in NORMALIZATIONS,
+                f"normalization must be one of {list(NORMALIZATIONS)}",
+            ),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(f"training setting: {message}")
         for fault in self.faults:
             Fault.parse(fault)
+        try:
+            rule = OperatingRule.parse(self.operating_point)
+        except ValueError as exc:
+            raise ConfigError(f"training setting operating_point: {exc}") from None
+        # One spelling per rule ("specificity:0.9" is recorded as "specificity:0.90").
+        object.__setattr__(self, "operating_point", str(rule))
 
     @property
     def fault_plan(self) -> dict[tuple[int, str], str]:
@@ -382,8 +407,11 @@ class TrainConfig:
         if "algorithm" not in data:
             raise ConfigError(f'{where}: no algorithm; set algorithm = "NAME" (e.g. feddrm)')
         for name, value in data.items():
-            _check_setting_type(name, value, cls.__dataclass_fields__[name].type, where)
+            if not (name == "augment" and isinstance(value, bool)):
+                _check_setting_type(name, value, cls.__dataclass_fields__[name].type, where)
         values = dict(data)
+        if isinstance(values.get("augment"), bool):  # written as true/false before "none"/"flip"
+            values["augment"] = "flip" if values["augment"] else "none"
         if "faults" in values:
             values["faults"] = tuple(values["faults"])
         try:

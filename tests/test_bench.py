@@ -1,10 +1,13 @@
-"""``medfed bench``: the whole command on tiny settings, and its pure helpers."""
+"""``medfed bench`` and ``medfed demo``: the whole commands on tiny settings, and their pure
+helpers (the paired statistics themselves are tested in test_bench_stats.py)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,23 +17,29 @@ from typer.testing import CliRunner
 from medfed.algorithms import ALGORITHMS
 from medfed.cli import app
 from medfed.errors import ConfigError
+from medfed.experiments import bench
 from medfed.experiments.bench import (
+    FEDERATION_NORM,
     FIGURES,
     MARKER,
     PAPER_FEDDRM,
     RESULTS_VERSION,
-    findings,
     findings_lines,
     parse_budget,
     stat,
 )
-from medfed.experiments.demo import MethodSpec
+from medfed.experiments.demo import Budget, MethodSpec, run_demo
+from medfed.experiments.paired import FIGURES_BY_KEY, VERDICTS
+from medfed.metrics import Interval, verdict
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Tiny budgets: 12 fundus scans and 8 CT patients per site, 2 rounds of 1 local step.
 TINY = ["--fundus-budget", "12x2x1", "--ct-budget", "8x2x1", "--image-size", "48"]
 TINY += ["--speed-rounds", "2"]
+# A CI cell: the mean and its 95% interval, ``0.84 (0.78–0.90)``.
+CI_CELL = re.compile(r"\d\.\d\d \(\d\.\d\d\u2013\d\.\d\d\)")
+ALL_METHODS = [*ALGORITHMS, PAPER_FEDDRM, *FEDERATION_NORM]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +50,9 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     readme.write_text(f"# x\n\n<!-- {MARKER}:start -->\nold\n<!-- {MARKER}:end -->\ntail\n")
     out = root / "out"
     args = ["bench", "--quick", "--seeds", "2", "--out", str(out), "--json"]
-    result = runner.invoke(app, [*args, *TINY, "--update-readme", str(readme)])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(bench.N_BOOT, "quick", 50)  # tiny data, few resamples
+        result = runner.invoke(app, [*args, *TINY, "--update-readme", str(readme)])
     assert result.exit_code == 0, result.output
     return {"out": out, "readme": readme, "stdout": result.stdout, "root": root}
 
@@ -62,11 +73,15 @@ def test_bench_runs_every_registered_method_on_both_federations(bench_run):
     assert results["schema_version"] == RESULTS_VERSION
     assert results["quick"] is True
     assert results["seeds"] == [0, 1]
-    assert results["methods"] == [*ALGORITHMS, PAPER_FEDDRM]
+    assert results["methods"] == ALL_METHODS
+    assert FEDERATION_NORM == ("fedavg [federation norm]", "fedbn [federation norm]")
     assert set(results["federations"]) == {"fundus", "ct"}
     for fed in results["federations"].values():
-        assert set(fed["methods"]) == {*ALGORITHMS, PAPER_FEDDRM}
+        assert list(fed["methods"]) == ALL_METHODS
         assert fed["budget"]["rounds"] == 2
+        for method, row in fed["methods"].items():
+            norm = "federation" if method in FEDERATION_NORM else "site"
+            assert row["normalization"] == norm, method
         # medfed's FedDRM keeps its backbone norms (BatchNorm); the paper's shares them.
         backbones = fed["backbones"]
         assert backbones["feddrm"] != backbones[PAPER_FEDDRM]
@@ -94,6 +109,12 @@ def test_bench_mean_and_std_match_the_per_seed_summaries(bench_run):
                 run /= MethodSpec.parse(method).dirname
                 summary = json.loads((run / "summary.json").read_text())
                 assert metrics["system_accuracy"]["values"][seed] == summary["system_accuracy"]
+                known = summary["routers_origin_known"][summary["routing_method"]]
+                assert (
+                    metrics["system_accuracy_origin_known"]["values"][seed]
+                    == known["system_accuracy"]
+                )
+                assert summary["normalization"] == row["normalization"]
                 assert metrics["bytes_per_round"]["values"][seed] == summary["bytes_per_round"]
                 rounds = {
                     r["round"]: r["round_seconds"]
@@ -101,6 +122,47 @@ def test_bench_mean_and_std_match_the_per_seed_summaries(bench_run):
                 }
                 median = metrics["median_seconds_per_round"]["values"][seed]
                 assert median == pytest.approx(statistics.median(rounds.values()))
+
+
+def test_bench_intervals_hold_the_seed_means_of_the_per_scan_predictions(bench_run):
+    results = _results(bench_run)
+
+    assert results["n_boot"] == 50 and "(seed, site) stratum" in results["ci"]
+    for fed in results["federations"].values():
+        for method, row in fed["methods"].items():
+            intervals, metrics = row["intervals"], row["metrics"]
+            pairs = [(intervals["site_auc"][s], metrics["site_auc"][s]) for s in fed["sites"]]
+            pairs += [(intervals[k], metrics[k]) for k in FIGURES_BY_KEY]
+            for interval, seeds in pairs:
+                # predictions.csv recomputes summary.json's figures, seed by seed.
+                if seeds["mean"] is None or interval is None:
+                    # A site of 2 test scans draws one class in nearly every resample: its
+                    # AUC has no interval then.
+                    assert seeds["mean"] is not None or interval is None, method
+                    continue
+                assert interval["estimate"] == pytest.approx(seeds["mean"]), method
+                assert interval["low"] <= interval["high"]
+                assert "50 resamples" in interval["method"]
+            assert intervals["system_accuracy"] and intervals["system_accuracy_origin_known"]
+            assert set(row["test_scans"]) == {"n", "positives", "unreliable"}
+            assert all(len(v) == 2 for v in row["test_scans"]["n"].values())
+
+
+def test_bench_compares_feddrm_with_every_method_by_paired_intervals(bench_run):
+    results = _results(bench_run)
+
+    for fed in results["federations"].values():
+        found = fed["comparisons"]
+        assert found["reference"] == "feddrm" and found["seeds"] == [0, 1]
+        assert list(found["methods"]) == [m for m in ALL_METHODS if m != "feddrm"]
+        assert found["figures"]["system_accuracy"]["protocol"] == "origin unknown"
+        assert found["figures"]["system_accuracy_origin_known"]["protocol"] == "origin known"
+        for figures in found["methods"].values():
+            assert list(figures) == list(FIGURES_BY_KEY)
+            for result in figures.values():
+                interval = result["interval"] and Interval.from_dict(result["interval"])
+                assert result["verdict"] in VERDICTS
+                assert result["verdict"] == verdict(interval)
 
 
 def test_bench_speed_section_has_positive_side_by_side_figures(bench_run):
@@ -141,8 +203,26 @@ def test_bench_writes_markdown_and_plots(bench_run):
     results = _results(bench_run)
 
     table = (out / "results.md").read_text()
-    for method in [*ALGORITHMS, PAPER_FEDDRM]:
+    for method in ALL_METHODS:
         assert f"| {method} " in table
+    # System accuracy under both protocols on both federations at least (with 2 to 4 test
+    # scans per site most AUCs have no interval: "(no CI)").
+    assert len(CI_CELL.findall(table)) >= 2 * 2 * len(ALL_METHODS)
+    assert re.search(r"\| \d\.\d\d \(no CI\) \u2020 ", table)
+    for column in ("system acc. (origin unknown)", "system acc. (origin known)"):
+        assert column in table
+    assert "AUC columns: each site's model on its own test scans (origin known)" in table
+    assert "weights the sites by their test scans, or by their training scans" in table
+    assert "Test scans per site on each seed: acrima " in table
+    assert "\u2020 unreliable" in table  # a handful of scans per site: every figure is flagged
+    assert "| feddrm \u2212 method: worst-site AUC (origin known) " in table
+    lines = findings_lines(results)
+    assert len(lines) == 2 * len(FIGURES_BY_KEY)
+    for line in lines:
+        assert line in table
+        assert "(origin known): feddrm " in line or "(origin unknown): feddrm " in line
+    for claim in ("above every", "at least", "NOT above"):
+        assert claim not in table
     assert results["plots"] == ["fundus.png", "ct.png", "speed.png"]
     for name in results["plots"]:
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
@@ -152,8 +232,10 @@ def test_bench_writes_markdown_and_plots(bench_run):
 def test_bench_update_readme_embeds_tables_and_committed_plots(bench_run):
     text = bench_run["readme"].read_text()
 
-    assert "old" not in text and text.endswith("tail\n")
+    assert "\nold\n" not in text and text.endswith("tail\n")
     assert "| feddrm " in text
+    assert CI_CELL.search(text) and "(origin unknown)" in text
+    assert findings_lines(_results(bench_run))[0] in text
     for name in ("fundus.png", "ct.png", "speed.png"):
         assert f"](docs/bench/{name})" in text
         assert (bench_run["root"] / "docs" / "bench" / name).read_bytes()[:8] == PNG_MAGIC
@@ -177,72 +259,47 @@ def test_stat_skips_undefined_values():
     assert stat([0.4])["std"] == 0.0
 
 
-def _row(router: str, system: list[float], worst: list[float]) -> dict[str, Any]:
-    return {
-        "routing_method": router,
-        "metrics": {
-            "system_accuracy": stat(system),
-            "worst_site_auc": stat(worst),
-            "mean_site_auc": stat([None] * len(system)),
-        },
-    }
-
-
-def test_findings_state_what_the_results_show_and_against_the_seed_spread():
-    fed = {
-        "methods": {
-            "fedavg": _row("majority_vote", [0.70, 0.70], [0.80, 0.80]),
-            "fedbn": _row("majority_vote", [0.74, 0.76], [0.70, 0.94]),
-            "feddrm": _row("density_ratio", [0.73, 0.73], [0.81, 0.81]),
-            "lora": _row("density_ratio", [0.91, 0.89], [0.60, 0.60]),
-        }
-    }
-
-    found = findings(fed)
-
-    system = found["leads"]["system_accuracy"]
-    assert (system["best"], system["runner_up"]) == ("lora", "fedbn")
-    assert system["gap"] == pytest.approx(0.15) and system["gap_exceeds_spread"] is True
-    worst = found["leads"]["worst_site_auc"]
-    assert (worst["best"], worst["runner_up"]) == ("fedbn", "feddrm")
-    assert worst["gap_exceeds_spread"] is False  # 0.01 apart, fedbn's seeds 0.17 apart
-    assert "mean_site_auc" not in found["leads"]  # undefined everywhere: nothing to state
-    assert found["best_by_router"]["majority_vote"]["method"] == "fedbn"
-    assert found["best_by_router"]["density_ratio"]["method"] == "lora"
-    lines = findings_lines({"federations": {"fundus": {"findings": found}}})
-    assert lines[0].startswith("- fundus, highest system accuracy: lora 0.900 ± 0.014")
-    assert "more than the spread between seeds" in lines[0]
-    assert "within the spread between seeds" in lines[1]
-    assert lines[2].endswith("density_ratio lora 0.900 ± 0.014; majority_vote fedbn 0.750 ± 0.014.")
-
-
-def test_findings_with_one_seed_do_not_claim_a_spread():
-    fed = {"methods": {m: _row("majority_vote", [v], [v]) for m, v in (("a", 0.6), ("b", 0.5))}}
-
-    found = findings(fed)
-
-    assert found["leads"]["system_accuracy"]["gap_exceeds_spread"] is None
-    line = findings_lines({"federations": {"ct": {"findings": found}}})[0]
-    assert line == (
-        "- ct, highest system accuracy: a 0.600, ahead of b (0.500) by 0.100 "
-        "(one seed: no spread to compare the gap with)."
-    )
-
-
-def test_findings_name_ties_instead_of_a_zero_lead():
-    fed = {
-        "methods": {
-            m: _row("majority_vote", v, v) for m, v in (("a", [0.5, 0.7]), ("b", [0.7, 0.5]))
-        }
-    }
-
-    (line, *_) = findings_lines({"federations": {"ct": {"findings": findings(fed)}}})
-
-    assert line == "- ct, highest system accuracy: a 0.600 ± 0.141 (tied with b)."
-
-
 def test_bench_refuses_a_zero_seed_count(tmp_path):
     result = runner.invoke(app, ["bench", "--seeds", "0", "--out", str(tmp_path)])
 
     assert result.exit_code != 0
     assert "--seeds" in result.output
+
+
+def test_demo_table_shows_cis_counts_both_protocols_and_verdicts(tmp_path: Path):
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- demo-table:start -->\nold\n<!-- demo-table:end -->\n")
+    lines: list[str] = []
+
+    summaries = run_demo(
+        tmp_path / "demo",
+        methods=("feddrm", "fedavg"),
+        budget=Budget(n_per_site=12, rounds=1, local_steps=1),
+        image_size=48,
+        n_boot=50,
+        echo=lines.append,
+        readme=readme,
+    )
+
+    table = (tmp_path / "demo" / "demo-table.md").read_text()
+    assert table.rstrip() in readme.read_text().replace("<!-- demo-table:end -->", "").rstrip()
+    header = next(line for line in table.splitlines() if line.startswith("| method"))
+    site = next(iter(summaries["feddrm"].sites.values()))
+    assert f"(n={site.n_test}, {site.n_pos} pos)" in header
+    assert "system acc. (origin unknown)" in header and "system acc. (origin known)" in header
+    row = next(line for line in table.splitlines() if line.startswith("| feddrm "))
+    rate = summaries["feddrm"].routers["density_ratio"].rates["system_accuracy"]
+    assert f" {rate.k}/{rate.n} " in row  # system accuracy with its Wilson CI and its counts
+    assert "95% CIs: each site's AUC by " in table and "Wilson interval" in table
+    assert "\u2020 unreliable" in table
+    assert "| feddrm \u2212 method: system accuracy (origin unknown) " in table
+    assert any(
+        line.startswith("- seed 0, worst-site AUC (origin known): feddrm ")
+        for line in table.splitlines()
+    )
+    assert "| bytes per round " in table  # fedavg ran: the communication table follows
+    record = json.loads((tmp_path / "demo" / "demo-table.json").read_text())
+    assert record["comparisons"]["reference"] == "feddrm"
+    assert list(record["comparisons"]["methods"]) == ["fedavg"]
+    with pytest.raises(ConfigError, match="reference 'lora'"):
+        run_demo(tmp_path / "again", methods=("feddrm",), reference="lora", echo=lines.append)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 from medfed.cli import app
 from medfed.config import Modality, TrainConfig
 from medfed.dashboard import APP, RUNS_ENV
+from medfed.dashboard.charts import CHOSEN, NOT_RELIED_ON, WORST
 from medfed.dashboard.launch import streamlit_command
 from medfed.dashboard.rundata import audit_frame, filter_audit, find_runs, label_runs
 from medfed.data.overview import read_site_overview, to_picture, write_site_overview
@@ -31,9 +33,18 @@ from medfed.serving.audit import AuditLog
 from medfed.serving.bundle import TrainedFederation, mixture_coefficients
 from medfed.serving.routers import make_router
 from medfed.serving.service import route_one
-from tests.dashboard_runs import DROPPED_SITE, ROUNDS, DashboardRuns, build
+from tests.dashboard_runs import (
+    DROPPED_SITE,
+    ROUNDS,
+    DashboardRuns,
+    build,
+    clinical_summary,
+    old_summary,
+    write_summary_run,
+)
 
 SITES = ["acrima", "refuge", "rimone"]
+WARN = "\u26a0"  # the unreliable marker
 TIMEOUT = 120  # seconds per script run: the first one imports torch and plotly
 
 
@@ -159,32 +170,238 @@ def test_audit_filters_combine(tmp_path: Path, runs: DashboardRuns) -> None:
 
 
 # ------------------------------------------------------------------------------------- pages
+def ci_text(figures_: dict) -> str:
+    """A site's AUC cell as the page should show it, from summary.json."""
+    ci = figures_.get("auc_ci")
+    if figures_["auc"] is None:
+        text = "n/a"
+    elif ci is None:
+        text = f"{figures_['auc']:.3f} (CI n/a)"
+    else:
+        text = f"{ci['estimate']:.3f} ({ci['low']:.3f}\u2013{ci['high']:.3f})"
+    return text + (" \u26a0" if figures_.get("unreliable") else "")
+
+
 def test_federation_page_puts_each_methods_per_site_auc_side_by_side(monkeypatch, runs) -> None:
     at = open_page(monkeypatch, [runs.runs])
     assert at.title[0].value == "Federation" and not at.error
     aucs = at.table[0].value
-    assert list(aucs.columns) == ["fedavg", "feddrm"] and sorted(aucs.index) == SITES
+    assert list(aucs.columns) == ["n test (pos / neg)", "fedavg", "feddrm", "reliability"]
+    assert sorted(aucs.index) == SITES
+    with_ci = 0
     for method, run in (("fedavg", runs.fedavg), ("feddrm", runs.feddrm)):
         summary = summary_of(run)
         for site in SITES:
-            assert aucs.loc[site, method] == pytest.approx(summary["sites"][site]["auc"])
+            figures_ = summary["sites"][site]
+            assert aucs.loc[site, method] == ci_text(figures_)
+            assert aucs.loc[site, method].startswith(f"{figures_['auc']:.3f}")
+            with_ci += figures_["auc_ci"] is not None
+            counts = f"{figures_['n_test']} ({figures_['n_pos']} pos / {figures_['n_neg']} neg)"
+            assert aucs.loc[site, "n test (pos / neg)"] == counts
+            if figures_["unreliable"]:
+                marker = f"\u26a0 unreliable: {figures_['unreliable']}"
+                assert aucs.loc[site, "reliability"] == marker
+        assert with_ci  # the trained runs do carry CIs
         worst = next(m for m in at.metric if m.label == f"Worst site: {method}")
         assert worst.value == summary["worst_site"]
+        worst_site = summary["sites"][summary["worst_site"]]
+        assert worst.delta == "AUC " + ci_text(worst_site)
+        if worst_site["unreliable"]:
+            warning = f"{summary['worst_site']}: {WARN} unreliable: {worst_site['unreliable']}"
+            assert f"Worst site of {method}, {warning}" in texts(at, "caption")
         figures_ = at.table[1].value
         assert figures_.loc["worst site", method] == summary["worst_site"]
         assert figures_.loc["system accuracy", method] == f"{summary['system_accuracy']:.3f}"
         assert figures_.loc["AUC Gini", method] == f"{summary['auc_gini']:.3f}"
 
 
+def title_of(figure: dict) -> str:
+    return figure["layout"].get("title", {}).get("text", "")
+
+
+def roc_figure(at: AppTest, title: str) -> dict:
+    return next(f for f in figures(at) if title in title_of(f))
+
+
 def test_federation_page_draws_a_roc_curve_per_site(monkeypatch, runs) -> None:
     at = open_page(monkeypatch, [runs.runs])
     pick(at, "roc_method", "feddrm")
-    roc = figures(at)[-1]
+    roc = roc_figure(at, "feddrm: test ROC per site")
     sites = summary_of(runs.feddrm)["sites"]
-    assert trace_names(roc) == {f"{s} (AUC {sites[s]['auc']:.3f})" for s in SITES}
+    curves = {f"{s}: AUC {ci_text(sites[s])}" for s in SITES}
+    assert trace_names(roc) == curves | {"operating point"}
     curve = next(t for t in roc["data"] if t["name"].startswith("acrima"))
     assert list(curve["x"]) == sites["acrima"]["roc"]["fpr"]
-    assert "feddrm" in roc["layout"]["title"]["text"]
+    marks = next(t for t in roc["data"] if t["name"] == "operating point")
+    specificity = sites["acrima"]["operating_point"]["specificity"]["value"]
+    assert marks["x"][0] == pytest.approx(1 - specificity)
+
+
+def test_federation_page_overlays_the_methods_roc_curves_at_one_site(monkeypatch, runs) -> None:
+    at = open_page(monkeypatch, [runs.runs])
+    pick(at, "roc_site", "refuge")
+    roc = roc_figure(at, "refuge: test ROC per method")
+    names = trace_names(roc)
+    for method, run in (("fedavg", runs.fedavg), ("feddrm", runs.feddrm)):
+        refuge = summary_of(run)["sites"]["refuge"]
+        assert f"{method}: AUC {ci_text(refuge)}" in names
+        curve = next(t for t in roc["data"] if t["name"].startswith(f"{method}:"))
+        assert list(curve["x"]) == refuge["roc"]["fpr"]
+        assert list(curve["y"]) == refuge["roc"]["tpr"]
+    at = open_page(monkeypatch, [runs.feddrm])  # one run: nothing to overlay, and it says so
+    assert "Select several runs" in texts(at, "caption")
+    assert not any(
+        "per method" in f["layout"].get("title", {}).get("text", "") for f in figures(at)
+    )
+
+
+# ------------------------------------------------------------ clinical figures (crafted summaries)
+def wilson_text(k: int, n: int) -> str:
+    """A rate as the page shows it, with its Wilson 95% interval worked out here."""
+    z, p = 1.959963984540054, k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return f"{p:.3f} ({centre - half:.3f}\u2013{centre + half:.3f}) {k}/{n}"
+
+
+@pytest.fixture(scope="module")
+def crafted(tmp_path_factory) -> Path:
+    """A folder with a run whose every clinical figure is known, and the same run as written
+    before those figures existed."""
+    base = tmp_path_factory.mktemp("crafted") / "runs"
+    write_summary_run(base / "clinical", clinical_summary())
+    write_summary_run(base / "old", old_summary())
+    return base
+
+
+@pytest.fixture(scope="module")
+def crafted_page(crafted: Path) -> AppTest:
+    """The Federation page over both crafted runs (run once, read by several tests)."""
+    with pytest.MonkeyPatch.context() as patch:
+        at = open_page(patch, [crafted])
+    assert not at.error, texts(at, "error")
+    return at
+
+
+def table_with(at: AppTest, column: str):
+    return next(t.value for t in at.table if column in t.value.columns)
+
+
+def test_per_site_table_shows_cis_counts_and_flags_a_site_with_4_positives(crafted_page) -> None:
+    at = crafted_page
+    aucs = at.table[0].value
+    assert list(aucs.columns) == ["n test (pos / neg)", "clinical", "old", "reliability"]
+    assert aucs.loc["acrima", "clinical"] == "0.840 (0.780\u20130.900)"
+    assert aucs.loc["rimone", "clinical"] == "0.700 (0.450\u20130.920) \u26a0"
+    assert aucs.loc["rimone", "old"] == "0.700 (CI n/a)"  # the old run has no CI: n/a, no crash
+    assert aucs.loc["rimone", "n test (pos / neg)"] == "30 (4 pos / 26 neg)"
+    assert aucs.loc["acrima", "n test (pos / neg)"] == "120 (40 pos / 80 neg)"
+    assert aucs.loc["rimone", "reliability"] == "\u26a0 unreliable: fewer than 10 positives (4)"
+    assert aucs.loc["acrima", "reliability"] == ""
+
+    worst = next(m for m in at.metric if m.label == "Worst site: clinical")
+    assert worst.value == "rimone"
+    assert worst.delta == "AUC 0.700 (0.450\u20130.920) \u26a0"
+    warning = "Worst site of clinical, rimone: \u26a0 unreliable: fewer than 10 positives (4)"
+    assert warning in texts(at, "caption")
+    pooled = next(m for m in at.metric if m.label == "Pooled AUC: clinical")
+    assert pooled.value == "0.820" and pooled.delta.startswith(
+        "95% CI 0.710\u20130.890, I\u00b2 35%"
+    )
+    assert next(m for m in at.metric if m.label == "Pooled AUC: old").value == "n/a"
+    federation = at.table[1].value
+    pooled_row = federation.loc["pooled AUC (random effects, 95% CI)"]
+    assert pooled_row["clinical"] == "0.820 (0.710\u20130.890), I\u00b2 35% over 3 sites"
+    assert pooled_row["old"] == "n/a"
+    assert federation.loc["worst site AUC (95% CI)", "clinical"] == "0.700 (0.450\u20130.920)"
+    assert federation.loc["system accuracy (95% CI)", "clinical"] == wilson_text(280, 350)
+
+    bars = next(f for f in figures(at) if f["data"][0]["type"] == "bar")
+    clinical = next(t for t in bars["data"] if t["name"] == "clinical")
+    assert clinical["x"] == list(SITES)
+    assert clinical["error_y"]["array"] == pytest.approx([0.06, 0.05, 0.22])
+    assert clinical["error_y"]["arrayminus"] == pytest.approx([0.06, 0.06, 0.25])
+    assert clinical["marker"]["pattern"]["shape"] == ["", "", "/"]  # rimone: hatched
+    assert clinical["marker"]["line"]["width"] == [0, 0, 3]  # the worst site outlined
+    assert bars["layout"]["xaxis"]["ticktext"] == ["acrima", "refuge", "rimone \u26a0"]
+    old = next(t for t in bars["data"] if t["name"] == "old")
+    assert old["error_y"]["visible"] is False  # no CI in the old run: no whiskers drawn
+    assert WORST not in {t["marker"]["color"] for t in bars["data"]}  # red marks the worst only
+    assert "fewer than 10 positives (4)" in clinical["text"][2]
+
+
+def test_operating_points_and_calibration_per_site(crafted_page) -> None:
+    at = crafted_page
+    points = table_with(at, "threshold")
+    assert list(points.index) == list(SITES)
+    assert points.loc["rimone", "threshold"] == "0.550"
+    assert points.loc["acrima", "threshold"] == "0.420"
+    assert points.loc["rimone", "rule"] == "specificity:0.9"
+    assert points.loc["rimone", "sensitivity"] == wilson_text(3, 4)
+    assert points.loc["rimone", "specificity"] == wilson_text(20, 26)
+    assert points.loc["rimone", "PPV"] == wilson_text(3, 9)
+    assert points.loc["rimone", "NPV"] == wilson_text(20, 21)
+    assert points.loc["rimone", "TP / FP / TN / FN"] == "3 / 6 / 20 / 1"
+    assert points.loc["rimone", "reliability"].startswith("\u26a0 unreliable")
+    assert points.loc["refuge", "reliability"] == ""
+
+    calibration = table_with(at, "Brier")
+    assert calibration.loc["refuge"].to_dict() == {
+        "n": "200",
+        "Brier": "0.120",
+        "ECE": "0.070",
+        "intercept": "-0.200",
+        "slope": "0.850",
+        "note": "",
+        "reliability": "",
+    }
+    diagram = next(f for f in figures(at) if "reliability" in title_of(f))
+    assert trace_names(diagram) == {"acrima", "refuge", "rimone \u26a0", "perfect calibration"}
+    refuge = next(t for t in diagram["data"] if t["name"] == "refuge")
+    assert list(refuge["x"]) == [0.1, 0.5, 0.9] and list(refuge["y"]) == [0.05, 0.4, 0.8]
+    diagonal = next(t for t in diagram["data"] if t["name"] == "perfect calibration")
+    assert list(diagonal["x"]) == [0, 1] and list(diagonal["y"]) == [0, 1]
+
+
+def test_cross_site_heatmap_and_both_protocols(crafted_page) -> None:
+    at = crafted_page
+    heatmap = next(f for f in figures(at) if f["data"][0]["type"] == "heatmap")
+    assert title_of(heatmap) == "Cross-site AUC (rows: model's site, columns: data's site)"
+    cells = heatmap["data"][0]
+    assert cells["y"] == list(SITES)  # rows: the model's site
+    assert cells["x"] == ["acrima", "refuge", "rimone \u26a0"]  # columns: the data's site
+    assert cells["z"][0][1] == pytest.approx(0.66)  # acrima's model on refuge's scans
+    assert cells["z"][0][2] is None and cells["text"][0][2] == "n/a"  # undefined AUC
+    assert cells["customdata"][1][0][:2] == ["0.690", "120"]  # accuracy and scans in hover
+    assert "accuracy" in cells["hovertemplate"]
+
+    systems = table_with(at, "system accuracy")
+    unknown = systems.loc[("origin unknown", "density_ratio (default)")]
+    known = systems.loc[("origin known", "density_ratio (default)")]
+    assert unknown["system accuracy"] == wilson_text(280, 350)
+    assert known["system accuracy"] == wilson_text(300, 350)
+    assert known["sensitivity"] == wilson_text(70, 88)
+    assert systems.loc[("origin unknown", "majority_vote"), "routing accuracy"] == "n/a"
+
+
+def test_a_run_written_before_the_clinical_figures_shows_n_a(monkeypatch, crafted) -> None:
+    at = open_page(monkeypatch, [crafted / "old"])
+    assert not at.error and not at.exception
+    aucs = at.table[0].value
+    assert aucs.loc["acrima", "old"] == "0.840 (CI n/a)"
+    assert aucs.loc["acrima", "n test (pos / neg)"] == "120 (pos / neg n/a)"
+    assert aucs.loc["acrima", "reliability"] == "n/a"
+    assert next(m for m in at.metric if m.label == "Worst site: old").delta == "AUC 0.700 (CI n/a)"
+    assert at.table[1].value.loc["pooled AUC (random effects, 95% CI)", "old"] == "n/a"
+    info = texts(at, "info")
+    for missing in ("no operating points", "no calibration figures", "no cross-site figures"):
+        assert missing in info
+    assert "no ROC curve (summary.json holds no ROC points" in info
+    systems = table_with(at, "system accuracy")
+    assert systems.loc[("origin unknown", "density_ratio (default)"), "system accuracy"] == (
+        "0.800 (CI n/a)"
+    )
+    assert "no origin-known figures" in texts(at, "caption")
 
 
 def test_training_page_plots_rounds_per_site_and_marks_the_dropout_and_resume(
@@ -297,12 +514,27 @@ def test_routing_page_routes_an_uploaded_scan_and_logs_it_once(
     if expected.status == "routed":
         assert chosen == expected.chosen_site
         assert f"Routed to site {expected.chosen_site}" in texts(at, "success")
+        prediction = next(m for m in at.metric if m.label == "Prediction")
+        assert prediction.value == expected.prediction
     else:
         assert chosen == "abstain" and "abstain" in texts(at, "warning")
+        assert not [m for m in at.metric if m.label == "Prediction"]  # no headline answer
+    distance = next(m for m in at.metric if m.label == "Distance to the closest site")
+    assert distance.delta == f"threshold {fed.abstention.threshold:.2f}: abstains above"
+    shown_score = "n/a" if expected.ood_score is None else f"{expected.ood_score:.2f}"
+    assert distance.value == shown_score
+    assert len(at.image) == 1 and len(at.image[0].value) == 1  # the scan, as a thumbnail
+    middle = " (middle slice)" if kind != "jpeg" else ""
+    assert at.image[0].captions == [f"the scan{middle}"]
     if kind == "jpeg":
         probs = at.table[0].value
         assert sorted(probs.index) == SITES and probs["probability"].sum() == pytest.approx(1.0)
         assert probs["probability"].to_dict() == pytest.approx(expected.site_probs)
+        bars = figures(at)[0]["data"][0]
+        if expected.status == "routed":  # the chosen site stands out, never in the worst red
+            chosen_bar = bars["x"].index(expected.chosen_site)
+            assert bars["marker"]["color"][chosen_bar] == CHOSEN
+        assert WORST not in bars["marker"]["color"]
     else:  # a CT scan is never forced onto a fundus site
         assert expected.status == "abstained" and not at.table
         assert "ct scan, but this federation was trained on fundus" in texts(at, "warning")
@@ -310,6 +542,37 @@ def test_routing_page_routes_an_uploaded_scan_and_logs_it_once(
 
     at.run()  # any rerun (a filter, a click elsewhere) must not log the scan again
     assert len(AuditLog(run).read()) == 1
+
+
+def test_an_abstained_scan_shows_no_prediction_and_marks_its_probabilities(
+    monkeypatch, runs, tmp_path
+) -> None:
+    run = copy_run(runs.feddrm, tmp_path)
+    model = run / "model" / "model.json"
+    bundle = json.loads(model.read_text())
+    bundle["abstention"]["threshold"] = 0.0  # every scan lies beyond it: the router abstains
+    model.write_text(json.dumps(bundle))
+    photo = runs.fundus_photo()
+    at = open_page(monkeypatch, [run], "routing")
+    at.text_input(key="scan_path").input(str(photo))
+    at.button(key="route_path").click().run()
+    assert not at.exception and not at.error
+    assert AuditLog(run).read()[0].status == "abstained"
+
+    assert [m.label for m in at.metric] == ["Chosen site", "Distance to the closest site"]
+    assert at.metric[0].value == "abstain"
+    assert at.metric[1].delta == "threshold 0.00: abstains above"
+    assert "no site fits: distance" in texts(at, "warning")
+    assert "**Not to be relied on**" in texts(at, "markdown")
+    captions = texts(at, "caption")
+    assert "should not be relied on" in captions
+    assert "The models' answer had they been asked:" in captions
+    bars = figures(at)[0]
+    assert "not to be relied on" in title_of(bars)
+    colours = set(bars["data"][0]["marker"]["color"])
+    assert colours == {NOT_RELIED_ON} and not colours & {WORST, CHOSEN}
+    assert sorted(at.table[0].value.index) == SITES
+    assert len(at.image) == 1
 
 
 def test_routing_page_routes_a_path_and_filters_the_audit_log(monkeypatch, runs, tmp_path):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from medfed.dashboard.charts import CROSS_SITE_TITLE
 from medfed.serving.audit import AuditLog
 from tests.dashboard_runs import DashboardRuns, build
 
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.browser
 CHROMIUM = Path("/usr/bin/chromium")
 SITES = ("acrima", "refuge", "rimone")
 START_TIMEOUT_S = 90
+CI = re.compile(r"\d\.\d{3} \(\d\.\d{3}\u2013\d\.\d{3}\)")  # 0.840 (0.780–0.900)
 
 
 def require_browser() -> None:
@@ -103,26 +105,44 @@ def test_browser_shows_per_site_auc_and_routes_an_uploaded_scan(runs, tmp_path) 
 
                 expect(page.get_by_role("heading", name="Per-site AUC")).to_be_visible()
                 table = page.locator("table").first
-                for text in (*SITES, "fedavg", "feddrm"):
+                for text in (*SITES, "fedavg", "feddrm", "n test (pos / neg)"):
                     expect(table).to_contain_text(text)
+                expect(table).to_contain_text(CI)  # an AUC with its 95% CI
                 expect(page.get_by_text("Worst site: feddrm")).to_be_visible()
                 expect(page.get_by_role("heading", name="Federation figures")).to_be_visible()
-                page.screenshot(path=str(tmp_path / "federation.png"))
+                heading = page.get_by_role("heading", name="Cross-site AUC")
+                heading.scroll_into_view_if_needed()
+                expect(heading).to_be_visible()
+                expect(page.get_by_text(CROSS_SITE_TITLE)).to_be_visible()  # the heatmap's title
+                page.screenshot(path=str(tmp_path / "federation.png"), full_page=True)
 
                 page.get_by_role("link", name="Routing").click()
                 expect(page.get_by_role("heading", name="Routing", exact=True)).to_be_visible()
                 page.locator('input[type="file"]').set_input_files(str(photo))
 
                 expect(page.get_by_text(f"Result: {photo.name}")).to_be_visible()
-                expect(page.get_by_text("Site probabilities")).to_be_visible()
                 decision = page.locator('[data-testid="stAlert"]').first
                 expect(decision).to_contain_text(re.compile(r"Routed to site \w+|abstain"))
                 metrics = page.locator('[data-testid="stMetric"]')
                 chosen = metrics.filter(has_text="Chosen site")
                 expect(chosen).to_contain_text(re.compile("|".join([*SITES, "abstain"])))
-                expect(metrics.filter(has_text="Prediction")).to_contain_text(
-                    re.compile("normal|glaucoma")
+                expect(metrics.filter(has_text="Distance to the closest site")).to_contain_text(
+                    re.compile(r"threshold \d+\.\d\d")
                 )
+                thumbnail = page.locator('[data-testid="stImage"] img').first
+                expect(thumbnail).to_be_visible()  # the scan, small, beside the answer
+                page.wait_for_function(
+                    "img => img.complete && img.naturalWidth > 0", arg=thumbnail.element_handle()
+                )
+                expect(page.get_by_text("the scan", exact=True)).to_be_visible()
+                if "abstain" in decision.inner_text():  # no answer in large type
+                    expect(page.get_by_text("Not to be relied on")).to_be_visible()
+                    expect(metrics.filter(has_text="Prediction")).to_have_count(0)
+                else:
+                    expect(page.get_by_text("Site probabilities")).to_be_visible()
+                    expect(metrics.filter(has_text="Prediction")).to_contain_text(
+                        re.compile("normal|glaucoma")
+                    )
                 expect(page.get_by_text("1 of 1 routed scans")).to_be_visible()
                 shown = chosen.inner_text()
                 page.screenshot(path=str(tmp_path / "routing.png"))

@@ -29,10 +29,11 @@ def config(algorithm: str = "feddrm", **kw) -> TrainConfig:
 def stable(summary: dict) -> dict:
     """The summary without wall-clock figures (they differ between any two runs)."""
     out = {k: v for k, v in summary.items() if k not in VOLATILE}
-    out["routers"] = {
-        name: {k: v for k, v in fig.items() if k != "latency_ms_per_scan"}
-        for name, fig in summary["routers"].items()
-    }
+    for key in ("routers", "routers_origin_known"):
+        out[key] = {
+            name: {k: v for k, v in fig.items() if k != "latency_ms_per_scan"}
+            for name, fig in summary[key].items()
+        }
     return out
 
 

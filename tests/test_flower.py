@@ -88,6 +88,18 @@ def test_deployed_run_equals_the_in_process_engine(deployed: Path, tiny_sites, t
     for key in ("mean_site_auc", "worst_site_auc", "system_accuracy", "routing_accuracy"):
         assert remote[key] == pytest.approx(local[key], abs=1e-6)
     assert remote["bytes_per_round"] == local["bytes_per_round"]
+    # The same operating points, intervals and per-scan predictions, wherever the sites are.
+    for site in SITES:
+        mine, theirs = local.sites[site], remote.sites[site]
+        assert theirs.operating_point.threshold == pytest.approx(mine.operating_point.threshold)
+        if mine.auc_ci is not None:
+            assert theirs.auc_ci.low == pytest.approx(mine.auc_ci.low, abs=1e-6)
+    here_scans = RunDir(tmp_path / "local").read_predictions()
+    there_scans = RunDir(deployed).read_predictions()
+    assert [r["scan_id"] for r in there_scans] == [r["scan_id"] for r in here_scans]
+    for mine, theirs in zip(here_scans, there_scans, strict=True):
+        assert theirs["score"] == pytest.approx(mine["score"], abs=1e-5)
+        assert theirs["routed_site"] == mine["routed_site"]
     # One round loop: the same records, field for field, but for the wall clock and what the
     # deployed engine's evaluation messages cost (in one process nothing is sent).
     aside = {"seconds", "round_seconds", "bytes_eval"}

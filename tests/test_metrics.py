@@ -205,6 +205,38 @@ def test_average_accuracy_is_weighted_by_site_size_and_mean_accuracy_is_not():
     assert f.accuracy_std == pytest.approx(np.sqrt((0.01 + 0.09 + 0.04) / 3))
 
 
+def test_average_accuracy_by_train_weights_by_training_scans():
+    per_site = {"A": _site(0.9, 0.9, 10), "B": _site(0.6, 0.5, 30), "C": _site(None, 1.0, 10)}
+
+    f = federation_metrics(per_site, n_train={"A": 60, "B": 20, "C": 20, "unused": 5})
+
+    assert f.average_accuracy_by_train == pytest.approx((0.9 * 60 + 0.5 * 20 + 1.0 * 20) / 100)
+    assert f.average_accuracy == pytest.approx((9 + 15 + 10) / 50)  # still by test scans
+    assert federation_metrics(per_site).average_accuracy_by_train is None
+
+
+def test_average_accuracy_by_train_needs_every_site_and_sane_counts():
+    per_site = {"A": _site(0.9, 0.9, 10), "B": _site(0.6, 0.5, 30)}
+
+    with pytest.raises(ValueError, match="site\\(s\\) B"):
+        federation_metrics(per_site, n_train={"A": 5})
+    with pytest.raises(ValueError, match=">= 0"):
+        federation_metrics(per_site, n_train={"A": 5, "B": -1})
+    with pytest.raises(ValueError, match="all 0"):
+        federation_metrics(per_site, n_train={"A": 0, "B": 0})
+
+
+def test_federation_metrics_from_an_older_dict_reads_by_train_as_none():
+    f = federation_metrics({"A": _site(0.9, 0.9, 10)}, n_train={"A": 40})
+    old = f.to_dict()
+    del old["average_accuracy_by_train"]
+
+    back = FederationMetrics.from_dict(old)
+
+    assert back.average_accuracy_by_train is None
+    assert back.average_accuracy == f.average_accuracy
+
+
 def test_worst_site_tie_goes_to_smallest_id_regardless_of_order():
     per_site = {"zeta": _site(0.7, 0.8, 5), "alpha": _site(0.7, 0.8, 5), "mid": _site(0.9, 1, 5)}
 
@@ -243,7 +275,9 @@ def test_federation_of_no_sites_is_rejected():
 
 
 def test_federation_metrics_round_trip_through_json():
-    f = federation_metrics({"A": _site(0.9, 0.9, 10), "B": _site(None, 0.5, 30)})
+    f = federation_metrics(
+        {"A": _site(0.9, 0.9, 10), "B": _site(None, 0.5, 30)}, n_train={"A": 3, "B": 7}
+    )
 
     text = json.dumps(f.to_dict(), allow_nan=False)
 

@@ -162,3 +162,34 @@ def test_example_manifests_work_against_synthetic_data(tmp_path, monkeypatch) ->
     assert len(examples) == 5
     result = check(*map(str, examples))
     assert result.exit_code == 0, result.output
+
+
+def test_small_splits_are_warned_about_but_the_site_stays_ready(make_acrima_site, tmp_path):
+    manifest = write_manifest(tmp_path, "acrima", "acrima", make_acrima_site(acrima_names()))
+    result = check(str(manifest))
+    assert result.exit_code == 0, result.output
+    assert "[READY] site acrima" in result.output
+    report = json.loads(check(str(manifest), "--json").output)[0]
+    assert report["ready"] and report["problems"] == []
+    for split, per in report["counts"].items():  # 12 scans: every split is small
+        pos, neg = per["glaucoma"], per["normal"]
+        expected = (
+            f"{split} split has {pos} positive ('glaucoma') and {neg} negative ('normal') "
+            f"scans, fewer than 10 positives ({pos}) and fewer than 10 negatives ({neg}): "
+            "figures on it will be flagged unreliable"
+        )
+        assert any(w.startswith(expected) for w in report["warnings"]), report["warnings"]
+        assert f"warning: {split} split has {pos} positive" in result.output
+
+
+def test_splits_with_ten_of_each_class_get_no_small_split_warning(make_acrima_site, tmp_path):
+    split = {"val_fraction": 0.0, "test_fraction": 0.5}
+    root = make_acrima_site(acrima_names(40))
+    manifest = write_manifest(tmp_path, "acrima", "acrima", root, split=split)
+    report = json.loads(check(str(manifest), "--json").output)[0]
+    assert report["counts"] == {
+        "train": {"normal": 10, "glaucoma": 10},
+        "test": {"normal": 10, "glaucoma": 10},
+    }
+    assert report["ready"]
+    assert not [w for w in report["warnings"] if "unreliable" in w], report["warnings"]

@@ -1,21 +1,38 @@
-"""Method specs of ``medfed compare`` and the tables written into the README."""
+"""Method specs of ``medfed compare``, the tables written into the README, and the tables of
+``medfed evaluate``: CIs, counts and the unreliable marker, and old runs shown as n/a."""
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
+from typing import Any
 
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from medfed.cli import app
 from medfed.errors import ConfigError
 from medfed.experiments.demo import MethodSpec
+from medfed.metrics import Interval, calibration, operating_point, unreliable, wilson
+from medfed.runs import RunDir
 from medfed.runs.report import (
+    ORIGIN_KNOWN,
+    ORIGIN_UNKNOWN,
+    UNRELIABLE_MARK,
+    calibration_table,
     communication_table,
+    cross_site_table,
+    evaluation_text,
     federation_lines,
     methods_table,
+    operating_point_table,
     replace_marked_section,
     routers_table,
     site_table,
 )
 from medfed.runs.schema import Summary
-from tests.test_schema import make_summary, site_figures
+from tests.test_schema import make_summary, router, site_figures, summary_dict
 
 
 def test_method_specs_parse_parameters_and_wire_options() -> None:
@@ -49,7 +66,9 @@ def test_communication_table_compares_with_the_baseline() -> None:
 
 
 def test_evaluate_tables_show_each_site_the_federation_and_every_router() -> None:
-    run = make_summary(sites={"a": site_figures(0.8), "b": site_figures(None)})
+    run = Summary.from_dict(
+        old_summary_dict(sites={"a": site_figures(0.8), "b": site_figures(None)})
+    )
 
     sites = site_table(run)
     lines = federation_lines(run)
@@ -68,3 +87,178 @@ def test_marked_sections_are_replaced_and_missing_markers_refused() -> None:
     )
     with pytest.raises(ValueError, match="markers"):
         replace_marked_section("no markers", "t", "new")
+
+
+# ---------------------------------------------------------------------------- CIs and counts
+def rich_site(auc: float, n_pos: int, n_neg: int) -> dict[str, Any]:
+    """A site's figures as a run with CIs writes them (real metric objects, to_dict'ed)."""
+    y = np.array([1] * n_pos + [0] * n_neg)
+    score = np.random.default_rng(n_pos).uniform(0.3, 0.9, y.size) - 0.2 * (y == 0)
+    return site_figures(auc) | {
+        "n_pos": n_pos,
+        "n_neg": n_neg,
+        "auc_ci": Interval(auc, auc - 0.1, min(1.0, auc + 0.1), "DeLong").to_dict(),
+        "unreliable": unreliable(n_pos, n_neg),
+        "operating_point": operating_point(y, score, 0.5, "specificity:0.9").to_dict(),
+        "calibration": calibration(y, score).to_dict(),
+    }
+
+
+def rich_router(system: tuple[int, int], routing: tuple[int, int] | None) -> dict[str, Any]:
+    rates = {"system_accuracy": wilson(*system), "abstain_rate": wilson(9, 180)}
+    rates |= {"sensitivity": wilson(50, 80), "specificity": wilson(60, 90)}
+    if routing is not None:
+        rates["routing_accuracy"] = wilson(*routing)
+    data = router(system[0] / system[1], None if routing is None else routing[0] / routing[1])
+    return data | {"rates": {k: p.to_dict() for k, p in rates.items()}}
+
+
+def rich_summary() -> Summary:
+    cell = {"auc": 0.7, "auc_reason": None, "accuracy": 0.6, "n": 30}
+    return make_summary(
+        sites={"a": rich_site(0.84, 30, 40), "b": rich_site(0.7, 4, 20)},
+        pooled_auc={
+            "estimate": 0.8,
+            "low": 0.7,
+            "high": 0.88,
+            "i2": 0.35,
+            "tau2": 0.1,
+            "q": 1.5,
+            "n_sites": 2,
+            "method": "DerSimonian-Laird on logit AUC",
+        },
+        worst_site_auc_ci=Interval(0.7, 0.6, 0.8, "DeLong").to_dict(),
+        average_accuracy_by_train=0.66,
+        cross_site={m: {d: cell for d in ("a", "b")} for m in ("a", "b")},
+        routers={"density_ratio": rich_router((130, 180), (150, 180))},
+        routers_origin_known={
+            "density_ratio": rich_router((140, 180), (160, 180)),
+            "majority_vote": rich_router((120, 180), None),
+        },
+        operating_rule="specificity:0.90",
+    )
+
+
+def row_of(table: str, first: str) -> str:
+    return next(line for line in table.splitlines() if line.startswith(f"| {first} "))
+
+
+def test_site_table_shows_auc_with_ci_method_counts_and_the_unreliable_marker() -> None:
+    run = rich_summary()
+    table = site_table(run)
+
+    a, b = row_of(table, "a"), row_of(table, "b")
+    assert "0.840 (0.740–0.940)" in a and "DeLong" in a and "30/40" in a
+    assert UNRELIABLE_MARK not in a
+    assert f"0.700 (0.600–0.800) {UNRELIABLE_MARK}" in b and "4/20" in b
+    assert f"{UNRELIABLE_MARK} unreliable at b: fewer than 10 positives (4)" in table
+
+
+def test_operating_points_and_calibration_show_rates_with_ci_and_counts() -> None:
+    run = rich_summary()
+    op = run.sites["a"].operating_point
+    ops = row_of(operating_point_table(run), "a")
+    for rate in (op.sensitivity, op.specificity, op.ppv, op.npv):
+        assert rate.text() in ops
+    assert f"{op.tp}/{op.fp}/{op.tn}/{op.fn}" in ops and "specificity:0.9" in ops
+    assert f"{UNRELIABLE_MARK}" in row_of(operating_point_table(run), "b")
+
+    c = run.sites["a"].calibration
+    cells = [cell.strip() for cell in row_of(calibration_table(run), "a").split("|")[1:-1]]
+    figures = [f"{v:.3f}" for v in (c.brier, c.ece, c.intercept, c.slope)]
+    assert cells == ["a", str(c.n), *figures, ""]  # no note: every figure is defined
+
+
+def test_federation_lines_give_the_pool_the_worst_site_and_both_weightings() -> None:
+    lines = federation_lines(rich_summary())
+
+    assert "pooled AUC (random effects): 0.800 (0.700–0.880), I² 35% over 2 sites" in lines[1]
+    assert "worst site AUC: 0.700 (0.600–0.800) [DeLong]" in lines
+    assert "average accuracy (weighted by test scans): 0.700" in lines
+    assert "average accuracy (weighted by training scans): 0.660" in lines
+    assert "system accuracy (density_ratio): 0.722 (0.653–0.782) 130/180" in lines
+
+
+def test_routers_are_shown_under_both_protocols_with_their_intervals() -> None:
+    run = rich_summary()
+    unknown = routers_table(run, ORIGIN_UNKNOWN)
+    known = routers_table(run, ORIGIN_KNOWN)
+
+    assert wilson(130, 180).text() in row_of(unknown, "density_ratio")
+    assert wilson(140, 180).text() in row_of(known, "density_ratio")
+    assert "| n/a " in row_of(known, "majority_vote")  # a vote routes nowhere
+    text = evaluation_text(run)
+    assert "Routers, origin unknown (each candidate site" in text
+    assert "Routers, origin known (the scan is normalized with its own site's" in text
+    with pytest.raises(ValueError, match="protocol"):
+        routers_table(run, "somewhere")
+
+
+def test_cross_site_matrix_has_a_row_per_model_and_a_column_per_test_split() -> None:
+    table = cross_site_table(rich_summary())
+    assert table.splitlines()[0].split("|")[2:4] == [" a     ", " b     "]
+    assert row_of(table, "b").count("0.700") == 2
+
+
+# Written by medfed before CIs, counts, operating points, calibration and the second protocol.
+NEW_SUMMARY_KEYS = (
+    "average_accuracy_by_train",
+    "pooled_auc",
+    "worst_site_auc_ci",
+    "cross_site",
+    "routers_origin_known",
+    "normalization",
+    "augment",
+    "operating_rule",
+)
+NEW_SITE_KEYS = ("n_pos", "n_neg", "auc_ci", "unreliable", "operating_point", "calibration")
+
+
+def old_summary_dict(**changes: Any) -> dict[str, Any]:
+    """summary.json as a run written before the clinical figures holds it."""
+    data = {k: v for k, v in summary_dict(**changes).items() if k not in NEW_SUMMARY_KEYS}
+    data["sites"] = {
+        site: {k: v for k, v in figures.items() if k not in NEW_SITE_KEYS}
+        for site, figures in data["sites"].items()
+    }
+    data["routers"] = {
+        name: {k: v for k, v in r.items() if k != "rates"} for name, r in data["routers"].items()
+    }
+    return data
+
+
+def test_an_old_run_without_the_new_fields_still_prints_everything_as_na() -> None:
+    run = Summary.from_dict(old_summary_dict())
+    assert run.sites["a"].auc_ci is None and not run.routers_origin_known
+
+    text = evaluation_text(run)
+
+    assert "| 0.800 " in row_of(site_table(run), "a") and "| n/a " in row_of(site_table(run), "a")
+    assert "Operating points: n/a (not in this run)" in text
+    assert "Calibration: n/a (not in this run)" in text
+    assert "Cross-site matrix: n/a (not in this run)" in text
+    assert "pooled AUC (random effects): n/a" in text
+    assert "average accuracy (weighted by training scans): n/a" in text
+    assert (
+        "Routers, origin known (the scan is normalized" in text and "n/a (not in this run)" in text
+    )
+    # The per-site tables of a run with some sites lacking figures still print.
+    assert "no operating point in this run" in operating_point_table(run)
+    assert "no calibration in this run" in calibration_table(run)
+
+
+def test_medfed_evaluate_prints_the_tables_and_json_prints_every_field(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    run.write_config({"train": {"algorithm": "feddrm"}})
+    run.write_summary(rich_summary())
+    runner = CliRunner()
+
+    result = runner.invoke(app, ["evaluate", str(run.path)])
+    as_json = runner.invoke(app, ["evaluate", str(run.path), "--json"])
+
+    assert result.exit_code == 0, result.output
+    assert "0.840 (0.740–0.940)" in result.output and "origin known" in result.output
+    assert as_json.exit_code == 0, as_json.output
+    data = json.loads(as_json.output)
+    assert data["sites"]["b"]["unreliable"] == "fewer than 10 positives (4)"
+    assert data["routers_origin_known"]["majority_vote"]["rates"]["system_accuracy"]["k"] == 120

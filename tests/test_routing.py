@@ -31,8 +31,11 @@ from tests.tensorsites import tensor_sites
 runner = CliRunner()
 
 
-def fake_fed(priors) -> SimpleNamespace:
-    return SimpleNamespace(priors=np.asarray(priors), sites=[None] * len(priors))
+def fake_fed(priors, thresholds=None) -> SimpleNamespace:
+    """The parts of a federation the routers read (no operating points: argmax answers)."""
+    return SimpleNamespace(
+        priors=np.asarray(priors), sites=[None] * len(priors), thresholds=thresholds
+    )
 
 
 def outputs(class_probs, client_logits=None) -> SiteOutputs:
@@ -261,5 +264,9 @@ def test_majority_vote_answers_with_the_vote_not_the_mean() -> None:
     # Votes: class 1, class 1, class 0; mean probability of class 1 is only 0.34.
     probs = np.array([[[0.49, 0.51]], [[0.49, 0.51]], [[1.0, 0.0]]])
     router = MajorityVoteRouter()
-    site_probs, routed, class_probs = router.decide(fake_fed([1 / 3] * 3), outputs(probs))
-    assert router.predict(class_probs, outputs(probs)).tolist() == [1]
+    fed = fake_fed([1 / 3] * 3)
+    site_probs, routed, class_probs = router.decide(fed, outputs(probs))
+    assert router.predict(fed, class_probs, site_probs, outputs(probs)).tolist() == [1]
+    # At operating points of 0.6 the first two sites vote 0 and the third (threshold 0) 1.
+    fed = fake_fed([1 / 3] * 3, thresholds=np.array([0.6, 0.6, 0.0]))
+    assert router.predict(fed, class_probs, site_probs, outputs(probs)).tolist() == [0]

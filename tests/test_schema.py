@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from medfed.errors import RunDirError
+from medfed.metrics import Interval, calibration, operating_point, pooled_auc, wilson
 from medfed.runs import SCHEMA_VERSION, RunDir, read_json, write_json
 from medfed.runs.schema import (
     Dropout,
@@ -40,7 +41,20 @@ def site_figures(auc: float | None = 0.8, n_test: int = 10) -> dict[str, Any]:
         "n_val": 8,
         "roc": {"fpr": [0.0, 0.5, 1.0], "tpr": [0.0, 0.8, 1.0], "thresholds": [None, 0.6, 0.1]}
         | {"reason": None},
+        **CLINICAL_SITE_FIGURES,
     }
+
+
+_Y = [0, 0, 0, 1, 1, 0, 1, 1, 0, 1]
+_P = [0.1, 0.3, 0.6, 0.7, 0.4, 0.2, 0.9, 0.8, 0.5, 0.65]
+CLINICAL_SITE_FIGURES: dict[str, Any] = {
+    "n_pos": 5,
+    "n_neg": 5,
+    "unreliable": "fewer than 10 positives (5)",
+    "auc_ci": Interval(0.8, 0.6, 0.95, "DeLong").to_dict(),
+    "operating_point": operating_point(_Y, _P, 0.55, "specificity:0.90").to_dict(),
+    "calibration": calibration(_Y, _P, bins=2).to_dict(),
+}
 
 
 def router(system: float, routing: float | None) -> dict[str, Any]:
@@ -52,6 +66,7 @@ def router(system: float, routing: float | None) -> dict[str, Any]:
         "forward_passes": 1 if routing is not None else 2,
         "latency_ms_per_scan": 1.5,
         "n_pooled": 20,
+        "rates": {"system_accuracy": wilson(round(20 * system), 20).to_dict()},
     }
 
 
@@ -98,8 +113,31 @@ def summary_dict(**changes: Any) -> dict[str, Any]:
         "dropped": [{"round": 2, "site": "b", "reason": "timed out"}],
         "skipped_rounds": [],
         "resumes": 0,
+        "average_accuracy_by_train": 0.71,
+        "pooled_auc": pooled_auc([0.8, 0.7], [0.004, 0.006]).to_dict(),
+        "worst_site_auc_ci": CLINICAL_SITE_FIGURES["auc_ci"],
+        "cross_site": {
+            m: {d: {"auc": 0.7, "auc_reason": None, "accuracy": 0.6, "n": 10} for d in "ab"}
+            for m in "ab"
+        },
+        "routers_origin_known": {"density_ratio": router(0.75, 0.9)},
+        "normalization": "site",
+        "augment": "flip",
+        "operating_rule": "specificity:0.90",
     }
     return data | changes
+
+
+NEW_KEYS = (
+    "average_accuracy_by_train",
+    "pooled_auc",
+    "worst_site_auc_ci",
+    "cross_site",
+    "routers_origin_known",
+    "normalization",
+    "augment",
+    "operating_rule",
+)
 
 
 def make_summary(**changes: Any) -> Summary:
@@ -119,6 +157,33 @@ def test_summary_keeps_every_key_and_value_of_summary_json() -> None:
     assert summary.wire == WireSettings("float32", False)
     assert summary.dropped == [Dropout(2, "b", "timed out")]
     assert "engine" not in summary.to_dict()  # only a Flower deployment writes it
+    assert summary.sites["a"].operating_point.threshold == 0.55
+    assert summary.pooled_auc.low < summary.pooled_auc.estimate < summary.pooled_auc.high
+    assert summary.routers["density_ratio"].rates["system_accuracy"].k == 14
+
+
+def test_a_summary_written_before_confidence_intervals_still_reads() -> None:
+    data = summary_dict()
+    for key in NEW_KEYS:
+        data.pop(key)
+    for site in data["sites"].values():
+        for key in CLINICAL_SITE_FIGURES:
+            site.pop(key)
+    for r in data["routers"].values():
+        r.pop("rates")
+
+    summary = Summary.from_dict(data)
+
+    assert summary.sites["a"].auc_ci is None and summary.sites["a"].operating_point is None
+    assert summary.pooled_auc is None and summary.routers_origin_known == {}
+    assert summary.normalization == "site" and summary.routers["density_ratio"].rates == {}
+
+
+def test_a_malformed_interval_is_named_by_its_key() -> None:
+    data = summary_dict()
+    data["sites"]["a"]["auc_ci"] = {"estimate": 0.8}
+    with pytest.raises(RunDirError, match="auc_ci"):
+        Summary.from_dict(data)
 
 
 def test_summary_json_carries_the_schema_version_and_reads_back(tmp_path: Path) -> None:

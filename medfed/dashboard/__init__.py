@@ -2,8 +2,9 @@
 
 It reads run directories only (``config.toml``, ``metrics.jsonl``, ``events.jsonl``,
 ``summary.json``, ``site_overview/``, ``model/``, ``audit.sqlite``); it never imports the
-training code. Pages live in ``views/``; ``rundata`` turns run files into tables and ``charts``
-turns tables into figures, both without Streamlit, so they can be tested on their own.
+training code. Pages live in ``views/``; ``rundata`` and ``clinical`` turn run files into tables
+and ``charts`` turns tables into figures, all without Streamlit, so they can be tested on their
+own.
 """
 
 from pathlib import Path

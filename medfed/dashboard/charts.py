@@ -10,7 +10,31 @@ import plotly.graph_objects as go
 
 WORST = "#d62728"
 OTHER = "#1f77b4"
+CHOSEN = "#2ca02c"  # the site a scan was routed to: never the worst site's red
+NOT_RELIED_ON = "#b0b0b0"  # probabilities of a scan the router abstained on
 DROPOUT = "#222222"
+ERROR_BAR = "#444444"
+WARNING = "\u26a0"
+
+
+# Methods are compared in these colours: no red, which marks the worst site.
+METHOD_PALETTE = (
+    "#1f77b4",
+    "#2ca02c",
+    "#9467bd",
+    "#ff7f0e",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+)
+
+
+def method_colours(methods: list[str] | pd.Series) -> dict[str, str]:
+    """One colour per method (run), in the order given, never the worst site's red."""
+    unique = list(dict.fromkeys(methods))
+    return {m: METHOD_PALETTE[i % len(METHOD_PALETTE)] for i, m in enumerate(unique)}
 
 
 def site_colours(sites: list[str] | pd.Series) -> dict[str, str]:
@@ -25,20 +49,124 @@ def _round_axis(fig: go.Figure, rounds: pd.Series) -> None:
         fig.update_xaxes(dtick=1)
 
 
-def site_auc_bars(aucs: pd.DataFrame, worst: dict[str, tuple[str | None, Any]]) -> go.Figure:
-    """Per-site AUC grouped by method; each method's worst site outlined in red."""
-    long = aucs.reset_index().melt(id_vars="site", var_name="method", value_name="AUC")
-    fig = px.bar(long, x="site", y="AUC", color="method", barmode="group", range_y=[0, 1])
-    for trace in fig.data:
-        worst_site = worst.get(trace.name, (None, None))[0]
-        trace.marker.line.width = [3 if s == worst_site else 0 for s in trace.x]
-        trace.marker.line.color = WORST
-    fig.update_layout(legend_title_text="method", margin={"t": 30})
+def site_auc_bars(points: pd.DataFrame, worst: dict[str, tuple[str | None, Any]]) -> go.Figure:
+    """Per-site AUC grouped by method, with 95% CIs as error bars; each method's worst site
+    outlined in red; unreliable sites hatched and marked on the axis.
+
+    ``points``: method, site, AUC, low, high, n, positives, negatives, unreliable (one row per
+    method and site; NaN bounds where a run has no CI).
+    """
+    fig = go.Figure()
+    sites = list(dict.fromkeys(points["site"]))
+    colours = method_colours(points["method"])
+    for method, rows in points.groupby("method", sort=False):
+        worst_site = worst.get(str(method), (None, None))[0]
+        auc = rows["AUC"].astype(float)
+        plus = (rows["high"].astype(float) - auc).clip(lower=0)
+        minus = (auc - rows["low"].astype(float)).clip(lower=0)
+        flags = rows["unreliable"].fillna("").astype(str)
+        hover = [
+            f"n {n} ({_count(pos)} pos / {_count(neg)} neg)"
+            + (f"<br>{WARNING} unreliable: {flag}" if flag else "")
+            for n, pos, neg, flag in zip(
+                rows["n"], rows["positives"], rows["negatives"], flags, strict=True
+            )
+        ]
+        fig.add_trace(
+            go.Bar(
+                x=rows["site"],
+                y=auc,
+                name=str(method),
+                error_y={
+                    "type": "data",
+                    "array": [None if pd.isna(v) else float(v) for v in plus],
+                    "arrayminus": [None if pd.isna(v) else float(v) for v in minus],
+                    "visible": bool(plus.notna().any()),  # a run without CIs: no whiskers
+                    "color": ERROR_BAR,
+                },
+                customdata=[
+                    [_bound(lo), _bound(hi)]
+                    for lo, hi in zip(rows["low"], rows["high"], strict=True)
+                ],
+                text=hover,
+                hovertemplate=(
+                    "%{x}: AUC %{y:.3f} (95% CI %{customdata[0]}\u2013%{customdata[1]})"
+                    "<br>%{text}<extra>%{fullData.name}</extra>"
+                ),
+                textposition="none",
+                marker={
+                    "color": colours[str(method)],
+                    "line": {
+                        "width": [3 if s == worst_site else 0 for s in rows["site"]],
+                        "color": WORST,
+                    },
+                    "pattern": {"shape": ["/" if flag else "" for flag in flags]},
+                },
+            )
+        )
+    flagged = set(points.loc[points["unreliable"].fillna("").astype(bool), "site"])
+    fig.update_xaxes(
+        tickvals=sites, ticktext=[f"{s} {WARNING}" if s in flagged else s for s in sites]
+    )
+    fig.update_layout(
+        barmode="group",
+        yaxis_range=[0, 1.05],
+        yaxis_title="test AUC (95% CI)",
+        xaxis_title="site",
+        legend_title_text="method",
+        margin={"t": 30},
+    )
     return fig
 
 
-def roc_curves(points: pd.DataFrame, title: str) -> go.Figure:
-    """One ROC curve per site (``points``: site, curve (legend text), fpr, tpr)."""
+def _count(value: Any) -> str:
+    return "n/a" if value is None or pd.isna(value) else str(int(value))
+
+
+def _bound(value: Any) -> str:
+    return "n/a" if value is None or pd.isna(value) else f"{float(value):.3f}"
+
+
+def _diagonal(fig: go.Figure) -> None:
+    fig.add_shape(type="line", x0=0, y0=0, x1=1, y1=1, line={"dash": "dot", "color": "grey"})
+
+
+def _operating_markers(
+    fig: go.Figure, operating: pd.DataFrame | None, label: str, colours: dict[str, str]
+) -> None:
+    """Each curve's operating point as a diamond outlined in the curve's colour (the
+    threshold in hover)."""
+    if operating is None or operating.empty:
+        return
+    fig.add_trace(
+        go.Scatter(
+            x=operating["fpr"],
+            y=operating["tpr"],
+            mode="markers",
+            name="operating point",
+            marker={
+                "symbol": "diamond",
+                "size": 11,
+                "color": "white",
+                "line": {"width": 2, "color": [colours.get(w, "black") for w in operating[label]]},
+            },
+            text=[
+                f"{who}: threshold {t:.3f} ({rule})"
+                for who, t, rule in zip(
+                    operating[label], operating["threshold"], operating["rule"], strict=True
+                )
+            ],
+            hovertemplate="%{text}<br>sensitivity %{y:.3f}, 1 - specificity %{x:.3f}"
+            "<extra></extra>",
+        )
+    )
+
+
+def roc_curves(
+    points: pd.DataFrame, title: str, operating: pd.DataFrame | None = None
+) -> go.Figure:
+    """One ROC curve per site (``points``: site, curve (legend text), fpr, tpr), and each
+    site's operating point (``operating``: site, fpr, tpr, threshold, rule)."""
     colours = site_colours(points["site"])
     legend = dict(zip(points["curve"], points["site"], strict=True))
     fig = px.line(
@@ -50,11 +178,120 @@ def roc_curves(points: pd.DataFrame, title: str) -> go.Figure:
         range_x=[0, 1],
         color_discrete_map={curve: colours[site] for curve, site in legend.items()},
     )
-    fig.add_shape(type="line", x0=0, y0=0, x1=1, y1=1, line={"dash": "dot", "color": "grey"})
+    _diagonal(fig)
+    _operating_markers(fig, operating, "site", colours)
+    _roc_axes(fig)
+    return fig
+
+
+def roc_overlay(
+    points: pd.DataFrame, title: str, operating: pd.DataFrame | None = None
+) -> go.Figure:
+    """Several methods' ROC curves at one site (``points``: method, curve, fpr, tpr), and
+    each method's operating point there (``operating``: method, fpr, tpr, threshold, rule)."""
+    colours = method_colours(points["method"])
+    legend = dict(zip(points["curve"], points["method"], strict=True))
+    fig = px.line(
+        points,
+        x="fpr",
+        y="tpr",
+        color="curve",
+        title=title,
+        range_x=[0, 1],
+        color_discrete_map={curve: colours[method] for curve, method in legend.items()},
+    )
+    _diagonal(fig)
+    _operating_markers(fig, operating, "method", colours)
+    _roc_axes(fig)
+    return fig
+
+
+def _roc_axes(fig: go.Figure) -> None:
     fig.update_layout(
         xaxis_title="false positive rate (1 - specificity)",
         yaxis_title="true positive rate (sensitivity)",
         yaxis_range=[0, 1.02],
+        legend_title_text="",
+    )
+
+
+def reliability_diagram(bins: pd.DataFrame, title: str) -> go.Figure:
+    """Observed fraction of positives against mean predicted probability, per bin and site
+    (``bins``: site, curve, mean_predicted, fraction_positive, n); the diagonal is perfect
+    calibration."""
+    colours = site_colours(bins["site"])
+    fig = go.Figure()
+    for curve, rows in bins.groupby("curve", sort=False):
+        fig.add_trace(
+            go.Scatter(
+                x=rows["mean_predicted"],
+                y=rows["fraction_positive"],
+                mode="lines+markers",
+                name=str(curve),
+                line={"color": colours[rows["site"].iloc[0]]},
+                customdata=rows["n"],
+                hovertemplate="predicted %{x:.3f}, observed %{y:.3f} (%{customdata} scans)"
+                "<extra>%{fullData.name}</extra>",
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=[0, 1],
+            y=[0, 1],
+            mode="lines",
+            name="perfect calibration",
+            line={"dash": "dot", "color": "grey"},
+            hoverinfo="skip",
+        )
+    )
+    fig.update_layout(
+        title=title,
+        xaxis_title="mean predicted probability (per bin)",
+        yaxis_title="fraction of positives (per bin)",
+        xaxis_range=[0, 1],
+        yaxis_range=[0, 1.02],
+    )
+    return fig
+
+
+CROSS_SITE_TITLE = "Cross-site AUC (rows: model's site, columns: data's site)"
+
+
+def cross_site_heatmap(matrix: dict[str, Any], title: str = CROSS_SITE_TITLE) -> go.Figure:
+    """Every site's model on every site's test scans: AUC in the cells, accuracy and scans in
+    hover (``matrix``: models, data, data_labels, auc, accuracy, n, reason)."""
+    auc = [[None if v is None else float(v) for v in row] for row in matrix["auc"]]
+    text = [["n/a" if v is None else f"{v:.3f}" for v in row] for row in auc]
+    custom = [
+        [
+            [_bound(acc), "" if n is None else str(n), reason or ""]
+            for acc, n, reason in zip(accs, ns, reasons, strict=True)
+        ]
+        for accs, ns, reasons in zip(matrix["accuracy"], matrix["n"], matrix["reason"], strict=True)
+    ]
+    fig = go.Figure(
+        go.Heatmap(
+            z=auc,
+            x=matrix["data_labels"],
+            y=matrix["models"],
+            text=text,
+            texttemplate="%{text}",
+            customdata=custom,
+            hovertemplate="model of %{y} on the scans of %{x}<br>AUC %{text}, accuracy "
+            "%{customdata[0]} over %{customdata[1]} scans %{customdata[2]}<extra></extra>",
+            colorscale="RdYlGn",
+            zmin=0.5,
+            zmax=1.0,
+            colorbar={"title": {"text": "AUC"}},
+        )
+    )
+    fig.update_layout(
+        title=title,
+        xaxis_title="data's site (test scans)",
+        yaxis_title="model's site",
+        yaxis_autorange="reversed",
+        xaxis_type="category",
+        yaxis_type="category",
     )
     return fig
 
@@ -144,10 +381,17 @@ def embedding_scatter(points: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def site_probability_bars(probs: pd.DataFrame) -> go.Figure:
-    colours = [WORST if chosen else OTHER for chosen in probs["chosen"]]
+def site_probability_bars(probs: pd.DataFrame, relied_on: bool = True) -> go.Figure:
+    """How likely the scan comes from each site; the chosen site in its own colour (never the
+    worst site's red). ``relied_on`` False (the router abstained): every bar greyed out."""
+    if relied_on:
+        colours = [CHOSEN if chosen else OTHER for chosen in probs["chosen"]]
+    else:
+        colours = [NOT_RELIED_ON] * len(probs)
     fig = go.Figure(go.Bar(x=probs["site"], y=probs["probability"], marker_color=colours))
     fig.update_layout(yaxis_range=[0, 1], yaxis_title="probability", xaxis_title="site")
+    if not relied_on:
+        fig.update_layout(title="not to be relied on: the router abstained")
     return fig
 
 

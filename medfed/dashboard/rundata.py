@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from medfed.dashboard import clinical
 from medfed.runs import RunDir
 from medfed.runs.report import fmt
 from medfed.runs.schema import DROPPED, OK, RoundRecord, Summary
@@ -120,20 +121,6 @@ def run_status(run: Run, config: dict[str, Any] | None, records: list[RoundRecor
 Summaries = Mapping[str, Summary]  # run label -> its summary.json
 
 
-def auc_table(summaries: Summaries) -> pd.DataFrame:
-    """Per-site test AUC: one row per site, one column per run (NaN where undefined)."""
-    sites: list[str] = []
-    for summary in summaries.values():
-        sites += [s for s in summary.sites if s not in sites]
-    data = {label: [_auc(summary, s) for s in sites] for label, summary in summaries.items()}
-    return pd.DataFrame(data, index=pd.Index(sites, name="site"), dtype="float64")
-
-
-def _auc(summary: Summary, site: str) -> float:
-    figures = summary.sites.get(site)
-    return math.nan if figures is None or figures.auc is None else figures.auc
-
-
 def worst_sites(summaries: Summaries) -> dict[str, tuple[str | None, float | None]]:
     """Each run's worst site and its AUC, as summary.json names them."""
     return {label: (s.worst_site, s.worst_site_auc) for label, s in summaries.items()}
@@ -152,19 +139,25 @@ def undefined_aucs(summaries: Summaries) -> list[str]:
 
 FEDERATION_ROWS: tuple[tuple[str, Callable[[Summary], Any]], ...] = (
     ("mean site AUC", lambda s: s.mean_site_auc),
+    ("pooled AUC (random effects, 95% CI)", clinical.pooled_text),
     ("worst site AUC", lambda s: s.worst_site_auc),
+    ("worst site AUC (95% CI)", lambda s: clinical.with_ci(s.worst_site_auc_ci, s.worst_site_auc)),
     ("worst site", lambda s: s.worst_site),
     ("best site AUC", lambda s: s.best_site_auc),
     ("AUC spread (std)", lambda s: s.auc_std),
     ("AUC Gini", lambda s: s.auc_gini),
     ("worst 10% AUC", lambda s: s.worst10_auc),
     ("average accuracy (weighted by scans)", lambda s: s.average_accuracy),
+    ("average accuracy (weighted by training scans)", lambda s: s.average_accuracy_by_train),
     ("mean accuracy", lambda s: s.mean_accuracy),
     ("accuracy spread (std)", lambda s: s.accuracy_std),
     ("system accuracy", lambda s: s.system_accuracy),
+    ("system accuracy (95% CI)", lambda s: clinical.default_router_rate(s, "system_accuracy")),
     ("answered by", lambda s: s.routing_method),
     ("routing accuracy", lambda s: s.routing_accuracy),
     ("abstain rate", lambda s: s.abstain_rate),
+    ("operating rule", lambda s: s.operating_rule),
+    ("normalization", lambda s: s.normalization),
     ("rounds", lambda s: s.rounds),
 )
 
@@ -189,8 +182,7 @@ def roc_frame(summary: Summary) -> tuple[pd.DataFrame, dict[str, str]]:
         elif not roc.drawable:
             missing[site] = roc.reason or "no ROC points"
         else:
-            auc = figures.auc
-            curve = f"{site} (AUC {auc:.3f})" if auc is not None else site
+            curve = f"{site}: AUC {clinical.site_auc_text(figures)}"
             rows += [
                 {"site": site, "curve": curve, "fpr": f, "tpr": t}
                 for f, t in zip(roc.fpr or [], roc.tpr or [], strict=True)

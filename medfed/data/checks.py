@@ -23,6 +23,7 @@ from medfed.data.records import Problem, Split
 from medfed.data.sitedata import preprocess_record
 from medfed.data.splits import assign_splits
 from medfed.errors import MedfedError
+from medfed.metrics import RELIABLE_MIN, unreliable
 
 EXIT_READY, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
 
@@ -189,8 +190,44 @@ def _count(manifest: SiteManifest, records: list, report: SiteReport) -> None:
             report.warnings.append(
                 f"{split} split has only class {present}: its AUC will be undefined"
             )
+    report.warnings.extend(_small_split_warnings(counts, by_index))
     if "train" not in counts or sum(counts["train"].values()) == 0:
         report.problems.append(Problem(str(manifest.root), "training split is empty"))
+
+
+def _small_split_warnings(counts: dict[str, dict[str, int]], by_index: dict[int, str]) -> list[str]:
+    """A warning for each split with fewer than RELIABLE_MIN positives or negatives.
+
+    Binary sites: class 1 is the positive class. With more classes each class is taken one
+    against the rest, as the macro AUC does. Figures computed on such a split are flagged
+    unreliable in the evaluation, so the site is still ready (a warning, not a problem).
+    """
+    out = []
+    binary = len(by_index) == 2
+    for split, per in counts.items():
+        total = sum(per.values())
+        if binary:
+            pos_name, neg_name = by_index[1], by_index[0]
+            n_pos, n_neg = per[pos_name], per[neg_name]
+            why = unreliable(n_pos, n_neg)
+            if why:
+                out.append(
+                    f"{split} split has {n_pos} positive ('{pos_name}') and {n_neg} negative "
+                    f"('{neg_name}') scans, {why}: figures on it will be flagged unreliable "
+                    f"(each class needs at least {RELIABLE_MIN})"
+                )
+            continue
+        small = [
+            f"'{name}' against the rest has {why}"
+            for name, n in per.items()
+            if (why := unreliable(n, total - n))
+        ]
+        if small:
+            out.append(
+                f"{split} split: {'; '.join(small)}: figures on it will be flagged unreliable "
+                f"(each class and the rest need at least {RELIABLE_MIN})"
+            )
+    return out
 
 
 def _site_distances(reports: list[SiteReport]) -> None:

@@ -13,6 +13,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 from medfed.config import Modality, PreprocessOptions, SiteManifest
@@ -61,6 +62,33 @@ class Normalization:
         mean = x.double().mean(dim=dims)
         std = x.double().std(dim=dims).clamp_min(1e-6)
         return cls(mean=tuple(mean.tolist()), std=tuple(std.tolist()))
+
+    @staticmethod
+    def moments(x: torch.Tensor) -> dict[str, list[float]]:
+        """Per-channel count, sum and sum of squares of a (N, C, ...) training tensor: what a
+        site shares for a federation-wide normalization (aggregates, never scans)."""
+        dims = [0, *range(2, x.dim())]
+        xd = x.double()
+        count = float(x.numel() // x.shape[1]) if x.dim() > 1 else 0.0
+        return {
+            "count": [count] * x.shape[1],
+            "sum": xd.sum(dim=dims).tolist(),
+            "sumsq": (xd * xd).sum(dim=dims).tolist(),
+        }
+
+    @classmethod
+    def pooled(cls, moments: list[dict[str, list[float]]]) -> Normalization:
+        """Mean and (unbiased) std of every site's training values together, from each site's
+        :meth:`moments`: the same figures as :meth:`fit` on the pooled tensors."""
+        count = np.sum([m["count"] for m in moments], axis=0)
+        if np.any(count < 2):
+            raise ValueError("a federation-wide normalization needs at least two training values")
+        total = np.sum([m["sum"] for m in moments], axis=0)
+        squares = np.sum([m["sumsq"] for m in moments], axis=0)
+        mean = total / count
+        var = np.maximum(squares - count * mean**2, 0.0) / (count - 1)
+        std = np.maximum(np.sqrt(var), 1e-6)
+        return cls(mean=tuple(float(v) for v in mean), std=tuple(float(v) for v in std))
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         shape = (1, -1) + (1,) * (x.dim() - 2)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from tqdm import tqdm
@@ -45,6 +45,10 @@ class SiteData:
     def as_seen_by(self, other: SiteData, split: Split) -> torch.Tensor:
         """This site's scans of ``split`` under ``other`` site's normalization."""
         return other.normalization.apply(self.raw[split])
+
+    def renormalized(self, norm: Normalization) -> SiteData:
+        """This site with ``norm`` in place of its own statistics (a federation-wide one)."""
+        return replace(self, x={s: norm.apply(t) for s, t in self.raw.items()}, normalization=norm)
 
     def n(self, split: Split) -> int:
         return int(self.y[split].shape[0])

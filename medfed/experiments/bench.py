@@ -3,7 +3,11 @@ several seeds, plus speed figures measured side by side, written as results.json
 table (results.md) and PNG plots.
 
 Seed s synthesizes the federation with seed s and trains every method with seed s, so the
-spread over seeds covers both the data draw and the training randomness.
+spread over seeds covers both the data draw and the training randomness, and every method of
+seed s is tested on the same scans. Each figure is the mean over the seeds with its 95% CI (a
+bootstrap of patients within each (seed, site) stratum), and FedDRM is compared with every
+other method by paired differences on those same scans (:mod:`medfed.experiments.paired`):
+the findings are the verdicts of those intervals, under the protocol each figure names.
 """
 
 from __future__ import annotations
@@ -25,7 +29,26 @@ from medfed.algorithms import ALGORITHMS
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
-from medfed.experiments.demo import FULL, QUICK, Budget, MethodSpec
+from medfed.experiments.demo import (
+    FULL,
+    QUICK,
+    REFERENCE,
+    Budget,
+    MethodSpec,
+    comparisons_markdown,
+    with_normalization,
+)
+from medfed.experiments.paired import (
+    ORIGIN_KNOWN,
+    ORIGIN_UNKNOWN,
+    PROTOCOLS,
+    Scans,
+    ci_cell,
+    compare_methods,
+    figure_intervals,
+    load_scans,
+    verdict_lines,
+)
 from medfed.experiments.speed import (
     bytes_ratios,
     data_path,
@@ -40,8 +63,9 @@ from medfed.runs import Summary
 from medfed.runs.report import markdown_table, replace_marked_section
 
 # results.json's own version (not the run directory's): 2 states findings computed from the
-# results instead of fixed acceptance claims.
-RESULTS_VERSION = 2
+# results instead of fixed acceptance claims; 3 gives every figure its 95% CI, both protocols,
+# and findings that are the verdicts of paired differences with FedDRM.
+RESULTS_VERSION = 3
 MARKER = "bench-table"
 MODALITIES = ("fundus", "ct")
 BUDGETS = {
@@ -52,15 +76,25 @@ BUDGETS = {
 }
 SEEDS = {"full": 3, "quick": 2}
 SPEED_ROUNDS = {"full": 20, "quick": 10}
+# Bootstrap resamples of every interval (per-method figures and paired differences).
+N_BOOT = {"full": 2000, "quick": 1000}
 
 
 @dataclass(frozen=True)
 class SeedRun:
-    """One method trained on one seed: its summary.json and its median round time."""
+    """One method trained on one seed: its summary.json, its median round time and its test
+    scans (predictions.csv)."""
 
     summary: Summary
     # The median is robust to rounds slowed by other work on a shared machine.
     median_seconds_per_round: float | None
+    seed: int = 0
+    scans: Scans = field(default_factory=dict)
+
+
+def _origin_known_accuracy(summary: Summary) -> float | None:
+    router = summary.routers_origin_known.get(summary.routing_method)
+    return None if router is None else router.system_accuracy
 
 
 # The figures results.json averages over the seeds, by name.
@@ -68,23 +102,33 @@ FIGURES: dict[str, Callable[[SeedRun], float | None]] = {
     "mean_site_auc": lambda r: r.summary.mean_site_auc,
     "worst_site_auc": lambda r: r.summary.worst_site_auc,
     "average_accuracy": lambda r: r.summary.average_accuracy,
+    "average_accuracy_by_train": lambda r: r.summary.average_accuracy_by_train,
     "system_accuracy": lambda r: r.summary.system_accuracy,
+    "system_accuracy_origin_known": lambda r: _origin_known_accuracy(r.summary),
     "routing_accuracy": lambda r: r.summary.routing_accuracy,
     "bytes_per_round": lambda r: r.summary.bytes_per_round,
     "seconds_per_round": lambda r: r.summary.seconds_per_round,
     "median_seconds_per_round": lambda r: r.median_seconds_per_round,
 }
 STD_NOTE = "sample standard deviation over seeds (ddof=1); 0 with one seed"
+CI_NOTE = (
+    "95% CI: percentile bootstrap ({n_boot} resamples) of patients drawn with replacement "
+    "within each (seed, site) stratum"
+)
 PLOT_DIR = Path("docs/bench")
 
 
 # The paper's FedDRM beside medfed's default (whose backbone norms stay on each site).
 PAPER_FEDDRM = "feddrm:private_norms=false,lam=0.9"
+# Baselines trained and evaluated with statistics pooled over the federation: a scan of unknown
+# origin then meets every site's model under the same normalization, their fair chance there.
+FEDERATION_NORM = tuple(with_normalization(m, "federation") for m in ("fedavg", "fedbn"))
 
 
 def bench_methods() -> tuple[str, ...]:
-    """Every algorithm in the registry with its default parameters, and the paper's FedDRM."""
-    return (*ALGORITHMS, PAPER_FEDDRM)
+    """Every algorithm in the registry with its default parameters, the paper's FedDRM, and
+    FedAvg and FedBN with federation-wide normalization."""
+    return (*ALGORITHMS, PAPER_FEDDRM, *FEDERATION_NORM)
 
 
 def parse_budget(text: str) -> Budget:
@@ -109,6 +153,7 @@ class BenchPlan:
     image_size: int | None = None  # native fundus size; None: the generator's default
     speed_rounds: int = SPEED_ROUNDS["full"]
     speed_repeats: int = 2
+    n_boot: int = N_BOOT["full"]
     command: str = "medfed bench"
 
     def __post_init__(self) -> None:
@@ -124,6 +169,8 @@ class BenchPlan:
             raise ConfigError("the bench needs fedavg: bytes are compared with FedAvg float32")
         if self.speed_rounds < 1 or self.speed_repeats < 1:
             raise ConfigError("speed rounds and repeats must be at least 1")
+        if self.n_boot < 1:
+            raise ConfigError(f"bootstrap resamples must be at least 1, got {self.n_boot}")
 
     @classmethod
     def make(
@@ -136,6 +183,7 @@ class BenchPlan:
         ct_budget: str | None = None,
         image_size: int | None = None,
         speed_rounds: int | None = None,
+        n_boot: int | None = None,
     ) -> BenchPlan:
         """The quick or full plan, with any budget overridden (``SCANSxROUNDSxSTEPS``)."""
         size = "quick" if quick else "full"
@@ -153,6 +201,7 @@ class BenchPlan:
             budgets={m: budgets[m] for m in MODALITIES if m in modalities},
             image_size=image_size,
             speed_rounds=speed_rounds or SPEED_ROUNDS[size],
+            n_boot=n_boot or N_BOOT[size],
             command=_command(
                 quick=quick,
                 seeds=seeds,
@@ -161,6 +210,7 @@ class BenchPlan:
                 ct_budget=ct_budget,
                 image_size=image_size,
                 speed_rounds=speed_rounds,
+                n_boot=n_boot,
             ),
         )
 
@@ -191,75 +241,43 @@ def stat(values: list[float | None]) -> dict[str, Any]:
     }
 
 
-def method_row(runs: list[SeedRun]) -> dict[str, Any]:
-    """One method's figures over the seeds (one run directory per seed)."""
+def _per_seed(runs: list[SeedRun], value: Callable[[Any], Any]) -> dict[str, list[Any]]:
+    """One value per seed of every site's figures (``value(site_figures)``)."""
+    sites = runs[0].summary.sites
+    return {s: [value(r.summary.sites[s]) for r in runs] for s in sites}
+
+
+def method_row(runs: list[SeedRun], n_boot: int = N_BOOT["full"]) -> dict[str, Any]:
+    """One method's figures over the seeds (one run directory per seed): mean and std of
+    each, 95% CIs of the figures the tables show, and every site's test split per seed."""
     first = runs[0].summary
-    return {
+    row = {
         "algorithm": first.algorithm,
         "routing_method": first.routing_method,
+        "normalization": first.normalization,
         "metrics": {
             "site_auc": {s: stat([r.summary.sites[s].auc for r in runs]) for s in first.sites},
             **{name: stat([figure(r) for r in runs]) for name, figure in FIGURES.items()},
         },
-    }
-
-
-# Figures where higher is better, in the order the findings state them.
-LEADING_FIGURES = {
-    "system_accuracy": "system accuracy",
-    "worst_site_auc": "worst-site AUC",
-    "mean_site_auc": "mean site AUC",
-}
-
-
-def lead(rows: dict[str, Any], key: str) -> dict[str, Any] | None:
-    """The method with the highest seed mean of ``key`` (and any tied with it), the next one
-    behind, and whether the gap to it is larger than the spread between seeds (None with a
-    single seed)."""
-    scored = [
-        (m, r["metrics"][key]) for m, r in rows.items() if r["metrics"][key]["mean"] is not None
-    ]
-    if not scored:
-        return None
-    scored.sort(key=lambda item: -item[1]["mean"])  # stable: ties keep the table's order
-    (best, b), *rest = scored
-    found: dict[str, Any] = {"best": best, "mean": b["mean"], "std": b["std"], "seeds": b["n"]}
-    found["tied"] = [m for m, s in rest if s["mean"] == b["mean"]]
-    behind = [(m, s) for m, s in rest if s["mean"] < b["mean"]]
-    if behind:
-        second, s = behind[0]
-        gap = b["mean"] - s["mean"]
-        spread = max(b["std"] or 0.0, s["std"] or 0.0)
-        found |= {
-            "runner_up": second,
-            "runner_up_mean": s["mean"],
-            "runner_up_std": s["std"],
-            "runner_up_seeds": s["n"],
-            "gap": gap,
-            "seed_spread": spread,
-            "gap_exceeds_spread": gap > spread if min(b["n"], s["n"]) > 1 else None,
-        }
-    return found
-
-
-def findings(federation: dict[str, Any]) -> dict[str, Any]:
-    """What the seed means show, stated from the results themselves: which method leads each
-    figure a clinician reads first (and by how much against the seed spread), and the best
-    system accuracy of each way of answering a new scan (routing or voting)."""
-    rows = federation["methods"]
-    by_router: dict[str, dict[str, Any]] = {}
-    for method, row in rows.items():
-        figure = row["metrics"]["system_accuracy"]
-        best = by_router.get(row["routing_method"])
-        if figure["mean"] is not None and (best is None or figure["mean"] > best["mean"]):
-            by_router[row["routing_method"]] = {"method": method, **figure}
-    return {
-        "leads": {key: found for key in LEADING_FIGURES if (found := lead(rows, key))},
-        "best_by_router": {
-            router: {k: best[k] for k in ("method", "mean", "std")} | {"seeds": best["n"]}
-            for router, best in by_router.items()
+        "test_scans": {
+            "n": _per_seed(runs, lambda f: f.n_test),
+            "positives": _per_seed(runs, lambda f: f.n_pos),
+            "unreliable": _per_seed(runs, lambda f: f.unreliable),
         },
     }
+    if all(r.scans for r in runs):
+        by_seed = {r.seed: r.scans for r in runs}
+        row["intervals"] = figure_intervals(by_seed, n_boot=n_boot)
+    return row
+
+
+def comparisons(runs: FederationRuns, n_boot: int) -> dict[str, Any] | None:
+    """FedDRM minus every other method, figure by figure, on the same test scans of every
+    seed (None when FedDRM is not among the methods)."""
+    if REFERENCE not in runs.runs:
+        return None
+    scans = {m: {r.seed: r.scans for r in seed_runs} for m, seed_runs in runs.runs.items()}
+    return compare_methods(scans, REFERENCE, n_boot=n_boot)
 
 
 # ---------------------------------------------------------------------------- running
@@ -303,13 +321,13 @@ def train_federation(
                 shutil.rmtree(run_dir)
             summary = train(sites, MethodSpec.parse(method).config(budget, seed), run_dir)
             rounds = recorded_round_seconds(run_dir)
-            runs.runs[method].append(
-                SeedRun(summary, statistics.median(rounds) if rounds else None)
-            )
+            median = statistics.median(rounds) if rounds else None
+            runs.runs[method].append(SeedRun(summary, median, seed, load_scans(run_dir)))
             echo(
                 f"[{modality} seed {seed}] {method}: worst-site AUC "
-                f"{_fmt(summary.worst_site_auc)}, system accuracy "
-                f"{_fmt(summary.system_accuracy)} ({summary.routing_method})"
+                f"{_fmt(summary.worst_site_auc)}, system accuracy {ORIGIN_UNKNOWN} "
+                f"{_fmt(summary.system_accuracy)}, {ORIGIN_KNOWN} "
+                f"{_fmt(_origin_known_accuracy(summary))} ({summary.routing_method})"
             )
         if seed == 0:
             runs.first_seed_sites = sites
@@ -319,10 +337,10 @@ def train_federation(
     return runs
 
 
-def federation_results(runs: FederationRuns) -> dict[str, Any]:
-    rows = {m: method_row(r) for m, r in runs.runs.items()}
+def federation_results(runs: FederationRuns, n_boot: int = N_BOOT["full"]) -> dict[str, Any]:
+    rows = {m: method_row(r, n_boot) for m, r in runs.runs.items()}
     first = next(iter(runs.runs.values()))[0].summary
-    result = {
+    return {
         "budget": {
             "n_per_site": runs.budget.n_per_site,
             "rounds": runs.budget.rounds,
@@ -332,9 +350,8 @@ def federation_results(runs: FederationRuns) -> dict[str, Any]:
         "backbones": {m: r[0].summary.backbone for m, r in runs.runs.items()},
         "seconds": runs.seconds,
         "methods": rows,
+        "comparisons": comparisons(runs, n_boot),
     }
-    result["findings"] = findings(result)
-    return result
 
 
 def measure_speed(
@@ -366,9 +383,13 @@ def measure_speed(
         speed["data_path"][modality] = data_path(
             runs.first_seed_manifests, out / "cache", repeats=plan.speed_repeats
         )
-        speed["routing_latency"][modality] = routing_latency(
-            runs.first_seed_runs, runs.first_seed_sites
-        )
+        # Normalization does not change how long routing takes: the site-normalized runs only.
+        site_norm = {
+            m: run
+            for m, run in runs.first_seed_runs.items()
+            if MethodSpec.parse(m).normalization == "site"
+        }
+        speed["routing_latency"][modality] = routing_latency(site_norm, runs.first_seed_sites)
         speed["bytes"][modality] = bytes_ratios(
             {
                 m: float(np.mean([r.summary.bytes_per_round for r in seed_runs]))
@@ -402,8 +423,14 @@ def run_bench(
         "methods": list(plan.methods),
         "device": device_info(),
         "started_at": started,
-        "federations": {m: federation_results(r) for m, r in all_runs.items()},
+        "n_boot": plan.n_boot,
+        "ci": CI_NOTE.format(n_boot=plan.n_boot),
+        "protocols": PROTOCOLS,
+        "federations": {},
     }
+    for modality, runs in all_runs.items():
+        echo(f"[{modality}] 95% CIs and paired comparisons ({plan.n_boot} bootstrap resamples)")
+        results["federations"][modality] = federation_results(runs, plan.n_boot)
     results["speed"] = measure_speed(out, all_runs, plan, echo)
     results["seconds_total"] = time.perf_counter() - start
     # Speed figures depend on what else the machine was doing; 1, 5 and 15 minute averages.
@@ -446,29 +473,113 @@ def _cell(s: dict[str, Any], digits: int = 3, scale: float = 1.0) -> str:
     return text
 
 
+UNRELIABLE = " \u2020"
+
+
+def _unreliable(row: dict[str, Any]) -> dict[str, list[str]]:
+    """Site -> why its figures rest on too few scans, per seed (sites without a reason left
+    out)."""
+    found: dict[str, list[str]] = {}
+    for site, reasons in row.get("test_scans", {}).get("unreliable", {}).items():
+        if reasons and all(why == reasons[0] for why in reasons) and reasons[0]:
+            found[site] = [f"every seed: {reasons[0]}"]
+        elif marks := [f"seed {k}: {why}" for k, why in enumerate(reasons) if why]:
+            found[site] = marks
+    return found
+
+
+def _interval_cell(row: dict[str, Any], key: str, site: str | None = None, flag: str = "") -> str:
+    """The mean over seeds with its 95% CI; mean ± std where the run has no per-scan data."""
+    intervals = row.get("intervals")
+    if intervals is None:
+        stat_ = row["metrics"]["site_auc"][site] if site else row["metrics"][key]
+        return _cell(stat_) + ("" if stat_["mean"] is None else flag)
+    interval = intervals["site_auc"].get(site) if site else intervals.get(key)
+    if interval is None:
+        # Defined on the data as given, but undefined in most resamples (a site of a handful
+        # of test scans draws one class): the mean without an interval.
+        stat_ = row["metrics"]["site_auc"][site] if site else row["metrics"][key]
+        return "n/a" if stat_["mean"] is None else f"{stat_['mean']:.2f} (no CI){flag}"
+    return ci_cell(interval, flag=flag)
+
+
 def methods_markdown(federation: dict[str, Any]) -> str:
-    """Rows = methods; mean ± std over the seeds."""
+    """Rows = methods: each figure's mean over the seeds with its 95% CI (accuracy averaged
+    over sites and timing: mean ± std)."""
     sites = federation["sites"]
-    header = ["method", "answered by", *(f"AUC {s}" for s in sites), "mean AUC", "worst AUC"]
-    header += ["avg acc.", "system acc.", "routing acc.", "MB/round", "s/round (median)"]
+    header = ["method", "norm.", "answered by", *(f"AUC {s}" for s in sites)]
+    header += ["mean AUC", "worst AUC", "avg acc. (by test scans)", "avg acc. (by training scans)"]
+    header += [f"system acc. ({ORIGIN_UNKNOWN})", f"system acc. ({ORIGIN_KNOWN})"]
+    header += [f"routing acc. ({ORIGIN_UNKNOWN})", "s/round (median)"]
     rows = []
     for name, row in federation["methods"].items():
         m = row["metrics"]
+        weak = _unreliable(row)
+        any_weak = UNRELIABLE if weak else ""
         rows.append(
             [
                 name,
+                row.get("normalization", "site"),
                 row["routing_method"],
-                *(_cell(m["site_auc"][s]) for s in sites),
-                _cell(m["mean_site_auc"]),
-                _cell(m["worst_site_auc"]),
+                *(
+                    _interval_cell(row, "site_auc", s, UNRELIABLE if s in weak else "")
+                    for s in sites
+                ),
+                _interval_cell(row, "mean_site_auc", flag=any_weak),
+                _interval_cell(row, "worst_site_auc", flag=any_weak),
                 _cell(m["average_accuracy"]),
-                _cell(m["system_accuracy"]),
+                _cell(m["average_accuracy_by_train"]),
+                _interval_cell(row, "system_accuracy"),
+                _interval_cell(row, "system_accuracy_origin_known"),
                 _cell(m["routing_accuracy"]),
-                _cell(m["bytes_per_round"], 3, 1e-6),
                 _cell(m["median_seconds_per_round"], 2),
             ]
         )
     return markdown_table(header, rows)
+
+
+def test_scans_lines(federation: dict[str, Any]) -> list[str]:
+    """How many test scans (and positives) every site had on each seed, and which figures rest
+    on too few of a class."""
+    rows = federation["methods"]
+    row = rows.get(REFERENCE) or next(iter(rows.values()))
+    scans = row.get("test_scans")
+    if not scans:
+        return []
+    per_site = []
+    for site, counts in scans["n"].items():
+        positives = scans["positives"][site]
+        seeds = ", ".join(
+            f"{n}" + ("" if p is None else f" ({p} positive)")
+            for n, p in zip(counts, positives, strict=True)
+        )
+        per_site.append(f"{site} {seeds}")
+    lines = [f"Test scans per site on each seed: {'; '.join(per_site)}."]
+    weak = _unreliable(row)
+    if weak:
+        reasons = "; ".join(f"{site} ({', '.join(marks)})" for site, marks in weak.items())
+        lines.append(
+            f"\u2020 unreliable: the figure rests on fewer than 10 positives or negatives in "
+            f"some seed's test split: {reasons}."
+        )
+    return lines
+
+
+def reading_note(results: dict[str, Any]) -> str:
+    """How to read the tables: what each cell is, its CI, the protocols, the weighting."""
+    seeds = len(results["seeds"])
+    return (
+        f"Each cell: the mean over {seeds} seed(s) with its {results['ci']}. AUC columns: each "
+        f"site's model on its own test scans ({ORIGIN_KNOWN}). System accuracy: every site's "
+        "test scans pooled and answered as the federation answers a new scan (routing or "
+        f"voting, as 'answered by' says), under two protocols. {ORIGIN_UNKNOWN}: "
+        f"{PROTOCOLS[ORIGIN_UNKNOWN]}; {ORIGIN_KNOWN}: {PROTOCOLS[ORIGIN_KNOWN]}. Rows marked "
+        "[federation norm] (norm. federation) train and evaluate with that pooled "
+        "normalization. Average accuracy weights the sites by their test scans, or by their "
+        "training scans; it, routing accuracy and seconds per round are mean \u00b1 std over "
+        "seeds. \u2020: the figure rests on fewer than 10 positives or negatives in some seed's "
+        "test split (unreliable)."
+    )
 
 
 def speed_markdown(speed: dict[str, Any]) -> str:
@@ -553,42 +664,13 @@ def bytes_markdown(by_federation: dict[str, Any]) -> str:
 
 
 def findings_lines(results: dict[str, Any]) -> list[str]:
-    """The findings of every federation as sentences (the figures as measured, nothing assumed)."""
+    """The findings of every federation: the verdicts of the paired differences with FedDRM,
+    each naming its figure and protocol (nothing else is claimed)."""
     lines = []
     for modality, fed in results["federations"].items():
-        found = fed.get("findings") or {}
-        for key, lead_ in found.get("leads", {}).items():
-            text = f"- {modality}, highest {LEADING_FIGURES[key]}: {_lead_text(lead_)}"
-            lines.append(text)
-        routers = found.get("best_by_router", {})
-        if len(routers) > 1:
-            best = "; ".join(
-                f"{router} {b['method']} {_pm(b['mean'], b['std'], b['seeds'])}"
-                for router, b in sorted(routers.items(), key=lambda item: -item[1]["mean"])
-            )
-            lines.append(f"- {modality}, best system accuracy of each way to answer: {best}.")
+        if fed.get("comparisons"):
+            lines += verdict_lines(fed["comparisons"], modality)
     return lines
-
-
-def _pm(mean: float, std: float | None, seeds: int) -> str:
-    """``mean ± std``; the mean alone for one seed (no spread to show)."""
-    return _fmt(mean) + (f" ± {std:.3f}" if seeds > 1 and std is not None else "")
-
-
-def _lead_text(lead_: dict[str, Any]) -> str:
-    text = f"{lead_['best']} {_pm(lead_['mean'], lead_['std'], lead_['seeds'])}"
-    if lead_["tied"]:
-        text += f" (tied with {', '.join(lead_['tied'])})"
-    if "runner_up" not in lead_:
-        return text + "."
-    behind = _pm(lead_["runner_up_mean"], lead_["runner_up_std"], lead_["runner_up_seeds"])
-    text += f", ahead of {lead_['runner_up']} ({behind}) by {lead_['gap']:.3f}"
-    exceeds = lead_["gap_exceeds_spread"]
-    if exceeds is None:
-        return text + " (one seed: no spread to compare the gap with)."
-    if exceeds:
-        return text + f", more than the spread between seeds ({lead_['seed_spread']:.3f})."
-    return text + f", within the spread between seeds ({lead_['seed_spread']:.3f})."
 
 
 def caption(results: dict[str, Any]) -> str:
@@ -618,20 +700,26 @@ def _load_text(load: dict[str, Any] | None) -> str:
 def results_markdown(
     results: dict[str, Any], *, image_prefix: str = "", heading_level: int = 2
 ) -> str:
-    """The whole report: one table per federation, the speed tables, the plots, the caption."""
+    """The whole report: one table per federation with its paired comparisons and their
+    verdicts, the speed tables, the plots, the caption."""
     h = "#" * heading_level
-    parts = []
+    parts = [reading_note(results)]
     for modality, fed in results["federations"].items():
         parts.append(
-            f"{h} {modality} federation ({len(fed['sites'])} sites), mean ± std over "
-            f"{len(results['seeds'])} seed(s)"
+            f"{h} {modality} federation ({len(fed['sites'])} sites), mean over "
+            f"{len(results['seeds'])} seed(s) with 95% CIs"
         )
         parts.append(methods_markdown(fed))
-    lines = findings_lines(results)
-    if lines:
-        parts.append("\n".join(lines))
+        parts.append("\n".join(test_scans_lines(fed)))
+        found = fed.get("comparisons")
+        if found:
+            parts.append(
+                f"{h}# {modality}: {found['reference']} against each method, paired on the "
+                "same test scans"
+            )
+            parts.append(comparisons_markdown(found, modality))
     parts.append(f"{h} Speed")
     parts.append(speed_markdown(results["speed"]))
     parts.append("\n".join(f"![{name[:-4]}]({image_prefix}{name})" for name in results["plots"]))
     parts.append(caption(results))
-    return "\n\n".join(parts)
+    return "\n\n".join(p for p in parts if p)

@@ -1,21 +1,36 @@
-"""``medfed demo``: synthesize a fundus federation, train FedDRM and baselines, compare."""
+"""``medfed demo``: synthesize a fundus federation, train FedDRM and baselines, and compare them
+with 95% confidence intervals (one seed)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from medfed.config import TrainConfig
+from medfed.config import NORMALIZATIONS, TrainConfig
 from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
+from medfed.experiments.paired import (
+    N_BOOT,
+    ORIGIN_KNOWN,
+    ORIGIN_UNKNOWN,
+    PROTOCOLS,
+    Scans,
+    ci_cell,
+    compare_methods,
+    comparison_rows,
+    load_scans,
+    verdict_lines,
+)
 from medfed.federation.training import load_sites, train
 from medfed.runs import Summary
-from medfed.runs.report import communication_table, methods_table, replace_marked_section
+from medfed.runs.report import communication_table, fmt, markdown_table, replace_marked_section
+from medfed.runs.schema import RouterFigures, SiteFigures
 
 DEMO_METHODS = ("feddrm", "fedavgft", "fedbn", "local")
 COMMUNICATION_METHODS = (
@@ -31,19 +46,39 @@ COMMUNICATION_METHODS = (
 )
 
 
+# `` [federation norm]`` after a method: trained and evaluated with normalization = "federation".
+_NORM_SUFFIX = re.compile(r"\s*\[(\w+) norm\]$")
+
+
+def with_normalization(method: str, normalization: str) -> str:
+    """The method's label when trained with ``normalization`` (``fedavg [federation norm]``)."""
+    return method if normalization == "site" else f"{method} [{normalization} norm]"
+
+
 @dataclass(frozen=True)
 class MethodSpec:
-    """``NAME[:KEY=VALUE,...][@PRECISION[+delta]]``, e.g. ``fedals:base=feddrm,alpha=5@int8``."""
+    """``NAME[:KEY=VALUE,...][@PRECISION[+delta]][ [NORMALIZATION norm]]``, e.g.
+    ``fedals:base=feddrm,alpha=5@int8`` or ``fedavg [federation norm]`` (the sites normalize
+    with statistics pooled over the federation instead of their own)."""
 
     label: str
     algorithm: str
     params: dict[str, str]
     wire_precision: str = "float32"
     wire_delta: bool = False
+    normalization: str = "site"
 
     @classmethod
     def parse(cls, text: str) -> MethodSpec:
-        head, _, wire_text = text.partition("@")
+        found = _NORM_SUFFIX.search(text)
+        normalization = found.group(1) if found else "site"
+        if normalization not in NORMALIZATIONS:
+            raise ConfigError(
+                f"method {text!r}: normalization {normalization!r} is not one of "
+                f"{list(NORMALIZATIONS)}"
+            )
+        spec = text[: found.start()].strip() if found else text
+        head, _, wire_text = spec.partition("@")
         name, _, param_text = head.partition(":")
         params = {}
         for item in filter(None, param_text.split(",")):
@@ -54,12 +89,14 @@ class MethodSpec:
         precision, _, delta = wire_text.partition("+")
         if delta not in ("", "delta"):
             raise ConfigError(f"method {text!r}: after '+' only 'delta' is understood")
-        return cls(text, name, params, precision or "float32", delta == "delta")
+        return cls(text, name, params, precision or "float32", delta == "delta", normalization)
 
     @property
     def dirname(self) -> str:
-        """The label as a run-directory name."""
-        return re.sub(r"[:,@=+]", "_", self.label)
+        """The label as a run-directory name (``fedavg_federation_norm``)."""
+        head = _NORM_SUFFIX.sub("", self.label).strip()
+        suffix = "" if self.normalization == "site" else f"_{self.normalization}_norm"
+        return re.sub(r"[:,@=+]", "_", head) + suffix
 
     def config(self, budget: Budget, seed: int) -> TrainConfig:
         """The training config of this method at ``budget``."""
@@ -72,6 +109,7 @@ class MethodSpec:
             device="auto",
             wire_precision=self.wire_precision,
             wire_delta=self.wire_delta,
+            normalization=self.normalization,
         )
 
 
@@ -86,6 +124,119 @@ FULL = Budget(n_per_site=240, rounds=60, local_steps=3)
 QUICK = Budget(n_per_site=240, rounds=30, local_steps=3)
 
 
+REFERENCE = "feddrm"
+
+
+def _reference(methods: Sequence[str]) -> str:
+    """The method the others are compared with: FedDRM when it ran, else the first."""
+    return REFERENCE if REFERENCE in methods else methods[0]
+
+
+def _auc_cell(figures: SiteFigures) -> str:
+    flag = " \u2020" if figures.unreliable else ""
+    if figures.auc_ci is not None:
+        return ci_cell(figures.auc_ci.to_dict(), flag=flag)
+    if figures.auc is None:
+        return f"n/a ({figures.auc_reason or 'undefined'})"
+    return f"{figures.auc:.2f}{flag}"
+
+
+def _rate_cell(routers: Mapping[str, RouterFigures], router: str) -> str:
+    """``0.76 (0.69–0.82) 137/180``: system accuracy with its Wilson CI and its counts."""
+    figures = routers.get(router)
+    if figures is None:
+        return "n/a"
+    rate = figures.rates.get("system_accuracy")
+    if rate is None or rate.interval is None:
+        return fmt(figures.system_accuracy)
+    return f"{ci_cell(rate.interval.to_dict())} {rate.k}/{rate.n}"
+
+
+def _site_header(site: str, figures: SiteFigures) -> str:
+    if figures.n_pos is None:
+        return f"AUC {site} (n={figures.n_test})"
+    return f"AUC {site} (n={figures.n_test}, {figures.n_pos} pos)"
+
+
+def ci_table(summaries: Mapping[str, Summary]) -> str:
+    """One row per method (one seed): each site's AUC with its 95% CI, the worst site with its
+    CI, average accuracy weighted two ways, and system accuracy with its Wilson CI and counts
+    under both protocols."""
+    first = next(iter(summaries.values()))
+    site_ids = list(first.sites)
+    header = ["method", "answered by", *(_site_header(s, first.sites[s]) for s in site_ids)]
+    header += ["worst site: AUC", "avg acc. (by test scans)", "avg acc. (by training scans)"]
+    header += [f"system acc. ({ORIGIN_UNKNOWN})", f"system acc. ({ORIGIN_KNOWN})"]
+    header += [f"routing acc. ({ORIGIN_UNKNOWN})"]
+    rows = []
+    for name, s in summaries.items():
+        worst = "n/a"
+        if s.worst_site is not None:
+            interval = s.worst_site_auc_ci
+            flag = " \u2020" if s.sites[s.worst_site].unreliable else ""
+            value = ci_cell(interval.to_dict()) if interval else fmt(s.worst_site_auc, 2)
+            worst = f"{s.worst_site} {value}{flag}"
+        rows.append(
+            [
+                name,
+                s.routing_method,
+                *(_auc_cell(s.sites[sid]) for sid in site_ids),
+                worst,
+                fmt(s.average_accuracy),
+                fmt(s.average_accuracy_by_train),
+                _rate_cell(s.routers, s.routing_method),
+                _rate_cell(s.routers_origin_known, s.routing_method),
+                fmt(s.routing_accuracy),
+            ]
+        )
+    return markdown_table(header, rows)
+
+
+def ci_notes(summaries: Mapping[str, Summary]) -> str:
+    """How the table's intervals were formed, what the protocols are, and which figures rest
+    on too few scans."""
+    methods = sorted(
+        {
+            f.auc_ci.method.split(" (")[0]
+            for s in summaries.values()
+            for f in s.sites.values()
+            if f.auc_ci is not None
+        }
+    )
+    unreliable = {
+        site: f.unreliable
+        for s in summaries.values()
+        for site, f in s.sites.items()
+        if f.unreliable
+    }
+    lines = [
+        "95% CIs: each site's AUC by "
+        + (" or ".join(methods) if methods else "n/a (no site has both classes)")
+        + " over its test scans (summary.json names each interval's method); the worst "
+        "site's AUC with that site's CI; system accuracy with its Wilson "
+        "interval and counts (correct / pooled test scans). Average accuracy weights the sites "
+        "by their test scans, or by their training scans.",
+        f"Protocols: site AUCs are each site's model on its own test scans ({ORIGIN_KNOWN}); "
+        f"system accuracy {ORIGIN_UNKNOWN}: {PROTOCOLS[ORIGIN_UNKNOWN]}; {ORIGIN_KNOWN}: "
+        f"{PROTOCOLS[ORIGIN_KNOWN]}.",
+    ]
+    if unreliable:
+        reasons = "; ".join(f"{site}: {why}" for site, why in unreliable.items())
+        lines.append(f"\u2020 unreliable, too few scans of a class: {reasons}.")
+    return "\n\n".join(lines)
+
+
+def comparisons_markdown(comparisons: Mapping[str, Any], where: str) -> str:
+    """The table of paired differences, how they were formed, and the verdict lines."""
+    header, rows = comparison_rows(comparisons)
+    parts = [
+        f"{comparisons['ci']}; {comparisons['verdict_rule']}.",
+        markdown_table(header, rows),
+        "\n".join(verdict_lines(comparisons, where)),
+    ]
+    return "\n\n".join(p for p in parts if p)
+
+
 def run_demo(
     out: Path,
     *,
@@ -97,15 +248,27 @@ def run_demo(
     budget: Budget | None = None,
     echo: Callable[[str], Any] = print,
     readme: Path | None = None,
+    n_boot: int = N_BOOT,
+    image_size: int | None = None,
+    reference: str | None = None,
 ) -> dict[str, Summary]:
-    """Run the demo end to end; returns each method's summary."""
+    """Run the demo end to end; returns each method's summary.
+
+    The table shows every figure with its 95% CI; the other methods are compared with
+    ``reference`` (default: FedDRM when it ran, else the first method) by paired differences
+    on the same test scans, with their verdicts (also written to OUT/MARKER.json)."""
+    if reference is not None and reference not in methods:
+        raise ConfigError(f"reference {reference!r} is not among the methods {list(methods)}")
     budget = budget or (QUICK if quick else FULL)
     start = time.perf_counter()
     data = out / "data"
     echo(f"synthesizing 3 fundus sites ({budget.n_per_site} scans each) into {data} ...")
-    manifests = synthesize(data, modality="fundus", n_per_site=budget.n_per_site, seed=seed)
+    manifests = synthesize(
+        data, modality="fundus", n_per_site=budget.n_per_site, seed=seed, image_size=image_size
+    )
     sites = load_sites(list(manifests), out / "cache")
     summaries: dict[str, Summary] = {}
+    scans: dict[str, dict[int, Scans]] = {}
     for method in map(MethodSpec.parse, methods):
         run_dir = out / "runs" / method.dirname
         if run_dir.exists():
@@ -114,7 +277,17 @@ def run_demo(
         # The summary as training returns it keeps the sites in federation order (the table's
         # columns); summary.json on disk lists them sorted.
         summaries[method.label] = train(sites, method.config(budget, seed), run_dir)
-    table = methods_table(summaries)
+        scans[method.label] = {seed: load_scans(run_dir)}
+    table = ci_table(summaries) + "\n\n" + ci_notes(summaries)
+    comparisons = None
+    if len(summaries) > 1:
+        reference = reference or _reference(list(summaries))
+        echo(f"comparing {reference} with each method on the same test scans ...")
+        comparisons = compare_methods(scans, reference, n_boot=n_boot, seed=seed)
+        table += "\n\n" + comparisons_markdown(comparisons, f"seed {seed}")
+    record = {"command": command, "seed": seed, "methods": list(summaries)}
+    record["comparisons"] = comparisons
+    (out / f"{marker}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     if "fedavg" in summaries:
         table += "\n\n" + communication_table(summaries, baseline="fedavg")
     seconds = time.perf_counter() - start
@@ -134,7 +307,8 @@ def run_demo(
             replace_marked_section(text, marker, f"{table}\n\n{caption}"), encoding="utf-8"
         )
         echo(f"updated the {marker} section of {readme}")
-    echo(f"inspect a run: medfed evaluate {out / 'runs' / next(iter(summaries))}")
+    first_run = out / "runs" / MethodSpec.parse(next(iter(summaries))).dirname
+    echo(f"inspect a run: medfed evaluate {first_run}")
     make = "make dashboard" + ("" if out == Path("demo_out") else f" RUNS={out}")
     echo(f"open the dashboard: medfed dashboard {out}  (or {make})")
     return summaries

@@ -26,51 +26,84 @@ def _pyplot():
     return plt
 
 
-def _mean_std(row: dict[str, Any], key: str) -> tuple[float, float]:
+def _with_ci(row: dict[str, Any], key: str) -> tuple[float, float, float]:
+    """``(value, below, above)``: the mean over seeds and the distances to its 95% CI, or
+    ± the std over seeds where the row has no interval; NaN for an undefined figure."""
+    intervals = row.get("intervals")
+    interval = None if intervals is None else intervals.get(key)
+    if interval is not None:
+        value = interval["estimate"]
+        return value, max(0.0, value - interval["low"]), max(0.0, interval["high"] - value)
     s = row["metrics"][key]
-    return (s["mean"] if s["mean"] is not None else float("nan")), (s["std"] or 0.0)
+    if s["mean"] is None:
+        return float("nan"), 0.0, 0.0
+    spread = 0.0 if intervals is not None else (s["std"] or 0.0)  # no CI: no bar drawn
+    return s["mean"], spread, spread
 
 
-def _floor(values: list[tuple[float, float]]) -> float:
+def _floor(values: list[tuple[float, float, float]]) -> float:
     """A y-axis floor a little under the lowest bar, so close methods stay distinguishable."""
-    lows = [m - sd for m, sd in values if m == m]  # NaN != NaN: skip undefined figures
+    lows = [v - below for v, below, _ in values if v == v]  # NaN != NaN: skip undefined figures
     return max(0.0, math.floor(10 * (min(lows, default=0.0) - 0.05)) / 10)
 
 
+def _bars(
+    axis: Any, x: list[float], values: list[tuple[float, float, float]], **style: Any
+) -> None:
+    axis.bar(
+        x,
+        [v[0] for v in values],
+        yerr=[[v[1] for v in values], [v[2] for v in values]],
+        capsize=2,
+        **style,
+    )
+
+
 def federation_plot(modality: str, fed: dict[str, Any], path: Path) -> Path:
-    """Mean and worst-site AUC, and system accuracy (coloured by router), per method."""
+    """Mean and worst-site AUC, and system accuracy under both protocols (coloured by router),
+    per method, with 95% CIs."""
     plt = _pyplot()
     names = list(fed["methods"])
     rows = [fed["methods"][n] for n in names]
-    x = range(len(names))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    x = list(range(len(names)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.4))
     floors = []
     for offset, key, label in (
         (-0.2, "mean_site_auc", "mean site AUC"),
         (0.2, "worst_site_auc", "worst-site AUC"),
     ):
-        values = [_mean_std(r, key) for r in rows]
+        values = [_with_ci(r, key) for r in rows]
         floors.append(_floor(values))
-        left.bar(
-            [i + offset for i in x],
-            [v[0] for v in values],
-            width=0.4,
-            label=label,
-            yerr=[v[1] for v in values],
-            capsize=2,
-        )
-    left.set_title(f"{modality}: site AUC (mean ± std over seeds)")
+        _bars(left, [i + offset for i in x], values, width=0.4, label=label)
+    left.set_title(f"{modality}: site AUC, origin known (mean over seeds, 95% CI)")
     left.set_ylim(min(floors), 1.0)
     left.legend(loc="lower right")
-    values = [_mean_std(r, "system_accuracy") for r in rows]
     colours = [ROUTER_COLOURS.get(r["routing_method"], "#7f7f7f") for r in rows]
-    right.bar(
-        list(x), [v[0] for v in values], yerr=[v[1] for v in values], capsize=2, color=colours
+    floors = []
+    for offset, key, label, hatch in (
+        (-0.2, "system_accuracy", "origin unknown", ""),
+        (0.2, "system_accuracy_origin_known", "origin known", "//"),
+    ):
+        values = [_with_ci(r, key) for r in rows]
+        floors.append(_floor(values))
+        _bars(
+            right,
+            [i + offset for i in x],
+            values,
+            width=0.4,
+            color=colours,
+            hatch=hatch,
+            edgecolor="white",
+            label=label,
+        )
+    right.set_title(
+        f"{modality}: system accuracy (mean over seeds, 95% CI)\nplain: origin unknown, "
+        "hatched: origin known; blue: density ratio, orange: majority vote",
+        fontsize=10,
     )
-    right.set_title(f"{modality}: system accuracy (blue: density ratio, orange: majority vote)")
-    right.set_ylim(_floor(values), 1.0)
+    right.set_ylim(min(floors), 1.0)
     for axis in (left, right):
-        axis.set_xticks(list(x), names, rotation=45, ha="right")
+        axis.set_xticks(x, names, rotation=45, ha="right")
         axis.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)

@@ -89,7 +89,7 @@ def plain_round_seconds(sites: list[SiteData], config: TrainConfig) -> list[floa
     data = [(setup.put(s.x[Split.TRAIN]), setup.put(s.y[Split.TRAIN])) for s in sites]
     total = sum(int(y.shape[0]) for _, y in data)
     weights = [int(y.shape[0]) / total for _, y in data]
-    flip = config.augment and modality_spec(modality).horizontal_flip
+    flip = config.augment == "flip" and modality_spec(modality).horizontal_flip
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     seconds = []
     for round_ in range(1, config.rounds + 1):

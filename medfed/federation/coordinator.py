@@ -337,4 +337,7 @@ class Coordinator:
             resumes=sum(1 for e in self.run.read_events() if e.get("event") == "resume"),
             engine=engine,
             lost_sites=lost_sites,
+            normalization=self.config.normalization,
+            augment=self.config.augment,
+            operating_rule=self.config.operating_point,
         )

@@ -18,6 +18,7 @@ import numpy as np
 
 from medfed.algorithms.base import Algorithm, State
 from medfed.config import TrainConfig
+from medfed.data.preprocess import Normalization
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError
@@ -118,6 +119,19 @@ class LocalLink:
         return {}
 
 
+def federation_normalized(sites: list[SiteData]) -> list[SiteData]:
+    """Every site normalized with the federation's pooled statistics: each site contributes
+    the per-channel count, sum and sum of squares of its training scans, never the scans."""
+    if any(not s.manifest.preprocess.normalize for s in sites):
+        off = [s.id for s in sites if not s.manifest.preprocess.normalize]
+        raise ConfigError(
+            f"normalization = 'federation' needs every site to normalize; {off} set "
+            "preprocess.normalize = false in their manifests"
+        )
+    pooled = Normalization.pooled([Normalization.moments(s.raw[Split.TRAIN]) for s in sites])
+    return [s.renormalized(pooled) for s in sites]
+
+
 class Engine:
     """Train one algorithm over several sites in this process, writing the run directory."""
 
@@ -132,6 +146,8 @@ class Engine:
     ) -> None:
         if not sites:
             raise ConfigError("no sites to train on")
+        if config.normalization == "federation":
+            sites = federation_normalized(sites)
         setup = resolve_device(config.device)
         self.server = Coordinator([SiteInfo.of(s) for s in sites], algorithm, config, run, setup)
         self.link = LocalLink(self.server, sites)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,7 +24,7 @@ from medfed.federation.site import Published, SiteDropped, failure_reason
 from medfed.runs.schema import Summary
 from medfed.serving.abstention import DEFAULT_FALSE_ABSTAIN, calibrate, uncalibrated
 from medfed.serving.bundle import SiteEntry, TrainedFederation
-from medfed.serving.evaluation import combine_evaluation
+from medfed.serving.evaluation import combine_evaluation, prediction_rows
 
 
 def stats_bytes(stats: Stats) -> int:
@@ -175,8 +175,10 @@ class RoundLoop:
         )
         fed.abstention = uncalibrated([p.gaussian for p in published], DEFAULT_FALSE_ABSTAIN)
         calibrate(fed.abstention, self.link.abstention_scores(fed))
-        evaluation = combine_evaluation(fed, self.link.test(fed))
+        parts = self.link.test(fed)
+        evaluation = combine_evaluation(fed, parts)
         summary = server.summary(evaluation, **self.link.summary_extra())
+        self.run.write_predictions(prediction_rows(parts))
         self.run.write_summary(summary)
         fed.save(self.run, {"n_train": {s.id: s.n_train for s in server.sites}})
         self.run.log_event("finish", rounds=self.config.rounds)
@@ -184,4 +186,4 @@ class RoundLoop:
 
 
 def _with_prior(entry: SiteEntry, prior: float) -> SiteEntry:
-    return SiteEntry(entry.id, entry.index, prior, entry.normalization, entry.manifest)
+    return replace(entry, prior=prior)

@@ -34,12 +34,12 @@ from medfed.data.sitedata import SiteData
 from medfed.errors import MedfedError
 from medfed.federation import wire
 from medfed.federation.wire import WireFormat
-from medfed.metrics import site_metrics
+from medfed.metrics import OperatingRule, choose_threshold, site_metrics
 from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel
 from medfed.models.forward import run_model
 from medfed.serving.abstention import FeatureGaussian, site_gaussian
-from medfed.serving.bundle import SiteEntry
+from medfed.serving.bundle import OperatingChoice, SiteEntry
 
 
 class SiteDropped(MedfedError):
@@ -192,7 +192,7 @@ class SiteWorker:
                 self.y_train,
                 self.config.batch_size,
                 generator,
-                augment_flip=self.config.augment and modality_spec(self.modality).horizontal_flip,
+                augment_flip=self.flips,
             ),
             steps=self.config.local_steps,
             optim=Optim(lr, self.config.momentum, self.config.weight_decay, self.config.optimizer),
@@ -271,6 +271,27 @@ class SiteWorker:
         composed.update(global_state)
         return self.algorithm.eval_state(composed, self.extra)
 
+    @property
+    def flips(self) -> bool:
+        """Whether training flips scans left-right (set, and right for the modality)."""
+        return self.config.augment == "flip" and modality_spec(self.modality).horizontal_flip
+
+    def operating_choice(self) -> OperatingChoice | None:
+        """The threshold of the loaded model, chosen on this site's validation split by the
+        run's operating-point rule (two-class tasks only; None otherwise)."""
+        y = self.data.y[Split.VAL].numpy()
+        rule = OperatingRule.parse(self.config.operating_point)
+        if len(self.data.manifest.class_names()) != 2:
+            return None
+        if y.size == 0:
+            if rule.kind == "threshold":
+                return OperatingChoice(str(rule), float(rule.value), None, 0, 0)
+            return OperatingChoice(str(rule), 0.5, "no validation split: threshold 0.5 used", 0, 0)
+        probs, _, _ = run_model(self.model, self.data.x[Split.VAL], self.setup, heads=None)
+        threshold, note = choose_threshold(y, probs[:, 1], rule)
+        n_pos = int((y == 1).sum())
+        return OperatingChoice(str(rule), float(threshold), note, n_pos, int(y.size) - n_pos)
+
     def validate(self, global_state: State) -> dict[str, Any]:
         """Figures of this site's model on its validation split (empty without one)."""
         y = self.data.y[Split.VAL].numpy()
@@ -315,5 +336,12 @@ class SiteWorker:
         state = self.finish(global_state)
         self.load(state)
         gaussian = site_gaussian(self.model, self.data.x[Split.TRAIN], self.setup, self.id)
-        entry = SiteEntry(self.id, self.index, 1.0, self.data.normalization, self.data.manifest)
+        entry = SiteEntry(
+            self.id,
+            self.index,
+            1.0,
+            self.data.normalization,
+            self.data.manifest,
+            self.operating_choice(),
+        )
         return Published(entry, self.n_train, state, gaussian)

@@ -32,6 +32,15 @@ def _check_sites(sites: list[str]) -> None:
         raise ConfigError(f"site ids must be unique letters, digits, '.', '_' or '-': {sites}")
 
 
+def refuse_unsupported(config: TrainConfig) -> None:
+    """Settings the in-process engine has and a deployment does not (yet): refused up front."""
+    if config.normalization == "federation":
+        raise ConfigError(
+            "normalization = 'federation' runs in one process only; a deployment normalizes "
+            "each site with its own statistics: set normalization = 'site' (the default)"
+        )
+
+
 def write_app(
     out: Path,
     config: TrainConfig,
@@ -45,6 +54,7 @@ def write_app(
 ) -> Path:
     """Write the Flower app folder for one run; returns its pyproject.toml."""
     _check_sites(sites)
+    refuse_unsupported(config)
     out.mkdir(parents=True, exist_ok=True)
     pyproject = {
         "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},

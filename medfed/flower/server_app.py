@@ -30,6 +30,7 @@ from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, Site
 from medfed.federation.rounds import RoundLoop, SiteFailure, SiteReply
 from medfed.federation.site import Published
 from medfed.federation.wire import WireFormat, encode
+from medfed.flower.deploy import refuse_unsupported
 from medfed.flower.node import RunSettings, train_config_from_toml
 from medfed.flower.records import (
     json_of,
@@ -71,8 +72,10 @@ class Deployment:
         if not sites:
             raise ConfigError("run config 'sites' names no site; give the site ids, in order")
         run_dir = Path(str(run_config["run-dir"])).expanduser()
+        config = train_config_from_toml(str(run_config["train"]), "run config 'train'")
+        refuse_unsupported(config)
         return cls(
-            config=train_config_from_toml(str(run_config["train"]), "run config 'train'"),
+            config=config,
             sites=sites,
             run_dir=run_dir,
             run_name=str(run_config.get("run-name") or run_dir.name),

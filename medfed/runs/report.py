@@ -1,11 +1,13 @@
-"""Plain-text and markdown tables of run summaries (evaluate, demo, bench)."""
+"""Plain-text and markdown tables of run summaries (evaluate, train, demo, bench), with each
+figure's 95% CI and counts where the run holds them; a figure the run predates reads ``n/a``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from medfed.runs.schema import Summary
+from medfed.metrics import Interval, Pooled, Proportion
+from medfed.runs.schema import Evaluation, RouterFigures, SiteFigures, Summary
 
 
 def fmt(value: Any, digits: int = 3) -> str:
@@ -27,56 +29,261 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([line(cells[0]), sep, *(line(r) for r in cells[1:])])
 
 
+UNRELIABLE_MARK = "\u2020"
+"""Marks a figure resting on fewer than 10 positives or negatives; a note below names why."""
+
+ORIGIN_UNKNOWN = "origin unknown"
+ORIGIN_KNOWN = "origin known"
+PROTOCOLS: dict[str, str] = {
+    ORIGIN_UNKNOWN: "each candidate site normalizes the scan with its own statistics",
+    ORIGIN_KNOWN: "the scan is normalized with its own site's statistics",
+}
+"""The two routing protocols of :class:`~medfed.runs.schema.Evaluation`, in words."""
+
+
+def ci_text(interval: Interval | Pooled | None, digits: int = 3) -> str:
+    """``0.840 (0.780–0.900)``, or ``n/a``."""
+    if interval is None:
+        return "n/a"
+    d = digits
+    return f"{interval.estimate:.{d}f} ({interval.low:.{d}f}\u2013{interval.high:.{d}f})"
+
+
+def rate_text(rate: Proportion | None, fallback: float | None = None) -> str:
+    """``0.900 (0.700–0.970) 18/20``; a run without counts shows its plain rate, or ``n/a``."""
+    if rate is None:
+        return fmt(fallback)
+    return rate.text()
+
+
+NO_CI = "fewer than 2 positives or negatives"
+
+
+def auc_text(m: SiteFigures, *, mark: bool = True) -> str:
+    """A site's AUC with its CI (``0.840 (0.780–0.900)``), the plain AUC when the run has no CI,
+    or ``n/a (reason)``; ``mark`` adds :data:`UNRELIABLE_MARK` to an unreliable figure."""
+    if m.auc is None:
+        return f"n/a ({m.auc_reason or 'undefined'})"
+    if m.auc_ci is not None:
+        text = ci_text(m.auc_ci)
+    elif m.n_pos is not None:  # a run with CIs, but too few scans of a class to bound this one
+        text = f"{fmt(m.auc)} (no CI: {NO_CI})"
+    else:
+        text = fmt(m.auc)
+    return f"{text} {UNRELIABLE_MARK}" if mark and m.unreliable else text
+
+
+def class_counts(m: SiteFigures) -> str:
+    """``34/26`` (positives/negatives of the test split), or ``n/a``."""
+    if m.n_pos is None or m.n_neg is None:
+        return "n/a"
+    return f"{m.n_pos}/{m.n_neg}"
+
+
+def unreliable_notes(summary: Evaluation) -> list[str]:
+    """One line per site whose figures rest on too few positives or negatives."""
+    return [
+        f"{UNRELIABLE_MARK} unreliable at {site}: {m.unreliable}"
+        for site, m in summary.sites.items()
+        if m.unreliable
+    ]
+
+
 def site_table(summary: Summary) -> str:
-    """Per-site rows of one run, with each site's traffic per round."""
+    """Per-site rows of one run: AUC with its 95% CI and method, the test split's size and
+    classes, accuracies and each site's traffic per round; notes below for unreliable sites."""
     rows = []
     for site, m in summary.sites.items():
-        auc = m.auc if m.auc is not None else f"n/a ({m.auc_reason or 'undefined'})"
         t = summary.bytes_per_round_by_site.get(site)
         up, down = (
             ("n/a", "n/a") if t is None else (f"{t.up / 1e3:.1f} kB", f"{t.down / 1e3:.1f} kB")
         )
-        rows.append([site, auc, m.accuracy, m.balanced_accuracy, m.n_test, up, down])
-    header = ["site", "AUC", "accuracy", "balanced acc.", "n test", "sent/round", "received/round"]
+        method = m.auc_ci.method if m.auc_ci is not None else "n/a"
+        rows.append(
+            [
+                site,
+                auc_text(m),
+                method,
+                m.n_test,
+                class_counts(m),
+                m.accuracy,
+                m.balanced_accuracy,
+                up,
+                down,
+            ]
+        )
+    header = ["site", "AUC (95% CI)", "CI method", "n test", "pos/neg", "accuracy"]
+    header += ["balanced acc.", "sent/round", "received/round"]
+    return "\n".join([markdown_table(header, rows), *unreliable_notes(summary)])
+
+
+def operating_point_table(summary: Evaluation) -> str:
+    """Each site's operating point on its test split: the threshold its rule chose on the
+    validation split, then sensitivity, specificity, PPV and NPV with Wilson CIs and k/n."""
+    header = ["site", "rule", "threshold", "sensitivity", "specificity", "PPV", "NPV"]
+    header += ["TP/FP/TN/FN", "note"]
+    rows = []
+    for site, m in summary.sites.items():
+        op = m.operating_point
+        if op is None:
+            rows.append([site, *["n/a"] * 7, "no operating point in this run"])
+            continue
+        mark = f" {UNRELIABLE_MARK}" if m.unreliable else ""
+        rows.append(
+            [
+                site,
+                op.rule,
+                op.threshold,
+                rate_text(op.sensitivity) + mark,
+                rate_text(op.specificity) + mark,
+                rate_text(op.ppv) + mark,
+                rate_text(op.npv) + mark,
+                f"{op.tp}/{op.fp}/{op.tn}/{op.fn}",
+                op.note or "",
+            ]
+        )
+    return markdown_table(header, rows)
+
+
+def calibration_table(summary: Evaluation) -> str:
+    """Brier score, ECE, calibration intercept and slope of each site's model on its test split."""
+    header = ["site", "n", "Brier", "ECE", "intercept (ideal 0)", "slope (ideal 1)", "note"]
+    rows = []
+    for site, m in summary.sites.items():
+        c = m.calibration
+        if c is None:
+            rows.append([site, *["n/a"] * 5, "no calibration in this run"])
+            continue
+        rows.append([site, c.n, c.brier, c.ece, c.intercept, c.slope, c.reason or ""])
     return markdown_table(header, rows)
 
 
 def federation_lines(summary: Summary) -> list[str]:
-    pairs = [
+    """The federation's figures, one ``name: value`` line each (CIs where the run has them)."""
+    pooled = summary.pooled_auc
+    worst = summary.worst_site_auc_ci
+    system = summary.routers.get(summary.routing_method)
+    system_rate = system.rates.get("system_accuracy") if system is not None else None
+    pairs: list[tuple[str, Any]] = [
         ("mean site AUC", summary.mean_site_auc),
-        ("worst site AUC", summary.worst_site_auc),
+        (
+            "pooled AUC (random effects)",
+            "n/a" if pooled is None else f"{pooled.text()} [{pooled.method}]",
+        ),
+        (
+            "worst site AUC",
+            summary.worst_site_auc if worst is None else f"{worst.text()} [{worst.method}]",
+        ),
         ("worst site", summary.worst_site),
         ("AUC spread (std)", summary.auc_std),
         ("AUC Gini", summary.auc_gini),
-        ("average accuracy (weighted)", summary.average_accuracy),
-        ("mean accuracy", summary.mean_accuracy),
-        (f"system accuracy ({summary.routing_method})", summary.system_accuracy),
+        ("average accuracy (weighted by test scans)", summary.average_accuracy),
+        ("average accuracy (weighted by training scans)", summary.average_accuracy_by_train),
+        ("mean accuracy (sites weighted equally)", summary.mean_accuracy),
+        (
+            f"system accuracy ({summary.routing_method})",
+            summary.system_accuracy if system_rate is None else system_rate.text(),
+        ),
         ("routing accuracy", summary.routing_accuracy),
         ("abstain rate", summary.abstain_rate),
         ("bytes per round", summary.bytes_per_round),
         ("seconds per round", summary.seconds_per_round),
         ("dropouts", summary.dropouts),
     ]
-    return [f"{name}: {fmt(value)}" for name, value in pairs]
+    lines = [f"{name}: {fmt(value)}" for name, value in pairs]
+    if any(m.unreliable for m in summary.sites.values()):
+        lines += unreliable_notes(summary)
+    return lines
 
 
-def routers_table(summary: Summary) -> str:
-    """System accuracy, routing accuracy, abstain rate and latency of every router."""
+def cross_site_table(summary: Evaluation, figure: str = "auc") -> str:
+    """Every site's model (rows) on every site's test split (columns): ``auc`` or ``accuracy``;
+    the diagonal is each model on its own site. ``n/a`` for a cell the run does not hold."""
+    if figure not in ("auc", "accuracy"):
+        raise ValueError(f"figure must be 'auc' or 'accuracy'; got {figure!r}")
+    models = list(summary.cross_site)
+    data = list(summary.sites) or models
+    for row in summary.cross_site.values():
+        data += [d for d in row if d not in data]
+    rows = []
+    for model in models:
+        cells = []
+        for d in data:
+            cell = summary.cross_site[model].get(d)
+            cells.append(None if cell is None else getattr(cell, figure))
+        rows.append([model, *cells])
+    name = "AUC" if figure == "auc" else "accuracy"
+    return markdown_table([f"{name}: model \\ test data", *data], rows)
+
+
+def routers_table(summary: Evaluation, protocol: str = ORIGIN_UNKNOWN) -> str:
+    """Every router's system accuracy, routing accuracy, abstain rate, answered accuracy,
+    sensitivity and specificity (each with its Wilson CI and k/n where the run has them),
+    forward passes and latency, under ``protocol`` (:data:`ORIGIN_UNKNOWN` or
+    :data:`ORIGIN_KNOWN`)."""
+    routers = _routers(summary, protocol)
     header = ["router", "system acc.", "routing acc.", "abstain rate", "answered acc."]
-    header += ["forward passes", "ms per scan"]
-    rows = [
-        [
-            name,
-            r.system_accuracy,
-            r.routing_accuracy,
-            r.abstain_rate,
-            r.answered_accuracy,
-            r.forward_passes,
-            r.latency_ms_per_scan,
-        ]
-        for name, r in summary.routers.items()
-    ]
+    header += ["sensitivity", "specificity", "forward passes", "ms per scan"]
+    rows = []
+    for name, r in routers.items():
+        rows.append(
+            [
+                name,
+                rate_text(r.rates.get("system_accuracy"), r.system_accuracy),
+                rate_text(r.rates.get("routing_accuracy"), r.routing_accuracy),
+                rate_text(r.rates.get("abstain_rate"), r.abstain_rate),
+                rate_text(r.rates.get("answered_accuracy"), r.answered_accuracy),
+                rate_text(r.rates.get("sensitivity")),
+                rate_text(r.rates.get("specificity")),
+                r.forward_passes,
+                r.latency_ms_per_scan,
+            ]
+        )
     return markdown_table(header, rows)
+
+
+def _routers(summary: Evaluation, protocol: str) -> dict[str, RouterFigures]:
+    if protocol == ORIGIN_UNKNOWN:
+        return summary.routers
+    if protocol == ORIGIN_KNOWN:
+        return summary.routers_origin_known
+    raise ValueError(f"protocol must be {ORIGIN_UNKNOWN!r} or {ORIGIN_KNOWN!r}; got {protocol!r}")
+
+
+def evaluation_text(summary: Summary) -> str:
+    """Everything ``medfed evaluate`` prints: each table under its heading, ``n/a`` where the run
+    predates a figure."""
+    parts = [
+        f"{summary.algorithm} | {summary.rounds} rounds | seed {summary.seed} | "
+        f"{summary.modality} | normalization: {summary.normalization}",
+        "",
+        "Per site (each site's model on its own test split; AUC with 95% CI)",
+        site_table(summary),
+    ]
+    rule = summary.operating_rule or "n/a"
+    if any(m.operating_point is not None for m in summary.sites.values()):
+        parts += ["", f"Operating points (rule {rule}, chosen on each site's validation split)"]
+        parts.append(operating_point_table(summary))
+    else:
+        parts += ["", "Operating points: n/a (not in this run)"]
+    if any(m.calibration is not None for m in summary.sites.values()):
+        parts += ["", "Calibration (test split)", calibration_table(summary)]
+    else:
+        parts += ["", "Calibration: n/a (not in this run)"]
+    parts += ["", "Federation", *federation_lines(summary)]
+    if summary.cross_site:
+        parts += ["", "Cross-site matrix (rows: model of site, columns: test split of site)"]
+        parts += [cross_site_table(summary, "auc"), "", cross_site_table(summary, "accuracy")]
+    else:
+        parts += ["", "Cross-site matrix: n/a (not in this run)"]
+    for protocol, words in PROTOCOLS.items():
+        routers = _routers(summary, protocol)
+        title = f"Routers, {protocol} ({words})"
+        if routers:
+            parts += ["", title, routers_table(summary, protocol)]
+        else:
+            parts += ["", f"{title}: n/a (not in this run)"]
+    return "\n".join(parts)
 
 
 def methods_table(summaries: Mapping[str, Summary]) -> str:

@@ -5,6 +5,7 @@ dashboard) reads.
     RUN/metrics.jsonl    one record per round per site (schema.RoundRecord)
     RUN/events.jsonl     run-level events (start, resume, dropout, round skipped, finish)
     RUN/summary.json     final per-site and federation figures (schema.Summary)
+    RUN/predictions.csv  one row per test scan (schema.PREDICTION_COLUMNS), to recompute them
     RUN/checkpoints/     round_NNNN/ (safetensors + state.json), written atomically
     RUN/model/           model.json + one safetensors file per site
     RUN/site_overview/   data cards, class counts, sample scans, site distances
@@ -18,6 +19,8 @@ checkpoint's state.json). Weights (safetensors) are read and written by
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import time
@@ -30,8 +33,8 @@ import tomli_w
 
 from medfed.errors import RunDirError
 from medfed.fileio import atomic_write
-from medfed.runs.schema import RoundRecord, Summary
-from medfed.versions import VERSION_KEY, check_version, unversioned, versioned
+from medfed.runs.schema import PREDICTION_COLUMNS, RoundRecord, Summary, prediction_row
+from medfed.versions import SCHEMA_VERSION, VERSION_KEY, check_version, unversioned, versioned
 
 
 def write_json(path: Path, data: Mapping[str, Any], *, sort_keys: bool = True) -> None:
@@ -189,6 +192,37 @@ class RunDir:
         missing = "missing; the run has not finished (resume it with 'medfed train ... --resume')"
         return Summary.from_dict(read_json(self.summary_path, missing), str(self.summary_path))
 
+    # --- per-scan predictions ---
+    @property
+    def predictions_path(self) -> Path:
+        return self.path / "predictions.csv"
+
+    def write_predictions(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """predictions.csv: one row per test scan, with ``schema_version`` as its last column."""
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow([*PREDICTION_COLUMNS, VERSION_KEY])
+        for row in rows:
+            writer.writerow([*(_cell(row[c]) for c in PREDICTION_COLUMNS), SCHEMA_VERSION])
+        atomic_write(self.predictions_path, out.getvalue())
+
+    def read_predictions(self) -> list[dict[str, Any]]:
+        """predictions.csv's rows, typed (see :func:`medfed.runs.schema.prediction_row`)."""
+        path = self.predictions_path
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise RunDirError(
+                f"{path}: missing; runs written before per-scan predictions have none "
+                "(train the run again to get them)"
+            ) from None
+        rows = []
+        for k, raw in enumerate(csv.DictReader(io.StringIO(text)), start=2):
+            where = f"{path} line {k}"
+            check_version({VERSION_KEY: _version_cell(raw.get(VERSION_KEY))}, where)
+            rows.append(prediction_row(raw, where))
+        return rows
+
     # --- final model ---
     def write_model_json(self, model_json: Mapping[str, Any]) -> None:
         """model.json, written after the weights: its presence marks the model complete."""
@@ -196,6 +230,20 @@ class RunDir:
 
     def read_model_json(self) -> dict[str, Any]:
         return read_json(self.model_json_path, "missing; the run has not finished training")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _version_cell(text: str | None) -> Any:
+    return int(text) if text is not None and text.isdigit() else text
 
 
 def _line(record: Mapping[str, Any]) -> str:

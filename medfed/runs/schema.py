@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 from medfed.errors import RunDirError
+from medfed.metrics import Calibration, Interval, OperatingPoint, Pooled, Proportion
 from medfed.versions import REDO, VERSION_KEY
 
 _REQUIRED: Any = object()
@@ -137,6 +138,17 @@ class _Fields:
             raise self.bad(key, "a list", value)
         return value
 
+    def typed(self, key: str, cls: Any) -> Any:
+        """An optional nested figure (an Interval, an OperatingPoint, ...) read by its own
+        ``from_dict``; a malformed one is named by its key."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        try:
+            return cls.from_dict(value)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise self.bad(key, f"{cls.__name__} figures ({exc})", value) from None
+
     def number_list(self, key: str, *, nulls: bool = False) -> list[Any] | None:
         """A list of numbers (``nulls``: null entries allowed), or null."""
         value = self._raw(key, None)
@@ -220,7 +232,14 @@ class RocPoints(_JsonView):
 @dataclass(frozen=True)
 class SiteFigures(_JsonView):
     """One site's model on its own test scans; ``auc`` is None exactly when ``auc_reason`` says
-    why (a test split with one class has no AUC)."""
+    why (a test split with one class has no AUC).
+
+    For a two-class task: ``n_pos`` / ``n_neg`` count the test split's classes, ``auc_ci`` is the
+    AUC's 95% CI (its method named in it), ``unreliable`` says why a figure rests on too few
+    positives or negatives (fewer than 10), ``operating_point`` holds sensitivity, specificity,
+    PPV and NPV at the threshold chosen on the site's validation split, and ``calibration`` the
+    Brier score, ECE, calibration intercept and slope and the reliability-diagram points.
+    """
 
     auc: float | None
     auc_reason: str | None
@@ -230,9 +249,15 @@ class SiteFigures(_JsonView):
     n_train: int
     n_val: int
     roc: RocPoints | None = None
+    n_pos: int | None = None
+    n_neg: int | None = None
+    auc_ci: Interval | None = None
+    unreliable: str | None = None
+    operating_point: OperatingPoint | None = None
+    calibration: Calibration | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "auc": self.auc,
             "auc_reason": self.auc_reason,
             "accuracy": self.accuracy,
@@ -240,8 +265,15 @@ class SiteFigures(_JsonView):
             "n_test": self.n_test,
             "n_train": self.n_train,
             "n_val": self.n_val,
+            "n_pos": self.n_pos,
+            "n_neg": self.n_neg,
+            "unreliable": self.unreliable,
             **({} if self.roc is None else {"roc": self.roc.to_dict()}),
         }
+        for key in ("auc_ci", "operating_point", "calibration"):
+            value = getattr(self, key)
+            data[key] = None if value is None else value.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "site figures", path: str = "") -> SiteFigures:
@@ -256,7 +288,47 @@ class SiteFigures(_JsonView):
             n_train=f.integer("n_train"),
             n_val=f.integer("n_val"),
             roc=None if roc is None else RocPoints.from_dict(roc, where, f"{path}roc."),
+            n_pos=f.opt_integer("n_pos"),
+            n_neg=f.opt_integer("n_neg"),
+            auc_ci=f.typed("auc_ci", Interval),
+            unreliable=f.opt_text("unreliable"),
+            operating_point=f.typed("operating_point", OperatingPoint),
+            calibration=f.typed("calibration", Calibration),
         )
+
+
+@dataclass(frozen=True)
+class CrossSiteCell(_JsonView):
+    """One site's model on another site's test scans (a cell of the cross-site matrix)."""
+
+    auc: float | None
+    auc_reason: str | None
+    accuracy: float
+    n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "cross-site cell", path: str = "") -> CrossSiteCell:
+        f = _Fields(data, where, path)
+        return cls(
+            auc=f.opt_number("auc", _REQUIRED),
+            auc_reason=f.opt_text("auc_reason", _REQUIRED),
+            accuracy=f.number("accuracy"),
+            n=f.integer("n"),
+        )
+
+
+ROUTER_RATES: tuple[str, ...] = (
+    "system_accuracy",
+    "routing_accuracy",
+    "abstain_rate",
+    "answered_accuracy",
+    "sensitivity",
+    "specificity",
+)
+"""Rates a router reports with their counts and Wilson 95% CIs (:attr:`RouterFigures.rates`)."""
 
 
 @dataclass(frozen=True)
@@ -264,7 +336,9 @@ class RouterFigures(_JsonView):
     """One router on every site's test scans pooled (a new patient's view of the federation).
 
     ``routing_accuracy`` is None for a majority vote (it sends no scan anywhere);
-    ``answered_accuracy`` counts only the scans it did not abstain on.
+    ``answered_accuracy`` counts only the scans it did not abstain on. ``rates`` gives each of
+    :data:`ROUTER_RATES` with its counts and 95% CI; ``sensitivity`` and ``specificity`` are
+    over the answered scans, each decided at the answering site's operating point.
     """
 
     system_accuracy: float | None
@@ -274,13 +348,17 @@ class RouterFigures(_JsonView):
     forward_passes: int
     latency_ms_per_scan: float
     n_pooled: int
+    rates: dict[str, Proportion] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rates"}
+        data["rates"] = {k: p.to_dict() for k, p in self.rates.items()}
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "router figures", path: str = "") -> RouterFigures:
         f = _Fields(data, where, path)
+        rates = _Fields(f.obj("rates", {}), where, f"{path}rates.")
         return cls(
             system_accuracy=f.opt_number("system_accuracy", _REQUIRED),
             routing_accuracy=f.opt_number("routing_accuracy", _REQUIRED),
@@ -289,6 +367,7 @@ class RouterFigures(_JsonView):
             forward_passes=f.integer("forward_passes"),
             latency_ms_per_scan=f.number("latency_ms_per_scan"),
             n_pooled=f.integer("n_pooled"),
+            rates={k: rates.typed(k, Proportion) for k in rates.data if rates.data[k] is not None},
         )
 
 
@@ -338,6 +417,14 @@ class Evaluation(_JsonView):
 
     The AUC figures over sites leave out sites without an AUC (``sites_without_auc``) and are
     None when no site has one. ``routing_method`` is the router that answers by default.
+    ``average_accuracy`` weights sites by their test scans, ``average_accuracy_by_train`` by
+    their training scans (the FedDRM reference code's weighting).
+
+    Two protocols: ``routers`` answer a scan whose origin is unknown (each candidate site sees
+    it under its own normalization); ``routers_origin_known`` answer it normalized with its own
+    site's statistics, as a member hospital's archived scan would be (FedDRM still routes).
+    ``pooled_auc`` is the random-effects pool of the sites' AUCs with its heterogeneity, and
+    ``cross_site[model][data]`` every site's model on every site's test scans.
     """
 
     sites: dict[str, SiteFigures]
@@ -359,6 +446,11 @@ class Evaluation(_JsonView):
     routing_accuracy: float | None
     abstain_rate: float | None = None
     routers: dict[str, RouterFigures] = field(default_factory=dict)
+    average_accuracy_by_train: float | None = None
+    pooled_auc: Pooled | None = None
+    worst_site_auc_ci: Interval | None = None
+    cross_site: dict[str, dict[str, CrossSiteCell]] = field(default_factory=dict)
+    routers_origin_known: dict[str, RouterFigures] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return _evaluation_dict(self)
@@ -393,12 +485,21 @@ def _evaluation_dict(e: Evaluation) -> dict[str, Any]:
         "routing_accuracy": e.routing_accuracy,
         "abstain_rate": e.abstain_rate,
         "routers": {name: r.to_dict() for name, r in e.routers.items()},
+        "average_accuracy_by_train": e.average_accuracy_by_train,
+        "pooled_auc": None if e.pooled_auc is None else e.pooled_auc.to_dict(),
+        "worst_site_auc_ci": None if e.worst_site_auc_ci is None else e.worst_site_auc_ci.to_dict(),
+        "cross_site": {
+            m: {d: cell.to_dict() for d, cell in row.items()} for m, row in e.cross_site.items()
+        },
+        "routers_origin_known": {name: r.to_dict() for name, r in e.routers_origin_known.items()},
     }
 
 
 def _evaluation_fields(f: _Fields) -> dict[str, Any]:
     sites = f.obj("sites")
     routers = f.obj("routers", {})
+    known = f.obj("routers_origin_known", {})
+    cross = f.obj("cross_site", {})
     without = f.array("sites_without_auc")
     if not all(isinstance(s, str) for s in without):
         raise f.bad("sites_without_auc", "a list of site ids", without)
@@ -427,7 +528,64 @@ def _evaluation_fields(f: _Fields) -> dict[str, Any]:
             name: RouterFigures.from_dict(routers[name], f.where, f"{f.path}routers.{name}.")
             for name in routers
         },
+        "average_accuracy_by_train": f.opt_number("average_accuracy_by_train"),
+        "pooled_auc": f.typed("pooled_auc", Pooled),
+        "worst_site_auc_ci": f.typed("worst_site_auc_ci", Interval),
+        "cross_site": {
+            m: {
+                d: CrossSiteCell.from_dict(cell, f.where, f"{f.path}cross_site.{m}.{d}.")
+                for d, cell in _Fields(row, f.where, f"{f.path}cross_site.{m}.").data.items()
+            }
+            for m, row in cross.items()
+        },
+        "routers_origin_known": {
+            name: RouterFigures.from_dict(
+                known[name], f.where, f"{f.path}routers_origin_known.{name}."
+            )
+            for name in known
+        },
     }
+
+
+# ---------------------------------------------------------------------------- per-scan predictions
+PREDICTION_COLUMNS: tuple[str, ...] = (
+    "site",
+    "scan_id",
+    "patient_id",
+    "label",
+    "score",
+    "prediction",
+    "routed_site",
+    "abstained",
+    "system_prediction",
+    "routed_site_origin_known",
+    "system_prediction_origin_known",
+)
+"""Columns of ``predictions.csv``: one row per test scan. ``score`` is P(positive) from the
+scan's own site model (empty for more than two classes), ``prediction`` that model's answer at
+its operating point; the routed columns are the default router's, under each protocol:
+``routed_site`` is the best site, abstention aside (routing accuracy counts it), and
+``abstained`` says whether the router abstained (then the answer is not to be relied on)."""
+
+
+def prediction_row(raw: Mapping[str, str], where: str) -> dict[str, Any]:
+    """One ``predictions.csv`` row with its types back (empty cells are None)."""
+    missing = [c for c in PREDICTION_COLUMNS if c not in raw]
+    if missing:
+        raise RunDirError(f"{where}: missing column(s) {', '.join(missing)}; {REDO}")
+    row: dict[str, Any] = {c: (raw[c] if raw[c] != "" else None) for c in PREDICTION_COLUMNS}
+    try:
+        for key in ("label", "prediction", "system_prediction", "system_prediction_origin_known"):
+            row[key] = int(row[key])
+        row["score"] = None if row["score"] is None else float(row["score"])
+        if row["abstained"] not in ("true", "false"):
+            raise ValueError(f"abstained is {row['abstained']!r}, not true or false")
+        row["abstained"] = row["abstained"] == "true"
+    except (TypeError, ValueError) as exc:
+        raise RunDirError(f"{where}: {exc}; {REDO}") from None
+    if row["score"] is not None and not 0.0 <= row["score"] <= 1.0:
+        raise RunDirError(f"{where}: score {row['score']} is not a probability; {REDO}")
+    return row
 
 
 # ---------------------------------------------------------------------------- round records
@@ -638,6 +796,16 @@ class Summary(Evaluation):
     skipped_rounds: list[int] = field(default_factory=list)
     engine: str | None = None
     lost_sites: dict[str, str] | None = None
+    normalization: str = "site"
+    augment: str = "flip"
+    operating_rule: str | None = None
+
+    @property
+    def protocol(self) -> str:
+        """How a scan of unknown origin is normalized for this run's models, in words."""
+        if self.normalization == "federation":
+            return "federation-wide normalization"
+        return "each site's own normalization"
 
     @classmethod
     def build(cls, evaluation: Evaluation, costs: RunCosts, **run: Any) -> Summary:
@@ -671,6 +839,9 @@ class Summary(Evaluation):
             "dropped": [d.to_dict() for d in self.dropped],
             "skipped_rounds": list(self.skipped_rounds),
             "resumes": self.resumes,
+            "normalization": self.normalization,
+            "augment": self.augment,
+            "operating_rule": self.operating_rule,
         }
         if self.wire is not None:
             data["wire"] = self.wire.to_dict()
@@ -712,6 +883,9 @@ class Summary(Evaluation):
             skipped_rounds=list(skipped),
             engine=f.opt_text("engine"),
             lost_sites=None if lost is None else f.texts("lost_sites"),
+            normalization=f.text("normalization", "site"),
+            augment=f.text("augment", "flip"),
+            operating_rule=f.opt_text("operating_rule"),
         )
 
     def __or__(self, other: Mapping[str, Any]) -> Summary:

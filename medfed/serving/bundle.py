@@ -29,14 +29,50 @@ State = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
+class OperatingChoice:
+    """A site's operating point: the threshold on P(positive) at or above which its model calls
+    a scan positive, chosen on its validation split by ``rule`` (with that split's counts)."""
+
+    rule: str
+    threshold: float
+    note: str | None
+    n_val_pos: int
+    n_val_neg: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "threshold": self.threshold,
+            "note": self.note,
+            "n_val_pos": self.n_val_pos,
+            "n_val_neg": self.n_val_neg,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OperatingChoice:
+        threshold = float(data["threshold"])
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"operating threshold {threshold} is outside [0, 1]")
+        return cls(
+            rule=str(data["rule"]),
+            threshold=threshold,
+            note=data.get("note"),
+            n_val_pos=int(data["n_val_pos"]),
+            n_val_neg=int(data["n_val_neg"]),
+        )
+
+
+@dataclass(frozen=True)
 class SiteEntry:
-    """What inference needs to know of one site."""
+    """What inference needs to know of one site (``operating``: None for runs written before
+    operating points, and for tasks with more than two classes: then the argmax answers)."""
 
     id: str
     index: int
     prior: float
     normalization: Normalization
     manifest: SiteManifest
+    operating: OperatingChoice | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -46,16 +82,19 @@ class SiteEntry:
             "normalization": self.normalization.to_dict(),
             "manifest": self.manifest.to_dict(),
             "weights": f"site_{self.id}.safetensors",
+            "operating": None if self.operating is None else self.operating.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SiteEntry:
+        operating = data.get("operating")
         return cls(
             id=data["id"],
             index=int(data["index"]),
             prior=float(data["prior"]),
             normalization=Normalization.from_dict(data["normalization"]),
             manifest=manifest_from_dict(data["manifest"]),
+            operating=None if operating is None else OperatingChoice.from_dict(operating),
         )
 
 
@@ -110,6 +149,14 @@ class TrainedFederation:
     @property
     def priors(self) -> np.ndarray:
         return np.array([s.prior for s in self.sites])
+
+    @property
+    def thresholds(self) -> np.ndarray | None:
+        """Each site's operating threshold on P(positive), or None when a site has none (a
+        run written before operating points, or more than two classes): then argmax answers."""
+        if any(s.operating is None for s in self.sites):
+            return None
+        return np.array([s.operating.threshold for s in self.sites])
 
     @property
     def modality(self) -> str:

@@ -94,15 +94,29 @@ class Router:
         """(site_probs (n,K), routed (n,), class_probs (n,C)) of the answer."""
         raise NotImplementedError
 
-    def predict(self, class_probs: np.ndarray, out: SiteOutputs) -> np.ndarray:
-        """The answer's class per scan (the most probable one, unless a vote decides)."""
-        return class_probs.argmax(axis=1)
+    def predict(
+        self, fed: TrainedFederation, answer: np.ndarray, site_probs: np.ndarray, out: SiteOutputs
+    ) -> np.ndarray:
+        """The answer's class per scan: for a two-class task whose sites have operating points,
+        positive iff P(positive) reaches the answering site's threshold; otherwise the most
+        probable class (ties to the lower one)."""
+        thresholds = fed.thresholds
+        if thresholds is None or answer.shape[1] != 2:
+            return answer.argmax(axis=1)
+        return (answer[:, 1] >= self.answer_threshold(thresholds, site_probs)).astype(np.int64)
+
+    def answer_threshold(self, thresholds: np.ndarray, site_probs: np.ndarray) -> np.ndarray:
+        """The threshold the answer is held to, per scan: the chosen site's."""
+        return thresholds[site_probs.argmax(axis=1)]
 
     def forward_passes(self, fed: TrainedFederation) -> int:
         return 1 if fed.shared_body else len(fed.sites)
 
     def route(self, fed: TrainedFederation, views: list[torch.Tensor]) -> RouteResult:
-        out = fed.outputs(views)
+        return self.answer(fed, fed.outputs(views))
+
+    def answer(self, fed: TrainedFederation, out: SiteOutputs) -> RouteResult:
+        """The decision from every site's outputs (computed once, shared between routers)."""
         site_probs, routed, class_probs = self.decide(fed, out)
         n = class_probs.shape[0]
         if fed.abstention is not None:
@@ -116,7 +130,7 @@ class Router:
             abstained=abstained,
             ood_score=score,
             class_probs=class_probs,
-            prediction=self.predict(class_probs, out),
+            prediction=self.predict(fed, class_probs, site_probs, out),
         )
 
 
@@ -146,15 +160,22 @@ class SoftRouter(DensityRatioRouter):
     summary = "as density_ratio, but the answer mixes the top sites' predictions"
     top_k: int = 2
 
-    def decide(self, fed, out):
-        site_probs, routed, _ = super().decide(fed, out)
+    def weights(self, site_probs: np.ndarray) -> np.ndarray:
+        """(n, K) mixing weights: the top sites' probabilities, renormalized."""
         k = min(self.top_k, site_probs.shape[1])
         keep = np.argsort(-site_probs, axis=1)[:, :k]
         weights = np.zeros_like(site_probs)
         np.put_along_axis(weights, keep, np.take_along_axis(site_probs, keep, axis=1), axis=1)
-        weights /= weights.sum(axis=1, keepdims=True)
-        mixed = np.einsum("nk,knc->nc", weights, out.class_probs)
+        return weights / weights.sum(axis=1, keepdims=True)
+
+    def decide(self, fed, out):
+        site_probs, routed, _ = super().decide(fed, out)
+        mixed = np.einsum("nk,knc->nc", self.weights(site_probs), out.class_probs)
         return site_probs, routed, mixed
+
+    def answer_threshold(self, thresholds: np.ndarray, site_probs: np.ndarray) -> np.ndarray:
+        """The mixed answer is held to the sites' thresholds mixed by the same weights."""
+        return self.weights(site_probs) @ thresholds
 
 
 class MajorityVoteRouter(Router):
@@ -176,8 +197,17 @@ class MajorityVoteRouter(Router):
         site_probs = support / np.clip(support.sum(axis=1, keepdims=True), 1e-12, None)
         return site_probs, site_probs.argmax(axis=1), out.class_probs.mean(axis=0)
 
-    def predict(self, class_probs: np.ndarray, out: SiteOutputs) -> np.ndarray:
-        return majority_vote(out.class_probs)
+    def predict(self, fed, answer, site_probs, out):
+        """Each site votes at its own operating point (or its argmax without one); a tie goes
+        to positive when the models' probabilities sit on average at or above their thresholds."""
+        thresholds = fed.thresholds
+        if thresholds is None or answer.shape[1] != 2:
+            return majority_vote(out.class_probs)
+        margin = out.class_probs[:, :, 1] - thresholds[:, None]  # (K, n)
+        positive = (margin >= 0).sum(axis=0) * 2
+        k = margin.shape[0]
+        tie_break = margin.mean(axis=0) >= 0
+        return np.where(positive > k, 1, np.where(positive < k, 0, tie_break)).astype(np.int64)
 
 
 class MaxConfidenceRouter(Router):

@@ -1,5 +1,7 @@
-"""Federation: per-site AUC of each method side by side, the worst site, federation figures,
-per-site ROC curves."""
+"""Federation: per-site AUC of each method side by side with 95% CIs and counts, the pooled and
+worst-site AUC, federation figures, ROC curves of several methods at one site; then, for one
+method, the operating points, calibration, the cross-site matrix and the system figures under
+both protocols."""
 
 from __future__ import annotations
 
@@ -8,20 +10,180 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from medfed.dashboard import charts, common, rundata
-from medfed.runs.report import fmt
+from medfed.dashboard import charts, clinical, common, rundata
+from medfed.runs.schema import Summary
 
 WORST_STYLE = "background-color: #f8d7da; color: #842029; font-weight: bold"
+UNRELIABLE_NOTE = (
+    f"{clinical.WARNING} marks a figure resting on fewer than 10 positives or 10 negatives: its "
+    "CI is wide and the figure may not hold on new patients."
+)
 
 
 def styled_aucs(aucs: pd.DataFrame, worst: dict[str, tuple[str | None, Any]]) -> Any:
-    """The AUC table with each method's worst site highlighted."""
+    """The per-site table with each method's worst site highlighted in its column."""
 
     def mark(column: pd.Series) -> list[str]:
         site = worst.get(str(column.name), (None, None))[0]
         return [WORST_STYLE if index == site else "" for index in column.index]
 
-    return aucs.style.apply(mark, axis=0).format("{:.3f}", na_rep="n/a")
+    methods = [c for c in aucs.columns if c in worst]
+    return aucs.style.apply(mark, axis=0, subset=methods)
+
+
+def per_site(summaries: dict[str, Summary]) -> None:
+    st.subheader("Per-site AUC")
+    worst = rundata.worst_sites(summaries)
+    st.table(styled_aucs(clinical.site_auc_table(summaries), worst))
+    st.caption(
+        "Test AUC with its 95% CI (DeLong, or a bootstrap over patients when a patient has "
+        "several scans); n counts the site's test scans. Highlighted: each method's worst site "
+        f"(lowest test AUC). {UNRELIABLE_NOTE}"
+    )
+    for note in rundata.undefined_aucs(summaries):
+        st.caption(note)
+    columns = st.columns(min(len(worst), 4))
+    for i, (label, (site, _)) in enumerate(worst.items()):
+        columns[i % len(columns)].metric(
+            f"Worst site: {label}",
+            site or "n/a",
+            clinical.worst_site_text(summaries[label]),
+            delta_color="off",
+            delta_arrow="off",
+        )
+    for label, summary in summaries.items():
+        if warning := clinical.worst_site_warning(summary):
+            st.caption(f"Worst site of {label}, {warning}")
+    st.plotly_chart(charts.site_auc_bars(clinical.auc_points(summaries), worst), key="auc_bars")
+    st.caption("Error bars: 95% CI. Hatched bars and a marked site name: unreliable figures.")
+
+
+def pooled(summaries: dict[str, Summary]) -> None:
+    st.subheader("Pooled AUC (random effects)")
+    columns = st.columns(min(len(summaries), 4))
+    for i, (label, summary) in enumerate(summaries.items()):
+        p = summary.pooled_auc
+        columns[i % len(columns)].metric(
+            f"Pooled AUC: {label}",
+            "n/a" if p is None else f"{p.estimate:.3f}",
+            (
+                "no pooled AUC in this run"
+                if p is None
+                else f"95% CI {p.low:.3f}\u2013{p.high:.3f}, I\u00b2 {100 * p.i2:.0f}% "
+                f"({p.n_sites} sites)"
+            ),
+            delta_color="off",
+            delta_arrow="off",
+        )
+    st.caption(
+        "The sites' AUCs pooled by a random-effects model (DerSimonian-Laird, on the logit "
+        "scale): the AUC a new site of the same kind could expect. I\u00b2 is the share of the "
+        "spread between sites that chance does not explain (above 50%: the sites truly differ). "
+        "n/a: fewer than two sites with a CI, or a run written before pooling."
+    )
+
+
+def roc_by_method(summaries: dict[str, Summary]) -> None:
+    st.subheader("ROC curves of the methods at one site")
+    if len(summaries) < 2:
+        st.caption("Select several runs in the sidebar to overlay their ROC curves here.")
+        return
+    site = st.selectbox("Site", clinical.sites_of(summaries), key="roc_site")
+    points, missing = clinical.roc_overlay_frame(summaries, site)
+    operating = []
+    for label, summary in summaries.items():
+        frame = clinical.operating_points(summary)
+        operating.append(frame[frame["site"] == site].assign(method=label))
+    marks = pd.concat(operating, ignore_index=True) if operating else None
+    if not points.empty:
+        fig = charts.roc_overlay(points, f"{site}: test ROC per method", marks)
+        st.plotly_chart(fig, key="roc_overlay")
+    for label, reason in missing.items():
+        st.info(f"{label}: no ROC curve at site {site} ({reason}).")
+
+
+def roc_per_site(label: str, summary: Summary) -> None:
+    st.subheader("Per-site ROC curves")
+    points, missing = rundata.roc_frame(summary)
+    if not points.empty:
+        fig = charts.roc_curves(
+            points, f"{label}: test ROC per site", clinical.operating_points(summary)
+        )
+        st.plotly_chart(fig, key="roc")
+        st.caption("Diamonds: each site's operating point (its threshold, in hover).")
+    for site, reason in missing.items():
+        st.info(f"Site {site}: no ROC curve ({reason}).")
+
+
+def operating(label: str, summary: Summary) -> None:
+    st.subheader("Operating points")
+    table = clinical.operating_table(summary)
+    if table.empty:
+        st.info(
+            f"{label} has no operating points: it was written before they were stored, or its "
+            "task has more than two classes (the most probable class answers)."
+        )
+        return
+    rule = summary.operating_rule or "n/a"
+    st.table(table)
+    st.caption(
+        f"Each site's threshold on P(positive) was chosen on its validation split (rule: {rule}) "
+        "and is applied to its test scans: rate (95% Wilson CI) k/n. PPV and NPV hold at the "
+        f"site's own prevalence. {UNRELIABLE_NOTE}"
+    )
+
+
+def calibration(label: str, summary: Summary) -> None:
+    st.subheader("Calibration")
+    table = clinical.calibration_table(summary)
+    if table.empty:
+        st.info(
+            f"{label} has no calibration figures: it was written before they were stored, or "
+            "its task has more than two classes."
+        )
+        return
+    st.table(table)
+    st.caption(
+        "Brier score (lower is better) and expected calibration error (ECE) over equal-size "
+        "bins; calibration intercept (0 is ideal; above 0, risks are under-estimated) and "
+        "slope (1 is ideal; below 1, the model is over-confident)."
+    )
+    bins = clinical.reliability_frame(summary)
+    if not bins.empty:
+        fig = charts.reliability_diagram(bins, f"{label}: reliability diagram")
+        st.plotly_chart(fig, key="reliability")
+        st.caption("Points on the dotted diagonal: predicted probabilities match what happened.")
+
+
+def cross_site(label: str, summary: Summary) -> None:
+    st.subheader("Cross-site AUC")
+    matrix = clinical.cross_site_matrix(summary)
+    if not matrix:
+        st.info(f"{label} has no cross-site figures: it was written before they were stored.")
+        return
+    st.plotly_chart(charts.cross_site_heatmap(matrix), key="cross_site")
+    st.caption(
+        "Each site's model on each site's test scans (the diagonal: a model on its own site). "
+        "A low cell off the diagonal: that model does not carry over to that site's patients; "
+        "hover for accuracy and the number of scans."
+    )
+
+
+def protocols(label: str, summary: Summary) -> None:
+    st.subheader("System figures under both protocols")
+    table = clinical.protocol_table(summary)
+    if table.empty:
+        st.info(f"{label} has no router figures.")
+        return
+    st.table(table)
+    known = "" if summary.routers_origin_known else " (this run has no origin-known figures)"
+    st.caption(
+        "Every site's test scans pooled and answered as the federation answers a new patient. "
+        "Origin unknown: each candidate site reads the scan with its own normalization; origin "
+        "known: the scan is read with its own site's normalization, as a member hospital's "
+        f"archived scan would be{known}. Rate (95% Wilson CI) k/n; sensitivity and specificity "
+        "count the answered scans, each at the answering site's operating point."
+    )
 
 
 def main() -> None:
@@ -42,23 +204,8 @@ def main() -> None:
         st.warning("No finished run to show yet: the figures appear once summary.json exists.")
         return
 
-    st.subheader("Per-site AUC")
-    aucs = rundata.auc_table(summaries)
-    worst = rundata.worst_sites(summaries)
-    st.table(styled_aucs(aucs, worst))
-    st.caption("Highlighted: each method's worst site (lowest test AUC).")
-    for note in rundata.undefined_aucs(summaries):
-        st.caption(note)
-    columns = st.columns(min(len(worst), 4))
-    for i, (label, (site, auc)) in enumerate(worst.items()):
-        columns[i % len(columns)].metric(
-            f"Worst site: {label}",
-            site or "n/a",
-            f"AUC {fmt(auc)}",
-            delta_color="off",
-            delta_arrow="off",
-        )
-    st.plotly_chart(charts.site_auc_bars(aucs, worst), key="auc_bars")
+    per_site(summaries)
+    pooled(summaries)
 
     st.subheader("Federation figures")
     st.table(rundata.federation_table(summaries))
@@ -68,14 +215,17 @@ def main() -> None:
         "(routed to one site, or a majority vote of the site models). Spread and Gini measure "
         "how unequal the sites' AUCs are (0: all equal)."
     )
+    roc_by_method(summaries)
 
-    st.subheader("Per-site ROC curves")
+    st.divider()
+    st.header("One method in detail")
     label = st.selectbox("Method", list(summaries), key="roc_method")
-    points, missing = rundata.roc_frame(summaries[label])
-    if not points.empty:
-        st.plotly_chart(charts.roc_curves(points, f"{label}: test ROC per site"), key="roc")
-    for site, reason in missing.items():
-        st.info(f"Site {site}: no ROC curve ({reason}).")
+    summary = summaries[label]
+    roc_per_site(label, summary)
+    operating(label, summary)
+    calibration(label, summary)
+    cross_site(label, summary)
+    protocols(label, summary)
 
 
 common.guarded(main)

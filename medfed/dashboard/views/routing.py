@@ -10,9 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import streamlit as st
 
-from medfed.dashboard import charts, common, rundata
+from medfed.dashboard import charts, common, rundata, thumbnails
 from medfed.dashboard.rundata import Run
 from medfed.runs.report import fmt
 from medfed.serving.audit import AuditLog
@@ -22,7 +23,26 @@ from medfed.serving.service import route_files
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "tif", "tiff", "bmp", "dcm", "nii", "gz"]
 AUDIT_LIMIT = 5000
 ROUTED = "routed_uploads"  # session state: the (run, router, upload id) already routed
-LAST = "last_routed"  # session state: (run, decision) shown under the inputs
+LAST = "last_routed"  # session state: the decision shown under the inputs (see to_show())
+THUMBNAIL = 160  # pixels: the scan's picture stays small beside the answer
+NOT_RELIED_ON = "Not to be relied on"
+
+
+def to_show(run: Run, entry: dict[str, Any], picture: Any, fed: Any) -> dict[str, Any]:
+    """What the page keeps to show under its inputs (session state holds plain data, as page
+    scripts are re-run): the decision, the scan's picture, and the distance above which the
+    federation abstains (None without an abstention model)."""
+    return {
+        "run": str(run.path),
+        "entry": entry,
+        "picture": picture,
+        "threshold": abstention_threshold(fed),
+    }
+
+
+def abstention_threshold(fed: Any) -> float | None:
+    abstention = getattr(fed, "abstention", None)
+    return None if abstention is None else float(abstention.threshold)
 
 
 def route_upload(run: Run, fed: Any, router: Any, upload: Any) -> dict[str, Any] | None:
@@ -37,46 +57,91 @@ def route_upload(run: Run, fed: Any, router: Any, upload: Any) -> dict[str, Any]
         path = Path(folder) / name
         path.write_bytes(upload.getvalue())
         result = route_files(fed, router, [path], run.path, names=[name])[0]
+        picture = thumbnails.scan_picture(path)
     done.add(key)
-    return result.to_dict()
+    return to_show(run, result.to_dict(), picture, fed)
 
 
 def route_path(run: Run, fed: Any, router: Any, text: str) -> dict[str, Any]:
     path = Path(text.strip()).expanduser()
-    return route_files(fed, router, [path], run.path)[0].to_dict()
+    entry = route_files(fed, router, [path], run.path)[0].to_dict()
+    picture = thumbnails.scan_picture(path) if entry["status"] != "error" else None
+    return to_show(run, entry, picture, fed)
 
 
-def show_result(entry: dict[str, Any]) -> None:
+def distance_text(entry: dict[str, Any], threshold: float | None) -> tuple[str, str]:
+    """The scan's distance to the closest site, and its threshold, as the metric shows them."""
+    limit = (
+        "threshold n/a (trained without abstention)"
+        if threshold is None
+        else f"threshold {threshold:.2f}: abstains above"
+    )
+    return fmt(entry.get("ood_score"), 2), limit
+
+
+def show_result(result: dict[str, Any]) -> None:
+    entry, picture = result["entry"], result["picture"]
     st.subheader(f"Result: {entry['file']}")
     status = entry["status"]
     if status == "error":
         st.error(f"Could not route this scan: {entry['reason']}")
         return
-    if status == "routed":
-        st.success(f"Routed to site {entry['chosen_site']}")
-    else:
-        st.warning(f"abstain: {entry['reason']}")
-    cols = st.columns(3)
-    cols[0].metric("Chosen site", entry["chosen_site"] or "abstain")
-    if entry.get("prediction") is not None:
-        cols[1].metric(
-            "Prediction",
-            entry["prediction"],
-            f"probability {fmt(entry['prediction_prob'], 2)}",
-            delta_color="off",
-            delta_arrow="off",
+    picture_column, answer = st.columns([1, 4])
+    with picture_column:
+        if picture is not None:
+            st.image(picture, width=THUMBNAIL, caption=thumbnail_caption(picture))
+        else:
+            st.caption("No picture of this scan.")
+    with answer:
+        if status == "routed":
+            st.success(f"Routed to site {entry['chosen_site']}")
+        else:
+            st.warning(f"abstain: {entry['reason']}")
+        cols = st.columns(3)
+        cols[0].metric("Chosen site", entry["chosen_site"] or "abstain")
+        if status == "routed" and entry.get("prediction") is not None:
+            cols[1].metric(
+                "Prediction",
+                entry["prediction"],
+                f"probability {fmt(entry['prediction_prob'], 2)}",
+                delta_color="off",
+                delta_arrow="off",
+            )
+        distance, limit = distance_text(entry, result["threshold"])
+        cols[2].metric(
+            "Distance to the closest site", distance, limit, delta_color="off", delta_arrow="off"
         )
-    cols[2].metric("Distance to the closest site", fmt(entry.get("ood_score"), 2))
     if status == "abstained":
-        st.caption(
-            "No site's model fits this scan: the prediction is shown for completeness only and "
-            "should not be relied on."
-        )
-    if entry.get("site_probs"):
+        not_relied_on(entry)
+    elif entry.get("site_probs"):
         st.markdown("**Site probabilities**")
         probs = rundata.probabilities_frame(entry["site_probs"], entry["chosen_site"])
         st.plotly_chart(charts.site_probability_bars(probs), key="site_probs")
         st.table(probs.set_index("site"))
+
+
+def thumbnail_caption(picture: np.ndarray) -> str:
+    return "the scan" if picture.ndim == 3 else "the scan (middle slice)"
+
+
+def not_relied_on(entry: dict[str, Any]) -> None:
+    """An abstained scan's model outputs, shown small and marked: no site's model fits it."""
+    if entry.get("prediction") is None and not entry.get("site_probs"):
+        return
+    st.markdown(f"**{NOT_RELIED_ON}**")
+    st.caption(
+        "No site's model fits this scan, so what follows is shown for completeness only: it is "
+        "not a prediction and should not be relied on."
+    )
+    if entry.get("prediction") is not None:
+        st.caption(
+            f"The models' answer had they been asked: {entry['prediction']} (probability "
+            f"{fmt(entry['prediction_prob'], 2)})."
+        )
+    if entry.get("site_probs"):
+        probs = rundata.probabilities_frame(entry["site_probs"], None)
+        st.plotly_chart(charts.site_probability_bars(probs, relied_on=False), key="site_probs")
+        st.table(probs.drop(columns="chosen").set_index("site"))
 
 
 def audit_section(run: Run) -> None:
@@ -137,16 +202,16 @@ def main() -> None:
         "... or the path of a scan on this machine (a DICOM series folder works too)",
         key="scan_path",
     )
-    if upload is not None and (entry := route_upload(run, fed, router, upload)) is not None:
-        st.session_state[LAST] = (str(run.path), entry)
+    if upload is not None and (routed := route_upload(run, fed, router, upload)) is not None:
+        st.session_state[LAST] = routed
     if st.button("Route this path", key="route_path"):
         if text.strip():
-            st.session_state[LAST] = (str(run.path), route_path(run, fed, router, text))
+            st.session_state[LAST] = route_path(run, fed, router, text)
         else:
             st.warning("Type the path of a scan first.")
     last = st.session_state.get(LAST)
-    if last and last[0] == str(run.path):
-        show_result(last[1])
+    if isinstance(last, dict) and last.get("run") == str(run.path):
+        show_result(last)
     audit_section(run)
 
 

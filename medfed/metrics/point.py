@@ -1,4 +1,4 @@
-"""Per-site and federation-level metrics: pure functions of labels and scores.
+"""Per-site and federation-level point metrics: pure functions of labels and scores.
 
 Everything here takes numpy-compatible arrays and returns plain Python numbers, lists or frozen
 dataclasses whose ``to_dict()`` is JSON-serialisable (no NaN, no infinity). Undefined values are
@@ -9,18 +9,24 @@ reporting 0.5 would hide that from the clinician looking at the worst site.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 from sklearn.metrics import roc_auc_score, roc_curve
 
+from medfed.metrics._common import (
+    binary_scores,
+    check_label_range,
+    check_same_length,
+    labels,
+    pick_fields,
+    probabilities,
+)
+
 ABSTAIN = -1
 """Value of ``routed_site`` for a scan that no site's model fits (the router abstained)."""
-
-# Softmax in reduced precision drifts from 1 by up to ~1e-2; logits miss by far more.
-_PROB_TOL = 1e-2
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class SiteMetrics:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SiteMetrics:
         """Inverse of ``to_dict`` (for example when reading ``summary.json``)."""
-        values = _pick_fields(cls, data)
+        values = pick_fields(cls, data)
         values["n_per_class"] = {int(c): int(k) for c, k in values["n_per_class"].items()}
         return cls(**values)
 
@@ -65,6 +71,10 @@ class FederationMetrics:
     AUC fields are computed over the sites with a defined AUC and are ``None`` when no site has
     one; ``sites_without_auc`` names the sites left out. Ties for worst / best site go to the
     smallest site id, so the result does not depend on dict order.
+
+    ``average_accuracy`` weights each site's accuracy by its number of test scans;
+    ``average_accuracy_by_train`` weights it by its number of training scans (the weighting of
+    the FedDRM reference code), and is ``None`` when the training counts were not given.
     """
 
     n_sites: int
@@ -80,6 +90,7 @@ class FederationMetrics:
     mean_accuracy: float
     accuracy_std: float
     sites_without_auc: list[str] = field(hash=False)
+    average_accuracy_by_train: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""
@@ -87,8 +98,9 @@ class FederationMetrics:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FederationMetrics:
-        """Inverse of ``to_dict``."""
-        values = _pick_fields(cls, data)
+        """Inverse of ``to_dict``; a dict written before ``average_accuracy_by_train`` existed
+        reads it as ``None``."""
+        values = pick_fields(cls, data, optional=("average_accuracy_by_train",))
         values["sites_without_auc"] = list(values["sites_without_auc"])
         return cls(**values)
 
@@ -101,15 +113,15 @@ def site_metrics(y_true: ArrayLike, probs: ArrayLike, *, split: str = "test") ->
     AUC is the ROC AUC of class 1's probability for K=2 and the macro one-vs-rest AUC for K>2,
     averaged over the classes present in the split. ``split`` only words the reasons.
     """
-    y = _labels(y_true, "y_true")
+    y = labels(y_true, "y_true")
     if y.size == 0:
         raise ValueError(
             f"{split} split is empty (n=0): metrics need at least one scan; "
             "check the site's split fractions and record count"
         )
-    p = _probabilities(probs, y.size)
+    p = probabilities(probs, y.size)
     k = p.shape[1]
-    _check_label_range(y, k)
+    check_label_range(y, k)
     pred = p.argmax(axis=1)
     counts = np.bincount(y, minlength=k)
     auc, reason = _auc(y, p, counts, split)
@@ -123,12 +135,17 @@ def site_metrics(y_true: ArrayLike, probs: ArrayLike, *, split: str = "test") ->
     )
 
 
-def federation_metrics(per_site: Mapping[str, SiteMetrics]) -> FederationMetrics:
+def federation_metrics(
+    per_site: Mapping[str, SiteMetrics], n_train: Mapping[str, int] | None = None
+) -> FederationMetrics:
     """Summarise per-site metrics: mean, worst, spread and inequality of AUC; accuracies.
 
-    ``average_accuracy`` weights each site by its number of scans (the FedDRM paper's figure);
-    ``mean_accuracy`` weights sites equally. ``worst10_auc`` is the mean AUC of the worst
-    ceil(10%) of the sites with an AUC, at least one site. Spreads are population std (ddof=0).
+    ``average_accuracy`` weights each site by its number of test scans (``SiteMetrics.n``, the
+    FedDRM paper's figure); ``average_accuracy_by_train`` weights it by ``n_train[site]``, the
+    site's number of training scans (the FedDRM reference code's weighting), and is ``None``
+    when ``n_train`` is not given (extra sites in ``n_train`` are ignored). ``mean_accuracy``
+    weights sites equally. ``worst10_auc`` is the mean AUC of the worst ceil(10%) of the sites
+    with an AUC, at least one site. Spreads are population std (ddof=0).
     """
     if not per_site:
         raise ValueError("federation_metrics needs at least one site; got an empty mapping")
@@ -142,7 +159,21 @@ def federation_metrics(per_site: Mapping[str, SiteMetrics]) -> FederationMetrics
         mean_accuracy=float(np.mean(acc)),
         accuracy_std=float(np.std(acc)),
         sites_without_auc=[s for s in ids if per_site[s].auc is None],
+        average_accuracy_by_train=None if n_train is None else _by_train(ids, acc, n_train),
     )
+
+
+def _by_train(ids: list[str], acc: np.ndarray, n_train: Mapping[str, int]) -> float:
+    missing = [s for s in ids if s not in n_train]
+    if missing:
+        raise ValueError(f"n_train has no training count for site(s) {', '.join(missing)}")
+    weights = np.array([n_train[s] for s in ids], dtype=np.float64)
+    if np.any(weights < 0) or not np.all(np.isfinite(weights)):
+        got = {s: n_train[s] for s in ids}
+        raise ValueError(f"n_train counts must be finite and >= 0; got {got}")
+    if weights.sum() == 0:
+        raise ValueError("n_train counts are all 0: no training scans to weight by")
+    return float(np.sum(acc * weights) / np.sum(weights))
 
 
 def gini(values: Iterable[float]) -> float:
@@ -167,17 +198,17 @@ def gini(values: Iterable[float]) -> float:
 
 def system_accuracy(y_true: ArrayLike, y_pred: ArrayLike) -> float:
     """Fraction of scans the whole federation labels correctly (after routing or voting)."""
-    y = _labels(y_true, "y_true")
-    pred = _labels(y_pred, "y_pred")
-    _check_same_length(y, pred, "y_true", "y_pred")
+    y = labels(y_true, "y_true")
+    pred = labels(y_pred, "y_pred")
+    check_same_length(y, pred, "y_true", "y_pred")
     return float(np.mean(y == pred))
 
 
 def routing_accuracy(true_site: ArrayLike, routed_site: ArrayLike) -> float:
     """Fraction of scans sent to the site they came from; abstentions (-1) count as wrong."""
-    true = _labels(true_site, "true_site")
+    true = labels(true_site, "true_site")
     routed = _routed(routed_site)
-    _check_same_length(true, routed, "true_site", "routed_site")
+    check_same_length(true, routed, "true_site", "routed_site")
     if np.any(true < 0):
         raise ValueError(f"true_site holds site indices >= 0; got minimum {true.min()}")
     return float(np.mean(true == routed))
@@ -219,11 +250,11 @@ def roc_points(y_true: ArrayLike, scores: ArrayLike, *, split: str = "test") -> 
     threshold (above every score: nothing called positive) is ``None`` rather than infinity.
     With one class in ``y_true`` the three lists are ``None`` and ``reason`` says why.
     """
-    y = _labels(y_true, "y_true")
+    y = labels(y_true, "y_true")
     if y.size == 0:
         raise ValueError(f"{split} split is empty (n=0): no ROC curve to draw")
-    s = _binary_scores(scores, y.size)
-    _check_label_range(y, 2)
+    s = binary_scores(scores, y.size)
+    check_label_range(y, 2)
     present = np.unique(y)
     if present.size < 2:
         reason = _single_class_reason(split, int(present[0]), y.size)
@@ -281,87 +312,10 @@ def _single_class_reason(split: str, cls: int, n: int) -> str:
     return f"{split} split has only class {cls} (n={n}): AUC undefined"
 
 
-def _labels(values: ArrayLike, name: str) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one entry per scan); got shape {arr.shape}")
-    if arr.dtype == np.bool_:
-        return arr.astype(np.int64)
-    if not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"{name} must hold integer indices; got dtype {arr.dtype}")
-    if not np.issubdtype(arr.dtype, np.integer):
-        bad = arr[~np.isfinite(arr) | (arr != np.round(arr))]
-        if bad.size:
-            raise ValueError(f"{name} must hold integer indices; got {bad[0]!r}")
-    return arr.astype(np.int64)
-
-
-def _probabilities(probs: ArrayLike, n: int) -> np.ndarray:
-    p = np.asarray(probs, dtype=np.float64)
-    if p.ndim == 1:
-        p = np.stack([1.0 - p, p], axis=1)
-    elif p.ndim != 2 or p.shape[1] < 2:
-        raise ValueError(
-            f"probs must be (n, K >= 2) class probabilities or (n,) P(class 1); got {p.shape}"
-        )
-    if p.shape[0] != n:
-        raise ValueError(f"probs has {p.shape[0]} rows but y_true has {n} labels")
-    if not np.all(np.isfinite(p)):
-        raise ValueError("probs contain NaN or infinite values; the model output is unusable")
-    if p.min() < -_PROB_TOL or p.max() > 1 + _PROB_TOL:
-        raise ValueError(
-            f"probs must lie in [0, 1], got range [{p.min():g}, {p.max():g}]; "
-            "pass softmax probabilities, not logits"
-        )
-    sums = p.sum(axis=1)
-    if np.any(np.abs(sums - 1.0) > _PROB_TOL):
-        raise ValueError(
-            f"probs rows must sum to 1, got sums in [{sums.min():g}, {sums.max():g}]; "
-            "pass softmax probabilities, not logits or sigmoid outputs per class"
-        )
-    return p
-
-
-def _binary_scores(scores: ArrayLike, n: int) -> np.ndarray:
-    s = np.asarray(scores, dtype=np.float64)
-    if s.ndim == 2 and s.shape[1] == 2:
-        s = s[:, 1]
-    elif s.ndim != 1:
-        raise ValueError(f"scores must be (n,) or (n, 2) for a binary ROC curve; got {s.shape}")
-    if s.size != n:
-        raise ValueError(f"scores has {s.size} entries but y_true has {n} labels")
-    if not np.all(np.isfinite(s)):
-        raise ValueError("scores contain NaN or infinite values; the model output is unusable")
-    return s
-
-
-def _check_label_range(y: np.ndarray, k: int) -> None:
-    if y.size and (y.min() < 0 or y.max() >= k):
-        raise ValueError(
-            f"y_true holds labels in [{y.min()}, {y.max()}] but the model scores {k} classes "
-            f"(0..{k - 1}); check the site manifest's label map"
-        )
-
-
-def _check_same_length(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None:
-    if a.size != b.size:
-        raise ValueError(f"{name_a} has {a.size} entries but {name_b} has {b.size}")
-    if a.size == 0:
-        raise ValueError(f"{name_a} and {name_b} are empty: nothing to score")
-
-
 def _routed(routed_site: ArrayLike) -> np.ndarray:
-    routed = _labels(routed_site, "routed_site")
+    routed = labels(routed_site, "routed_site")
     if routed.size and routed.min() < ABSTAIN:
         raise ValueError(
             f"routed_site holds site indices >= 0 or {ABSTAIN} (abstain); got {routed.min()}"
         )
     return routed
-
-
-def _pick_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
-    names = [f.name for f in fields(cls)]
-    missing = [name for name in names if name not in data]
-    if missing:
-        raise ValueError(f"{cls.__name__}: missing key(s) {', '.join(missing)}")
-    return {name: data[name] for name in names}

@@ -1,0 +1,45 @@
+"""A small picture of a scan for the Routing page: a fundus photo as it is, a CT volume as its
+middle slice (no Streamlit; the picture stays in the page's memory, never on disk)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from medfed.data.io import Volume
+from medfed.errors import MedfedError
+from medfed.serving.scans import read_scan
+
+SIZE = 256  # longest side in pixels; the page shows it smaller still
+LOW, HIGH = 0.5, 99.5  # percentiles a CT slice is stretched between (any scanner's units)
+
+
+def picture(decoded: np.ndarray | Volume, size: int = SIZE) -> np.ndarray:
+    """An 8-bit picture of a decoded scan, its longest side at most ``size`` pixels: RGB for a
+    photo; for a volume the middle slice, in grey, stretched between its 0.5th and 99.5th
+    percentiles and drawn with the volume's pixel spacing (non-square pixels look right)."""
+    if isinstance(decoded, Volume):
+        middle = np.asarray(decoded.array[decoded.array.shape[0] // 2], dtype=np.float64)
+        low, high = np.nanpercentile(middle, [LOW, HIGH]) if middle.size else (0.0, 0.0)
+        scaled = (middle - low) / (high - low) if high > low else np.zeros_like(middle)
+        grey = (np.clip(np.nan_to_num(scaled), 0, 1) * 255).round().astype(np.uint8)
+        image = Image.fromarray(grey)
+        rows, columns = decoded.spacing[1], decoded.spacing[2]
+        if not np.isclose(rows, columns):
+            height = max(1, round(grey.shape[0] * rows / columns))
+            image = image.resize((grey.shape[1], height), Image.Resampling.BILINEAR)
+    else:
+        image = Image.fromarray(np.ascontiguousarray(decoded, dtype=np.uint8))
+    image.thumbnail((size, size), Image.Resampling.LANCZOS)
+    return np.asarray(image)
+
+
+def scan_picture(path: str | Path, size: int = SIZE) -> np.ndarray | None:
+    """The picture of the scan at ``path`` (a file or a DICOM series folder); None when it
+    cannot be read (the routing answer already says why)."""
+    try:
+        return picture(read_scan(path).decoded, size)
+    except (MedfedError, OSError, ValueError):
+        return None

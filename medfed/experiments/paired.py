@@ -1,0 +1,599 @@
+"""Figures of methods on the same test scans, with 95% confidence intervals, and the paired
+differences between methods that the bench's and the demo's verdicts are read from.
+
+Everything here is computed from the runs' ``predictions.csv`` (one row per test scan). Scans
+fall into strata keyed ``(seed, site)``: seed s draws the federation with seed s, so every method
+trained on seed s was tested on the same scans, and that is checked scan id by scan id before
+two methods are compared. A bootstrap resample draws patients with replacement within each
+stratum (every site keeps its size, every seed its own data) and a figure over several seeds is
+the mean over the seeds of the figure of each seed.
+
+* :func:`figure_intervals`: one method's figures (each site's AUC, the mean and the worst site's
+  AUC, system accuracy under each protocol) with percentile bootstrap intervals.
+* :func:`compare_methods`: a reference method minus every other method, figure by figure, with
+  the interval of :func:`medfed.metrics.paired_bootstrap` (both methods get the same resample)
+  and its :func:`medfed.metrics.verdict`: the verdicts come from these intervals and nothing
+  else. An AUC difference over sites so small that most resamples would draw one class at some
+  site (:func:`defined_share` under ``MIN_DEFINED``) gets no interval: "not measured".
+
+The two protocols:
+
+* ``origin known``: a scan is normalized with its own site's statistics and, for the site AUCs,
+  scored by its own site's model (a member hospital's archived scan);
+* ``origin unknown``: each candidate site normalizes the scan with its own statistics (a new
+  patient's scan whose hospital is not known); with ``normalization = "federation"`` every site
+  uses the statistics pooled over the federation, so that protocol costs such a run nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medfed.errors import RunDirError
+from medfed.metrics import Interval, paired_bootstrap, verdict
+from medfed.runs import RunDir
+
+N_BOOT = 2000
+LEVEL = 0.95
+ORIGIN_KNOWN = "origin known"
+ORIGIN_UNKNOWN = "origin unknown"
+PROTOCOLS = {
+    ORIGIN_KNOWN: "each scan normalized with its own site's statistics (site AUCs: each site's "
+    "model on its own test scans; system accuracy: the federation still routes or votes)",
+    ORIGIN_UNKNOWN: "each candidate site normalizes the scan with its own statistics, as it "
+    "would a new patient's scan from an unknown hospital (with federation normalization every "
+    "site uses the statistics pooled over the federation)",
+}
+VERDICTS = ("ahead", "behind", "no difference detected", "not measured")
+# An AUC interval is given only when at least this share of the resamples has both classes at
+# every site: below it, the few resamples left are not a fair picture of the spread (a site of
+# a handful of test scans), and the figure is "not measured" rather than given a narrow CI.
+MIN_DEFINED = 0.5
+
+Strata = Mapping[Hashable, tuple[np.ndarray, np.ndarray]]
+
+
+# ---------------------------------------------------------------------------- per-scan data
+@dataclass(frozen=True)
+class SiteScans:
+    """One site's test scans in one run, in ``predictions.csv`` order.
+
+    ``score`` is P(positive) of the site's own model (None for more than two classes);
+    ``correct`` and ``correct_origin_known`` say whether the federation's answer (the default
+    router's) was right under each protocol.
+    """
+
+    scan_ids: tuple[str, ...]
+    patients: np.ndarray
+    y: np.ndarray
+    score: np.ndarray | None
+    correct: np.ndarray
+    correct_origin_known: np.ndarray
+
+    def column(self, name: str) -> np.ndarray | None:
+        return {
+            "score": self.score,
+            "correct": self.correct,
+            "correct_origin_known": self.correct_origin_known,
+        }[name]
+
+    def take(self, index: np.ndarray) -> SiteScans:
+        return SiteScans(
+            scan_ids=tuple(self.scan_ids[i] for i in index),
+            patients=self.patients[index],
+            y=self.y[index],
+            score=None if self.score is None else self.score[index],
+            correct=self.correct[index],
+            correct_origin_known=self.correct_origin_known[index],
+        )
+
+
+Scans = dict[str, SiteScans]
+"""Every site's test scans of one run, by site id."""
+
+
+def scans_from_rows(rows: Sequence[Mapping[str, Any]]) -> Scans:
+    """``predictions.csv`` rows (as ``RunDir.read_predictions`` types them), grouped by site."""
+    by_site: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_site.setdefault(str(row["site"]), []).append(row)
+    scans = {}
+    for site, part in by_site.items():
+        y = np.array([int(r["label"]) for r in part], dtype=np.int64)
+        scores = [r["score"] for r in part]
+        scans[site] = SiteScans(
+            scan_ids=tuple(str(r["scan_id"]) for r in part),
+            patients=np.array([str(r["patient_id"]) for r in part], dtype=object),
+            y=y,
+            score=None if any(s is None for s in scores) else np.array(scores, dtype=np.float64),
+            correct=np.array([int(r["system_prediction"]) for r in part]) == y,
+            correct_origin_known=(
+                np.array([int(r["system_prediction_origin_known"]) for r in part]) == y
+            ),
+        )
+    return scans
+
+
+def load_scans(run: Path) -> Scans:
+    """A run directory's test scans, from its ``predictions.csv``."""
+    return scans_from_rows(RunDir(run).read_predictions())
+
+
+# ---------------------------------------------------------------------------- the figures
+@dataclass(frozen=True)
+class Figure:
+    """A figure compared between methods: which column of the scans it reads, under which
+    protocol, and how it combines the ``(seed, site)`` strata."""
+
+    key: str
+    label: str
+    protocol: str
+    column: str
+    definition: str
+    statistic: Callable[[Strata], float]
+
+    @property
+    def is_auc(self) -> bool:
+        return self.column == "score"
+
+    def describe(self) -> dict[str, str]:
+        return {"label": self.label, "protocol": self.protocol, "definition": self.definition}
+
+
+def site_auc(y: np.ndarray, score: np.ndarray) -> float:
+    """The AUC from midranks (ties count one half; equals ``medfed.metrics.auc_fast``), NaN
+    when ``y`` holds one class (a resample can draw a single class). Called for every site of
+    every resample, so it skips the input checks: one sort, no rank library."""
+    n = y.size
+    n_pos = int(np.count_nonzero(y == 1))
+    if n_pos == 0 or n_pos == n:
+        return math.nan
+    order = np.argsort(score, kind="stable")
+    ordered = score[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+    ends = np.r_[starts[1:], n]
+    ranks = np.empty(n)
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
+    return float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * (n - n_pos)))
+
+
+def _by_seed(strata: Strata) -> dict[Any, list[tuple[np.ndarray, np.ndarray]]]:
+    seeds: dict[Any, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for (seed, _site), part in strata.items():
+        seeds.setdefault(seed, []).append(part)
+    return seeds
+
+
+def worst_site_auc(strata: Strata) -> float:
+    """Mean over the seeds of the lowest site AUC of each seed (NaN if one is undefined)."""
+    seeds = _by_seed(strata)
+    return float(np.mean([np.min([site_auc(y, s) for y, s in parts]) for parts in seeds.values()]))
+
+
+def mean_site_auc(strata: Strata) -> float:
+    """Mean over the seeds of the mean site AUC of each seed (NaN if one is undefined)."""
+    seeds = _by_seed(strata)
+    return float(np.mean([np.mean([site_auc(y, s) for y, s in parts]) for parts in seeds.values()]))
+
+
+def pooled_accuracy(strata: Strata) -> float:
+    """Mean over the seeds of the share of every site's scans (pooled) answered correctly."""
+    seeds = _by_seed(strata)
+    return float(
+        np.mean(
+            [
+                sum(float(np.sum(c)) for _, c in parts) / sum(c.size for _, c in parts)
+                for parts in seeds.values()
+            ]
+        )
+    )
+
+
+FIGURES: tuple[Figure, ...] = (
+    Figure(
+        "worst_site_auc",
+        "worst-site AUC",
+        ORIGIN_KNOWN,
+        "score",
+        "mean over seeds of the lowest AUC among the sites (each site's model on its own test "
+        "scans)",
+        worst_site_auc,
+    ),
+    Figure(
+        "mean_site_auc",
+        "mean site AUC",
+        ORIGIN_KNOWN,
+        "score",
+        "mean over seeds of the sites' mean AUC (each site's model on its own test scans)",
+        mean_site_auc,
+    ),
+    Figure(
+        "system_accuracy",
+        "system accuracy",
+        ORIGIN_UNKNOWN,
+        "correct",
+        "mean over seeds of the share of all sites' test scans, pooled, that the federation "
+        "answers correctly (weighted by test scans)",
+        pooled_accuracy,
+    ),
+    Figure(
+        "system_accuracy_origin_known",
+        "system accuracy",
+        ORIGIN_KNOWN,
+        "correct_origin_known",
+        "mean over seeds of the share of all sites' test scans, pooled, that the federation "
+        "answers correctly (weighted by test scans)",
+        pooled_accuracy,
+    ),
+)
+FIGURES_BY_KEY = {f.key: f for f in FIGURES}
+
+
+def figure_title(key: str) -> str:
+    """``worst-site AUC (origin known)``."""
+    figure = FIGURES_BY_KEY[key]
+    return f"{figure.label} ({figure.protocol})"
+
+
+# ---------------------------------------------------------------------------- pairing
+def _pair_error(names: tuple[str, str], where: str, why: str) -> RunDirError:
+    a, b = names
+    return RunDirError(
+        f"cannot compare {a} with {b} on {where}: {why}. A paired comparison needs both "
+        "methods tested on the same scans: train them on the same seed's data, and compare "
+        "runs of one bench or demo only"
+    )
+
+
+def _align(a: SiteScans, b: SiteScans, names: tuple[str, str], where: str) -> np.ndarray:
+    """The order of ``b``'s scans that matches ``a``'s, refusing scans that differ."""
+    for name, scans in zip(names, (a, b), strict=True):
+        if len(set(scans.scan_ids)) != len(scans.scan_ids):
+            seen: set[str] = set()
+            twice = next(s for s in scans.scan_ids if s in seen or seen.add(s))
+            raise _pair_error(names, where, f"{name}'s predictions.csv lists scan {twice!r} twice")
+    position = {scan: k for k, scan in enumerate(b.scan_ids)}
+    only_a = [s for s in a.scan_ids if s not in position]
+    only_b = sorted(set(b.scan_ids) - set(a.scan_ids))
+    if only_a or only_b:
+        parts = [
+            f"{len(only)} scan(s) only in {name}'s predictions.csv (e.g. {only[0]!r})"
+            for name, only in zip(names, (only_a, only_b), strict=True)
+            if only
+        ]
+        raise _pair_error(names, where, "they were tested on different scans: " + "; ".join(parts))
+    index = np.array([position[s] for s in a.scan_ids], dtype=np.int64)
+    differ = np.flatnonzero(b.y[index] != a.y)
+    if differ.size:
+        k = int(differ[0])
+        raise _pair_error(
+            names,
+            where,
+            f"scan {a.scan_ids[k]!r} is labelled {int(a.y[k])} in {names[0]}'s predictions but "
+            f"{int(b.y[index][k])} in {names[1]}'s",
+        )
+    return index
+
+
+def paired_scans(
+    a: Mapping[int, Scans], b: Mapping[int, Scans], names: tuple[str, str]
+) -> dict[tuple[int, str], tuple[SiteScans, SiteScans]]:
+    """Both methods' scans of every ``(seed, site)`` stratum, ``b``'s put in ``a``'s order.
+
+    ``RunDirError`` when the two were not tested on the same seeds, sites and scans (each scan
+    id once, with the same label): a difference over different scans would not be paired.
+    """
+    if set(a) != set(b):
+        raise _pair_error(names, "their seeds", f"seeds {sorted(a)} against {sorted(b)}")
+    pairs = {}
+    for seed in sorted(a):
+        if set(a[seed]) != set(b[seed]):
+            why = f"sites {sorted(a[seed])} against {sorted(b[seed])}"
+            raise _pair_error(names, f"seed {seed}", why)
+        for site, scans in a[seed].items():
+            index = _align(scans, b[seed][site], names, f"seed {seed}, site {site}")
+            pairs[(seed, site)] = (scans, b[seed][site].take(index))
+    return pairs
+
+
+def paired_strata(
+    a: Mapping[int, Scans], b: Mapping[int, Scans], column: str, names: tuple[str, str]
+) -> tuple[dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray]], dict, list[str]]:
+    """``paired_bootstrap``'s strata ``{(seed, site): (y, values_a, values_b)}`` for one column
+    of the scans, each stratum's patients (resampled whole), and the strata left out.
+
+    For the AUC (``column="score"``) a stratum whose test split holds one class has no AUC and
+    is left out, as the run's own worst-site figure leaves that site out.
+    """
+    strata, clusters, left_out = {}, {}, []
+    for key, (sa, sb) in paired_scans(a, b, names).items():
+        va, vb = sa.column(column), sb.column(column)
+        if va is None or vb is None:
+            raise ValueError(f"no {column} column: the task has more than two classes")
+        if column == "score" and np.unique(sa.y).size < 2:
+            left_out.append(f"seed {key[0]} {key[1]} (one class)")
+            continue
+        strata[key] = (sa.y, va, vb)
+        clusters[key] = sa.patients
+    return strata, clusters, left_out
+
+
+def defined_share(labels: Mapping[Hashable, np.ndarray], patients: Mapping[Hashable, Any]) -> float:
+    """The chance that a resample of patients within each stratum holds both classes in every
+    stratum (each stratum's AUC defined): for G patients of which a share p have no negative
+    scan and a share q no positive one, a stratum draws one class with chance p^G + q^G."""
+    share = 1.0
+    for key, y in labels.items():
+        groups = np.unique(patients[key], return_inverse=True)[1].ravel()
+        n_groups = int(groups.max()) + 1
+        has_pos = np.bincount(groups, weights=(y == 1), minlength=n_groups) > 0
+        has_neg = np.bincount(groups, weights=(y == 0), minlength=n_groups) > 0
+        p, q = float(np.mean(~has_neg)), float(np.mean(~has_pos))
+        share *= max(0.0, 1.0 - p**n_groups - q**n_groups)
+    return share
+
+
+def _too_few(share: float) -> str:
+    return (
+        f"not measured: a resample holds both classes at every site only {100 * share:.0f}% "
+        f"of the time (under {100 * MIN_DEFINED:.0f}%): too few positives or negatives"
+    )
+
+
+# ---------------------------------------------------------------------------- comparisons
+@dataclass(frozen=True)
+class Comparison:
+    """Reference minus one other method on one figure: the interval and its verdict."""
+
+    figure: str
+    interval: Interval | None
+    verdict: str
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "figure": self.figure,
+            "interval": None if self.interval is None else self.interval.to_dict(),
+            "verdict": self.verdict,
+            "note": self.note,
+        }
+
+
+def compare(
+    a: Mapping[int, Scans],
+    b: Mapping[int, Scans],
+    names: tuple[str, str],
+    figure: Figure,
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+    level: float = LEVEL,
+) -> Comparison:
+    """``figure(a) - figure(b)`` on the same scans, with its paired bootstrap interval."""
+    try:
+        strata, clusters, left_out = paired_strata(a, b, figure.column, names)
+    except ValueError as exc:
+        return Comparison(figure.key, None, verdict(None), str(exc))
+    note = f"left out: {', '.join(left_out)}" if left_out else None
+    if not strata:
+        return Comparison(figure.key, None, verdict(None), note or "no strata")
+    if figure.is_auc:
+        share = defined_share({k: y for k, (y, _, _) in strata.items()}, clusters)
+        if share < MIN_DEFINED:
+            why = _too_few(share)
+            return Comparison(figure.key, None, verdict(None), f"{note}; {why}" if note else why)
+    interval = paired_bootstrap(
+        strata, figure.statistic, clusters=clusters, n_boot=n_boot, seed=seed, level=level
+    )
+    return Comparison(figure.key, interval, verdict(interval), note)
+
+
+def compare_methods(
+    scans: Mapping[str, Mapping[int, Scans]],
+    reference: str,
+    *,
+    figures: Sequence[Figure] = FIGURES,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+    level: float = LEVEL,
+) -> dict[str, Any]:
+    """``reference`` minus every other method of ``scans`` (method -> seed -> site -> scans),
+    figure by figure; JSON-safe, as results.json stores it."""
+    methods = {}
+    for other, other_scans in scans.items():
+        if other == reference:
+            continue
+        names = (reference, other)
+        methods[other] = {
+            f.key: compare(
+                scans[reference], other_scans, names, f, n_boot=n_boot, seed=seed, level=level
+            ).to_dict()
+            for f in figures
+        }
+    seeds = sorted(next(iter(scans.values())))
+    return {
+        "reference": reference,
+        "seeds": seeds,
+        "n_boot": n_boot,
+        "level": level,
+        "ci": (
+            f"{reference} minus each method; {round(100 * level)}% percentile interval of a "
+            f"paired bootstrap ({n_boot} resamples): patients drawn with replacement within "
+            "each (seed, site) stratum, the same draw for both methods, each seed's figure "
+            "averaged over the seeds"
+        ),
+        "verdict_rule": (
+            "ahead: the whole interval above 0; behind: the whole interval below 0; "
+            "no difference detected: the interval holds 0"
+        ),
+        "figures": {f.key: f.describe() for f in figures},
+        "methods": methods,
+    }
+
+
+# ---------------------------------------------------------------------------- one method's CIs
+def _weights(patients: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """``(n_boot, scans)`` multiplicities: patients drawn with replacement, all their scans."""
+    groups = np.unique(patients, return_inverse=True)[1].ravel()
+    n_groups = int(groups.max()) + 1
+    draws = rng.integers(0, n_groups, size=(n_boot, n_groups))
+    flat = (draws + n_groups * np.arange(n_boot)[:, None]).ravel()
+    counts = np.bincount(flat, minlength=n_boot * n_groups).reshape(n_boot, n_groups)
+    return counts[:, groups].astype(np.float64)
+
+
+def weighted_auc(y: np.ndarray, score: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The AUC under each row of weights ``w`` (k, n): ``sum_{pos i, neg j} w_i w_j ([s_i >
+    s_j] + [s_i = s_j] / 2) / (W_pos W_neg)``, NaN where a row weighs one class only."""
+    order = np.argsort(score, kind="stable")
+    s, yy, ww = score[order], y[order], w[:, order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    pos = np.add.reduceat(ww * (yy == 1), starts, axis=1)
+    neg = np.add.reduceat(ww * (yy == 0), starts, axis=1)
+    wins = (pos * (np.cumsum(neg, axis=1) - neg + 0.5 * neg)).sum(axis=1)
+    w_pos, w_neg = pos.sum(axis=1), neg.sum(axis=1)
+    ok = (w_pos > 0) & (w_neg > 0)
+    return np.where(ok, wins / np.where(ok, w_pos * w_neg, 1.0), np.nan)
+
+
+def _figures_under(
+    strata: Mapping[tuple[int, str], SiteScans], weights: Mapping[tuple[int, str], np.ndarray]
+) -> dict[str, Any]:
+    """Every figure of one method under each row of the weights: ``{name: (k,) array}``, and
+    ``site_auc: {site: (k,) array}``; None where the data as given leave it undefined."""
+    seeds = sorted({seed for seed, _ in strata})
+    sites = list(dict.fromkeys(site for _, site in strata))
+    aucs: dict[tuple[int, str], np.ndarray] = {}
+    for key, scans in strata.items():
+        if scans.score is not None and np.unique(scans.y).size == 2:
+            aucs[key] = weighted_auc(scans.y, scans.score, weights[key])
+    out: dict[str, Any] = {"site_auc": {}}
+    for site in sites:
+        per_seed = [aucs[(seed, site)] for seed in seeds if (seed, site) in aucs]
+        out["site_auc"][site] = np.mean(per_seed, axis=0) if per_seed else None
+    worst, mean = [], []
+    for seed in seeds:
+        per_site = [aucs[(seed, site)] for site in sites if (seed, site) in aucs]
+        if per_site:
+            worst.append(np.min(per_site, axis=0))
+            mean.append(np.mean(per_site, axis=0))
+    out["worst_site_auc"] = np.mean(worst, axis=0) if worst else None
+    out["mean_site_auc"] = np.mean(mean, axis=0) if mean else None
+    for name in ("correct", "correct_origin_known"):
+        per_seed = []
+        for seed in seeds:
+            keys = [(seed, site) for site in sites if (seed, site) in strata]
+            hits = sum(weights[k] @ strata[k].column(name).astype(np.float64) for k in keys)
+            total = sum(weights[k].sum(axis=1) for k in keys)
+            per_seed.append(hits / total)
+        key = "system_accuracy" if name == "correct" else "system_accuracy_origin_known"
+        out[key] = np.mean(per_seed, axis=0)
+    return out
+
+
+def figure_intervals(
+    by_seed: Mapping[int, Scans], *, n_boot: int = N_BOOT, seed: int = 0, level: float = LEVEL
+) -> dict[str, Any]:
+    """One method's figures, each the mean over the seeds, with a percentile bootstrap interval
+    (patients drawn with replacement within each ``(seed, site)`` stratum): ``site_auc`` (by
+    site), ``mean_site_auc``, ``worst_site_auc``, ``system_accuracy`` (origin unknown) and
+    ``system_accuracy_origin_known``, each an ``Interval.to_dict()`` or None (undefined).
+
+    A resample in which a site's AUC is undefined (one class drawn) is dropped, and counted in
+    the interval's method; when fewer than ``MIN_DEFINED`` of the resamples are left the figure
+    gets no interval (None)."""
+    strata = {
+        (s, site): scans for s, per_site in by_seed.items() for site, scans in per_site.items()
+    }
+    rng = np.random.default_rng(seed)
+    weights = {key: _weights(scans.patients, n_boot, rng) for key, scans in strata.items()}
+    ones = {key: np.ones((1, scans.y.size)) for key, scans in strata.items()}
+    given, drawn = _figures_under(strata, ones), _figures_under(strata, weights)
+    clustered = any(np.unique(s.patients).size < s.patients.size for s in strata.values())
+    unit = "patients" if clustered else "scans"
+    text = (
+        f"bootstrap ({n_boot} resamples of {unit} within {len(strata)} (seed, site) strata; "
+        f"mean over {len(by_seed)} seed(s)"
+    )
+
+    def interval(estimate: np.ndarray | None, values: np.ndarray | None) -> dict | None:
+        if estimate is None or values is None or not math.isfinite(float(estimate[0])):
+            return None
+        valid = values[np.isfinite(values)]
+        if valid.size == 0 or valid.size < MIN_DEFINED * values.size:
+            return None
+        low, high = np.quantile(valid, [(1 - level) / 2, (1 + level) / 2])
+        dropped = values.size - valid.size
+        method = text + (f"; {dropped} undefined resamples dropped)" if dropped else ")")
+        return Interval(float(estimate[0]), float(low), float(high), method, level).to_dict()
+
+    out: dict[str, Any] = {
+        "site_auc": {
+            site: interval(given["site_auc"][site], drawn["site_auc"][site])
+            for site in given["site_auc"]
+        }
+    }
+    for key in ("mean_site_auc", "worst_site_auc", "system_accuracy"):
+        out[key] = interval(given[key], drawn[key])
+    out["system_accuracy_origin_known"] = interval(
+        given["system_accuracy_origin_known"], drawn["system_accuracy_origin_known"]
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------- markdown
+def ci_cell(interval: Mapping[str, Any] | None, digits: int = 2, flag: str = "") -> str:
+    """``0.84 (0.78–0.90)``, with ``flag`` appended; ``n/a`` for an undefined figure."""
+    if interval is None:
+        return "n/a"
+    d = digits
+    text = f"{interval['estimate']:.{d}f} ({interval['low']:.{d}f}\u2013{interval['high']:.{d}f})"
+    return text + flag
+
+
+def difference_cell(found: Mapping[str, Any], digits: int = 3) -> str:
+    """``+0.050 (+0.010 to +0.090) ahead``; ``not measured`` when there is no interval."""
+    iv = found["interval"]
+    if iv is None:
+        return found["verdict"]
+    d = digits
+    return f"{iv['estimate']:+.{d}f} ({iv['low']:+.{d}f} to {iv['high']:+.{d}f}) {found['verdict']}"
+
+
+def comparison_rows(comparisons: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of the table of differences (one row per method compared)."""
+    ref = comparisons["reference"]
+    keys = list(comparisons["figures"])
+    header = ["method", *(f"{ref} \u2212 method: {figure_title(k)}" for k in keys)]
+    rows = [
+        [name, *(difference_cell(found[k]) for k in keys)]
+        for name, found in comparisons["methods"].items()
+    ]
+    return header, rows
+
+
+def verdict_lines(comparisons: Mapping[str, Any], where: str) -> list[str]:
+    """One sentence per figure, e.g. ``- fundus, worst-site AUC (origin known): feddrm ahead of
+    fedavg; behind lora; no difference detected against fedbn.``: the reference's verdict
+    against each method, read from the intervals' verdicts only."""
+    ref = comparisons["reference"]
+    lines = []
+    for key in comparisons["figures"]:
+        groups: dict[str, list[str]] = {v: [] for v in VERDICTS}
+        for name, found in comparisons["methods"].items():
+            groups[found[key]["verdict"]].append(name)
+        linking = {"ahead": "of", "behind": "", "no difference detected": "against"}
+        phrases = [
+            " ".join(filter(None, (word, linking.get(word, "for"), ", ".join(names))))
+            for word, names in groups.items()
+            if names
+        ]
+        if phrases:
+            lines.append(f"- {where}, {figure_title(key)}: {ref} {'; '.join(phrases)}.")
+    return lines

@@ -1,0 +1,88 @@
+"""Metrics: pure functions of labels and scores, and the uncertainty of what they report.
+
+* ``medfed.metrics.point``: per-site and federation-level figures (AUC, accuracy, worst site,
+  routing accuracy, majority vote, ROC points).
+* ``medfed.metrics.intervals``: DeLong and bootstrap AUC intervals, Wilson rates, pooling of
+  site AUCs, paired differences between methods.
+* ``medfed.metrics.operating``: operating points (threshold rules, sensitivity, specificity,
+  PPV, NPV) and calibration.
+
+Everything is importable from ``medfed.metrics``. Nothing here imports torch, and statsmodels
+is imported only inside the functions that use it.
+"""
+
+from medfed.metrics.intervals import (
+    RELIABLE_MIN,
+    Interval,
+    Pooled,
+    Proportion,
+    auc_fast,
+    auc_interval,
+    auc_variance,
+    bootstrap_auc_interval,
+    delong,
+    delong_paired,
+    paired_bootstrap,
+    pooled_auc,
+    unreliable,
+    verdict,
+    wilson,
+)
+from medfed.metrics.operating import (
+    DEFAULT_OPERATING_RULE,
+    Calibration,
+    OperatingPoint,
+    OperatingRule,
+    calibration,
+    choose_threshold,
+    operating_point,
+)
+from medfed.metrics.point import (
+    ABSTAIN,
+    FederationMetrics,
+    SiteMetrics,
+    abstain_rate,
+    federation_metrics,
+    gini,
+    majority_vote,
+    roc_points,
+    routing_accuracy,
+    site_metrics,
+    system_accuracy,
+)
+
+__all__ = [
+    "ABSTAIN",
+    "DEFAULT_OPERATING_RULE",
+    "RELIABLE_MIN",
+    "Calibration",
+    "FederationMetrics",
+    "Interval",
+    "OperatingPoint",
+    "OperatingRule",
+    "Pooled",
+    "Proportion",
+    "SiteMetrics",
+    "abstain_rate",
+    "auc_fast",
+    "auc_interval",
+    "auc_variance",
+    "bootstrap_auc_interval",
+    "calibration",
+    "choose_threshold",
+    "delong",
+    "delong_paired",
+    "federation_metrics",
+    "gini",
+    "majority_vote",
+    "operating_point",
+    "paired_bootstrap",
+    "pooled_auc",
+    "roc_points",
+    "routing_accuracy",
+    "site_metrics",
+    "system_accuracy",
+    "unreliable",
+    "verdict",
+    "wilson",
+]

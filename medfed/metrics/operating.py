@@ -1,0 +1,346 @@
+"""Where a model is used: operating points (threshold, sensitivity, specificity, PPV, NPV) and
+calibration (Brier score, ECE, calibration intercept and slope).
+
+A threshold applies to P(positive): a scan is called positive iff its score >= the threshold.
+The threshold is chosen on the validation split (``choose_threshold``) and then applied to the
+test split (``operating_point``), never chosen on the split it is reported on.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.special import logit
+
+from medfed.metrics._common import binary_inputs, finite, pick_fields, probability_scores
+from medfed.metrics.intervals import Proportion, wilson
+
+DEFAULT_OPERATING_RULE = "specificity:0.90"
+
+_RULE_FORMS = (
+    "'specificity:S' with 0 < S < 1 (e.g. specificity:0.90), 'youden', "
+    "or 'threshold:T' with 0 <= T <= 1 (e.g. threshold:0.5)"
+)
+_FALLBACK_THRESHOLD = 0.5
+_P_CLIP = 1e-6  # calibration: probabilities are clipped into [1e-6, 1 - 1e-6] before the logit
+
+
+@dataclass(frozen=True)
+class OperatingRule:
+    """How to pick a threshold on the validation split.
+
+    ``specificity`` (``value`` the target specificity in (0, 1)): the lowest threshold whose
+    validation specificity reaches the target, that is the most sensitive one;
+    ``youden``: the threshold maximising sensitivity + specificity - 1; ``threshold``
+    (``value`` in [0, 1]): a fixed threshold.
+    """
+
+    kind: str
+    value: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "youden":
+            if self.value is not None:
+                raise ValueError(f"operating rule 'youden' takes no value; accepted: {_RULE_FORMS}")
+            return
+        if self.kind not in ("specificity", "threshold"):
+            raise ValueError(f"unknown operating rule kind {self.kind!r}; accepted: {_RULE_FORMS}")
+        if self.value is None or isinstance(self.value, bool):
+            raise ValueError(f"operating rule {self.kind!r} needs a value; accepted: {_RULE_FORMS}")
+        value = float(self.value)
+        ok = (0 < value < 1) if self.kind == "specificity" else (0 <= value <= 1)
+        if not ok:  # NaN fails both comparisons
+            raise ValueError(
+                f"operating rule {self.kind}:{value} is out of range; accepted: {_RULE_FORMS}"
+            )
+        object.__setattr__(self, "value", value)
+
+    @classmethod
+    def parse(cls, text: str) -> OperatingRule:
+        """``specificity:0.90``, ``youden`` or ``threshold:0.5`` (case and spaces ignored)."""
+        if not isinstance(text, str):
+            raise ValueError(f"operating rule must be text; got {text!r}; accepted: {_RULE_FORMS}")
+        kind, sep, rest = (part.strip() for part in text.strip().lower().partition(":"))
+        if kind == "youden" and not sep:
+            return cls("youden")
+        if kind in ("specificity", "threshold") and sep:
+            try:
+                value = float(rest)
+            except ValueError:
+                value = None
+            if value is not None:
+                return cls(kind, value)
+        raise ValueError(f"operating rule {text!r} not understood; accepted: {_RULE_FORMS}")
+
+    def __str__(self) -> str:
+        """The rule as ``parse`` reads it: values with at least two decimals, more where
+        needed to read back exactly (``specificity:0.90``, ``specificity:0.925``)."""
+        if self.value is None:
+            return self.kind
+        short = f"{self.value:.2f}"
+        return f"{self.kind}:{short if float(short) == self.value else repr(self.value)}"
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """Counts and rates of one threshold on one split; ``note`` says why the threshold is not
+    the rule's own choice (for example a validation split with one class)."""
+
+    rule: str
+    threshold: float
+    tp: int
+    fp: int
+    tn: int
+    fn: int
+    sensitivity: Proportion
+    specificity: Proportion
+    ppv: Proportion
+    npv: Proportion
+    note: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "threshold", finite(self.threshold, "OperatingPoint.threshold"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "threshold": self.threshold,
+            "tp": self.tp,
+            "fp": self.fp,
+            "tn": self.tn,
+            "fn": self.fn,
+            **{name: getattr(self, name).to_dict() for name in _RATES},
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> OperatingPoint:
+        values = pick_fields(cls, data, optional=("note",))
+        for name in _RATES:
+            values[name] = Proportion.from_dict(values[name])
+        for name in ("tp", "fp", "tn", "fn"):
+            values[name] = int(values[name])
+        return cls(**values)
+
+
+_RATES = ("sensitivity", "specificity", "ppv", "npv")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """How well predicted probabilities match observed frequencies.
+
+    ``brier``: mean squared error of the probabilities. ``ece``: expected calibration error over
+    equal-mass bins, weighted by bin size. ``slope``: coefficient of logit(p) in a logistic
+    regression of y on logit(p) (1 is ideal; < 1 means over-confident). ``intercept``:
+    calibration-in-the-large, the intercept of a logistic model with logit(p) as offset
+    (0 is ideal; > 0 means risks are under-estimated). ``reason`` says why intercept or slope is
+    ``None``. ``bins``: ``{"mean_predicted", "fraction_positive", "n"}`` per bin, low to high.
+    """
+
+    n: int
+    brier: float
+    ece: float
+    intercept: float | None
+    slope: float | None
+    reason: str | None
+    bins: list[dict[str, Any]] = field(hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "brier": self.brier,
+            "ece": self.ece,
+            "intercept": self.intercept,
+            "slope": self.slope,
+            "reason": self.reason,
+            "bins": [dict(b) for b in self.bins],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+        values = pick_fields(cls, data)
+        values["bins"] = [dict(b) for b in values["bins"]]
+        return cls(**values)
+
+
+# ------------------------------------------------------------------------------ thresholds
+def choose_threshold(
+    y_val: ArrayLike, score_val: ArrayLike, rule: OperatingRule | str
+) -> tuple[float, str | None]:
+    """The threshold ``rule`` picks on the validation split, and a note when it could not.
+
+    Candidate thresholds are the lowest score (everything positive), the midpoints between
+    adjacent distinct scores, and the midpoint between the highest score and 1 (nothing
+    positive): all finite, in [0, 1], and each as far as possible from the validation scores it
+    separates. ``specificity:s`` picks the lowest candidate whose validation specificity is
+    >= s (the most sensitive one); ``youden`` the candidate maximising tpr - fpr (ties: the
+    higher threshold); ``threshold:t`` returns t. With one class (or no scans) in the
+    validation split a data-driven rule falls back to 0.5 and the note says so.
+    """
+    if isinstance(rule, str):
+        rule = OperatingRule.parse(rule)
+    if rule.kind == "threshold":
+        return float(rule.value), None  # type: ignore[arg-type]
+    y, p = probability_scores(y_val, score_val, "y_val")
+    present = np.unique(y)
+    if present.size < 2:
+        what = f"only class {int(present[0])}" if present.size else "no scans"
+        return (
+            _FALLBACK_THRESHOLD,
+            f"validation split has {what} (n={y.size}): fixed threshold {_FALLBACK_THRESHOLD} used",
+        )
+    candidates = _candidates(p)
+    pos, neg = np.sort(p[y == 1]), np.sort(p[y == 0])
+    tpr = 1.0 - np.searchsorted(pos, candidates, side="left") / pos.size
+    tnr = np.searchsorted(neg, candidates, side="left") / neg.size
+    if rule.kind == "youden":
+        j = tpr + tnr - 1.0
+        best = np.flatnonzero(j >= j.max() - 1e-12)[-1]
+        return float(candidates[best]), None
+    target = float(rule.value)  # type: ignore[arg-type]
+    feasible = np.flatnonzero(tnr >= target - 1e-12)
+    if feasible.size:
+        return float(candidates[feasible[0]]), None
+    # Only when negatives score exactly 1: no threshold in [0, 1] separates them.
+    return float(candidates[-1]), (
+        f"no threshold in [0, 1] reaches validation specificity {target:g} (best "
+        f"{tnr[-1]:.3f}): threshold {candidates[-1]:g} used"
+    )
+
+
+def _candidates(p: np.ndarray) -> np.ndarray:
+    """Ascending thresholds, one per distinct way of splitting the scores ``p``."""
+    u = np.unique(p)
+    mids = (u[:-1] + u[1:]) / 2
+    mids = np.where(mids > u[:-1], mids, u[1:])  # adjacent floats: no midpoint in between
+    top = (u[-1] + 1.0) / 2
+    tail = [top] if top > u[-1] else []
+    return np.concatenate([u[:1], mids, tail])
+
+
+def operating_point(
+    y: ArrayLike, score: ArrayLike, threshold: float, rule: str, note: str | None = None
+) -> OperatingPoint:
+    """Confusion counts of ``score >= threshold`` against ``y``, and sensitivity, specificity,
+    PPV and NPV as Wilson proportions (a rate over 0 scans has no interval)."""
+    yy, s = binary_inputs(y, score)
+    t = finite(threshold, "threshold")
+    called = s >= t
+    positive = yy == 1
+    tp = int(np.sum(called & positive))
+    fp = int(np.sum(called & ~positive))
+    tn = int(np.sum(~called & ~positive))
+    fn = int(np.sum(~called & positive))
+    return OperatingPoint(
+        rule=str(rule),
+        threshold=t,
+        tp=tp,
+        fp=fp,
+        tn=tn,
+        fn=fn,
+        sensitivity=wilson(tp, tp + fn),
+        specificity=wilson(tn, tn + fp),
+        ppv=wilson(tp, tp + fp),
+        npv=wilson(tn, tn + fn),
+        note=note,
+    )
+
+
+# ------------------------------------------------------------------------------ calibration
+def calibration(y: ArrayLike, prob: ArrayLike, *, bins: int = 10) -> Calibration:
+    """Brier score, ECE over ``bins`` equal-mass bins, calibration intercept and slope.
+
+    Bins: the scans sorted by probability and cut into ``min(bins, n)`` groups whose sizes
+    differ by at most one (tied probabilities may straddle a cut). Intercept and slope come
+    from statsmodels' binomial GLM on logit(p), p clipped into [1e-6, 1 - 1e-6]; they are
+    ``None``, with ``reason``, when the split holds one class. When the positives and negatives
+    are perfectly separated by p (or all p are equal) the slope is ``None`` (its maximum
+    likelihood estimate does not exist) but the intercept is still given.
+    """
+    yy, p = probability_scores(y, prob)
+    if yy.size == 0:
+        raise ValueError("calibration needs at least one scan; got none")
+    if bins < 1:
+        raise ValueError(f"bins must be >= 1; got {bins}")
+    n = int(yy.size)
+    order = np.argsort(p, kind="stable")
+    groups = [g for g in np.array_split(order, min(bins, n)) if g.size]
+    table = [
+        {
+            "mean_predicted": float(p[g].mean()),
+            "fraction_positive": float(yy[g].mean()),
+            "n": int(g.size),
+        }
+        for g in groups
+    ]
+    ece = sum(b["n"] * abs(b["fraction_positive"] - b["mean_predicted"]) for b in table) / n
+    intercept, slope, reason = _intercept_and_slope(yy, p)
+    return Calibration(
+        n=n,
+        brier=float(np.mean((p - yy) ** 2)),
+        ece=float(ece),
+        intercept=intercept,
+        slope=slope,
+        reason=reason,
+        bins=table,
+    )
+
+
+def _intercept_and_slope(
+    y: np.ndarray, p: np.ndarray
+) -> tuple[float | None, float | None, str | None]:
+    present = np.unique(y)
+    if present.size < 2:
+        return (
+            None,
+            None,
+            f"only class {int(present[0])} (n={y.size}): calibration intercept and slope undefined",
+        )
+    x = logit(np.clip(p, _P_CLIP, 1 - _P_CLIP))
+    ones = np.ones((y.size, 1))
+    intercept, why = _glm_coefficient(y, ones, x, 0)
+    reasons = [f"calibration intercept not estimable: {why}"] if why else []
+    slope: float | None = None
+    if np.ptp(x) == 0:
+        reasons.append("calibration slope undefined: every predicted probability is the same")
+    elif x[y == 0].max() <= x[y == 1].min() or x[y == 1].max() <= x[y == 0].min():
+        reasons.append(
+            "calibration slope undefined: the probabilities separate positives from negatives "
+            "perfectly, so the logistic fit has no finite slope"
+        )
+    else:
+        slope, why = _glm_coefficient(y, np.column_stack([ones, x]), None, 1)
+        if why:
+            reasons.append(f"calibration slope not estimable: {why}")
+    return intercept, slope, "; ".join(reasons) or None
+
+
+def _glm_coefficient(
+    y: np.ndarray, design: np.ndarray, offset: np.ndarray | None, index: int
+) -> tuple[float | None, str | None]:
+    """One coefficient of a binomial GLM, or ``None`` and why the fit failed."""
+    from statsmodels.genmod.families import Binomial
+    from statsmodels.genmod.generalized_linear_model import GLM
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = GLM(y, design, family=Binomial(), offset=offset).fit()
+        except Exception as exc:  # statsmodels raises several types on a degenerate fit
+            return None, f"logistic fit failed ({type(exc).__name__}: {exc})"
+    value = float(result.params[index])
+    separation = [w for w in caught if "separation" in str(w.message).lower()]
+    if separation:
+        return None, "perfect separation detected by the logistic fit"
+    if not getattr(result, "converged", True):
+        return None, "the logistic fit did not converge"
+    if not math.isfinite(value):
+        return None, "the logistic fit gave a non-finite coefficient"
+    return value, None

@@ -1,0 +1,1044 @@
+"""The study report: one self-contained HTML file for a study's clinicians, over one or more run
+directories (several methods trained on the same sites).
+
+    medfed report runs/feddrm runs/fedavg --out report.html
+
+It shows the sites and their data, each site's AUC with its 95% CI (a table, and a forest plot
+per method), the operating points, calibration (reliability diagrams), the cross-site matrix,
+routing under both protocols, and what each method sent over the network. The plots are inline
+SVG drawn here; the file loads nothing (no script, stylesheet, font or image from elsewhere, and
+its content security policy forbids it), so it opens from a USB stick. Every string read from a
+run's files is escaped.
+
+Read from each run: ``summary.json``; ``config.toml`` (the sites' declared facts: description,
+source, acquisition, known shifts, licence, ethics, labels); ``site_overview/overview.json`` when
+present (class counts per split, distances between sites); ``events.jsonl`` (when training
+finished). A figure a run predates reads ``n/a``.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from medfed import __version__
+from medfed.errors import ConfigError, RunDirError
+from medfed.fileio import atomic_write
+from medfed.metrics import Pooled, Proportion
+from medfed.runs.report import (
+    ORIGIN_KNOWN,
+    ORIGIN_UNKNOWN,
+    PROTOCOLS,
+    UNRELIABLE_MARK,
+    auc_text,
+    ci_text,
+    class_counts,
+    fmt,
+    rate_text,
+)
+from medfed.runs.rundir import RunDir, read_json
+from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
+
+OVERVIEW_FILE = Path("site_overview", "overview.json")
+"""Where a run keeps its site overview (written by the data layer once training has finished)."""
+
+# Okabe-Ito colours, told apart by colour-blind readers; yellow left out (unreadable on white).
+PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
+
+RATE_NAMES = {
+    "system_accuracy": "system accuracy",
+    "routing_accuracy": "routing accuracy",
+    "abstain_rate": "abstain rate",
+    "answered_accuracy": "accuracy on answered scans",
+    "sensitivity": "sensitivity",
+    "specificity": "specificity",
+}
+
+CARD_FACTS = (
+    ("description", "Description"),
+    ("source", "Source"),
+    ("acquisition", "Acquisition"),
+    ("known_shifts", "Known shifts"),
+    ("licence", "Licence"),
+    ("ethics", "Ethics"),
+)
+
+
+# ---------------------------------------------------------------------------- reading the runs
+@dataclass(frozen=True)
+class StudyRun:
+    """One method of the study: a run directory and what the report reads from it."""
+
+    path: Path
+    label: str
+    summary: Summary
+    site_facts: dict[str, dict[str, Any]]
+    overview: dict[str, Any] | None
+    finished: str | None
+
+
+def read_overview(run_dir: str | Path) -> dict[str, Any] | None:
+    """``site_overview/overview.json`` of a run, or None when the run has none."""
+    path = Path(run_dir) / OVERVIEW_FILE
+    if not path.is_file():
+        return None
+    data = read_json(path)
+    if not isinstance(data.get("sites"), Mapping):
+        raise RunDirError(f"{path}: no 'sites' table; the file is damaged")
+    return data
+
+
+def _finished(run: RunDir) -> str | None:
+    """When training finished (UTC), from events.jsonl; None when it says nothing."""
+    try:
+        events = run.read_events()
+    except RunDirError:
+        return None
+    times = [e.get("time") for e in events if e.get("event") == "finish"]
+    times = [t for t in times if isinstance(t, int | float) and math.isfinite(t)]
+    if not times:
+        return None
+    return datetime.fromtimestamp(times[-1], UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _site_facts(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    sites = config.get("sites")
+    if not isinstance(sites, list):
+        return {}
+    return {str(s["id"]): dict(s) for s in sites if isinstance(s, Mapping) and "id" in s}
+
+
+def method_label(summary: Summary) -> str:
+    """The algorithm, with its wire encoding when it is not plain float32 (``fedavg@int8``)."""
+    wire = summary.wire
+    if wire is None or (wire.precision == "float32" and not wire.delta):
+        return summary.algorithm
+    return f"{summary.algorithm}@{wire.precision}" + ("+delta" if wire.delta else "")
+
+
+def _unique_labels(summaries: Sequence[Summary], paths: Sequence[Path]) -> list[str]:
+    """Each run's method label; runs that share one are told apart by their folder."""
+    base = [method_label(s) for s in summaries]
+    labels = [
+        f"{b} ({p.name})" if base.count(b) > 1 else b for b, p in zip(base, paths, strict=True)
+    ]
+    return [f"{lab} #{i + 1}" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
+
+
+def load_study(paths: Sequence[str | Path]) -> list[StudyRun]:
+    """Read every run of the study (RunDirError names the first unusable one)."""
+    if not paths:
+        raise ConfigError("the study report needs at least one run directory")
+    read = []
+    for path in paths:
+        run = RunDir(path).require()
+        summary = run.read_summary()
+        facts = _site_facts(run.read_config())
+        read.append((run, summary, facts, read_overview(run.path), _finished(run)))
+    labels = _unique_labels([r[1] for r in read], [r[0].path for r in read])
+    return [
+        StudyRun(run.path, label, summary, facts, overview, finished)
+        for (run, summary, facts, overview, finished), label in zip(read, labels, strict=True)
+    ]
+
+
+# ---------------------------------------------------------------------------- HTML pieces
+class Html(str):
+    """Markup built here, already escaped; any other value is escaped where it is placed."""
+
+
+def esc(value: Any) -> Html:
+    """``value`` as safe HTML text (numbers as the tables print them, None as ``n/a``)."""
+    if isinstance(value, Html):
+        return value
+    return Html(html.escape(value if isinstance(value, str) else fmt(value), quote=True))
+
+
+def join(parts: Iterable[Any], sep: str = "") -> Html:
+    return Html(sep.join(esc(p) for p in parts))
+
+
+def tag(name: str, content: Any = "", **attrs: Any) -> Html:
+    """``<name attrs>content</name>``; attribute values escaped, ``class_`` for ``class``."""
+    text = "".join(
+        f' {k.rstrip("_").replace("_", "-")}="{esc(v)}"' for k, v in attrs.items() if v is not None
+    )
+    return Html(f"<{name}{text}>{esc(content)}</{name}>")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A table cell with attributes of its own (a style, a class)."""
+
+    content: Any
+    attrs: dict[str, Any]
+
+
+def _td(cell: Any) -> Html:
+    if isinstance(cell, Cell):
+        return tag("td", cell.content, **cell.attrs)
+    return tag("td", cell)
+
+
+def table(
+    header: Sequence[Any], rows: Sequence[Sequence[Any]], caption: Any = None, **attrs: Any
+) -> Html:
+    """A table whose first column heads its rows; a :class:`Cell` carries its own attributes."""
+    head = tag("tr", join(tag("th", h, scope="col") for h in header))
+    body = join(
+        tag("tr", join([tag("th", row[0], scope="row"), *(_td(c) for c in row[1:])]))
+        for row in rows
+    )
+    cap = tag("caption", caption) if caption is not None else ""
+    inner = tag("table", join([cap, tag("thead", head), tag("tbody", body)]), **attrs)
+    return tag("div", inner, class_="scroll")
+
+
+def fig(text: Any) -> Html:
+    """A figure with its CI, kept on one line."""
+    return tag("span", text, class_="fig")
+
+
+def _flagged(text: str, reason: str | None) -> Html:
+    """``text`` followed by the unreliable mark (its reason as a tooltip) when ``reason``."""
+    if not reason:
+        return fig(text)
+    flag = tag("span", f"{UNRELIABLE_MARK} unreliable", class_="flag", title=reason)
+    return join([fig(text), " ", flag])
+
+
+def _rate_cell(
+    rate: Proportion | None,
+    fallback: float | None = None,
+    note: str = "",
+    unreliable: str | None = None,
+) -> Html:
+    """A rate with its CI on one line (flagged when ``unreliable`` says why) and its counts
+    (and ``note``) under it."""
+    flag = tag("span", UNRELIABLE_MARK, class_="flag", title=unreliable) if unreliable else ""
+    if rate is None or rate.interval is None:
+        text = join([fig(rate_text(rate, fallback)), flag])
+        return join([text, tag("span", note, class_="counts")]) if note else text
+    counts = f"{rate.k}/{rate.n}" + (f" \u00b7 {note}" if note else "")
+    return join([fig(ci_text(rate.interval)), flag, tag("span", counts, class_="counts")])
+
+
+def _human_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def pooled_text(pooled: Pooled | None) -> str:
+    """``0.818 (0.772–0.856), I² 0%``, or ``n/a``."""
+    if pooled is None:
+        return "n/a"
+    return f"{ci_text(pooled)}, I\u00b2 {100 * pooled.i2:.0f}%"
+
+
+def _colour(k: int) -> str:
+    return PALETTE[k % len(PALETTE)]
+
+
+def _svg(width: float, height: float, label: str, body: Iterable[Any]) -> Html:
+    return tag(
+        "svg",
+        join(body),
+        viewBox=f"0 0 {width:.0f} {height:.0f}",
+        width=f"{width:.0f}",
+        height=f"{height:.0f}",
+        role="img",
+        aria_label=label,
+        class_="plot",
+    )
+
+
+def _text(x: float, y: float, text: Any, **attrs: Any) -> Html:
+    return tag("text", text, x=f"{x:.1f}", y=f"{y:.1f}", **attrs)
+
+
+def _line(x1: float, y1: float, x2: float, y2: float, **attrs: Any) -> Html:
+    return tag("line", "", x1=f"{x1:.1f}", y1=f"{y1:.1f}", x2=f"{x2:.1f}", y2=f"{y2:.1f}", **attrs)
+
+
+# ---------------------------------------------------------------------------- plots
+def forest_plot(label: str, sites: Mapping[str, SiteFigures | None], pooled: Pooled | None) -> Html:
+    """Each site's AUC and 95% CI on one line, the random-effects pool as a diamond below."""
+    left, width, right, row, top = 150.0, 340.0, 230.0, 26.0, 10.0
+    n_rows = len(sites) + 1
+    axis_y = top + n_rows * row + 6
+    height = axis_y + 40
+    ends = [0.5]
+    for m in sites.values():
+        if m is not None and m.auc is not None:
+            ends.append(m.auc_ci.low if m.auc_ci is not None else m.auc)
+    if pooled is not None:
+        ends.append(pooled.low)
+    low_end = math.floor(min(ends) * 10 + 1e-9) / 10
+
+    def x(v: float) -> float:
+        return left + (min(max(v, low_end), 1.0) - low_end) / (1.0 - low_end) * width
+
+    parts: list[Any] = [
+        _line(x(0.5), top, x(0.5), axis_y, class_="chance"),
+        _text(x(0.5) + 3, top + 8, "chance", class_="small"),
+    ]
+    for i, (site, m) in enumerate(sites.items()):
+        y = top + (i + 0.5) * row
+        parts.append(_text(left - 8, y + 4, site, text_anchor="end"))
+        if m is None or m.auc is None:
+            why = "not in this run" if m is None else f"n/a ({m.auc_reason or 'undefined'})"
+            parts.append(_text(left + 6, y + 4, why, class_="muted"))
+            continue
+        if m.auc_ci is not None:
+            parts.append(_line(x(m.auc_ci.low), y, x(m.auc_ci.high), y, class_="ci"))
+            for end in (m.auc_ci.low, m.auc_ci.high):
+                parts.append(_line(x(end), y - 5, x(end), y + 5, class_="ci"))
+        hollow = "hollow" if m.unreliable else "solid"
+        box = tag(
+            "rect",
+            tag("title", f"{site}: AUC {auc_text(m, mark=False)}"),
+            x=f"{x(m.auc) - 5:.1f}",
+            y=f"{y - 5:.1f}",
+            width="10",
+            height="10",
+            class_=hollow,
+        )
+        parts += [box, _text(left + width + 12, y + 4, auc_text(m))]
+    y = top + (n_rows - 0.5) * row
+    parts.append(_text(left - 8, y + 4, "pooled", text_anchor="end", class_="bold"))
+    if pooled is None:
+        parts.append(_text(left + 6, y + 4, "n/a (needs 2 sites with an AUC CI)", class_="muted"))
+    else:
+        points = (
+            f"{x(pooled.low):.1f},{y:.1f} {x(pooled.estimate):.1f},{y - 7:.1f} "
+            f"{x(pooled.high):.1f},{y:.1f} {x(pooled.estimate):.1f},{y + 7:.1f}"
+        )
+        diamond = tag("polygon", tag("title", f"pooled AUC {pooled.text()}"), points=points)
+        parts += [diamond, _text(left + width + 12, y + 4, pooled_text(pooled), class_="bold")]
+    parts.append(_line(left, axis_y, left + width, axis_y, class_="axis"))
+    steps = round((1.0 - low_end) * 10)
+    for k in range(steps + 1):
+        v = low_end + k / 10
+        parts.append(_line(x(v), axis_y, x(v), axis_y + 4, class_="axis"))
+        parts.append(_text(x(v), axis_y + 16, f"{v:.1f}", text_anchor="middle", class_="small"))
+    parts.append(_text(left + width / 2, axis_y + 32, "AUC (95% CI)", text_anchor="middle"))
+    return _svg(left + width + right, height, f"Forest plot of per-site AUC, {label}", parts)
+
+
+def reliability_diagram(label: str, sites: Mapping[str, SiteFigures | None]) -> Html:
+    """Observed share of positives against mean predicted probability, per bin, one line per
+    site; the diagonal is perfect calibration."""
+    left, top, size, legend = 48.0, 12.0, 300.0, 260.0
+    height = top + size + 46
+
+    def px(v: float) -> float:
+        return left + min(max(v, 0.0), 1.0) * size
+
+    def py(v: float) -> float:
+        return top + (1.0 - min(max(v, 0.0), 1.0)) * size
+
+    parts: list[Any] = []
+    for k in range(6):
+        v = k / 5
+        parts += [
+            _line(px(v), top, px(v), top + size, class_="grid"),
+            _line(left, py(v), left + size, py(v), class_="grid"),
+            _text(px(v), top + size + 16, f"{v:.1f}", text_anchor="middle", class_="small"),
+            _text(left - 6, py(v) + 4, f"{v:.1f}", text_anchor="end", class_="small"),
+        ]
+    parts += [
+        tag(
+            "rect",
+            "",
+            x=f"{left:.0f}",
+            y=f"{top:.0f}",
+            width=f"{size:.0f}",
+            height=f"{size:.0f}",
+            class_="frame",
+        ),
+        _line(px(0), py(0), px(1), py(1), class_="chance"),
+        _text(left + size / 2, top + size + 34, "mean predicted probability", text_anchor="middle"),
+        _text(
+            14,
+            top + size / 2,
+            "observed share of positives",
+            text_anchor="middle",
+            transform=f"rotate(-90 14 {top + size / 2:.1f})",
+        ),
+    ]
+    legend_x = left + size + 20
+    for k, (site, m) in enumerate(sites.items()):
+        colour = _colour(k)
+        ly = top + 10 + k * 36
+        calib = None if m is None else m.calibration
+        parts.append(_line(legend_x, ly, legend_x + 18, ly, stroke=colour, class_="series"))
+        parts.append(_text(legend_x + 24, ly + 4, site, class_="bold"))
+        if calib is None:
+            parts.append(_text(legend_x + 24, ly + 18, "n/a (not in this run)", class_="muted"))
+            continue
+        summary_text = f"Brier {fmt(calib.brier)}, ECE {fmt(calib.ece)}"
+        parts.append(_text(legend_x + 24, ly + 18, summary_text, class_="small"))
+        bins = [b for b in calib.bins if _bin_ok(b)]
+        if not bins:
+            continue
+        points = " ".join(
+            f"{px(b['mean_predicted']):.1f},{py(b['fraction_positive']):.1f}" for b in bins
+        )
+        parts.append(tag("polyline", "", points=points, stroke=colour, class_="series"))
+        for b in bins:
+            tip = (
+                f"{site}: predicted {b['mean_predicted']:.3f}, observed "
+                f"{b['fraction_positive']:.3f}, n {b.get('n', 'n/a')}"
+            )
+            parts.append(
+                tag(
+                    "circle",
+                    tag("title", tip),
+                    cx=f"{px(b['mean_predicted']):.1f}",
+                    cy=f"{py(b['fraction_positive']):.1f}",
+                    r="3.5",
+                    fill=colour,
+                )
+            )
+    return _svg(legend_x + legend, height, f"Reliability diagram, {label}", parts)
+
+
+def _bin_ok(b: Any) -> bool:
+    return isinstance(b, Mapping) and all(
+        isinstance(b.get(k), int | float) and math.isfinite(b[k])
+        for k in ("mean_predicted", "fraction_positive")
+    )
+
+
+def bytes_chart(runs: Sequence[StudyRun]) -> Html:
+    """One bar per method: bytes sent and received per round, all sites together."""
+    left, width, right, row = 170.0, 320.0, 110.0, 28.0
+    height = 10 + row * len(runs) + 10
+    largest = max((r.summary.bytes_per_round for r in runs), default=0.0) or 1.0
+    parts: list[Any] = []
+    for k, run in enumerate(runs):
+        y = 10 + k * row
+        n = run.summary.bytes_per_round
+        bar = max(1.0, n / largest * width) if n > 0 else 0.0
+        parts += [
+            _text(left - 8, y + row / 2 + 4, run.label, text_anchor="end"),
+            tag(
+                "rect",
+                tag("title", f"{run.label}: {_human_bytes(n)} per round"),
+                x=f"{left:.0f}",
+                y=f"{y + 5:.1f}",
+                width=f"{bar:.1f}",
+                height=f"{row - 10:.0f}",
+                fill=_colour(k),
+            ),
+            _text(left + bar + 6, y + row / 2 + 4, _human_bytes(n), class_="small"),
+        ]
+    return _svg(left + width + right, height, "Bytes per round, by method", parts)
+
+
+# ---------------------------------------------------------------------------- sections
+def _sites_of(runs: Sequence[StudyRun]) -> list[str]:
+    order: list[str] = []
+    for run in runs:
+        order += [s for s in run.summary.sites if s not in order]
+    return order
+
+
+def _first(runs: Sequence[StudyRun], site: str) -> SiteFigures | None:
+    return next((r.summary.sites[site] for r in runs if site in r.summary.sites), None)
+
+
+def _positive_class(facts: Mapping[str, Any]) -> str:
+    labels = facts.get("labels")
+    if not isinstance(labels, Mapping) or len(labels) != 2:
+        return "n/a"
+    positive = [name for name, index in labels.items() if index == 1]
+    return str(positive[0]) if positive else "n/a"
+
+
+def _facts_of(runs: Sequence[StudyRun], site: str) -> dict[str, Any]:
+    return next((dict(r.site_facts[site]) for r in runs if site in r.site_facts), {})
+
+
+def _overview_site(runs: Sequence[StudyRun], site: str) -> dict[str, Any] | None:
+    for run in runs:
+        entry = (run.overview or {}).get("sites", {}).get(site)
+        if isinstance(entry, Mapping):
+            return dict(entry)
+    return None
+
+
+def _split_cell(n: int | None, counts: Any) -> Html:
+    """``144`` with its classes under it (``glaucoma 82 · normal 62``) where the run lists them."""
+    if not isinstance(counts, Mapping) or not counts:
+        return esc(n)
+    per = " \u00b7 ".join(f"{name} {k}" for name, k in sorted(counts.items()))
+    return join([n, tag("span", per, class_="counts")])
+
+
+def _study_notes(runs: Sequence[StudyRun], sites: list[str]) -> list[Html]:
+    """Warnings when the runs do not describe the same sites and splits."""
+    notes = []
+    for run in runs:
+        missing = [s for s in sites if s not in run.summary.sites]
+        if missing:
+            notes.append(f"{run.label} has no figures for site(s) {', '.join(missing)}.")
+    for site in sites:
+        sizes = {
+            (m.n_train, m.n_val, m.n_test)
+            for r in runs
+            if (m := r.summary.sites.get(site)) is not None
+        }
+        if len(sizes) > 1:
+            notes.append(
+                f"Site {site}: the runs used different splits (train/val/test "
+                f"{'; '.join('/'.join(map(str, s)) for s in sorted(sizes))}); "
+                "compare its figures across methods with care."
+            )
+    return [tag("p", note, class_="warning") for note in notes]
+
+
+def _glance(runs: Sequence[StudyRun]) -> Html:
+    rows = []
+    for run in runs:
+        s = run.summary
+        worst = s.worst_site_auc_ci
+        worst_text = ci_text(worst) if worst is not None else fmt(s.worst_site_auc)
+        pooled = s.pooled_auc
+        rows.append(
+            [
+                run.label,
+                fig(pooled_text(pooled)),
+                join([s.worst_site or "n/a", ": ", fig(worst_text)]),
+                _system_cell(s.routers, s.routing_method),
+                _system_cell(s.routers_origin_known, s.routing_method),
+                _human_bytes(s.bytes_per_round),
+            ]
+        )
+    header = ["method", "pooled AUC (95% CI), I\u00b2", "worst site: AUC (95% CI)"]
+    header += [
+        f"system accuracy, {ORIGIN_UNKNOWN}",
+        f"system accuracy, {ORIGIN_KNOWN}",
+        "sent per round",
+    ]
+    return table(header, rows, class_="glance")
+
+
+def _system_cell(routers: Mapping[str, RouterFigures], name: str) -> Html:
+    r = routers.get(name)
+    if r is None:
+        return esc("n/a")
+    return _rate_cell(r.rates.get("system_accuracy"), r.system_accuracy, name)
+
+
+def _runs_section(runs: Sequence[StudyRun]) -> Html:
+    rows = []
+    for run in runs:
+        s = run.summary
+        params = ", ".join(f"{k}={v}" for k, v in sorted(s.params.items())) or "none"
+        rows.append(
+            [
+                run.label,
+                s.algorithm,
+                params,
+                f"{s.rounds} \u00d7 {s.local_steps}",
+                s.seed,
+                s.backbone,
+                s.normalization,
+                s.augment,
+                s.operating_rule or "n/a",
+                s.wire.label if s.wire is not None else "n/a",
+                f"{s.dropouts}"
+                + (f", rounds skipped {s.skipped_rounds}" if s.skipped_rounds else ""),
+                run.finished or "n/a",
+                str(run.path),
+            ]
+        )
+    header = ["method", "algorithm", "parameters", "rounds \u00d7 local steps", "seed"]
+    header += ["backbone", "normalization", "augmentation", "operating rule", "wire"]
+    header += ["dropouts", "finished", "run directory"]
+    return table(header, rows)
+
+
+def _sites_section(runs: Sequence[StudyRun], sites: list[str]) -> list[Html]:
+    rows = []
+    for site in sites:
+        m = _first(runs, site)
+        facts = _facts_of(runs, site)
+        ov = _overview_site(runs, site) or {}
+        counts = ov.get("counts") if isinstance(ov.get("counts"), Mapping) else {}
+        ratio = ov.get("class_ratio")
+        share = (
+            ", ".join(
+                f"{name} {100 * v:.0f}%"
+                for name, v in sorted(ratio.items())
+                if isinstance(v, int | float)
+            )
+            if isinstance(ratio, Mapping)
+            else ""
+        ) or "n/a"
+        rows.append(
+            [
+                site,
+                facts.get("modality") or (run_modality(runs)),
+                _positive_class(facts),
+                _split_cell(None if m is None else m.n_train, counts.get("train")),
+                _split_cell(None if m is None else m.n_val, counts.get("val")),
+                _split_cell(None if m is None else m.n_test, counts.get("test")),
+                "n/a" if m is None else _flagged(class_counts(m), m.unreliable),
+                share,
+            ]
+        )
+    header = ["site", "modality", "positive class", "train", "validation", "test"]
+    header += ["test positives/negatives", "class share (all splits)"]
+    out = [table(header, rows, caption="Scans per split (and per class, where the run lists them)")]
+    cards = []
+    for site in sites:
+        facts = _facts_of(runs, site)
+        items = []
+        for key, name in CARD_FACTS:
+            value = facts.get(key)
+            if isinstance(value, str) and value.strip():
+                items += [tag("dt", name), tag("dd", value)]
+        labels = facts.get("labels")
+        if isinstance(labels, Mapping) and labels:
+            text = ", ".join(f"{n} = {i}" for n, i in sorted(labels.items(), key=lambda t: t[1]))
+            items += [tag("dt", "Labels"), tag("dd", text)]
+        if facts.get("layout"):
+            items += [tag("dt", "On-disk layout"), tag("dd", facts["layout"])]
+        body = tag("dl", join(items)) if items else tag("p", "No data card facts in the runs.")
+        cards.append(tag("div", join([tag("h3", f"Data card: {site}"), body]), class_="card"))
+    out.append(tag("div", join(cards), class_="cards"))
+    distances = next((r.overview.get("distances") for r in runs if r.overview), None)
+    if isinstance(distances, Mapping) and isinstance(distances.get("matrix"), list):
+        names = [str(s) for s in distances.get("sites", [])]
+        matrix = distances["matrix"]
+        if len(matrix) == len(names) and all(isinstance(row, list) for row in matrix):
+            rows = [
+                [name, *(fmt(v, 4) if isinstance(v, int | float) else v for v in row)]
+                for name, row in zip(names, matrix, strict=True)
+            ]
+            method = distances.get("method") or "appearance features"
+            out.append(
+                table(
+                    ["site", *names],
+                    rows,
+                    caption=f"How different the sites' scans look ({method}; 0: alike)",
+                )
+            )
+    return out
+
+
+def run_modality(runs: Sequence[StudyRun]) -> str:
+    return runs[0].summary.modality if runs else "n/a"
+
+
+def _discrimination_section(runs: Sequence[StudyRun], sites: list[str]) -> list[Html]:
+    rows = []
+    for site in sites:
+        m = _first(runs, site)
+        n = "n/a" if m is None else f"{m.n_test} ({class_counts(m)})"
+        cells: list[Any] = [site, n]
+        for run in runs:
+            f = run.summary.sites.get(site)
+            cells.append(
+                "not in this run" if f is None else _flagged(auc_text(f, mark=False), f.unreliable)
+            )
+        rows.append(cells)
+    rows.append(
+        ["pooled (random effects)", "", *(fig(pooled_text(r.summary.pooled_auc)) for r in runs)]
+    )
+    rows.append(["worst site", "", *(_worst(r.summary) for r in runs)])
+    header = ["site", "test scans (positives/negatives)", *(r.label for r in runs)]
+    out = [table(header, rows, caption="AUC (95% CI) of each site's model on its own test split")]
+    out.append(tag("ul", join(_ci_methods(run) for run in runs), class_="methods"))
+    for run in runs:
+        figures = {site: run.summary.sites.get(site) for site in sites}
+        plot = forest_plot(run.label, figures, run.summary.pooled_auc)
+        caption = tag("figcaption", f"AUC per site with 95% CI, {run.label}")
+        out.append(tag("figure", join([plot, caption])))
+    return out
+
+
+def _ci_methods(run: StudyRun) -> Html:
+    """How a run's intervals were made: each CI method with the sites it served, the pool's."""
+    by_method: dict[str, list[str]] = {}
+    for site, m in run.summary.sites.items():
+        if m.auc_ci is not None:
+            by_method.setdefault(m.auc_ci.method, []).append(site)
+    items = [tag("li", f"{method}: {', '.join(sites)}") for method, sites in by_method.items()]
+    pooled = run.summary.pooled_auc
+    if pooled is not None:
+        items.append(tag("li", f"pooled over {pooled.n_sites} sites: {pooled.method}"))
+    if not items:
+        items.append(tag("li", "n/a (this run has no CIs)"))
+    return tag("li", join([f"{run.label}, intervals by method:", tag("ul", join(items))]))
+
+
+def _worst(s: Summary) -> Html:
+    if s.worst_site is None:
+        return esc("n/a")
+    value = ci_text(s.worst_site_auc_ci) if s.worst_site_auc_ci else fmt(s.worst_site_auc)
+    return join([s.worst_site, ": ", fig(value)])
+
+
+def _operating_section(runs: Sequence[StudyRun], sites: list[str]) -> list[Html]:
+    out = []
+    for run in runs:
+        rows = []
+        for site in sites:
+            m = run.summary.sites.get(site)
+            op = None if m is None else m.operating_point
+            if op is None:
+                rows.append([site, *["n/a"] * 7, "no operating point in this run"])
+                continue
+            reason = m.unreliable if m is not None else None
+            rows.append(
+                [
+                    site,
+                    op.rule,
+                    fmt(op.threshold),
+                    *(
+                        _rate_cell(getattr(op, name), unreliable=reason)
+                        for name in ("sensitivity", "specificity", "ppv", "npv")
+                    ),
+                    f"{op.tp} / {op.fp} / {op.tn} / {op.fn}",
+                    op.note or "",
+                ]
+            )
+        header = ["site", "rule", "threshold", "sensitivity", "specificity", "PPV", "NPV"]
+        header += ["TP / FP / TN / FN", "note"]
+        rule = run.summary.operating_rule or "n/a"
+        out.append(table(header, rows, caption=f"{run.label} (rule {rule})"))
+    return out
+
+
+def _calibration_section(runs: Sequence[StudyRun], sites: list[str]) -> list[Html]:
+    out = []
+    for run in runs:
+        rows = []
+        for site in sites:
+            m = run.summary.sites.get(site)
+            c = None if m is None else m.calibration
+            if c is None:
+                rows.append([site, *["n/a"] * 5, "no calibration in this run"])
+                continue
+            rows.append([site, c.n, c.brier, c.ece, c.intercept, c.slope, c.reason or ""])
+        header = ["site", "n", "Brier", "ECE", "intercept (ideal 0)", "slope (ideal 1)", "note"]
+        figures = {site: run.summary.sites.get(site) for site in sites}
+        plot = reliability_diagram(run.label, figures)
+        caption = tag("figcaption", f"Reliability diagram, {run.label}")
+        out.append(
+            tag(
+                "div",
+                join(
+                    [table(header, rows, caption=run.label), tag("figure", join([plot, caption]))]
+                ),
+                class_="pair",
+            )
+        )
+    return out
+
+
+def _cross_site_section(runs: Sequence[StudyRun]) -> list[Html]:
+    out = []
+    for run in runs:
+        cross = run.summary.cross_site
+        if not cross:
+            out.append(tag("p", f"{run.label}: n/a (this run predates the cross-site matrix)."))
+            continue
+        data = list(run.summary.sites)
+        for row in cross.values():
+            data += [d for d in row if d not in data]
+        rows = []
+        for model, row in cross.items():
+            cells: list[Any] = [model]
+            for d in data:
+                cell = row.get(d)
+                if cell is None:
+                    cells.append("n/a")
+                    continue
+                auc = "n/a" if cell.auc is None else fmt(cell.auc)
+                detail = f"accuracy {fmt(cell.accuracy)} \u00b7 n {cell.n}"
+                if cell.auc is None and cell.auc_reason:
+                    detail += f" \u00b7 {cell.auc_reason}"
+                content = join([auc, tag("span", detail, class_="counts")])
+                own = "own" if model == d else None
+                cells.append(Cell(content, {"style": _heat(cell.auc), "class_": own}))
+            rows.append(cells)
+        header = ["model of \u2193 / test split of \u2192", *data]
+        out.append(table(header, rows, caption=run.label, class_="matrix"))
+    return out
+
+
+def _heat(auc: float | None) -> str:
+    if auc is None:
+        return "background: #eeeeee"
+    t = min(max((auc - 0.5) / 0.5, 0.0), 1.0)
+    low, high = (247, 247, 247), (33, 102, 172)
+    r, g, b = (round(a + (z - a) * t) for a, z in zip(low, high, strict=True))
+    ink = "#ffffff" if t > 0.55 else "#111111"
+    return f"background: rgb({r}, {g}, {b}); color: {ink}"
+
+
+def _routing_section(runs: Sequence[StudyRun]) -> list[Html]:
+    out = []
+    for run in runs:
+        s = run.summary
+        for protocol, words in PROTOCOLS.items():
+            routers = s.routers if protocol == ORIGIN_UNKNOWN else s.routers_origin_known
+            caption = f"{run.label}, {protocol}: {words}"
+            if not routers:
+                out.append(tag("p", f"{caption}: n/a (not in this run)."))
+                continue
+            rows = []
+            for name, r in routers.items():
+                label = f"{name} (default)" if name == s.routing_method else name
+                rows.append(
+                    [
+                        label,
+                        *(_rate_cell(r.rates.get(k), getattr(r, k, None)) for k in ROUTER_RATES),
+                        r.forward_passes,
+                        fmt(r.latency_ms_per_scan, 2),
+                    ]
+                )
+            header = ["router", *(RATE_NAMES.get(k, k) for k in ROUTER_RATES)]
+            header += ["forward passes", "ms per scan"]
+            out.append(table(header, rows, caption=caption))
+    return out
+
+
+def _network_section(runs: Sequence[StudyRun], sites: list[str]) -> list[Html]:
+    rows = []
+    for run in runs:
+        s = run.summary
+        per_site = []
+        for site in sites:
+            t = s.bytes_per_round_by_site.get(site)
+            if t is not None:
+                per_site.append(
+                    f"{site}: {_human_bytes(t.up)} sent, {_human_bytes(t.down)} received"
+                )
+        rows.append(
+            [
+                run.label,
+                s.wire.label if s.wire is not None else "n/a",
+                _human_bytes(s.bytes_per_round),
+                join(per_site, "<br>") if per_site else "n/a",
+                s.rounds,
+                _human_bytes(s.bytes_per_round * s.rounds),
+            ]
+        )
+    header = ["method", "wire encoding", "per round, all sites", "per round, each site"]
+    header += ["rounds", "whole run (about)"]
+    figure = tag(
+        "figure",
+        join(
+            [bytes_chart(runs), tag("figcaption", "Bytes per round (sent + received, all sites)")]
+        ),
+    )
+    return [table(header, rows), figure]
+
+
+# ---------------------------------------------------------------------------- the page
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif;
+  margin: 2rem auto; max-width: 90rem; padding: 0 1rem; color: #111; line-height: 1.45; }
+h1 { font-size: 1.6rem; margin-bottom: 0.2rem; } h2 { margin-top: 2.2rem;
+  border-bottom: 2px solid #ddd; padding-bottom: 0.2rem; } h3 { margin: 0.6rem 0 0.3rem; }
+p.lead { color: #444; margin-top: 0; } p.warning { background: #fff4e5;
+  border-left: 4px solid #e69f00; padding: 0.4rem 0.7rem; }
+nav ol { columns: 2; } table { border-collapse: collapse; margin: 0.8rem 0 1.2rem;
+  font-variant-numeric: tabular-nums; font-size: 0.92rem; }
+caption { caption-side: top; text-align: left; font-weight: 600; padding: 0.3rem 0; }
+th, td { border: 1px solid #ccc; padding: 0.3rem 0.55rem; text-align: left;
+  vertical-align: top; } thead th { background: #f2f2f2; }
+tbody th { font-weight: 600; white-space: nowrap; }
+.fig { white-space: nowrap; } .scroll { overflow-x: auto; }
+.counts { display: block; color: #555; font-size: 0.82rem; }
+table.matrix td { min-width: 7rem; } table.matrix td .counts { color: inherit; opacity: 0.85; }
+td.own { outline: 3px solid #111; outline-offset: -3px; font-weight: 600; }
+.flag { color: #b35806; font-weight: 600; white-space: nowrap; margin-left: 0.25em; }
+.cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(20rem, 1fr));
+  gap: 0.8rem; } .card { border: 1px solid #ddd; border-radius: 6px; padding: 0.3rem 0.8rem; }
+dl { margin: 0.3rem 0; } dt { font-weight: 600; } dd { margin: 0 0 0.4rem 0; }
+figure { margin: 0.6rem 0 1.4rem; } figcaption { color: #444; font-size: 0.9rem; }
+.pair { display: flex; flex-wrap: wrap; gap: 1.5rem; align-items: flex-start; }
+svg.plot { max-width: 100%; height: auto; font-size: 13px; }
+svg .small { font-size: 11px; fill: #444; } svg .muted { fill: #777; font-style: italic; }
+svg .bold { font-weight: 600; } svg .chance { stroke: #999; stroke-dasharray: 4 3; }
+svg .axis { stroke: #333; } svg .grid { stroke: #eee; } svg .frame { fill: none; stroke: #333; }
+svg .ci { stroke: #222; stroke-width: 1.5; } svg rect.solid { fill: #0072B2; }
+svg rect.hollow { fill: #fff; stroke: #b35806; stroke-width: 2; }
+svg polygon { fill: #D55E00; } svg .series { fill: none; stroke-width: 2; }
+footer { margin-top: 3rem; color: #666; font-size: 0.85rem; }
+@media print { body { margin: 0; max-width: none; font-size: 10pt; }
+  h2 { break-before: page; } table, figure { break-inside: avoid; }
+  table { font-size: 8pt; } .scroll { overflow: visible; } nav { display: none; } }
+"""
+
+# Nothing may be fetched: inline styles and data: images only.
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+
+SECTIONS = (
+    ("glance", "At a glance"),
+    ("methods", "The methods"),
+    ("sites", "The sites and their data"),
+    ("discrimination", "Discrimination: AUC per site"),
+    ("operating", "Operating points"),
+    ("calibration", "Calibration"),
+    ("cross-site", "Cross-site matrix"),
+    ("routing", "Routing a new patient's scan"),
+    ("network", "What each method sent over the network"),
+)
+
+INTRO = {
+    "glance": (
+        "One line per method. The pooled AUC combines the sites' AUCs (random effects); I\u00b2 "
+        "is the share of their spread not explained by chance. System accuracy is the whole "
+        "federation answering every site's test scans, each sent to a site by the default router."
+    ),
+    "methods": "How each method was trained.",
+    "sites": (
+        "What each site contributed. The test split is never used for training or for choosing "
+        "a threshold. The facts below are declared by each site in its manifest."
+    ),
+    "discrimination": (
+        "AUC: the chance that the model scores a randomly chosen positive scan above a randomly "
+        "chosen negative one (0.5: chance, 1: perfect). The brackets give the 95% confidence "
+        f"interval. {UNRELIABLE_MARK} unreliable: the figure rests on fewer than 10 positives or "
+        "10 negatives; hover over the mark for the counts."
+    ),
+    "operating": (
+        "Each site's threshold is chosen on its own validation split by the run's rule, then "
+        "applied to its test split. Sensitivity: share of positive scans called positive; "
+        "specificity: share of negative scans called negative; PPV / NPV: share of positive / "
+        "negative calls that are right. Each with its 95% CI (Wilson) and counts k/n."
+    ),
+    "calibration": (
+        "Whether a predicted probability of, say, 0.7 means 7 in 10 such patients are positive. "
+        "Brier score: mean squared error of the probabilities (lower is better). ECE: average "
+        "gap between predicted and observed, over 10 bins. Intercept 0 and slope 1 are ideal; a "
+        "slope below 1 means over-confident probabilities. In the diagrams, points on the "
+        "dashed diagonal are perfectly calibrated."
+    ),
+    "cross-site": (
+        "Every site's model (rows) on every site's test split (columns): how well a model "
+        "travels to another hospital. The outlined diagonal is each model on its own site. "
+        "Shading: white at AUC 0.5, dark blue at 1."
+    ),
+    "routing": (
+        "A new patient's scan is sent to the site whose model fits it best, or the federation "
+        "abstains (says it cannot answer). Two protocols: origin unknown (a new camera, a "
+        "screening programme: each candidate site normalizes the scan with its own statistics) "
+        "and origin known (a member hospital's archived scan, normalized with its own site's "
+        "statistics). Sensitivity and specificity count the answered scans only, each at the "
+        "answering site's operating point."
+    ),
+    "network": (
+        "What each method exchanged between the sites and the coordinator: model updates only, "
+        "never scans. Per round, sent plus received, averaged over the rounds."
+    ),
+}
+
+
+def default_title(runs: Sequence[StudyRun]) -> str:
+    sites = _sites_of(runs)
+    methods = ", ".join(r.label for r in runs)
+    return f"Study report: {run_modality(runs)}, {len(sites)} sites, methods {methods}"
+
+
+def render_study(runs: Sequence[StudyRun], title: str | None = None) -> str:
+    """The report's HTML text (one document, nothing loaded from elsewhere)."""
+    if not runs:
+        raise ConfigError("the study report needs at least one run directory")
+    title = title or default_title(runs)
+    sites = _sites_of(runs)
+    bodies: dict[str, list[Html]] = {
+        "glance": [_glance(runs), *_study_notes(runs, sites)],
+        "methods": [_runs_section(runs)],
+        "sites": _sites_section(runs, sites),
+        "discrimination": _discrimination_section(runs, sites),
+        "operating": _operating_section(runs, sites),
+        "calibration": _calibration_section(runs, sites),
+        "cross-site": _cross_site_section(runs),
+        "routing": _routing_section(runs),
+        "network": _network_section(runs, sites),
+    }
+    notes = _unreliable_list(runs, sites)
+    if notes:
+        bodies["discrimination"].insert(1, notes)
+    nav = tag(
+        "nav",
+        tag("ol", join(tag("li", tag("a", name, href=f"#{key}")) for key, name in SECTIONS)),
+    )
+    sections = [
+        tag(
+            "section",
+            join([tag("h2", name), tag("p", INTRO[key]), *bodies[key]]),
+            id=key,
+        )
+        for key, name in SECTIONS
+    ]
+    lead = (
+        f"{len(runs)} method(s) on {len(sites)} site(s): {', '.join(sites)}. Every figure is on "
+        "the sites' test splits, with its 95% confidence interval and counts where the runs "
+        "hold them; n/a marks a figure a run does not hold."
+    )
+    head = join(
+        [
+            Html('<meta charset="utf-8">'),
+            Html(f'<meta http-equiv="Content-Security-Policy" content="{esc(CSP)}">'),
+            Html('<meta name="viewport" content="width=device-width, initial-scale=1">'),
+            tag("title", title),
+            tag("style", Html(STYLE)),
+        ]
+    )
+    folders = "run directory" if len(runs) == 1 else "run directories"
+    footer = tag("footer", f"Written by medfed {__version__} from {len(runs)} {folders}.")
+    body = join([tag("h1", title), tag("p", lead, class_="lead"), nav, *sections, footer])
+    return f'<!DOCTYPE html>\n<html lang="en">\n<head>{head}</head>\n<body>{body}</body>\n</html>\n'
+
+
+def _unreliable_list(runs: Sequence[StudyRun], sites: list[str]) -> Html | None:
+    seen: dict[tuple[str, str], list[str]] = {}
+    for run in runs:
+        for site in sites:
+            m = run.summary.sites.get(site)
+            if m is not None and m.unreliable:
+                seen.setdefault((site, m.unreliable), []).append(run.label)
+    if not seen:
+        return None
+    items = [
+        tag("li", f"{site}: {reason} ({', '.join(labels)})")
+        for (site, reason), labels in seen.items()
+    ]
+    return join([tag("p", f"{UNRELIABLE_MARK} unreliable figures:"), tag("ul", join(items))])
+
+
+@dataclass(frozen=True)
+class WrittenReport:
+    path: Path
+    methods: list[str]
+    sites: list[str]
+
+
+def write_study_report(
+    paths: Sequence[str | Path], out: str | Path, *, title: str | None = None
+) -> WrittenReport:
+    """Read the runs, render the report and write it to ``out`` atomically."""
+    runs = load_study(paths)
+    out = Path(out)
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; give the HTML file to write")
+    atomic_write(out, render_study(runs, title))
+    return WrittenReport(out, [r.label for r in runs], _sites_of(runs))
