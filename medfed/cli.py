@@ -543,19 +543,30 @@ def compare(
     update_readme: Annotated[
         Path | None, typer.Option(help="Write the tables into this README's compare section.")
     ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(
+            help="The method every other is compared with (paired differences with 95% CIs); "
+            "default: fedavg when it runs (the communication baseline), else the first method."
+        ),
+    ] = None,
 ) -> None:
     """Train several methods on the synthetic fundus federation; accuracy and bytes per round."""
     from medfed.experiments.demo import COMMUNICATION_METHODS, run_demo
 
+    chosen = tuple(methods or COMMUNICATION_METHODS)
+    if reference is None:
+        reference = "fedavg" if "fedavg" in chosen else chosen[0]
     run_demo(
         out,
         quick=quick,
         seed=seed,
-        methods=tuple(methods or COMMUNICATION_METHODS),
+        methods=chosen,
         marker="compare-table",
         command="medfed compare",
         echo=typer.echo,
         readme=update_readme,
+        reference=reference,
     )
 
 
@@ -563,7 +574,7 @@ def compare(
 @friendly
 def bench(
     quick: Annotated[
-        bool, typer.Option(help="Smaller budgets and 2 seeds (under 10 minutes on 2 cores).")
+        bool, typer.Option(help="Smaller budgets and 2 seeds (about 13 minutes on 2 cores).")
     ] = False,
     seeds: Annotated[
         int | None, typer.Option(help="Seeds 0..N-1 (default 3, or 2 with --quick).")

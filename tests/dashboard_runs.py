@@ -28,6 +28,7 @@ from medfed.federation.training import load_sites, train
 from medfed.metrics import Calibration, Interval, OperatingPoint, Pooled, wilson
 from medfed.runs import RunDir
 from medfed.runs.schema import CrossSiteCell, RocPoints, RouterFigures, SiteFigures, Summary
+from tests.oldruns import before_intervals
 
 ROUNDS = 3
 DROPPED_SITE = "rimone"
@@ -237,31 +238,10 @@ def clinical_summary(**changes) -> Summary:
     return Summary(**(values | changes))
 
 
-NEW_SITE_KEYS = ("n_pos", "n_neg", "auc_ci", "unreliable", "operating_point", "calibration")
-NEW_KEYS = (
-    "pooled_auc",
-    "worst_site_auc_ci",
-    "cross_site",
-    "routers_origin_known",
-    "normalization",
-    "augment",
-    "operating_rule",
-    "average_accuracy_by_train",
-)
-
-
 def old_summary() -> dict:
     """summary.json as medfed wrote it before CIs and the clinical figures: the same run
     without any of their keys (nor ROC points, nor router rates)."""
-    data = clinical_summary().to_dict()
-    for key in NEW_KEYS:
-        data.pop(key)
-    for figures in data["sites"].values():
-        for key in (*NEW_SITE_KEYS, "roc"):
-            figures.pop(key)
-    for router in data["routers"].values():
-        router.pop("rates")
-    return data
+    return before_intervals(clinical_summary().to_dict(), roc=False)
 
 
 def write_summary_run(path: Path, summary: Summary | dict) -> Path:

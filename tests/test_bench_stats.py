@@ -23,9 +23,8 @@ from medfed.experiments.paired import (
     scans_from_rows,
     site_auc,
     verdict_lines,
-    weighted_auc,
 )
-from medfed.metrics import Interval, auc_fast, verdict
+from medfed.metrics import Interval, auc_fast, verdict, weighted_auc
 
 SEEDS = (0, 1)
 SITES = ("a", "b", "c")

@@ -89,6 +89,19 @@ def test_both_protocols_report_every_router_with_intervals(feddrm_run):
             assert np.isfinite(r.latency_ms_per_scan), name
 
 
+def test_the_routed_system_on_each_sites_scans_adds_up_to_the_pooled_figure(feddrm_run):
+    _, summary = feddrm_run
+    for protocol, routers in (
+        ("origin_unknown", summary.routers),
+        ("origin_known", summary.routers_origin_known),
+    ):
+        by_site = summary.system_by_site[protocol]
+        assert set(by_site) == set(summary.sites)
+        pooled = routers[summary.routing_method].rates["system_accuracy"]
+        assert sum(r.k for r in by_site.values()) == pooled.k
+        assert sum(r.n for r in by_site.values()) == pooled.n
+
+
 def test_every_figure_can_be_recomputed_from_predictions_csv(feddrm_run):
     out, summary = feddrm_run
     rows = RunDir(out).read_predictions()

@@ -32,6 +32,7 @@ from medfed.runs.report import (
     site_table,
 )
 from medfed.runs.schema import Summary
+from tests.oldruns import before_intervals
 from tests.test_schema import make_summary, router, site_figures, summary_dict
 
 
@@ -198,33 +199,14 @@ def test_cross_site_matrix_has_a_row_per_model_and_a_column_per_test_split() -> 
     table = cross_site_table(rich_summary())
     assert table.splitlines()[0].split("|")[2:4] == [" a     ", " b     "]
     assert row_of(table, "b").count("0.700") == 2
-
-
-# Written by medfed before CIs, counts, operating points, calibration and the second protocol.
-NEW_SUMMARY_KEYS = (
-    "average_accuracy_by_train",
-    "pooled_auc",
-    "worst_site_auc_ci",
-    "cross_site",
-    "routers_origin_known",
-    "normalization",
-    "augment",
-    "operating_rule",
-)
-NEW_SITE_KEYS = ("n_pos", "n_neg", "auc_ci", "unreliable", "operating_point", "calibration")
+    # Beside the matrix: the routed system on each site's scans, under both protocols.
+    text = evaluation_text(rich_summary())
+    assert wilson(9, 12).text() in row_of(text, "routed system (density_ratio), origin known")
 
 
 def old_summary_dict(**changes: Any) -> dict[str, Any]:
     """summary.json as a run written before the clinical figures holds it."""
-    data = {k: v for k, v in summary_dict(**changes).items() if k not in NEW_SUMMARY_KEYS}
-    data["sites"] = {
-        site: {k: v for k, v in figures.items() if k not in NEW_SITE_KEYS}
-        for site, figures in data["sites"].items()
-    }
-    data["routers"] = {
-        name: {k: v for k, v in r.items() if k != "rates"} for name, r in data["routers"].items()
-    }
-    return data
+    return before_intervals(summary_dict(**changes))
 
 
 def test_an_old_run_without_the_new_fields_still_prints_everything_as_na() -> None:

@@ -197,6 +197,8 @@ def test_route_fundus_photos_and_refuse_other_kinds_per_file(file_runs, tmp_path
         assert by_file[name]["status"] in {"routed", "abstained"}
         assert set(by_file[name]["site_probs"]) == {"acrima", "rimone", "refuge"}
         assert by_file[name]["prediction"] in {"normal", "glaucoma"}
+        if by_file[name]["status"] == "routed":  # answered at the site's operating point
+            assert "the operating threshold" in by_file[name]["reason"]
     assert by_file["broken.jpg"]["status"] == "error"
     assert "broken.jpg" in by_file["broken.jpg"]["reason"]
     assert by_file["CT_small.dcm"]["status"] == "abstained"

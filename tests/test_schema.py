@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import subprocess
 import sys
 import tomllib
@@ -28,6 +29,7 @@ from medfed.runs.schema import (
     Validation,
     WireSettings,
 )
+from tests.oldruns import before_intervals
 
 
 def site_figures(auc: float | None = 0.8, n_test: int = 10) -> dict[str, Any]:
@@ -121,23 +123,15 @@ def summary_dict(**changes: Any) -> dict[str, Any]:
             for m in "ab"
         },
         "routers_origin_known": {"density_ratio": router(0.75, 0.9)},
+        "system_by_site": {
+            "origin_unknown": {"a": wilson(7, 10).to_dict(), "b": wilson(8, 12).to_dict()},
+            "origin_known": {"a": wilson(8, 10).to_dict(), "b": wilson(9, 12).to_dict()},
+        },
         "normalization": "site",
         "augment": "flip",
         "operating_rule": "specificity:0.90",
     }
     return data | changes
-
-
-NEW_KEYS = (
-    "average_accuracy_by_train",
-    "pooled_auc",
-    "worst_site_auc_ci",
-    "cross_site",
-    "routers_origin_known",
-    "normalization",
-    "augment",
-    "operating_rule",
-)
 
 
 def make_summary(**changes: Any) -> Summary:
@@ -163,16 +157,7 @@ def test_summary_keeps_every_key_and_value_of_summary_json() -> None:
 
 
 def test_a_summary_written_before_confidence_intervals_still_reads() -> None:
-    data = summary_dict()
-    for key in NEW_KEYS:
-        data.pop(key)
-    for site in data["sites"].values():
-        for key in CLINICAL_SITE_FIGURES:
-            site.pop(key)
-    for r in data["routers"].values():
-        r.pop("rates")
-
-    summary = Summary.from_dict(data)
+    summary = Summary.from_dict(before_intervals(summary_dict()))
 
     assert summary.sites["a"].auc_ci is None and summary.sites["a"].operating_point is None
     assert summary.pooled_auc is None and summary.routers_origin_known == {}
@@ -459,3 +444,12 @@ def test_summaries_compare_by_value() -> None:
     summary = make_summary()
     assert replace(summary, seed=1) != summary
     assert replace(summary, seed=0) == summary
+
+
+def test_run_files_are_readable_by_the_group_as_a_plain_write_would_leave_them(tmp_path) -> None:
+    old = os.umask(0o022)
+    try:
+        RunDir(tmp_path).write_summary(make_summary())
+    finally:
+        os.umask(old)
+    assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644

@@ -167,21 +167,7 @@ def roc_curves(
 ) -> go.Figure:
     """One ROC curve per site (``points``: site, curve (legend text), fpr, tpr), and each
     site's operating point (``operating``: site, fpr, tpr, threshold, rule)."""
-    colours = site_colours(points["site"])
-    legend = dict(zip(points["curve"], points["site"], strict=True))
-    fig = px.line(
-        points,
-        x="fpr",
-        y="tpr",
-        color="curve",
-        title=title,
-        range_x=[0, 1],
-        color_discrete_map={curve: colours[site] for curve, site in legend.items()},
-    )
-    _diagonal(fig)
-    _operating_markers(fig, operating, "site", colours)
-    _roc_axes(fig)
-    return fig
+    return _roc_figure(points, title, operating, "site", site_colours(points["site"]))
 
 
 def roc_overlay(
@@ -189,8 +175,18 @@ def roc_overlay(
 ) -> go.Figure:
     """Several methods' ROC curves at one site (``points``: method, curve, fpr, tpr), and
     each method's operating point there (``operating``: method, fpr, tpr, threshold, rule)."""
-    colours = method_colours(points["method"])
-    legend = dict(zip(points["curve"], points["method"], strict=True))
+    return _roc_figure(points, title, operating, "method", method_colours(points["method"]))
+
+
+def _roc_figure(
+    points: pd.DataFrame,
+    title: str,
+    operating: pd.DataFrame | None,
+    by: str,
+    colours: dict[str, str],
+) -> go.Figure:
+    """ROC curves coloured by ``by`` (site or method), the chance line and operating points."""
+    legend = dict(zip(points["curve"], points[by], strict=True))
     fig = px.line(
         points,
         x="fpr",
@@ -198,10 +194,10 @@ def roc_overlay(
         color="curve",
         title=title,
         range_x=[0, 1],
-        color_discrete_map={curve: colours[method] for curve, method in legend.items()},
+        color_discrete_map={curve: colours[key] for curve, key in legend.items()},
     )
     _diagonal(fig)
-    _operating_markers(fig, operating, "method", colours)
+    _operating_markers(fig, operating, by, colours)
     _roc_axes(fig)
     return fig
 

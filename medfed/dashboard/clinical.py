@@ -9,7 +9,7 @@ the page says why) instead of failing.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandas as pd
@@ -185,33 +185,43 @@ OPERATING_COLUMNS = [
 ]
 
 
+def _per_site_table(
+    summary: Summary, figure: str, columns: list[str], row: Callable[[Any], dict[str, str]]
+) -> pd.DataFrame:
+    """One row per site from its ``figure`` (an attribute of SiteFigures) through ``row``,
+    with the site's reliability; n/a for a site without it, and no rows when no site has it
+    (a run written before these figures, or more than two classes)."""
+    index = pd.Index([], name="site")
+    if not any(getattr(f, figure) is not None for f in summary.sites.values()):
+        return pd.DataFrame(columns=columns, index=index)
+    rows = []
+    for f in summary.sites.values():
+        value = getattr(f, figure)
+        if value is None:
+            rows.append({c: NA for c in columns} | {"note": "", RELIABILITY: ""})
+        else:
+            rows.append(row(value) | {RELIABILITY: unreliable_marker(f.unreliable)})
+    return pd.DataFrame(rows, columns=columns, index=pd.Index(list(summary.sites), name="site"))
+
+
 def operating_table(summary: Summary) -> pd.DataFrame:
     """Each site's operating point on its test scans: the rule and threshold chosen on its
-    validation split, and sensitivity, specificity, PPV and NPV with CIs and counts. Empty when
-    no site has one (a run written before operating points, or more than two classes)."""
-    rows, index = [], []
-    if not any(f.operating_point is not None for f in summary.sites.values()):
-        return pd.DataFrame(columns=OPERATING_COLUMNS, index=pd.Index([], name="site"))
-    for site, f in summary.sites.items():
-        point = f.operating_point
-        index.append(site)
-        if point is None:
-            rows.append({c: NA for c in OPERATING_COLUMNS} | {"note": "", RELIABILITY: ""})
-            continue
-        rows.append(
-            {
-                "rule": point.rule,
-                "threshold": f"{point.threshold:.3f}",
-                "sensitivity": rate_text(point.sensitivity),
-                "specificity": rate_text(point.specificity),
-                "PPV": rate_text(point.ppv),
-                "NPV": rate_text(point.npv),
-                "TP / FP / TN / FN": f"{point.tp} / {point.fp} / {point.tn} / {point.fn}",
-                "note": point.note or "",
-                RELIABILITY: unreliable_marker(f.unreliable),
-            }
-        )
-    return pd.DataFrame(rows, columns=OPERATING_COLUMNS, index=pd.Index(index, name="site"))
+    validation split, and sensitivity, specificity, PPV and NPV with CIs and counts."""
+    return _per_site_table(
+        summary,
+        "operating_point",
+        OPERATING_COLUMNS,
+        lambda point: {
+            "rule": point.rule,
+            "threshold": f"{point.threshold:.3f}",
+            "sensitivity": rate_text(point.sensitivity),
+            "specificity": rate_text(point.specificity),
+            "PPV": rate_text(point.ppv),
+            "NPV": rate_text(point.npv),
+            "TP / FP / TN / FN": f"{point.tp} / {point.fp} / {point.tn} / {point.fn}",
+            "note": point.note or "",
+        },
+    )
 
 
 def operating_points(summary: Summary) -> pd.DataFrame:
@@ -238,29 +248,20 @@ CALIBRATION_COLUMNS = ["n", "Brier", "ECE", "intercept", "slope", "note", RELIAB
 
 
 def calibration_table(summary: Summary) -> pd.DataFrame:
-    """Brier score, ECE, calibration intercept and slope per site (empty when no site has
-    them: a run written before calibration, or more than two classes)."""
-    rows, index = [], []
-    if not any(f.calibration is not None for f in summary.sites.values()):
-        return pd.DataFrame(columns=CALIBRATION_COLUMNS, index=pd.Index([], name="site"))
-    for site, f in summary.sites.items():
-        c = f.calibration
-        index.append(site)
-        if c is None:
-            rows.append({k: NA for k in CALIBRATION_COLUMNS} | {"note": "", RELIABILITY: ""})
-            continue
-        rows.append(
-            {
-                "n": str(c.n),
-                "Brier": fmt(c.brier),
-                "ECE": fmt(c.ece),
-                "intercept": fmt(c.intercept),
-                "slope": fmt(c.slope),
-                "note": c.reason or "",
-                RELIABILITY: unreliable_marker(f.unreliable),
-            }
-        )
-    return pd.DataFrame(rows, columns=CALIBRATION_COLUMNS, index=pd.Index(index, name="site"))
+    """Brier score, ECE, calibration intercept and slope per site."""
+    return _per_site_table(
+        summary,
+        "calibration",
+        CALIBRATION_COLUMNS,
+        lambda c: {
+            "n": str(c.n),
+            "Brier": fmt(c.brier),
+            "ECE": fmt(c.ece),
+            "intercept": fmt(c.intercept),
+            "slope": fmt(c.slope),
+            "note": c.reason or "",
+        },
+    )
 
 
 def _bin(item: Any, key: str) -> Any:

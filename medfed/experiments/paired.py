@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from medfed.errors import RunDirError
-from medfed.metrics import Interval, paired_bootstrap, verdict
+from medfed.metrics import Interval, cluster_weights, paired_bootstrap, verdict, weighted_auc
 from medfed.runs import RunDir
 
 N_BOOT = 2000
@@ -147,20 +147,9 @@ class Figure:
 
 
 def site_auc(y: np.ndarray, score: np.ndarray) -> float:
-    """The AUC from midranks (ties count one half; equals ``medfed.metrics.auc_fast``), NaN
-    when ``y`` holds one class (a resample can draw a single class). Called for every site of
-    every resample, so it skips the input checks: one sort, no rank library."""
-    n = y.size
-    n_pos = int(np.count_nonzero(y == 1))
-    if n_pos == 0 or n_pos == n:
-        return math.nan
-    order = np.argsort(score, kind="stable")
-    ordered = score[order]
-    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
-    ends = np.r_[starts[1:], n]
-    ranks = np.empty(n)
-    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
-    return float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * (n - n_pos)))
+    """The AUC (midranks: ties count one half), NaN when ``y`` holds one class (a resample can
+    draw a single class). Called for every site of every resample: no input checks."""
+    return float(weighted_auc(y, score, np.ones((1, y.size)))[0])
 
 
 def _by_seed(strata: Strata) -> dict[Any, list[tuple[np.ndarray, np.ndarray]]]:
@@ -438,30 +427,6 @@ def compare_methods(
 
 
 # ---------------------------------------------------------------------------- one method's CIs
-def _weights(patients: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """``(n_boot, scans)`` multiplicities: patients drawn with replacement, all their scans."""
-    groups = np.unique(patients, return_inverse=True)[1].ravel()
-    n_groups = int(groups.max()) + 1
-    draws = rng.integers(0, n_groups, size=(n_boot, n_groups))
-    flat = (draws + n_groups * np.arange(n_boot)[:, None]).ravel()
-    counts = np.bincount(flat, minlength=n_boot * n_groups).reshape(n_boot, n_groups)
-    return counts[:, groups].astype(np.float64)
-
-
-def weighted_auc(y: np.ndarray, score: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The AUC under each row of weights ``w`` (k, n): ``sum_{pos i, neg j} w_i w_j ([s_i >
-    s_j] + [s_i = s_j] / 2) / (W_pos W_neg)``, NaN where a row weighs one class only."""
-    order = np.argsort(score, kind="stable")
-    s, yy, ww = score[order], y[order], w[:, order]
-    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
-    pos = np.add.reduceat(ww * (yy == 1), starts, axis=1)
-    neg = np.add.reduceat(ww * (yy == 0), starts, axis=1)
-    wins = (pos * (np.cumsum(neg, axis=1) - neg + 0.5 * neg)).sum(axis=1)
-    w_pos, w_neg = pos.sum(axis=1), neg.sum(axis=1)
-    ok = (w_pos > 0) & (w_neg > 0)
-    return np.where(ok, wins / np.where(ok, w_pos * w_neg, 1.0), np.nan)
-
-
 def _figures_under(
     strata: Mapping[tuple[int, str], SiteScans], weights: Mapping[tuple[int, str], np.ndarray]
 ) -> dict[str, Any]:
@@ -512,7 +477,7 @@ def figure_intervals(
         (s, site): scans for s, per_site in by_seed.items() for site, scans in per_site.items()
     }
     rng = np.random.default_rng(seed)
-    weights = {key: _weights(scans.patients, n_boot, rng) for key, scans in strata.items()}
+    weights = {key: cluster_weights(scans.patients, n_boot, rng) for key, scans in strata.items()}
     ones = {key: np.ones((1, scans.y.size)) for key, scans in strata.items()}
     given, drawn = _figures_under(strata, ones), _figures_under(strata, weights)
     clustered = any(np.unique(s.patients).size < s.patients.size for s in strata.values())

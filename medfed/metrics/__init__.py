@@ -20,12 +20,14 @@ from medfed.metrics.intervals import (
     auc_interval,
     auc_variance,
     bootstrap_auc_interval,
+    cluster_weights,
     delong,
     delong_paired,
     paired_bootstrap,
     pooled_auc,
     unreliable,
     verdict,
+    weighted_auc,
     wilson,
 )
 from medfed.metrics.operating import (
@@ -68,6 +70,7 @@ __all__ = [
     "auc_interval",
     "auc_variance",
     "bootstrap_auc_interval",
+    "cluster_weights",
     "calibration",
     "choose_threshold",
     "delong",
@@ -84,5 +87,6 @@ __all__ = [
     "system_accuracy",
     "unreliable",
     "verdict",
+    "weighted_auc",
     "wilson",
 ]

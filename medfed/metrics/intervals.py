@@ -334,34 +334,43 @@ def bootstrap_auc_interval(
 def _bootstrap_aucs(
     y: np.ndarray, s: np.ndarray, groups: np.ndarray, n_boot: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """AUC of each of ``n_boot`` resamples of the groups (NaN where a resample has one class).
-
-    A resample drawn with replacement is a count per group; a scan's weight is its group's
-    count, and the AUC of the resample is the weighted AUC
-    sum_{pos i, neg j} w_i w_j ([s_i > s_j] + [s_i = s_j] / 2) / (W_pos W_neg),
-    which sorting the scores once turns into cumulative sums over tie groups.
-    """
-    n_groups = int(groups.max()) + 1
-    order = np.argsort(s, kind="stable")
-    s_sorted, y_sorted, g_sorted = s[order], y[order], groups[order]
-    starts = np.flatnonzero(np.r_[True, s_sorted[1:] != s_sorted[:-1]])
-    is_pos, is_neg = y_sorted == 1, y_sorted == 0
+    """AUC of each of ``n_boot`` resamples of the groups (NaN where a resample has one class),
+    drawn in blocks so the weight matrix stays small."""
     out = np.empty(n_boot)
-    block = max(1, _BLOCK // max(y.size, n_groups))
+    block = max(1, _BLOCK // max(y.size, int(groups.max()) + 1))
     for first in range(0, n_boot, block):
         b = min(block, n_boot - first)
-        draws = rng.integers(0, n_groups, size=(b, n_groups))
-        flat = (draws + (np.arange(b) * n_groups)[:, None]).ravel()
-        counts = np.bincount(flat, minlength=b * n_groups).reshape(b, n_groups)
-        w = counts[:, g_sorted].astype(np.float64)
-        pos = np.add.reduceat(w * is_pos, starts, axis=1)
-        neg = np.add.reduceat(w * is_neg, starts, axis=1)
-        neg_below = np.cumsum(neg, axis=1) - neg
-        wins = (pos * (neg_below + 0.5 * neg)).sum(axis=1)
-        w_pos, w_neg = pos.sum(axis=1), neg.sum(axis=1)
-        ok = (w_pos > 0) & (w_neg > 0)
-        out[first : first + b] = np.where(ok, wins / np.where(ok, w_pos * w_neg, 1.0), np.nan)
+        out[first : first + b] = weighted_auc(y, s, cluster_weights(groups, b, rng))
     return out
+
+
+def cluster_weights(groups: ArrayLike, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """``(n_boot, scans)`` multiplicities of a cluster bootstrap: clusters (patients) drawn
+    with replacement, each scan weighted by how often its cluster was drawn. ``groups`` gives
+    each scan's cluster (any labels; one label per scan gives the scan-level bootstrap)."""
+    codes = np.unique(np.asarray(groups), return_inverse=True)[1].ravel()
+    n_groups = int(codes.max()) + 1
+    draws = rng.integers(0, n_groups, size=(n_boot, n_groups))
+    flat = (draws + (np.arange(n_boot) * n_groups)[:, None]).ravel()
+    counts = np.bincount(flat, minlength=n_boot * n_groups).reshape(n_boot, n_groups)
+    return counts[:, codes].astype(np.float64)
+
+
+def weighted_auc(y: np.ndarray, score: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The AUC under each row of scan weights ``w`` (k, n):
+    sum_{pos i, neg j} w_i w_j ([s_i > s_j] + [s_i = s_j] / 2) / (W_pos W_neg),
+    which sorting the scores once turns into cumulative sums over tie groups; NaN where a row
+    weighs one class only. Rows of ones give the plain (midrank) AUC. No input checks: callers
+    pass validated 0/1 labels and finite scores."""
+    order = np.argsort(score, kind="stable")
+    s, yy, ww = score[order], y[order], np.atleast_2d(w)[:, order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    pos = np.add.reduceat(ww * (yy == 1), starts, axis=1)
+    neg = np.add.reduceat(ww * (yy == 0), starts, axis=1)
+    wins = (pos * (np.cumsum(neg, axis=1) - neg + 0.5 * neg)).sum(axis=1)
+    w_pos, w_neg = pos.sum(axis=1), neg.sum(axis=1)
+    ok = (w_pos > 0) & (w_neg > 0)
+    return np.where(ok, wins / np.where(ok, w_pos * w_neg, 1.0), np.nan)
 
 
 # ------------------------------------------------------------------------------ rates

@@ -216,6 +216,23 @@ def cross_site_table(summary: Evaluation, figure: str = "auc") -> str:
     return markdown_table([f"{name}: model \\ test data", *data], rows)
 
 
+SYSTEM_KEYS: dict[str, str] = {ORIGIN_UNKNOWN: "origin_unknown", ORIGIN_KNOWN: "origin_known"}
+"""Each protocol's key in :attr:`~medfed.runs.schema.Evaluation.system_by_site`."""
+
+
+def system_by_site_rows(summary: Evaluation) -> tuple[list[str], list[list[str]]]:
+    """The routed system (the default router) on each site's test scans, one row per protocol:
+    accuracy with its Wilson CI and k/n; no rows for a run that predates these figures."""
+    sites = list(summary.sites)
+    rows = []
+    for protocol, key in SYSTEM_KEYS.items():
+        rates = summary.system_by_site.get(key)
+        if rates:
+            label = f"routed system ({summary.routing_method}), {protocol}"
+            rows.append([label, *(rate_text(rates.get(site)) for site in sites)])
+    return ["system accuracy \\ test data", *sites], rows
+
+
 def routers_table(summary: Evaluation, protocol: str = ORIGIN_UNKNOWN) -> str:
     """Every router's system accuracy, routing accuracy, abstain rate, answered accuracy,
     sensitivity and specificity (each with its Wilson CI and k/n where the run has them),
@@ -274,6 +291,9 @@ def evaluation_text(summary: Summary) -> str:
     if summary.cross_site:
         parts += ["", "Cross-site matrix (rows: model of site, columns: test split of site)"]
         parts += [cross_site_table(summary, "auc"), "", cross_site_table(summary, "accuracy")]
+        header, rows = system_by_site_rows(summary)
+        if rows:
+            parts += ["", markdown_table(header, rows)]
     else:
         parts += ["", "Cross-site matrix: n/a (not in this run)"]
     for protocol, words in PROTOCOLS.items():

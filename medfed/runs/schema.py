@@ -423,8 +423,10 @@ class Evaluation(_JsonView):
     Two protocols: ``routers`` answer a scan whose origin is unknown (each candidate site sees
     it under its own normalization); ``routers_origin_known`` answer it normalized with its own
     site's statistics, as a member hospital's archived scan would be (FedDRM still routes).
-    ``pooled_auc`` is the random-effects pool of the sites' AUCs with its heterogeneity, and
-    ``cross_site[model][data]`` every site's model on every site's test scans.
+    ``pooled_auc`` is the random-effects pool of the sites' AUCs with its heterogeneity,
+    ``cross_site[model][data]`` every site's model on every site's test scans, and
+    ``system_by_site[protocol][data]`` the accuracy of the routed system (the default router)
+    on each site's test scans, under ``origin_unknown`` and ``origin_known``.
     """
 
     sites: dict[str, SiteFigures]
@@ -451,6 +453,7 @@ class Evaluation(_JsonView):
     worst_site_auc_ci: Interval | None = None
     cross_site: dict[str, dict[str, CrossSiteCell]] = field(default_factory=dict)
     routers_origin_known: dict[str, RouterFigures] = field(default_factory=dict)
+    system_by_site: dict[str, dict[str, Proportion]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return _evaluation_dict(self)
@@ -492,6 +495,10 @@ def _evaluation_dict(e: Evaluation) -> dict[str, Any]:
             m: {d: cell.to_dict() for d, cell in row.items()} for m, row in e.cross_site.items()
         },
         "routers_origin_known": {name: r.to_dict() for name, r in e.routers_origin_known.items()},
+        "system_by_site": {
+            protocol: {site: rate.to_dict() for site, rate in by_site.items()}
+            for protocol, by_site in e.system_by_site.items()
+        },
     }
 
 
@@ -500,6 +507,7 @@ def _evaluation_fields(f: _Fields) -> dict[str, Any]:
     routers = f.obj("routers", {})
     known = f.obj("routers_origin_known", {})
     cross = f.obj("cross_site", {})
+    by_site = f.obj("system_by_site", {})
     without = f.array("sites_without_auc")
     if not all(isinstance(s, str) for s in without):
         raise f.bad("sites_without_auc", "a list of site ids", without)
@@ -544,7 +552,15 @@ def _evaluation_fields(f: _Fields) -> dict[str, Any]:
             )
             for name in known
         },
+        "system_by_site": {
+            protocol: _site_rates(_Fields(rates, f.where, f"{f.path}system_by_site.{protocol}."))
+            for protocol, rates in by_site.items()
+        },
     }
+
+
+def _site_rates(f: _Fields) -> dict[str, Proportion]:
+    return {site: f.typed(site, Proportion) for site in f.data if f.data[site] is not None}
 
 
 # ---------------------------------------------------------------------------- per-scan predictions

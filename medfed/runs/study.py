@@ -40,6 +40,7 @@ from medfed.runs.report import (
     class_counts,
     fmt,
     rate_text,
+    system_by_site_rows,
 )
 from medfed.runs.rundir import RunDir, read_json
 from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
@@ -777,6 +778,10 @@ def _cross_site_section(runs: Sequence[StudyRun]) -> list[Html]:
             rows.append(cells)
         header = ["model of \u2193 / test split of \u2192", *data]
         out.append(table(header, rows, caption=run.label, class_="matrix"))
+        system_header, system_rows = system_by_site_rows(run.summary)
+        if system_rows:
+            caption = f"{run.label}: the routed system on each site's test scans"
+            out.append(table(system_header, system_rows, caption=caption))
     return out
 
 

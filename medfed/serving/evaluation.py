@@ -306,7 +306,8 @@ def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> E
         [p["auc_variance"] for p in parts if p.get("auc_variance") is not None],
     )
     routers = _router_figures(fed, parts, "routers")
-    main = routers[default_router(fed).name]
+    main_name = default_router(fed).name
+    main = routers[main_name]
     worst = federation.worst_site
     return Evaluation(
         sites=sites,
@@ -326,6 +327,15 @@ def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> E
             for model in fed.sites
         },
         routers_origin_known=_router_figures(fed, parts, "routers_origin_known"),
+        system_by_site={
+            protocol: {
+                p["id"]: wilson(p[key][main_name]["correct"], p[key][main_name]["n"]) for p in parts
+            }
+            for protocol, key in (
+                ("origin_unknown", "routers"),
+                ("origin_known", "routers_origin_known"),
+            )
+        },
     )
 
 

@@ -14,7 +14,7 @@ from medfed.data.preprocess import apply_pipeline
 from medfed.errors import MedfedError
 from medfed.serving.audit import AuditEntry, AuditLog
 from medfed.serving.bundle import TrainedFederation
-from medfed.serving.routers import Router
+from medfed.serving.routers import MajorityVoteRouter, Router, RouteResult
 from medfed.serving.scans import Scan, read_scan
 
 
@@ -38,6 +38,8 @@ class RoutedScan:
             head = (
                 f"{e.file}: routed to {e.chosen_site} -> {e.prediction} ({e.prediction_prob:.2f})"
             )
+            if e.reason:
+                head += f"\n    {e.reason}"
         return f"{head}\n    site probabilities: {probs}"
 
 
@@ -110,7 +112,22 @@ def route_one(
         reason = f"no site fits: distance {score:.2f} above the threshold {threshold:.2f}"
         return _entry(path, router, "abstained", reason=reason, **answer)
     chosen = site_ids[int(result.routed[0])]
-    return _entry(path, router, "routed", chosen_site=chosen, **answer)
+    reason = _operating_words(fed, router, result)
+    return _entry(path, router, "routed", chosen_site=chosen, reason=reason, **answer)
+
+
+def _operating_words(fed: TrainedFederation, router: Router, result: RouteResult) -> str | None:
+    """How a two-class answer was decided: P(positive) against the answering threshold."""
+    thresholds = fed.thresholds
+    if thresholds is None or result.class_probs.shape[1] != 2:
+        return None
+    positive = fed.class_names()[1]
+    p = float(result.class_probs[0, 1])
+    if isinstance(router, MajorityVoteRouter):
+        return f"P({positive}) {p:.2f} averaged; each site voted at its own operating threshold"
+    t = float(router.answer_threshold(thresholds, result.site_probs)[0])
+    side = "at or above" if p >= t else "below"
+    return f"P({positive}) {p:.2f}, {side} the operating threshold {t:.2f}"
 
 
 def route_files(

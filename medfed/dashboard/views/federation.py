@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from medfed.dashboard import charts, clinical, common, rundata
+from medfed.runs.report import system_by_site_rows
 from medfed.runs.schema import Summary
 
 WORST_STYLE = "background-color: #f8d7da; color: #842029; font-weight: bold"
@@ -167,6 +168,12 @@ def cross_site(label: str, summary: Summary) -> None:
         "A low cell off the diagonal: that model does not carry over to that site's patients; "
         "hover for accuracy and the number of scans."
     )
+    header, rows = system_by_site_rows(summary)
+    if rows:
+        st.table(
+            pd.DataFrame([r[1:] for r in rows], columns=header[1:], index=[r[0] for r in rows])
+        )
+        st.caption("The routed system on each site's test scans: accuracy (95% Wilson CI) k/n.")
 
 
 def protocols(label: str, summary: Summary) -> None:
