@@ -186,11 +186,42 @@ def _typed(cls: type, data: dict[str, Any], where: str, section: str) -> Any:
         raise ManifestError(
             f"{where}: unknown key(s) {sorted(unknown)} in [{section}]; known: {sorted(known)}"
         )
+    for name, value in data.items():
+        _check_field_type(name, value, cls.__dataclass_fields__[name].type, where, section)
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
         raise ManifestError(f"{where}: [{section}] {exc}") from exc
+
+
+# Manifest field annotations (strings under ``from __future__ import annotations``) -> what a
+# value must be: (element kinds, element count or None for a scalar, words for the message).
+_FIELD_TYPES: dict[str, tuple[tuple[type, ...], int | None, str]] = {
+    "int": ((int,), None, "an integer"),
+    "float": ((int, float), None, "a number"),
+    "bool": ((bool,), None, "true or false (without quotes)"),
+    "tuple[float, float]": ((int, float), 2, "a list of two numbers"),
+    "tuple[float, float, float]": ((int, float), 3, "a list of three numbers"),
+    "tuple[int, int, int]": ((int,), 3, "a list of three integers"),
+}
+
+
+def _check_field_type(name: str, value: Any, annotation: Any, where: str, section: str) -> None:
+    """A value of the wrong type is named with the type expected, never taken as another."""
+    if str(annotation) not in _FIELD_TYPES:
+        return
+    kinds, count, expected = _FIELD_TYPES[str(annotation)]
+
+    def fits(v: Any) -> bool:
+        return isinstance(v, kinds) and (bool in kinds or not isinstance(v, bool))
+
+    if count is None:
+        ok = fits(value)
+    else:
+        ok = isinstance(value, list | tuple) and len(value) == count and all(map(fits, value))
+    if not ok:
+        raise ManifestError(f"{where}: [{section}] {name} must be {expected}, got {value!r}")
 
 
 def parse_manifest(data: dict[str, Any], *, where: str, base_dir: Path) -> SiteManifest:
@@ -226,6 +257,11 @@ def parse_manifest(data: dict[str, Any], *, where: str, base_dir: Path) -> SiteM
             f"e.g. normal = 0, glaucoma = 1; got {labels!r}"
         )
     indices = sorted(set(labels.values()))
+    if len(indices) < 2:
+        raise ManifestError(
+            f"{where}: [labels] gives every class the same index {indices}; a site needs at "
+            "least two distinct indices, e.g. normal = 0, glaucoma = 1"
+        )
     if indices != list(range(len(indices))):
         raise ManifestError(f"{where}: [labels] indices must be 0..K-1 without gaps, got {indices}")
     preprocess = _typed(

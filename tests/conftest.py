@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from medfed.config import SiteManifest, parse_manifest
+from tests.badinput import shared  # noqa: F401  (the bad-input corpus' session fixture)
 
 FUNDUS_LABELS = {"normal": 0, "glaucoma": 1}
 

@@ -293,3 +293,12 @@ def test_volume_rejects_wrong_shape_or_spacing():
         Volume(np.zeros((2, 2), np.float32), (1.0, 1.0, 1.0))
     with pytest.raises(ValueError, match="positive"):
         Volume(np.zeros((2, 2, 2), np.float32), (1.0, 0.0, 1.0))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nifti_with_non_finite_voxels_is_refused(tmp_path: Path, write_nifti, bad: float) -> None:
+    data = np.zeros((8, 8, 6), dtype=np.float32)
+    data[2, 3, 1] = bad
+    path = write_nifti(tmp_path / "p1.nii.gz", data)
+    with pytest.raises(DataError, match="NaN or infinite"):
+        read_nifti(path)

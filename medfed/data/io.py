@@ -295,6 +295,11 @@ def read_nifti(path: Path) -> Volume:
         raise DataError(f"{path}: not a readable NIfTI file ({exc})") from exc
     if not all(z > 0 for z in zooms):
         raise DataError(f"{path}: voxel sizes {zooms} must be positive (fix the header's pixdim)")
+    if not np.isfinite(data).all():
+        raise DataError(
+            f"{path}: {int((~np.isfinite(data)).sum())} voxel(s) are NaN or infinite; "
+            "re-export the volume with finite HU values"
+        )
     array = np.ascontiguousarray(data.transpose(2, 1, 0))
     return Volume(array=array, spacing=(zooms[2], zooms[1], zooms[0]))
 
