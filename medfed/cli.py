@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import click
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperArgument, TyperCommand
 
 from medfed import __version__
 from medfed.config import DEVICES, FAULT_KINDS, WIRE_PRECISION_NOTES, Modality, TrainConfig
@@ -20,6 +20,26 @@ from medfed.errors import ConfigError, ManifestError, MedfedError, require_extra
 
 if TYPE_CHECKING:
     from medfed.config import RunConfigFile, SiteManifest
+
+
+def _keep_argument_help() -> None:
+    """Show each argument's help text. Newer click gives ``click.Argument`` a ``help`` of its
+    own, and its ``__init__`` resets the help that typer's ``TyperArgument`` sets just before
+    calling it, so every argument's help would silently vanish from ``--help``."""
+    init = TyperArgument.__init__
+    if getattr(init, "keeps_help", False):
+        return
+
+    @functools.wraps(init)
+    def keeping(self: TyperArgument, *args: Any, help: str | None = None, **kw: Any) -> None:
+        init(self, *args, help=help, **kw)
+        self.help = help
+
+    keeping.keeps_help = True  # type: ignore[attr-defined]
+    TyperArgument.__init__ = keeping  # type: ignore[method-assign]
+
+
+_keep_argument_help()
 
 app = typer.Typer(
     help="medfed: federated learning across hospitals.",
@@ -109,10 +129,17 @@ def _with_registries(*sections: str) -> type[TyperCommand]:
     return RegistryHelpCommand
 
 
-def _default(name: str) -> str:
-    """A training setting's default, for help texts (options default to None: 'not given')."""
+def _default(name: str, file_option: str | None = None) -> str:
+    """A training setting's default, for help texts (options default to None: 'not given');
+    ``file_option``: the option whose file's setting comes first."""
     value = TrainConfig.__dataclass_fields__[name].default
+    if file_option:
+        return f"(default: {file_option}'s, else {value})"
     return f"(default: {value})"
+
+
+# The folder default_cache_dir (medfed.data.cache) picks, for help texts.
+CACHE_DIR_HELP = "Preprocessing cache folder (default: $MEDFED_CACHE, else ~/.cache/medfed)."
 
 
 def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -130,12 +157,17 @@ def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _parse_params(items: list[str]) -> dict[str, str]:
-    params = {}
+    params: dict[str, str] = {}
     for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not key or not value:
             raise ConfigError(f"--param {item!r} must be NAME=VALUE, e.g. --param lam=0.8")
-        params[key.strip()] = value.strip()
+        if key in params:
+            raise ConfigError(
+                f"--param {key} is given twice ({key}={params[key]} and {key}={value}); "
+                "give each parameter once"
+            )
+        params[key] = value
     return params
 
 
@@ -145,7 +177,8 @@ def synth(
     out: Annotated[Path, typer.Option(help="Folder to write the synthetic sites into.")],
     modality: Annotated[str, typer.Option(help="fundus, ct or all.")] = "all",
     n_per_site: Annotated[
-        int | None, typer.Option(help="Scans (fundus) or patients (CT) per site.")
+        int | None,
+        typer.Option(help="Scans (fundus) or patients (CT) per site (default: 240 and 48)."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same files.")] = 0,
 ) -> None:
@@ -213,19 +246,38 @@ def sites_card(
         list[Path] | None, typer.Option("--other", help="Other sites, for the distance section.")
     ] = None,
     out_dir: Annotated[Path, typer.Option(help="Folder for the card.")] = Path("data_cards"),
-    cache_dir: Annotated[Path | None, typer.Option(help="Preprocessing cache folder.")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(help=CACHE_DIR_HELP)] = None,
 ) -> None:
     """Write data_cards/<id>.md for a site: counts, ratio, acquisition, shifts, licence, ethics."""
     from medfed.config import load_manifest
     from medfed.data.cache import TensorCache, default_cache_dir
-    from medfed.data.cards import write_card
+    from medfed.data.cards import check_card_dir, write_card
     from medfed.data.checks import check_manifests
 
+    check_card_dir(out_dir)
     site = load_manifest(manifest)
+    seen = {site.id: manifest}
+    for other in others or []:
+        try:
+            other_id = load_manifest(other).id
+        except ManifestError:
+            continue  # the check below reports it as unusable
+        if other_id in seen:
+            raise ManifestError(
+                f"{other}: site id {other_id!r} is also the id of {seen[other_id]}; "
+                "give each site once (--other names the other sites)"
+            )
+        seen[other_id] = other
     cache = TensorCache(cache_dir or default_cache_dir())
     reports = check_manifests([manifest, *(others or [])], cache)
     if reports[0].unusable:
         raise MedfedError(reports[0].unusable)
+    for other in reports[1:]:
+        if other.unusable:
+            typer.echo(
+                f"warning: {other.manifest} is left out of the distance section: {other.unusable}",
+                err=True,
+            )
     path = write_card(site, reports[0], out_dir)
     typer.echo(f"wrote {path}")
 
@@ -426,10 +478,22 @@ def train(
             f"no sites to train on: {where_sites}pass --sites a.toml b.toml "
             "(or --config RUN/config.toml, which lists the sites of that run)"
         )
+    import math
+    import time
+
+    from medfed.runs import RunDir
+
+    started = time.perf_counter()
     summary = run_training(loaded, config, out, resume=resume, progress=show)
+    seconds = time.perf_counter() - started
     typer.echo(site_table(summary))
     typer.echo("\n".join(federation_lines(summary)))
     typer.echo(f"run directory: {out}")
+    last = [r for r in RunDir(out).read_metrics() if r.round == summary.rounds]
+    aucs = [r.validation.auc for r in last if r.validation and r.validation.auc is not None]
+    aucs = [a for a in aucs if math.isfinite(a)]
+    val = f"mean val AUC {sum(aucs) / len(aucs):.3f} (last round)" if aucs else "no val AUC"
+    typer.echo(f"trained {summary.rounds} rounds in {seconds:.1f} s; {val}")
 
 
 @app.command()
@@ -445,7 +509,9 @@ def evaluate(
     from medfed.runs import RunDir
     from medfed.runs.report import evaluation_text
 
-    summary = RunDir(run).require().read_summary()
+    run_dir = RunDir(run).require()
+    summary = run_dir.read_summary()
+    run_dir.verify_model()  # a damaged model/ makes the run unusable, whatever it measured
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
         return
@@ -467,8 +533,11 @@ def report(
     """Write one self-contained HTML report for the study's clinicians: sites and data, AUCs
     with CIs, operating points, calibration, cross-site matrix, routing, traffic. It loads
     nothing from a network and opens from a USB stick."""
+    from medfed.runs import RunDir
     from medfed.runs.study import write_study_report
 
+    for run in runs:  # each run's model/ as written: a damaged one makes the run unusable
+        RunDir(run).verify_model()
     written = write_study_report(runs, out, title=title)
     typer.echo(
         f"wrote {written.path}: {len(written.methods)} method(s) "
@@ -481,25 +550,56 @@ def report(
 def route(
     run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
     files: Annotated[
-        list[Path], typer.Argument(help="JPEG/PNG photos, DICOM files or series folders, NIfTI.")
+        list[Path],
+        typer.Argument(
+            help="JPEG/PNG/TIFF/BMP photos, DICOM files or series folders, NIfTI (.nii, "
+            ".nii.gz); "
+            "a file given twice is answered once."
+        ),
     ],
     router: Annotated[str, typer.Option(help="auto or a router listed below.")] = "auto",
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object per file.")
+        bool,
+        typer.Option(
+            "--json",
+            help="Print strict JSON instead of text: a list with one object per file, with the "
+            "fields time, file, sha256, router, status (routed, abstained or error), "
+            "chosen_site, site_probs, prediction, prediction_prob, ood_score and reason; "
+            "a value that is missing or not a number is null.",
+        ),
     ] = False,
     device: Annotated[str, typer.Option(help=f"{', '.join(DEVICES)}.")] = "auto",
-    audit: Annotated[bool, typer.Option(help="Append each decision to RUN/audit.sqlite.")] = True,
+    audit: Annotated[
+        bool,
+        typer.Option(help="Append each decision to RUN/audit.sqlite (checked before routing)."),
+    ] = True,
+    progress: Annotated[
+        bool,
+        typer.Option(
+            help="Show a progress bar over the files (on a terminal, unless MEDFED_NO_PROGRESS "
+            "is set)."
+        ),
+    ] = True,
 ) -> None:
-    """Send each scan to the site whose model fits it best (or abstain), and answer it."""
+    """Send each scan to the site whose model fits it best (or abstain), and answer it.
+
+    Exit code 1 when any file could not be answered; the other files are still answered.
+    """
+    from medfed.serving.audit import printable
     from medfed.serving.bundle import TrainedFederation
     from medfed.serving.routers import make_router
-    from medfed.serving.service import route_files
+    from medfed.serving.service import distinct, route_files
 
     fed = TrainedFederation.load(run, device)
     chosen = make_router(router, fed)
-    results = route_files(fed, chosen, list(files), run if audit else None)
+    unique, repeated = distinct(list(files))
+    for path, times in repeated.items():
+        shown = printable(str(path))
+        typer.echo(f"warning: {shown} was given {times} times; it is answered once", err=True)
+    results = route_files(fed, chosen, unique, run if audit else None, progress=progress)
     if as_json:
-        typer.echo(json.dumps([r.to_dict() for r in results], indent=2))
+        rows = [r.to_dict() for r in results]
+        typer.echo(json.dumps(rows, indent=2, allow_nan=False))
     else:
         typer.echo(f"router: {chosen.name} ({fed.algorithm}, {len(fed.sites)} sites)")
         for result in results:
@@ -519,6 +619,7 @@ def demo(
     ] = None,
 ) -> None:
     """Synthesize three fundus sites, train FedDRM and baselines, print the comparison."""
+    _check_readme(update_readme, "demo-table")
     from medfed.experiments.demo import run_demo
 
     run_demo(out, quick=quick, seed=seed, echo=typer.echo, readme=update_readme)
@@ -552,9 +653,11 @@ def compare(
     ] = None,
 ) -> None:
     """Train several methods on the synthetic fundus federation; accuracy and bytes per round."""
+    _check_readme(update_readme, "compare-table")
     from medfed.experiments.demo import COMMUNICATION_METHODS, run_demo
 
     chosen = tuple(methods or COMMUNICATION_METHODS)
+    _check_methods(chosen, seed)
     if reference is None:
         reference = "fedavg" if "fedavg" in chosen else chosen[0]
     run_demo(
@@ -601,6 +704,7 @@ def bench(
 ) -> None:
     """Every method on the synthetic fundus and CT federations over several seeds, with speed
     figures; writes OUT/results.json, OUT/results.md and PNG plots."""
+    _check_readme(update_readme, "bench-table")
     from medfed.experiments.bench import BenchPlan, run_bench
 
     plan = BenchPlan.make(
@@ -625,7 +729,7 @@ def dashboard(
         list[Path] | None,
         typer.Argument(help="Run directories, or folders holding them (default: demo_out)."),
     ] = None,
-    port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8501,
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1.", min=1, max=65535)] = 8501,
 ) -> None:
     """Open the clinician dashboard (Streamlit, on 127.0.0.1 only) over run directories."""
     require_extra("streamlit", "dashboard", "medfed dashboard")
@@ -650,11 +754,22 @@ def deploy_app_folder(
         str | None,
         typer.Option(help="Algorithm (listed below); default: --train-config's, else feddrm."),
     ] = None,
-    rounds: Annotated[int | None, typer.Option(help="Communication rounds.")] = None,
-    local_steps: Annotated[int | None, typer.Option(help="Local steps per round.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option(help=f"Communication rounds {_default('rounds', '--train-config')}."),
+    ] = None,
+    local_steps: Annotated[
+        int | None,
+        typer.Option(help=f"Local steps per round {_default('local_steps', '--train-config')}."),
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help=f"Random seed {_default('seed', '--train-config')}.")
+    ] = None,
     param: Annotated[
-        list[str] | None, typer.Option(help="Algorithm parameter NAME=VALUE (repeatable).")
+        list[str] | None,
+        typer.Option(
+            help="Algorithm parameter NAME=VALUE (repeatable; merged over --train-config's params)."
+        ),
     ] = None,
     train_config: Annotated[
         Path | None,
@@ -678,7 +793,10 @@ def deploy_app_folder(
     if train_config is not None:
         if not train_config.is_file():
             raise ConfigError(f"--train-config {train_config}: no such file")
-        text = train_config.read_text(encoding="utf-8")
+        try:
+            text = train_config.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--train-config {train_config}: not UTF-8 text ({exc})") from None
         stored = train_config_from_toml(text, str(train_config)).to_dict()
     given = _given(
         algorithm=algorithm or (None if stored else "feddrm"),
@@ -689,6 +807,14 @@ def deploy_app_folder(
     )
     where = str(train_config) if train_config is not None else None
     config = resolved_train_config(merge_train_settings(stored, given, where=where))
+    from medfed.algorithms import make_algorithm
+
+    try:
+        config.check_faults(
+            site, communicates=make_algorithm(config.algorithm, config.params).communicates
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}" if where else str(exc)) from None
     path = write_app(
         out, config, site, run_dir, wait_s=wait, reply_timeout_s=reply_timeout, resume=resume
     )
@@ -713,6 +839,52 @@ def deploy_pki(
     typer.echo(f"SuperLink certificate and key: {pki.server_cert}, {pki.server_key}")
     for name, (private, public) in pki.node_keys.items():
         typer.echo(f"site {name}: private key {private} (stays at the site), public key {public}")
+
+
+# --- checks made before long work starts -------------------------------------------------------
+
+
+def _check_readme(readme: Path | None, marker: str) -> None:
+    """``--update-readme`` names a UTF-8 file with the section's markers: known before the
+    runs start rather than after they finish."""
+    if readme is None:
+        return
+    if not readme.is_file():
+        raise ConfigError(f"--update-readme {readme}: no such file")
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"--update-readme {readme}: cannot be read as UTF-8 text ({exc})"
+        ) from None
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
+    if start not in text or end not in text:
+        raise ConfigError(
+            f"--update-readme {readme}: the file lacks the section markers {start} and {end}; "
+            "add both lines where the tables should go"
+        )
+
+
+def _check_methods(methods: tuple[str, ...], seed: int) -> None:
+    """Every ``--method`` parses, names an algorithm with parameters it takes and valid
+    settings, and is given once, before any data is written or any run trains."""
+    from medfed.algorithms import make_algorithm
+    from medfed.experiments.demo import FULL, MethodSpec
+
+    seen: dict[str, str] = {}
+    for text in methods:
+        spec = MethodSpec.parse(text)
+        try:
+            make_algorithm(spec.algorithm, spec.params)
+            spec.config(FULL, seed)
+        except ConfigError as exc:
+            raise ConfigError(f"--method {text!r}: {exc}") from None
+        if spec.dirname in seen:
+            raise ConfigError(
+                f"--method {text!r} and {seen[spec.dirname]!r} are the same method (both would "
+                f"write runs/{spec.dirname}); give each method once"
+            )
+        seen[spec.dirname] = text
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ This is the only place where dictionaries read from files become typed objects.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -15,7 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from medfed.errors import ConfigError, ManifestError
-from medfed.metrics import DEFAULT_OPERATING_RULE, OperatingRule
+from medfed.versions import check_version
+
+# medfed.metrics (numpy, scipy, scikit-learn) is imported only where an operating rule is parsed,
+# so that the command line, which imports this module, answers a mistyped option at once.
+# The same text as medfed.metrics.DEFAULT_OPERATING_RULE (a test holds them equal).
+DEFAULT_OPERATING_RULE = "specificity:0.90"
 
 
 class Modality(StrEnum):
@@ -170,9 +176,22 @@ _TOP_KEYS = {
 }  # fmt: skip
 
 
+# How a missing required field is written, for the message that asks for it.
+_FIELD_EXAMPLES = {
+    "id": 'id = "my-hospital"',
+    "modality": f"modality = one of {[m.value for m in Modality]}",
+    "layout": f"layout = one of {sorted(set().union(*LAYOUTS_BY_MODALITY.values()))}",
+    "root": 'root = "/path/to/the/scans" (may use $VARIABLES)',
+    "labels": "a [labels] table mapping class names to 0..K-1, e.g. normal = 0, glaucoma = 1",
+}
+
+
 def _require(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
     if key not in data:
-        raise ManifestError(f"{where}: missing required field '{key}'")
+        example = _FIELD_EXAMPLES.get(key, "")
+        raise ManifestError(
+            f"{where}: missing required field '{key}'" + (f"; add {example}" if example else "")
+        )
     value = data[key]
     if not isinstance(value, kind):
         raise ManifestError(f"{where}: field '{key}' must be a {kind.__name__}, got {value!r}")
@@ -224,15 +243,26 @@ def _check_field_type(name: str, value: Any, annotation: Any, where: str, sectio
         raise ManifestError(f"{where}: [{section}] {name} must be {expected}, got {value!r}")
 
 
-def parse_manifest(data: dict[str, Any], *, where: str, base_dir: Path) -> SiteManifest:
-    """Validate a manifest dictionary and turn it into a :class:`SiteManifest`."""
+def parse_manifest(
+    data: dict[str, Any], *, where: str, base_dir: Path, expand: bool = False
+) -> SiteManifest:
+    """Validate a manifest dictionary and turn it into a :class:`SiteManifest`.
+
+    ``expand``: read ``root`` as a site's own manifest file does, expanding ``$VAR``, ``${VAR}``
+    and ``~`` from this process's environment. Only :func:`load_manifest` (a local TOML file)
+    asks for it; a manifest stored in a run or received from another machine is taken as it is
+    written, so that it can never read this machine's environment.
+    """
     unknown = set(data) - _TOP_KEYS
     if unknown:
-        raise ManifestError(f"{where}: unknown field(s) {sorted(unknown)}")
+        raise ManifestError(
+            f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}"
+        )
     site_id = _require(data, "id", str, where)
     if not valid_site_id(site_id):
         raise ManifestError(
-            f"{where}: id {site_id!r} must be letters, digits, '_', '-', '.' (it names files)"
+            f"{where}: id {site_id!r} must start with a letter or digit and hold only letters, "
+            "digits, '_', '-' and '.' (it names files and folders)"
         )
     modality_text = _require(data, "modality", str, where)
     try:
@@ -247,9 +277,15 @@ def parse_manifest(data: dict[str, Any], *, where: str, base_dir: Path) -> SiteM
             f"{where}: unknown layout {layout!r} for modality {modality}; "
             f"choose one of {list(LAYOUTS_BY_MODALITY[modality])}"
         )
-    root = Path(expand_env(_require(data, "root", str, where), where=where)).expanduser()
-    if not root.is_absolute():
-        root = (base_dir / root).resolve()
+    root_text = _require(data, "root", str, where)
+    if expand:
+        root = Path(expand_env(root_text, where=where)).expanduser()
+        if not root.is_absolute():
+            root = (base_dir / root).resolve()
+    else:
+        root = Path(root_text)
+        if not root.is_absolute():
+            root = base_dir / root
     labels = _require(data, "labels", dict, where)
     if len(labels) < 2 or not all(isinstance(v, int) and v >= 0 for v in labels.values()):
         raise ManifestError(
@@ -294,10 +330,16 @@ def load_manifest(path: str | Path) -> SiteManifest:
     if not path.is_file():
         raise ManifestError(f"{path}: manifest file not found")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ManifestError(f"{path}: not valid TOML ({exc})") from exc
-    manifest = parse_manifest(data, where=str(path), base_dir=path.parent.resolve())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: not UTF-8 text ({exc}); save the manifest as UTF-8") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"{path}: not valid TOML ({exc})") from None
+    if not isinstance(data, dict) or not data:
+        raise ManifestError(f"{path}: the manifest is empty; see sites/*.toml for an example")
+    manifest = parse_manifest(data, where=str(path), base_dir=path.parent.resolve(), expand=True)
     return replace(manifest, manifest_path=path.resolve())
 
 
@@ -306,6 +348,8 @@ def load_manifests(paths: list[str | Path]) -> list[SiteManifest]:
     manifests = [load_manifest(p) for p in paths]
     seen: dict[str, Path | None] = {}
     for m in manifests:
+        if m.id in seen and seen[m.id] == m.manifest_path:
+            raise ManifestError(f"{m.manifest_path} is given twice; list each site once")
         if m.id in seen:
             raise ManifestError(f"{m.manifest_path}: site id {m.id!r} also used by {seen[m.id]}")
         seen[m.id] = m.manifest_path
@@ -330,6 +374,11 @@ NORMALIZATIONS: tuple[str, ...] = ("site", "federation")
 """Each site's own training statistics, or statistics pooled over the federation."""
 
 
+# How messages name a fault drill: the command-line option and the [train] setting.
+_DRILL = "fault drill (--inject-fault / faults)"
+_DRILLS = "fault drills (--inject-fault / faults)"
+
+
 @dataclass(frozen=True)
 class Fault:
     """An injected failure for resilience drills: ``ROUND:SITE:KIND``."""
@@ -340,11 +389,12 @@ class Fault:
 
     @classmethod
     def parse(cls, text: str) -> Fault:
-        parts = text.split(":")
-        if len(parts) != 3 or not parts[0].isdigit() or parts[2] not in FAULT_KINDS:
+        parts = str(text).split(":")
+        ok = len(parts) == 3 and re.fullmatch(r"[0-9]+", parts[0]) is not None
+        if not ok or not parts[1] or parts[2] not in FAULT_KINDS:
             raise ConfigError(
-                f"fault {text!r} must be ROUND:SITE:KIND with KIND one of {list(FAULT_KINDS)}, "
-                "e.g. 2:acrima:nan"
+                f"{_DRILL} {text!r} must be ROUND:SITE:KIND with KIND one of "
+                f"{list(FAULT_KINDS)}, e.g. 2:acrima:nan"
             )
         return cls(int(parts[0]), parts[1], parts[2])
 
@@ -388,40 +438,102 @@ class TrainConfig:
     keep_checkpoints: int = 2
 
     def __post_init__(self) -> None:
+        # Comparisons are false for NaN, so a NaN fails each range check below.
         checks = [
-            (self.rounds >= 1, "rounds must be >= 1"),
-            (self.local_steps >= 1, "local_steps must be >= 1"),
-            (self.batch_size >= 1, "batch_size must be >= 1"),
-            (self.lr > 0, "lr must be > 0"),
-            (self.optimizer in ("sgd", "adam"), "optimizer must be sgd or adam"),
+            (self.rounds >= 1, "rounds (--rounds) must be >= 1"),
+            (self.local_steps >= 1, "local_steps (--local-steps) must be >= 1"),
+            (self.batch_size >= 1, "batch_size (--batch-size) must be >= 1"),
+            (0 < self.lr < math.inf, f"lr (--lr) must be a number > 0, got {self.lr}"),
+            (self.optimizer in ("sgd", "adam"), "optimizer (--optimizer) must be sgd or adam"),
             (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
-            (self.weight_decay >= 0, "weight_decay must be >= 0"),
-            (self.device in DEVICES, f"device must be one of {list(DEVICES)}"),
-            (0 < self.client_fraction <= 1, "client_fraction must be in (0, 1]"),
-            (self.min_sites >= 1, "min_sites must be >= 1"),
-            (self.site_timeout_s >= 0, "site_timeout_s must be >= 0"),
+            (0 <= self.weight_decay < math.inf, "weight_decay must be a number >= 0"),
+            (self.device in DEVICES, f"device (--device) must be one of {list(DEVICES)}"),
+            (
+                0 < self.client_fraction <= 1,
+                "client_fraction (--client-fraction) must be in (0, 1], "
+                f"got {self.client_fraction}",
+            ),
+            (self.min_sites >= 1, "min_sites (--min-sites) must be >= 1"),
+            (0 <= self.seed < 2**63, f"seed (--seed) must be an integer >= 0, got {self.seed}"),
+            (
+                0 <= self.site_timeout_s < math.inf,
+                "site_timeout_s (--site-timeout) must be a number of seconds >= 0 (0: no limit)",
+            ),
             (self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1"),
             (
                 self.wire_precision in WIRE_PRECISIONS,
-                f"wire_precision must be one of {list(WIRE_PRECISIONS)}",
+                f"wire_precision must be one of {list(WIRE_PRECISIONS)} (--wire-precision)",
             ),
-            (self.augment in AUGMENTATIONS, f"augment must be one of {list(AUGMENTATIONS)}"),
+            (
+                self.augment in AUGMENTATIONS,
+                f"augment must be one of {list(AUGMENTATIONS)} (--augment)",
+            ),
             (
                 self.normalization in NORMALIZATIONS,
-                f"normalization must be one of {list(NORMALIZATIONS)}",
+                f"normalization must be one of {list(NORMALIZATIONS)} (--normalization)",
             ),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(f"training setting: {message}")
-        for fault in self.faults:
-            Fault.parse(fault)
+        self._check_fault_rounds()
+        if self.backbone != "auto":
+            from medfed.models.backbones import BACKBONES
+
+            if self.backbone not in BACKBONES:
+                raise ConfigError(
+                    f"training setting: backbone (--backbone) {self.backbone!r} is not one of "
+                    f"{['auto', *BACKBONES]}"
+                )
+        from medfed.metrics import OperatingRule
+
         try:
             rule = OperatingRule.parse(self.operating_point)
         except ValueError as exc:
-            raise ConfigError(f"training setting operating_point: {exc}") from None
+            raise ConfigError(
+                f"training setting operating_point (--operating-point): {exc}"
+            ) from None
         # One spelling per rule ("specificity:0.9" is recorded as "specificity:0.90").
         object.__setattr__(self, "operating_point", str(rule))
+
+    def _check_fault_rounds(self) -> None:
+        """Each drill parses, names a round of the run, and no two share a round and site."""
+        seen: dict[tuple[int, str], str] = {}
+        for text in self.faults:
+            fault = Fault.parse(text)
+            if not 1 <= fault.round <= self.rounds:
+                raise ConfigError(
+                    f"{_DRILL} {text!r} names round {fault.round}, outside "
+                    f"1..{self.rounds} (--rounds); it would never fire"
+                )
+            key = (fault.round, fault.site)
+            if key in seen:
+                raise ConfigError(
+                    f"{_DRILLS} {seen[key]!r} and {text!r} both name round "
+                    f"{fault.round} of site {fault.site!r}; give one drill per site and round"
+                )
+            seen[key] = text
+        if self.faults and self.client_fraction < 1:
+            raise ConfigError(
+                f"{_DRILLS} {list(self.faults)} may never fire with "
+                f"client_fraction (--client-fraction) {self.client_fraction}: a site not "
+                "sampled in a round is not drilled; use --client-fraction 1 for drills"
+            )
+
+    def check_faults(self, site_ids: list[str], *, communicates: bool = True) -> None:
+        """Refuse a drill that could not fire in this federation: a site it does not hold, or
+        a corrupted update ('nan', 'shape') where the algorithm sends no update."""
+        for fault in map(Fault.parse, self.faults):
+            if fault.site not in site_ids:
+                raise ConfigError(
+                    f"{_DRILL} '{fault}' names site {fault.site!r}, which is not "
+                    f"in the federation (its sites: {list(site_ids)})"
+                )
+            if fault.kind in ("nan", "shape") and not communicates:
+                raise ConfigError(
+                    f"{_DRILL} '{fault}': algorithm {self.algorithm!r} sends no "
+                    f"update, so a {fault.kind!r} drill cannot fire; use raise, timeout or drop"
+                )
 
     @property
     def fault_plan(self) -> dict[tuple[int, str], str]:
@@ -506,9 +618,14 @@ def load_run_config(path: str | Path) -> RunConfigFile:
             "with a [train] table"
         )
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc}); save it as UTF-8") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    check_version(data, str(path))
     unknown = set(data) - set(RUN_CONFIG_KEYS)
     if unknown:
         raise ConfigError(

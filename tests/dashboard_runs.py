@@ -1,6 +1,6 @@
 """Small real runs for the dashboard tests: tiny synthetic fundus sites, a few rounds.
 
-``build(base)`` writes, under ``base``:
+``build(base)`` writes, under ``base`` (the session fixture ``dashboard_runs`` builds it once):
 
 - ``runs/feddrm``: FedDRM with a dropout in round 2, killed after round 2 and resumed;
 - ``runs/fedavg``: FedAvg, uninterrupted;
@@ -53,6 +53,12 @@ class DashboardRuns:
 
 def _config(algorithm: str, **extra) -> TrainConfig:
     return TrainConfig(algorithm, rounds=ROUNDS, local_steps=2, batch_size=8, device="cpu", **extra)
+
+
+@pytest.fixture(scope="session")
+def dashboard_runs(tmp_path_factory) -> DashboardRuns:
+    """The runs of :func:`build`, trained once per test session (read-only: copy to change)."""
+    return build(tmp_path_factory.mktemp("dashboard"))
 
 
 def build(base: Path) -> DashboardRuns:

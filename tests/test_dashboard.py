@@ -7,6 +7,7 @@ import base64
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import numpy as np
 import pydicom.data
 import pytest
 import torch
+from streamlit import config as streamlit_config
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
@@ -33,29 +35,37 @@ from medfed.serving.audit import AuditLog
 from medfed.serving.bundle import TrainedFederation, mixture_coefficients
 from medfed.serving.routers import make_router
 from medfed.serving.service import route_one
+from medfed.units import human_bytes
 from tests.dashboard_runs import (
     DROPPED_SITE,
     ROUNDS,
     DashboardRuns,
-    build,
     clinical_summary,
+    dashboard_runs,  # noqa: F401 - the session fixture
     old_summary,
     write_summary_run,
 )
 
 SITES = ["acrima", "refuge", "rimone"]
+MANIFEST_ORDER = ["acrima", "rimone", "refuge"]  # as synthesize() lists the sites
 WARN = "\u26a0"  # the unreliable marker
 TIMEOUT = 120  # seconds per script run: the first one imports torch and plotly
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> DashboardRuns:
-    return build(tmp_path_factory.mktemp("dashboard"))
+def runs(dashboard_runs: DashboardRuns) -> DashboardRuns:  # noqa: F811
+    return dashboard_runs
+
+
+def serve_on_loopback(address: str | None = "127.0.0.1") -> None:
+    """As 'medfed dashboard' starts Streamlit (the app shows nothing on other addresses)."""
+    streamlit_config.set_option("server.address", address)
 
 
 def open_page(monkeypatch, roots: list[Path], page: str | None = None) -> AppTest:
     """Run the app over ``roots`` and switch to ``views/<page>.py``; fail on any exception."""
     monkeypatch.setenv(RUNS_ENV, os.pathsep.join(map(str, roots)))
+    serve_on_loopback()
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
     if page is not None:
         at.switch_page(f"views/{page}.py").run()
@@ -410,8 +420,10 @@ def test_training_page_plots_rounds_per_site_and_marks_the_dropout_and_resume(
     at = open_page(monkeypatch, [runs.runs], "training")
     pick(at, "training_run", "feddrm")
     assert not at.error
-    loss, auc = figures(at)[:2]
+    loss, auc = [f for f in figures(at) if "runs compared" not in title_of(f)][:2]
     assert trace_names(loss) == {*SITES, "dropped out"}
+    legend = [t["name"] for t in loss["data"] if t["name"] in SITES]
+    assert legend == MANIFEST_ORDER  # sites in the order of their manifests
     assert "AUC" in auc["layout"]["title"]["text"]
     rounds = {x for t in loss["data"] if t["name"] in SITES for x in t["x"]}
     assert rounds == set(range(1, ROUNDS + 1))
@@ -430,7 +442,7 @@ def test_sites_page_shows_cards_class_ratio_samples_distances_and_embedding(
     at = open_page(monkeypatch, [runs.runs], "sites")
     pick(at, "sites_run", "feddrm")
     assert not at.error and not at.info
-    assert [t.label for t in at.tabs] == ["acrima", "refuge", "rimone"]
+    assert [t.label for t in at.tabs] == MANIFEST_ORDER
     markdown = texts(at, "markdown")
     for site in SITES:
         assert f"### Data card: {site}" in markdown
@@ -439,8 +451,11 @@ def test_sites_page_shows_cards_class_ratio_samples_distances_and_embedding(
     assert {"bar", "heatmap", "scatter"} <= kinds
     heatmap = next(f for f in figures(at) if f["data"][0]["type"] == "heatmap")
     distances = read_site_overview(runs.feddrm)["distances"]
-    assert heatmap["data"][0]["x"] == distances["sites"]
-    assert heatmap["data"][0]["z"] == distances["matrix"]
+    index = [distances["sites"].index(s) for s in MANIFEST_ORDER]
+    assert heatmap["data"][0]["x"] == MANIFEST_ORDER == heatmap["data"][0]["y"]
+    assert heatmap["data"][0]["z"] == [[distances["matrix"][i][j] for j in index] for i in index]
+    ratio = next(f for f in figures(at) if f["data"][0]["type"] == "bar")
+    assert ratio["data"][0]["x"] == MANIFEST_ORDER
     scatter = next(f for f in figures(at) if f["data"][0]["type"] == "scatter")
     assert {name.split(",")[0] for name in trace_names(scatter)} == set(SITES)
     assert len(at.image) == 3 and all(len(i.value) == 4 for i in at.image)
@@ -553,7 +568,7 @@ def test_an_abstained_scan_shows_no_prediction_and_marks_its_probabilities(
     bundle["abstention"]["threshold"] = 0.0  # every scan lies beyond it: the router abstains
     model.write_text(json.dumps(bundle))
     photo = runs.fundus_photo()
-    at = open_page(monkeypatch, [run], "routing")
+    at = open_page(monkeypatch, [run, runs.data], "routing")
     at.text_input(key="scan_path").input(str(photo))
     at.button(key="route_path").click().run()
     assert not at.exception and not at.error
@@ -577,9 +592,11 @@ def test_an_abstained_scan_shows_no_prediction_and_marks_its_probabilities(
 
 def test_routing_page_routes_a_path_and_filters_the_audit_log(monkeypatch, runs, tmp_path):
     run = copy_run(runs.feddrm, tmp_path)
-    broken = tmp_path / "broken.jpg"
+    scans = tmp_path / "scans"
+    scans.mkdir()
+    broken = scans / "broken.jpg"
     broken.write_bytes(runs.fundus_photo().read_bytes()[:100])
-    at = open_page(monkeypatch, [run], "routing")
+    at = open_page(monkeypatch, [run, runs.data, scans], "routing")
     for path in (runs.fundus_photo(), broken):
         at.text_input(key="scan_path").input(str(path))
         at.button(key="route_path").click().run()
@@ -603,11 +620,12 @@ def test_communication_page_shows_bytes_per_round_per_site_and_method(monkeypatc
     assert list(table.index) == ["fedavg", "feddrm"]
     for method, run in (("fedavg", runs.fedavg), ("feddrm", runs.feddrm)):
         summary = summary_of(run)
-        assert table.loc[method, "kB per round (all sites)"] == (
-            f"{summary['bytes_per_round'] / 1e3:.1f}"
-        )
-        sent = summary["bytes_per_round_by_site"]["acrima"]["up"] / 1e3
-        assert table.loc[method, "acrima sent"] == f"{sent:.1f}"
+        assert table.loc[method, "per round (all sites)"] == human_bytes(summary["bytes_per_round"])
+        sent = summary["bytes_per_round_by_site"]["acrima"]["up"]
+        assert table.loc[method, "acrima sent"] == human_bytes(sent)
+    assert [c.removesuffix(" sent") for c in table.columns if c.endswith(" sent")] == (
+        MANIFEST_ORDER
+    )
     bars, lines = figures(at)
     assert {t["name"].split(",")[0] for t in bars["data"]} == set(SITES)
     panels = {a["text"] for a in lines["layout"]["annotations"]}
@@ -615,6 +633,18 @@ def test_communication_page_shows_bytes_per_round_per_site_and_method(monkeypatc
     rimone = [t for t in lines["data"] if t["name"] == DROPPED_SITE]
     assert any(0 in t["y"] for t in rimone)  # the round it dropped out sent nothing
     assert "exchanged nothing" in texts(at, "caption")
+    # every site has its own line in every panel, in manifest order, each told apart
+    for panel in ("x", "x2"):
+        names = [t["name"] for t in lines["data"] if t.get("xaxis", "x") == panel]
+        assert names == MANIFEST_ORDER
+    assert len({t["marker"]["symbol"] for t in lines["data"] if t.get("xaxis", "x") == "x"}) == 3
+    # each panel's axis starts at 0 and fits its own data; the title says the axis's unit
+    axes = [v for k, v in lines["layout"].items() if k.startswith("yaxis")]
+    assert all(a.get("rangemode") == "tozero" and not a.get("matches") for a in axes)
+    unit = lines["layout"]["yaxis"]["title"]["text"].split()[0]
+    assert unit in {"kB", "MB", "GB"} and f"({unit})" in title_of(lines)
+    bar_unit = bars["layout"]["yaxis"]["title"]["text"].split()[1]  # "mean kB per round"
+    assert f"({bar_unit})" in title_of(bars)
 
 
 PAGES = ["federation", "training", "sites", "routing", "communication"]
@@ -658,11 +688,18 @@ def test_a_half_written_run_shows_what_it_has_and_says_it_is_unfinished(
         assert at.table[0].value["site"].tolist() == [DROPPED_SITE]
 
 
+def plain(text: str) -> str:
+    """Markdown text as it reads on the page (escapes dropped)."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text)
+
+
 def test_a_damaged_summary_is_reported_by_name(monkeypatch, runs, tmp_path) -> None:
     run = copy_run(runs.fedavg, tmp_path)
     (run / "summary.json").write_text("{")
     at = open_page(monkeypatch, [run])
-    assert "summary.json: not valid JSON" in texts(at, "error")
+    shown = plain(texts(at, "warning"))
+    assert "Run fedavg is left out" in shown.replace("*", "")
+    assert "summary.json: not valid JSON" in shown
 
 
 def test_a_summary_from_a_newer_medfed_says_to_upgrade(monkeypatch, runs, tmp_path) -> None:
@@ -670,7 +707,7 @@ def test_a_summary_from_a_newer_medfed_says_to_upgrade(monkeypatch, runs, tmp_pa
     newer = summary_of(run) | {"schema_version": SCHEMA_VERSION + 1}
     (run / "summary.json").write_text(json.dumps(newer))
     at = open_page(monkeypatch, [run])
-    shown = texts(at, "error")
+    shown = plain(texts(at, "warning"))
     assert f"summary.json: written with schema_version {SCHEMA_VERSION + 1}" in shown
     assert "upgrade medfed" in shown and not at.exception
 
@@ -690,7 +727,9 @@ def test_the_dashboard_never_imports_training_code(runs) -> None:
     script = f"""
 import os, sys
 os.environ[{RUNS_ENV!r}] = {str(runs.runs)!r}
+from streamlit import config
 from streamlit.testing.v1 import AppTest
+config.set_option("server.address", "127.0.0.1")
 at = AppTest.from_file({str(APP)!r}, default_timeout={TIMEOUT}).run()
 for page in {PAGES!r}:
     at.switch_page(f"views/{{page}}.py").run()
@@ -716,4 +755,187 @@ def test_dashboard_command_serves_on_loopback_and_names_a_missing_folder(tmp_pat
     assert result.exit_code == 2
     assert f"{tmp_path / 'nowhere'}: no such run directory or folder" in result.output
     result = CliRunner().invoke(app, ["dashboard", str(tmp_path), "--port", "0"])
-    assert result.exit_code == 2 and "--port 0" in result.output
+    assert result.exit_code == 2 and "--port" in result.output and "0" in result.output
+
+
+# ---------------------------------------------------------------------------------- polish
+def test_data_card_values_are_escaped_and_the_split_table_shows_once(monkeypatch, runs) -> None:
+    at = open_page(monkeypatch, [runs.feddrm], "sites")
+    markdown = texts(at, "markdown")
+    card_file = (runs.feddrm / "site_overview" / "cards" / "acrima.md").read_text()
+    assert "'_g_' marks glaucoma" in card_file  # the description, as the manifest has it
+    assert "'\\_g\\_' marks glaucoma" in markdown  # shown as written, not in italics
+    assert "### Data card: acrima" in markdown and "| site id | `acrima` |" in markdown
+    # every line of the card shows, with the same values as the card file
+    card = next(e.value for e in at.markdown if "Data card: acrima" in e.value)
+    shown = [plain(line).strip() for line in card.split("\n")]
+    written = [line.strip() for line in card_file.rstrip("\n").split("\n")]
+    assert len(shown) == len(written)
+    for ours, theirs in zip(shown, written, strict=True):
+        ours = ours.removeprefix("##") if theirs.startswith("#") else ours
+        assert ours.replace(" ", "") == theirs.replace(" ", ""), (ours, theirs)
+    assert "Scans per split and class" not in markdown  # the card holds that table
+    assert not at.table
+
+
+def test_markdown_in_card_values_is_escaped_once() -> None:
+    from medfed.dashboard.checks import escape_markdown
+    from medfed.dashboard.rundata import card_markdown
+
+    assert escape_markdown("_g_ *x* [a](b) :red[c] $d$") == (
+        "\\_g\\_ \\*x\\* \\[a\\](b) \\:red\\[c\\] \\$d\\$"
+    )
+    assert escape_markdown(escape_markdown("_g_ <b>")) == escape_markdown("_g_ <b>")
+    card = "\n".join(
+        ["# Data card: s_1", "", "| field | value |", "| --- | --- |"]
+        + ["| source | _to fill in by the site_ |"]
+    )
+    assert card_markdown(card).split("\n") == [
+        "### Data card: s\\_1",
+        "",
+        "| field | value |",
+        "| --- | --- |",
+        "| source | _to fill in by the site_ |",
+    ]
+    assert card_markdown("- 1. not a list\n2. neither") == "- 1\\. not a list\n2\\. neither"
+
+
+def test_classes_and_methods_never_share_a_colour(monkeypatch, runs) -> None:
+    from medfed.dashboard.charts import CLASS_PALETTE, METHOD_PALETTE, SITE_PALETTE
+
+    assert not set(CLASS_PALETTE) & (set(METHOD_PALETTE) | set(SITE_PALETTE) | {WORST})
+    at = open_page(monkeypatch, [runs.feddrm], "sites")
+    ratio = next(f for f in figures(at) if f["data"][0]["type"] == "bar")
+    colours = {t["marker"]["color"] for t in ratio["data"]}
+    assert colours <= set(CLASS_PALETTE) and len(colours) == 2  # normal, glaucoma
+
+
+def test_training_page_overlays_the_runs_on_one_chart(monkeypatch, runs) -> None:
+    at = open_page(monkeypatch, [runs.runs], "training")
+    overlays = [f for f in figures(at) if "runs compared" in title_of(f)]
+    assert overlays and "training loss" in title_of(overlays[0])
+    loss = overlays[0]
+    assert [t["name"] for t in loss["data"]] == ["fedavg", "feddrm"]  # one line per run
+    assert loss["layout"]["legend"]["title"]["text"] == "run"
+    feddrm = next(t for t in loss["data"] if t["name"] == "feddrm")
+    records = [
+        json.loads(line) for line in (runs.feddrm / "metrics.jsonl").read_text().splitlines()
+    ]
+    first = [r["train_loss"] for r in records if r["round"] == 1 and r["status"] == "ok"]
+    assert feddrm["y"][0] == pytest.approx(sum(first) / len(first))  # the mean over sites
+
+
+def test_federation_page_shows_the_runs_settings_side_by_side(monkeypatch, runs) -> None:
+    at = open_page(monkeypatch, [runs.runs])
+    settings = next(t.value for t in at.table if "learning rate" in t.value.index)
+    assert list(settings.columns) == ["fedavg", "feddrm"]
+    assert settings.loc["algorithm"].tolist() == ["fedavg", "feddrm"]
+    for row, value in (
+        ("rounds", str(ROUNDS)),
+        ("local steps", "2"),
+        ("learning rate", "0.002"),
+        ("normalization", "site"),
+        ("augmentation", "flip"),
+        ("wire precision", "float32"),
+    ):
+        assert settings.loc[row].tolist() == [value, value], row
+    assert settings.loc["operating rule", "feddrm"].startswith("specificity")
+    for method, run in (("fedavg", runs.fedavg), ("feddrm", runs.feddrm)):
+        trained = RunDir(run).read_config()["model"]["backbone"]  # "auto" as resolved
+        assert settings.loc["backbone", method] == trained
+    aucs = at.table[0].value
+    assert list(aucs.index) == MANIFEST_ORDER  # sites in the order of their manifests
+    bars = next(f for f in figures(at) if f["data"][0]["type"] == "bar")
+    assert list(bars["data"][0]["x"]) == MANIFEST_ORDER
+
+
+def test_audit_log_columns_read_as_words_and_fill_the_page(monkeypatch, runs, tmp_path) -> None:
+    run = copy_run(runs.feddrm, tmp_path)
+    at = open_page(monkeypatch, [run, runs.data], "routing")
+    at.text_input(key="scan_path").input(str(runs.fundus_photo()))
+    at.button(key="route_path").click().run()
+    table = at.dataframe[0]
+    columns = list(table.value.columns)
+    assert "chosen site" in columns and "distance to closest site" in columns
+    assert not [c for c in columns if "_" in c]  # no column named as in code
+    assert "distance to closest site" in table.proto.columns  # formatted for reading
+
+
+# --------------------------------------------------------------------------------- security
+@pytest.mark.parametrize("address", ["0.0.0.0", None])
+def test_the_app_shows_nothing_when_it_listens_beyond_this_machine(runs, monkeypatch, address):
+    monkeypatch.setenv(RUNS_ENV, str(runs.runs))
+    serve_on_loopback(address)
+    try:
+        at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
+    finally:
+        serve_on_loopback()
+    assert not at.exception
+    shown = texts(at, "error")
+    assert "server.address" in shown and "--server.address 127.0.0.1" in shown
+    assert not at.title and not at.table  # no page, no figure
+
+
+def test_the_launcher_caps_uploads() -> None:
+    assert "--server.maxUploadSize=200" in streamlit_command(8599)
+
+
+def _outside_symlink(run: Path, photo: Path) -> str:
+    link = run / "scan.jpg"
+    link.symlink_to(photo)
+    return str(link)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "a path outside the folders",
+        "a path climbing out with ..",
+        "a symlink inside pointing outside",
+    ],
+)
+def test_the_path_box_reads_only_under_the_dashboards_folders(monkeypatch, runs, tmp_path, how):
+    run = copy_run(runs.feddrm, tmp_path)
+    photo = runs.fundus_photo()
+    given = {
+        "a path outside the folders": str(photo),
+        "a path climbing out with ..": str(run) + "/.." * len(run.parts) + str(photo),
+        "a symlink inside pointing outside": None,
+    }[how] or _outside_symlink(run, photo)
+    at = open_page(monkeypatch, [run], "routing")
+    at.text_input(key="scan_path").input(given)
+    at.button(key="route_path").click().run()
+    assert not at.exception
+    shown = plain(texts(at, "error"))
+    assert "outside the folders this dashboard reads" in shown and str(run) in shown
+    assert not AuditLog(run).read()  # nothing was read, nothing logged
+
+
+def test_an_upload_over_the_size_limit_is_refused(monkeypatch, runs, tmp_path) -> None:
+    import medfed.dashboard
+
+    monkeypatch.setattr(medfed.dashboard, "MAX_UPLOAD_MB", 0.0005)  # 500 bytes
+    run = copy_run(runs.feddrm, tmp_path)
+    photo = runs.fundus_photo()
+    at = open_page(monkeypatch, [run], "routing")
+    at.file_uploader(key="scan_upload").upload(photo.name, photo.read_bytes(), "image/jpeg").run()
+    assert not at.exception
+    shown = plain(texts(at, "error"))
+    assert photo.name in shown and "more than the 500 B this page accepts" in shown
+    assert not AuditLog(run).read()
+
+
+def test_an_upload_with_too_many_pixels_gets_the_data_layers_answer(
+    monkeypatch, runs, tmp_path
+) -> None:
+    from PIL import Image
+
+    huge = tmp_path / "huge.png"
+    Image.new("1", (12_000, 9_000)).save(huge)  # 108 megapixels in a few kB
+    run = copy_run(runs.feddrm, tmp_path)
+    at = open_page(monkeypatch, [run], "routing")
+    at.file_uploader(key="scan_upload").upload(huge.name, huge.read_bytes(), "image/png").run()
+    assert not at.exception
+    shown = plain(texts(at, "error"))
+    assert "Could not route this scan" in shown and "huge.png" in shown
+    assert "megapixels" in shown

@@ -49,6 +49,18 @@ def test_distances_compare_sites_of_one_modality_with_enough_scans() -> None:
     assert distances[2:] == [{}, {}, {}]
 
 
+def test_a_pairs_distance_does_not_depend_on_the_other_sites_passed() -> None:
+    a, b = (
+        SiteFeatures("a", "fundus", _cloud(0.0)),
+        SiteFeatures("b", "fundus", _cloud(1.0, seed=1)),
+    )
+    c = SiteFeatures("c", "fundus", _cloud(20.0, n=300, seed=2))
+    alone = site_distances([a, b])
+    together = site_distances([c, b, a])
+    assert alone[0]["b"] == together[2]["b"] == together[1]["a"]
+    assert list(together[0]) == ["b", "a"]  # the others in the order given
+
+
 def test_distance_matrix_needs_every_pair() -> None:
     table = distance_matrix(["a", "b"], [{"b": 0.5}, {"a": 0.5}])
     assert table is not None and table["matrix"] == [[0.0, 0.5], [0.5, 0.0]]

@@ -114,9 +114,10 @@ def test_acrima_empty_root_and_stray_files_are_reported(tmp_path, site_manifest)
 
     assert scan.records == []
     assert _problems_about(scan, "no images found")
-    assert _problems_about(scan, "notes.txt: unexpected file")
     assert _problems_about(scan, "nested: unexpected folder")
-    assert not _problems_about(scan, "DS_Store")
+    assert not _problems_about(scan, "notes.txt") and not _problems_about(scan, "DS_Store")
+    # stray files are warned about (listed), not problems that keep the site out of training
+    assert sorted(Path(w.file).name for w in scan.warnings) == [".DS_Store", "notes.txt"]
 
 
 # --- RIM-ONE DL -------------------------------------------------------------------------------
@@ -486,8 +487,9 @@ def test_dicom_labels_file_option_and_stray_files(tmp_path, write_ct_series, sit
     scan = scan_site(manifest)
 
     assert [r.patient_id for r in scan.records] == ["P1", "P2"]
-    assert [p.message for p in scan.problems] == [
-        "1 file(s) are neither *.dcm nor extension-less DICOM and are ignored (e.g. P1/README)"
+    assert scan.problems == []
+    assert [(Path(w.file).name, w.message) for w in scan.warnings] == [
+        ("README", "neither *.dcm nor extension-less DICOM; ignored")
     ]
 
 

@@ -129,7 +129,9 @@ def test_second_load_never_decodes_and_edits_invalidate(
     assert torch.equal(first.x[Split.TRAIN], second.x[Split.TRAIN])
 
     edited = root / "Im003_g_ACRIMA.jpg"
-    Image.fromarray(np.full((20, 24, 3), 200, np.uint8)).save(edited)
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(
+        edited
+    )
     load_site(manifest, TensorCache(cache_dir))
     assert decodes[16:] == [edited]
 

@@ -62,7 +62,7 @@ def test_communication_table_compares_with_the_baseline() -> None:
         {"fedavg": summary(0.80, 4e6), "lora@int8": summary(0.795, 2e5)}, baseline="fedavg"
     )
     row = next(line for line in table.splitlines() if line.startswith("| lora@int8"))
-    assert "20.0x" in row and "-0.5" in row and "0.200 MB" in row
+    assert "20.0x" in row and "-0.5" in row and "200.00 kB" in row
     assert "| method" in methods_table({"fedavg": summary(0.8, 4e6)})
 
 
@@ -76,7 +76,7 @@ def test_evaluate_tables_show_each_site_the_federation_and_every_router() -> Non
     routers = routers_table(run)
 
     row_b = next(line for line in sites.splitlines() if line.startswith("| b "))
-    assert "n/a (test split holds one class)" in row_b and "1000.0 kB" in row_b
+    assert "n/a (test split holds one class)" in row_b and "1.00 MB" in row_b
     assert "worst site: b" in lines and "system accuracy (density_ratio): 0.720" in lines
     assert "| majority_vote " in routers and "| density_ratio " in routers
 

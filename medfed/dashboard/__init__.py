@@ -12,3 +12,5 @@ from pathlib import Path
 APP = Path(__file__).with_name("app.py")
 RUNS_ENV = "MEDFED_DASHBOARD_RUNS"
 """Run directories (or folders holding them) to show, joined with os.pathsep."""
+MAX_UPLOAD_MB = 200
+"""The largest scan the Routing page accepts, in MB (Streamlit's server.maxUploadSize)."""

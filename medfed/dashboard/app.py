@@ -1,7 +1,8 @@
 """The dashboard's entry point: ``medfed dashboard RUN...`` runs it with Streamlit.
 
-Also ``streamlit run medfed/dashboard/app.py -- RUN...``. RUN is a run directory or a folder
-holding run directories (such as ``demo_out``).
+Also ``streamlit run medfed/dashboard/app.py --server.address 127.0.0.1 -- RUN...``. RUN is a
+run directory or a folder holding run directories (such as ``demo_out``). The pages show
+patient-level results, so the app shows nothing when the server listens beyond this machine.
 """
 
 from pathlib import Path
@@ -13,6 +14,9 @@ from medfed.dashboard import common
 VIEWS = Path(__file__).with_name("views")
 
 st.set_page_config(page_title="medfed dashboard", layout="wide")
+if (refusal := common.exposed()) is not None:
+    st.error(refusal)
+    st.stop()
 page = st.navigation(
     [
         st.Page(VIEWS / "federation.py", title="Federation", default=True),

@@ -8,6 +8,8 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from medfed.units import BYTE_UNITS
+
 WORST = "#d62728"
 OTHER = "#1f77b4"
 CHOSEN = "#2ca02c"  # the site a scan was routed to: never the worst site's red
@@ -37,10 +39,28 @@ def method_colours(methods: list[str] | pd.Series) -> dict[str, str]:
     return {m: METHOD_PALETTE[i % len(METHOD_PALETTE)] for i, m in enumerate(unique)}
 
 
+SITE_PALETTE = tuple(px.colors.qualitative.Plotly)
+# Classes (and FedGMI's distributions) get palettes of their own: a colour names one kind of
+# thing on every page, never a method on one chart and a class on the next.
+CLASS_PALETTE = ("#66c2a5", "#fc8d62", "#8da0cb", "#e78ac3", "#a6d854", "#ffd92f", "#e5c494")
+DISTRIBUTION_PALETTE = ("#b3e2cd", "#fdcdac", "#cbd5e8", "#f4cae4", "#e6f5c9", "#fff2ae")
+
+
 def site_colours(sites: list[str] | pd.Series) -> dict[str, str]:
-    """One colour per site, the same on every chart (sites in sorted order)."""
-    palette = px.colors.qualitative.Plotly
-    return {s: palette[i % len(palette)] for i, s in enumerate(sorted(set(sites)))}
+    """One colour per site, in the order given (the manifests' order, as the pages list
+    sites), so a site keeps its colour on every chart of a run."""
+    unique = list(dict.fromkeys(sites))
+    return {s: SITE_PALETTE[i % len(SITE_PALETTE)] for i, s in enumerate(unique)}
+
+
+def byte_unit(values: Any) -> tuple[str, float]:
+    """The unit (name, size in bytes) a chart of ``values`` bytes is drawn in: the largest of
+    medfed.units' kB/MB/GB that the biggest value reaches (kB below 1 kB)."""
+    top = float(pd.to_numeric(pd.Series(values), errors="coerce").abs().max() or 0.0)
+    for unit, size in BYTE_UNITS:
+        if top >= size:
+            return unit, size
+    return BYTE_UNITS[-1]
 
 
 def _round_axis(fig: go.Figure, rounds: pd.Series) -> None:
@@ -292,6 +312,23 @@ def cross_site_heatmap(matrix: dict[str, Any], title: str = CROSS_SITE_TITLE) ->
     return fig
 
 
+def runs_overlay(frame: pd.DataFrame, curve: str, label: str) -> go.Figure:
+    """Several runs on one chart: one line per run, the mean over its sites in each round
+    (``frame``: run, round, and the curve's column; ``label``: the curve in words)."""
+    fig = px.line(
+        frame,
+        x="round",
+        y=curve,
+        color="run",
+        markers=True,
+        title=f"{label}: runs compared",
+        color_discrete_map=method_colours(frame["run"]),
+    )
+    fig.update_layout(yaxis_title=f"{label} (mean over sites)", legend_title_text="run")
+    _round_axis(fig, frame["round"])
+    return fig
+
+
 def round_curves(
     frame: pd.DataFrame,
     curve: str,
@@ -341,7 +378,15 @@ def round_curves(
 
 def class_ratio_bars(counts: pd.DataFrame) -> go.Figure:
     """Scans per class at each site (all splits)."""
-    fig = px.bar(counts, x="site", y="scans", color="class", barmode="group", text="share")
+    fig = px.bar(
+        counts,
+        x="site",
+        y="scans",
+        color="class",
+        barmode="group",
+        text="share",
+        color_discrete_sequence=CLASS_PALETTE,
+    )
     fig.update_traces(texttemplate="%{text:.0%}", textposition="outside")
     return fig
 
@@ -391,44 +436,83 @@ def site_probability_bars(probs: pd.DataFrame, relied_on: bool = True) -> go.Fig
     return fig
 
 
+TRAFFIC = {"bytes total": "sent + received", "bytes sent": "sent", "bytes received": "received"}
+
+
 def traffic_lines(traffic: pd.DataFrame, column: str) -> go.Figure:
-    """Bytes per round per site, one panel per method."""
+    """Bytes per round per site, one panel per method, in one unit (title and axis say
+    which). Each panel's axis starts at 0 and fits its own method; sites that send the same
+    bytes share a line, so each site has its own marker and dash and the hover lists all."""
+    unit, size = byte_unit(traffic[column])
+    data = traffic.assign(**{unit: traffic[column] / size})
     fig = px.line(
-        traffic,
+        data,
         x="round",
-        y=column,
+        y=unit,
         color="site",
+        line_dash="site",
+        symbol="site",
         facet_col="method",
         facet_col_wrap=2,
         markers=True,
+        title=f"{TRAFFIC.get(column, column)} per round and site ({unit})",
         color_discrete_map=site_colours(traffic["site"]),
+        category_orders={"site": list(dict.fromkeys(traffic["site"]))},
     )
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=", 1)[-1]))
+    fig.update_yaxes(matches=None, rangemode="tozero", showticklabels=True, title_text="")
+    fig.update_yaxes(title_text=f"{unit} per round", col=1)
+    # Sites sending the same bytes draw on top of each other: earlier sites get wider lines
+    # and bigger markers, so every site's line still shows around the ones above it.
+    sites = list(dict.fromkeys(traffic["site"]))
+    for trace in fig.data:
+        behind = len(sites) - 1 - sites.index(trace.name) if trace.name in sites else 0
+        trace.update(line={"width": 2 + 3 * behind}, marker={"size": 8 + 5 * behind})
+    top: dict[str, float] = {}  # each panel's y axis, from 0 to a little above its largest
+    for trace in fig.data:
+        axis = "yaxis" + (trace.yaxis or "y")[1:]
+        values = pd.to_numeric(pd.Series(trace.y), errors="coerce")
+        top[axis] = max(top.get(axis, 0.0), float(values.max() or 0.0))
+    for axis, high in top.items():
+        fig.layout[axis].range = [0, high * 1.15 if high > 0 else 1]
+    fig.update_layout(hovermode="x unified")
     _round_axis(fig, traffic["round"])
     return fig
 
 
 def traffic_bars(traffic: pd.DataFrame) -> go.Figure:
-    """Mean kB per round per site, sent and received, grouped by method."""
-    per_round = traffic.groupby(["method", "site"], as_index=False)[
-        ["kB sent", "kB received"]
+    """Mean bytes per round per site, sent and received, grouped by method (one unit)."""
+    per_round = traffic.groupby(["method", "site"], as_index=False, sort=False)[
+        ["bytes sent", "bytes received"]
     ].mean()
-    long = per_round.melt(id_vars=["method", "site"], var_name="direction", value_name="kB")
+    long = per_round.melt(id_vars=["method", "site"], var_name="direction", value_name="bytes")
+    long["direction"] = long["direction"].str.removeprefix("bytes ")
+    unit, size = byte_unit(long["bytes"])
+    long[unit] = long["bytes"] / size
     fig = px.bar(
         long,
         x="method",
-        y="kB",
+        y=unit,
         color="site",
         pattern_shape="direction",
         barmode="group",
+        title=f"mean traffic per round ({unit})",
         color_discrete_map=site_colours(long["site"]),
+        category_orders={"site": list(dict.fromkeys(long["site"]))},
     )
-    fig.update_layout(yaxis_title="mean kB per round")
+    fig.update_layout(yaxis_title=f"mean {unit} per round")
     return fig
 
 
 def mixture_bars(mixture: pd.DataFrame) -> go.Figure:
     """Each site's mixture coefficients as a stacked bar (FedGMI)."""
-    fig = px.bar(mixture, x="site", y="share", color="distribution", barmode="stack")
+    fig = px.bar(
+        mixture,
+        x="site",
+        y="share",
+        color="distribution",
+        barmode="stack",
+        color_discrete_sequence=DISTRIBUTION_PALETTE,
+    )
     fig.update_yaxes(range=[0, 1], title="share of the site's scans")
     return fig

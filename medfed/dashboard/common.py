@@ -1,4 +1,8 @@
-"""Streamlit glue shared by the pages: which runs to show, cached reads, errors as messages."""
+"""Streamlit glue shared by the pages: which runs to show, cached reads, errors as messages.
+
+Every file a page reads is checked here first (:func:`damage`): a run directory holding a
+damaged file is named in one warning and left out, so the other runs still show.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,10 @@ from typing import Any
 
 import streamlit as st
 
-from medfed.dashboard import APP, RUNS_ENV
+from medfed.dashboard import APP, RUNS_ENV, checks
 from medfed.dashboard.rundata import Run, find_runs, label_runs, run_status
-from medfed.data.overview import OVERVIEW_FILE, overview_dir, read_site_overview
+from medfed.data.overview import OVERVIEW_FILE, overview_dir
 from medfed.errors import MedfedError
-from medfed.runs import RunDir
 from medfed.runs.schema import RoundRecord, Summary
 
 SELECTED = "selected_runs"
@@ -34,13 +37,33 @@ def roots() -> list[Path]:
     return []
 
 
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def exposed() -> str | None:
+    """Why the pages must not be served (the server listens beyond this machine), or None.
+
+    Streamlit takes ``server.address`` from its command line, STREAMLIT_SERVER_ADDRESS and
+    .streamlit/config.toml; unset, it listens on every interface."""
+    address = st.get_option("server.address")
+    if address and (address in LOOPBACK or str(address).startswith("127.")):
+        return None
+    where = f"on {address}" if address else "on every network interface"
+    return (
+        f"This dashboard shows patient-level results and is listening {where} "
+        "(server.address). Start it with `medfed dashboard RUN`, which listens on this machine "
+        "only, or add `--server.address 127.0.0.1` to `streamlit run`."
+    )
+
+
 def all_runs() -> list[Run]:
     return label_runs(find_runs(roots()))
 
 
 def sidebar(runs: list[Run]) -> None:
-    """Choose the runs the pages compare."""
+    """Choose the runs the pages compare (damaged runs are left out)."""
     st.sidebar.markdown("**medfed** clinician dashboard")
+    runs = [r for r in runs if damage(r) is None]
     labels = [r.label for r in runs]
     if labels:
         st.sidebar.multiselect(
@@ -51,16 +74,51 @@ def sidebar(runs: list[Run]) -> None:
             help="The Federation and Communication pages compare these side by side.",
         )
     given = ", ".join(str(p) for p in roots()) or "none"
-    st.sidebar.caption(f"Reading: {given}")
+    st.sidebar.caption(f"Reading: {escape(given)}")
+
+
+def damage(run: Run) -> str | None:
+    """Why ``run`` cannot be shown (its damaged file named), or None when every file it holds
+    reads cleanly; checked again whenever one of its files changes."""
+    return _damage(str(run.path), checks.stamps(run.path))
+
+
+@st.cache_data(show_spinner=False, max_entries=256)
+def _damage(path: str, stamps: tuple[Any, ...]) -> str | None:
+    return checks.run_damage(Path(path))
+
+
+def escape(text: str) -> str:
+    """``text`` shown as it is in Streamlit markdown (paths hold underscores)."""
+    return checks.escape_markdown(text)
+
+
+def left_out(runs: list[Run]) -> list[Run]:
+    """The runs that read cleanly; one warning per damaged run, naming its file."""
+    good = []
+    for run in runs:
+        problem = damage(run)
+        if problem is None:
+            good.append(run)
+        else:
+            st.warning(f"Run **{escape(run.label)}** is left out: {escape(problem)}")
+    return good
 
 
 def chosen_runs() -> list[Run]:
     """The runs ticked in the sidebar; stops the page with a helpful message when none."""
-    runs = all_runs()
-    if not runs:
+    found = all_runs()
+    if not found:
         given = ", ".join(f"`{p}`" for p in roots()) or "no folder"
         st.warning(f"No run directory found under {given}.")
         st.info(NO_RUNS_HELP)
+        st.stop()
+    runs = left_out(found)
+    if not runs:
+        st.info(
+            "Every run directory here holds a damaged file (named above): retrain those runs, "
+            "or restore the files from a backup."
+        )
         st.stop()
     chosen = st.session_state.get(SELECTED)
     picked = runs if chosen is None else [r for r in runs if r.label in chosen]
@@ -81,76 +139,80 @@ def pick_run(runs: list[Run], key: str, label: str = "Run") -> Run:
 
 
 def guarded(page: Callable[[], None]) -> None:
-    """Run a page; a damaged or unreadable run directory becomes a message, not a traceback."""
+    """Run a page; a damaged or unreadable run directory becomes a message, not a traceback.
+
+    The checks in :func:`left_out` catch damaged files before a page reads them; this is the
+    last line for anything they do not foresee."""
     try:
         page()
     except MedfedError as exc:
-        st.error(str(exc))
-    except (KeyError, TypeError, ValueError) as exc:
+        st.error(escape(str(exc)))
+    except Exception as exc:  # noqa: BLE001 - a page must never show a traceback
         st.error(
-            f"This page cannot read the run directory's files ({type(exc).__name__}: {exc}); "
-            "they may be damaged or written by another medfed version."
+            escape(
+                f"This page cannot read the run directory's files ({type(exc).__name__}: "
+                f"{exc}); they may be damaged or written by another medfed version."
+            )
         )
 
 
 # ------------------------------------------------------------------------------- cached reads
-def _stamp(path: Path) -> tuple[int, int]:
-    """Changes whenever the file does, so cached reads refresh while a run is training."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return (0, 0)
-    return (stat.st_mtime_ns, stat.st_size)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _summary(path: str, stamp: tuple[int, int]) -> Summary:
-    return RunDir(path).read_summary()
+def _summary(path: str, stamp: tuple[int, int], order: tuple[str, ...]) -> Summary:
+    return checks.in_order(checks.read_summary(Path(path)), order)
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _metrics(path: str, stamp: tuple[int, int]) -> list[RoundRecord]:
-    return RunDir(path).read_metrics()
+    return checks.read_metrics(Path(path))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _events(path: str, stamp: tuple[int, int]) -> list[dict[str, Any]]:
-    return RunDir(path).read_events()
+    return checks.read_events(Path(path))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _config(path: str, stamp: tuple[int, int]) -> dict[str, Any]:
-    return RunDir(path).read_config()
+    return checks.read_config(Path(path))
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _overview(path: str, stamp: tuple[int, int]) -> dict[str, Any] | None:
-    return read_site_overview(path)
+def _overview(path: str, stamp: tuple[int, int], order: tuple[str, ...]) -> dict[str, Any] | None:
+    return checks.overview_in_order(checks.read_overview(Path(path)), order)
+
+
+def site_order(run: Run) -> tuple[str, ...]:
+    """The run's sites in the order its configuration lists them (its manifests' order)."""
+    return checks.site_order(read_config(run))
 
 
 def read_summary(run: Run) -> Summary | None:
-    """summary.json, or None while the run has not finished."""
+    """summary.json (sites in manifest order), or None while the run has not finished."""
     if not run.has_summary:
         return None
-    return _summary(str(run.path), _stamp(run.dir.summary_path))
+    return _summary(str(run.path), checks.stamp(run.dir.summary_path), site_order(run))
 
 
 def read_metrics(run: Run) -> list[RoundRecord]:
-    return _metrics(str(run.path), _stamp(run.dir.metrics_path))
+    return _metrics(str(run.path), checks.stamp(run.dir.metrics_path))
 
 
 def read_events(run: Run) -> list[dict[str, Any]]:
-    return _events(str(run.path), _stamp(run.dir.events_path))
+    return _events(str(run.path), checks.stamp(run.dir.events_path))
 
 
 def read_config(run: Run) -> dict[str, Any] | None:
     if not run.has_config:
         return None
-    return _config(str(run.path), _stamp(run.dir.config_path))
+    return _config(str(run.path), checks.stamp(run.dir.config_path))
 
 
 def read_overview(run: Run) -> dict[str, Any] | None:
-    return _overview(str(run.path), _stamp(overview_dir(run.path) / OVERVIEW_FILE))
+    stamp = checks.stamp(overview_dir(run.path) / OVERVIEW_FILE)
+    return _overview(str(run.path), stamp, site_order(run))
 
 
 def status_line(run: Run) -> str:
@@ -165,5 +227,12 @@ def _federation(path: str, stamp: tuple[int, int]) -> Any:
 
 
 def load_federation(run: Run) -> Any:
-    """The run's trained federation (model/), loaded once per version of model.json."""
-    return _federation(str(run.path), _stamp(run.dir.model_dir / "model.json"))
+    """The run's trained federation (model/), loaded once per version of model.json; a
+    RunDirError naming the model folder when it cannot be loaded."""
+    model = run.dir.model_dir
+    try:
+        return _federation(str(run.path), checks.folder_stamp(model))
+    except MedfedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - damaged weights: a message, not a traceback
+        raise checks.damaged(model, exc) from exc

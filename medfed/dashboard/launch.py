@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from medfed.dashboard import APP, RUNS_ENV
+from medfed.dashboard import APP, MAX_UPLOAD_MB, RUNS_ENV
 from medfed.dashboard.rundata import find_runs
 from medfed.errors import ConfigError
 
@@ -16,7 +16,8 @@ ADDRESS = "127.0.0.1"  # loopback only: the pages show patient-level results
 
 
 def streamlit_command(port: int) -> list[str]:
-    """The Streamlit command line: loopback, no browser prompt, no usage statistics."""
+    """The Streamlit command line: loopback, no browser prompt, no usage statistics, uploads
+    capped at MAX_UPLOAD_MB."""
     return [
         sys.executable,
         "-m",
@@ -26,6 +27,7 @@ def streamlit_command(port: int) -> list[str]:
         f"--server.address={ADDRESS}",
         f"--server.port={port}",
         "--server.headless=true",
+        f"--server.maxUploadSize={MAX_UPLOAD_MB}",
         "--server.fileWatcherType=none",
         "--browser.gatherUsageStats=false",
         f"--browser.serverAddress={ADDRESS}",

@@ -8,6 +8,7 @@ frames.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +17,13 @@ from typing import Any
 import pandas as pd
 
 from medfed.dashboard import clinical
+from medfed.dashboard.checks import escape_markdown
+from medfed.data.cards import TO_FILL
 from medfed.runs import RunDir
 from medfed.runs.report import fmt
 from medfed.runs.schema import DROPPED, OK, RoundRecord, Summary
 from medfed.serving.audit import AuditEntry
+from medfed.units import human_bytes
 
 # Folders medfed writes that never hold runs (a run's own, the preprocessing cache): skipping
 # them keeps discovery fast.
@@ -200,26 +204,103 @@ CURVES = {
 }
 
 
-def metrics_frame(records: Sequence[RoundRecord]) -> pd.DataFrame:
-    """metrics.jsonl as a frame with one row per round per site (a column per figure)."""
+def metrics_frame(records: Sequence[RoundRecord], order: Sequence[str] = ()) -> pd.DataFrame:
+    """metrics.jsonl as a frame with one row per round per site (a column per figure), the
+    sites of each round in ``order`` (the manifests' order; others after them)."""
     columns = ["round", "site", "status", "reason", *CURVES]
     frame = pd.DataFrame([r.to_dict() for r in records])
     for column in columns:
         if column not in frame:
             frame[column] = None
     frame = frame[columns + [c for c in frame.columns if c not in columns]]
-    return frame.sort_values(["round", "site"], kind="stable").reset_index(drop=True)
+    rank = site_rank(frame["site"], order)
+    frame = frame.assign(_rank=frame["site"].map(rank))
+    frame = frame.sort_values(["round", "_rank"], kind="stable").drop(columns="_rank")
+    return frame.reset_index(drop=True)
+
+
+def site_rank(sites: Iterable[str], order: Sequence[str] = ()) -> dict[str, int]:
+    """Each site's place: ``order`` first, then the others sorted by name."""
+    rest = sorted({s for s in sites if s not in order})
+    return {s: i for i, s in enumerate([*order, *rest])}
+
+
+def settings_table(
+    configs: Mapping[str, Mapping[str, Any] | None], summaries: Summaries
+) -> pd.DataFrame:
+    """The runs' settings side by side (rows: settings, columns: runs), from config.toml and,
+    where it is silent, summary.json."""
+    data = {}
+    for label in dict.fromkeys([*configs, *summaries]):
+        train = dict((configs.get(label) or {}).get("train") or {})
+        model = dict((configs.get(label) or {}).get("model") or {})
+        summary = summaries.get(label)
+        data[label] = [_setting(train, model, summary, key) for key, _ in SETTINGS]
+    index = pd.Index([name for _, name in SETTINGS], name="setting")
+    return pd.DataFrame(data, index=index)
+
+
+SETTINGS: tuple[tuple[str, str], ...] = (
+    ("algorithm", "algorithm"),
+    ("params", "algorithm parameters"),
+    ("rounds", "rounds"),
+    ("local_steps", "local steps"),
+    ("batch_size", "batch size"),
+    ("optimizer", "optimizer"),
+    ("lr", "learning rate"),
+    ("backbone", "backbone"),
+    ("normalization", "normalization"),
+    ("augment", "augmentation"),
+    ("operating_point", "operating rule"),
+    ("wire_precision", "wire precision"),
+    ("client_fraction", "sites per round (fraction)"),
+    ("seed", "seed"),
+)
+
+
+def _setting(train: dict, model: dict, summary: Summary | None, key: str) -> str:
+    value = train.get(key)
+    if key == "backbone" and model.get("backbone"):
+        value = model["backbone"]  # "auto" resolved to the one trained
+    if value is None and summary is not None:
+        value = {
+            "operating_point": summary.operating_rule,
+            "wire_precision": summary.wire.label if summary.wire is not None else None,
+        }.get(key, getattr(summary, key, None))
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "none"
+    if isinstance(value, list | tuple):
+        return ", ".join(map(str, value)) or "none"
+    return fmt(value) if isinstance(value, float) else ("n/a" if value is None else str(value))
+
+
+def runs_frame(frames: Mapping[str, pd.DataFrame], curve: str) -> pd.DataFrame:
+    """Each run's mean of ``curve`` over its sites that trained in each round (run, round,
+    curve), for the chart that overlays runs."""
+    parts = []
+    for label, frame in frames.items():
+        if curve not in frame:
+            continue
+        trained = frame[frame["status"] == OK]
+        values = pd.to_numeric(trained[curve], errors="coerce")
+        mean = values.groupby(trained["round"]).mean().dropna()
+        parts.append(pd.DataFrame({"run": label, "round": mean.index, curve: mean.to_numpy()}))
+    if not parts:
+        return pd.DataFrame(columns=["run", "round", curve])
+    return pd.concat(parts, ignore_index=True)
 
 
 MIXTURE_PREFIX = "train_mixture_"  # FedGMI: a site's share of scans per intrinsic distribution
 
 
-def mixture_frame(records: Sequence[RoundRecord]) -> pd.DataFrame:
-    """Each site's latest mixture coefficients: one row per site and distribution."""
+def mixture_frame(records: Sequence[RoundRecord], order: Sequence[str] = ()) -> pd.DataFrame:
+    """Each site's latest mixture coefficients: one row per site and distribution (sites in
+    ``order``, the manifests' order)."""
     latest: dict[str, RoundRecord] = {}
     for record in records:
         if record.status == OK and record.extras(MIXTURE_PREFIX):
             latest[record.site] = record
+    rank = site_rank(latest, order)
     rows = [
         {
             "site": site,
@@ -227,7 +308,7 @@ def mixture_frame(records: Sequence[RoundRecord]) -> pd.DataFrame:
             "share": share,
             "round": record.round,
         }
-        for site, record in sorted(latest.items())
+        for site, record in sorted(latest.items(), key=lambda kv: rank[kv[0]])
         for component, share in record.extras(MIXTURE_PREFIX).items()
     ]
     return pd.DataFrame(rows, columns=["site", "distribution", "share", "round"])
@@ -263,7 +344,11 @@ def events_frame(events: list[dict[str, Any]]) -> pd.DataFrame:
     rows = []
     for event in events:
         time = event.get("time")
-        when = pd.to_datetime(time, unit="s", utc=True) if isinstance(time, int | float) else None
+        when = (
+            pd.to_datetime(time, unit="s", utc=True)
+            if _number(time, None) is not None and math.isfinite(time) and 0 <= time < 1e11
+            else None
+        )
         round_ = event.get("round", event.get("from_round"))
         details = {
             k: v for k, v in event.items() if k not in ("event", "time", "round", "site", "reason")
@@ -271,10 +356,10 @@ def events_frame(events: list[dict[str, Any]]) -> pd.DataFrame:
         rows.append(
             {
                 "time (UTC)": when.strftime("%Y-%m-%d %H:%M:%S") if when is not None else "",
-                "event": event.get("event", "?"),
+                "event": str(event.get("event", "?")),
                 "round": "" if round_ is None else str(round_),
-                "site": event.get("site") or "",
-                "reason": event.get("reason") or "",
+                "site": str(event.get("site") or ""),
+                "reason": str(event.get("reason") or ""),
                 "details": ", ".join(f"{k}={v}" for k, v in details.items()),
             }
         )
@@ -282,20 +367,37 @@ def events_frame(events: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def resumes(events: list[dict[str, Any]]) -> list[int]:
-    """The last round done before each resume."""
-    return [int(e.get("from_round", 0)) for e in events if e.get("event") == "resume"]
+    """The last round done before each resume (events without a round number are skipped)."""
+    return [
+        int(e.get("from_round", 0))
+        for e in events
+        if e.get("event") == "resume" and _whole(e.get("from_round", 0))
+    ]
 
 
 def skipped_rounds(events: list[dict[str, Any]]) -> list[int]:
-    return [int(e["round"]) for e in events if e.get("event") == "round_skipped" and "round" in e]
+    return [
+        int(e["round"])
+        for e in events
+        if e.get("event") == "round_skipped" and _whole(e.get("round"))
+    ]
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # ------------------------------------------------------------------------- Communication page
-def traffic_frame(records_by_run: Mapping[str, Sequence[RoundRecord]]) -> pd.DataFrame:
-    """Bytes each site sent and received in each round, for every run."""
+def traffic_frame(
+    records_by_run: Mapping[str, Sequence[RoundRecord]],
+    orders: Mapping[str, Sequence[str]] | None = None,
+) -> pd.DataFrame:
+    """Bytes each site sent and received in each round, for every run (each run's sites in
+    its manifests' order, ``orders``)."""
     rows = []
     for label, records in records_by_run.items():
-        for r in records:
+        rank = site_rank((r.site for r in records), (orders or {}).get(label, ()))
+        for r in sorted(records, key=lambda r: (r.round, rank[r.site])):
             up, down = r.bytes_up or 0, r.bytes_down or 0
             rows.append(
                 {
@@ -303,28 +405,28 @@ def traffic_frame(records_by_run: Mapping[str, Sequence[RoundRecord]]) -> pd.Dat
                     "round": r.round,
                     "site": r.site,
                     "status": r.status,
-                    "kB sent": up / 1e3,
-                    "kB received": down / 1e3,
-                    "kB total": (up + down) / 1e3,
+                    "bytes sent": float(up),
+                    "bytes received": float(down),
+                    "bytes total": float(up + down),
                 }
             )
-    columns = ["method", "round", "site", "status", "kB sent", "kB received", "kB total"]
+    columns = ["method", "round", "site", "status", "bytes sent", "bytes received", "bytes total"]
     return pd.DataFrame(rows, columns=columns)
 
 
 def traffic_table(summaries: Summaries) -> pd.DataFrame:
-    """Per run: wire format, bytes per round in all, and each site's share per round (kB)."""
+    """Per run: wire format, bytes per round in all, and each site's share per round."""
     rows = []
     for label, summary in summaries.items():
         row: dict[str, Any] = {
             "method": label,
             # Runs from before the wire format was recorded sent float32.
             "wire": summary.wire.label if summary.wire is not None else "float32",
-            "kB per round (all sites)": fmt(summary.bytes_per_round / 1e3, 1),
+            "per round (all sites)": human_bytes(summary.bytes_per_round),
         }
         for site, t in summary.bytes_per_round_by_site.items():
-            row[f"{site} sent"] = fmt(t.up / 1e3, 1)
-            row[f"{site} received"] = fmt(t.down / 1e3, 1)
+            row[f"{site} sent"] = human_bytes(t.up)
+            row[f"{site} received"] = human_bytes(t.down)
         rows.append(row)
     return pd.DataFrame(rows).set_index("method") if rows else pd.DataFrame()
 
@@ -354,6 +456,27 @@ def audit_frame(entries: list[AuditEntry]) -> pd.DataFrame:
         row["site_probs"] = ", ".join(f"{s} {p:.2f}" for s, p in e.site_probs.items())
         rows.append(row)
     return pd.DataFrame(rows, columns=[*AUDIT_COLUMNS, "site_probs"])
+
+
+AUDIT_LABELS = {
+    "time": "time (UTC)",
+    "file": "file",
+    "status": "status",
+    "chosen_site": "chosen site",
+    "prediction": "prediction",
+    "prediction_prob": "probability",
+    "ood_score": "distance to closest site",
+    "router": "router",
+    "reason": "reason",
+    "sha256": "file hash (SHA-256, start)",
+    "site_probs": "site probabilities",
+}
+"""Audit log columns as the page heads them."""
+
+
+def audit_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """An audit frame with readable column names, for the page."""
+    return frame.rename(columns=AUDIT_LABELS)
 
 
 def filter_audit(
@@ -396,3 +519,38 @@ def _number(value: Any, default: float | None = math.nan) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     return default
+
+
+# --------------------------------------------------------------------------------- Sites page
+_TABLE_RULE = re.compile(r"^\|(\s*:?-{3,}:?\s*\|)+$")
+_HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
+_CODE = re.compile(r"^`[^`]*`$")
+
+
+def card_markdown(card: str) -> str:
+    """A data card as the Sites page shows it: headings two levels down, the card's own layout
+    (headings, tables, lists) kept, and every value in it escaped, so a description holding
+    ``_g_`` reads as written (the card file itself is as 'medfed sites card' writes it)."""
+    return "\n".join(_card_line(line) for line in card.split("\n"))
+
+
+def _card_line(line: str) -> str:
+    text = line.strip()
+    if not text:
+        return line
+    if heading := _HEADING.match(text):
+        return f"##{heading.group(1)} {_card_value(heading.group(2))}"
+    if text.startswith("|") and text.endswith("|") and len(text) > 1:
+        if _TABLE_RULE.match(text):
+            return text
+        cells = text[1:-1].split("|")
+        return "| " + " | ".join(_card_value(c.strip()) for c in cells) + " |"
+    if text.startswith("- "):
+        return "- " + _card_value(text[2:])
+    return _card_value(text)
+
+
+def _card_value(text: str) -> str:
+    if text == TO_FILL or _CODE.match(text):
+        return text  # the card's own emphasis, and code spans (shown literally anyway)
+    return escape_markdown(text)

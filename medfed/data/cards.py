@@ -6,6 +6,7 @@ from pathlib import Path
 
 from medfed.config import SiteManifest
 from medfed.data.checks import SiteReport
+from medfed.errors import ConfigError
 
 TO_FILL = "_to fill in by the site_"
 
@@ -35,7 +36,8 @@ def render_card(manifest: SiteManifest, report: SiteReport) -> str:
         "## Counts per split and class",
         "",
     ]
-    names = sorted({c for per in report.counts.values() for c in per})
+    # Classes in the order 'medfed sites check' prints them (the manifest's label order).
+    names = list(dict.fromkeys(c for per in report.counts.values() for c in per))
     lines += ["| split | " + " | ".join(names) + " | total |", "|---" * (len(names) + 2) + "|"]
     totals = dict.fromkeys(names, 0)
     for split in ("train", "val", "test"):
@@ -67,9 +69,11 @@ def render_card(manifest: SiteManifest, report: SiteReport) -> str:
         "",
         _field(manifest.known_shifts),
     ]
-    if report.distances:
+    if report.distances:  # in the order the sites were given, as 'medfed sites check' shows
         lines += ["", "Distance to other sites (MMD on simple appearance features):", ""]
-        lines += [f"- {other}: {d:.4f}" for other, d in sorted(report.distances.items())]
+        lines += [f"- {other}: {d:.4f}" for other, d in report.distances.items()]
+    if report.warnings:
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in report.warnings]
     lines += ["", "## Licence", "", _field(manifest.licence), "", "## Ethics", ""]
     lines += [_field(manifest.ethics), ""]
     if report.problems:
@@ -77,7 +81,14 @@ def render_card(manifest: SiteManifest, report: SiteReport) -> str:
     return "\n".join(lines)
 
 
+def check_card_dir(out_dir: Path) -> None:
+    """The cards' folder is a folder, or not there yet (it is created)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out-dir {out_dir} is a file; give a folder for the data cards")
+
+
 def write_card(manifest: SiteManifest, report: SiteReport, out_dir: Path) -> Path:
+    check_card_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{manifest.id}.md"
     path.write_text(render_card(manifest, report), encoding="utf-8")

@@ -14,16 +14,17 @@ from typing import Any
 import numpy as np
 
 from medfed.config import SiteManifest, load_manifest
-from medfed.data.cache import TensorCache
+from medfed.data.cache import TensorCache, content_hash
 from medfed.data.distances import SiteFeatures, scan_features, site_distances
-from medfed.data.io import Volume
+from medfed.data.io import Volume, image_info
 from medfed.data.layouts import scan_site
 from medfed.data.modality import modality_spec, read_record
-from medfed.data.records import Problem, Split
+from medfed.data.records import Problem, Record, Split
 from medfed.data.sitedata import preprocess_record
 from medfed.data.splits import assign_splits
-from medfed.errors import MedfedError
+from medfed.errors import ManifestError, MedfedError
 from medfed.metrics import RELIABLE_MIN, unreliable
+from medfed.progress import bar
 
 EXIT_READY, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
 
@@ -123,6 +124,7 @@ def check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
         report.unusable = str(exc)
         return report
     report.problems.extend(scan.problems)
+    report.warnings.extend(_grouped_warnings(manifest, scan.warnings))
     report.n_records = len(scan.records)
     if not scan.records:
         report.problems.append(
@@ -131,11 +133,16 @@ def check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
         return report
 
     shapes, spacings, moments, features = [], [], [], []
-    readable = []
-    for record in scan.records:
+    readable, contents = [], []
+    kinds: dict[tuple[str, str], list[Path]] = {}
+    records = bar(scan.records, f"check {manifest.id}", unit="scan", total=len(scan.records))
+    for record in records:
         try:
             decoded = read_record(record, manifest.modality)
             tensor = preprocess_record(manifest, record, cache, decoded=decoded)
+            content = content_hash(record.content_files)
+            if isinstance(decoded, np.ndarray):
+                _note_kind(manifest, record.path, kinds)
         except MedfedError as exc:
             report.problems.append(
                 Problem(str(record.path), str(exc), "replace or remove the file, then re-check")
@@ -147,6 +154,7 @@ def check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
         moments.append(moment)
         features.append(scan_features(tensor))
         readable.append(record)
+        contents.append(content)
     report.n_readable = len(readable)
     report.sizes = _summarize_sizes(shapes, spacings)
     if moments:
@@ -157,16 +165,84 @@ def check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
             "std": [round(float(v), 2) for v in m[:, :, 1].mean(axis=0)],
         }
         report.features = np.stack(features)
-    _count(manifest, readable or scan.records, report)
+    for (what, how), paths in kinds.items():
+        report.warnings.append(f"{len(paths)} {what} image(s) ({how}): {_names(manifest, paths)}")
+    report.warnings.extend(_duplicate_warnings(manifest, readable, contents))
+    if readable:
+        _count(manifest, readable, report, contents)
+    else:
+        _count(manifest, scan.records, report, None)
     return report
 
 
-def _count(manifest: SiteManifest, records: list, report: SiteReport) -> None:
+_SHOWN = 5  # file names listed per warning
+
+
+def _names(manifest: SiteManifest, paths: list[Path]) -> str:
+    """The first few file names (relative to the site root), and how many more there are."""
+    shown = []
+    for path in paths[:_SHOWN]:
+        try:
+            shown.append(str(Path(path).relative_to(manifest.root)))
+        except ValueError:
+            shown.append(str(path))
+    more = f", ... and {len(paths) - _SHOWN} more" if len(paths) > _SHOWN else ""
+    return ", ".join(shown) + more
+
+
+def _grouped_warnings(manifest: SiteManifest, warnings: list[Problem]) -> list[str]:
+    """One line per kind of layout warning (stray files), with the count and the names."""
+    by_message: dict[str, list[Problem]] = {}
+    for warning in warnings:
+        by_message.setdefault(warning.message, []).append(warning)
+    out = []
+    for message, items in by_message.items():
+        names = _names(manifest, [Path(w.file) for w in items])
+        hint = f" ({items[0].hint})" if items[0].hint else ""
+        out.append(f"{len(items)} file(s) {message}: {names}{hint}")
+    return out
+
+
+def _note_kind(
+    manifest: SiteManifest, path: Path, kinds: dict[tuple[str, str], list[Path]]
+) -> None:
+    """Record a photo that is not plain 8-bit RGB, or that is smaller than the model's input."""
+    info = image_info(path)
+    if info.kind is not None:
+        kinds.setdefault(info.kind, []).append(path)
+    size = int(getattr(manifest.preprocess, "image_size", 0) or 0)
+    if min(info.size) < size:
+        how = f"smaller than image_size {size} px, upscaled and so blurred"
+        kinds.setdefault(("tiny", how), []).append(path)
+
+
+def _duplicate_warnings(
+    manifest: SiteManifest, records: list[Record], contents: list[str]
+) -> list[str]:
+    """A warning listing byte-identical scans saved under different names."""
+    by_content: dict[str, list[Path]] = {}
+    for record, content in zip(records, contents, strict=True):
+        by_content.setdefault(content, []).append(record.path)
+    groups = [paths for paths in by_content.values() if len(paths) > 1]
+    if not groups:
+        return []
+    listed = "; ".join(" = ".join(_names(manifest, g).split(", ")) for g in groups[:_SHOWN])
+    more = f"; ... and {len(groups) - _SHOWN} more" if len(groups) > _SHOWN else ""
+    n_files = sum(len(g) for g in groups)
+    return [
+        f"{len(groups)} set(s) of byte-identical scans under different names ({n_files} files): "
+        f"{listed}{more}; each set is kept in one split, remove the copies unless intended"
+    ]
+
+
+def _count(
+    manifest: SiteManifest, records: list, report: SiteReport, contents: list[str] | None
+) -> None:
     by_index = manifest.class_names()
     # Classes in the order the manifest declares them: how the report lists them.
     class_name = {i: by_index[i] for i in dict.fromkeys(manifest.labels.values())}
     try:
-        splits = assign_splits(records, manifest.split)
+        splits = assign_splits(records, manifest.split, contents=contents)
     except MedfedError as exc:
         report.problems.append(Problem(str(manifest.root), str(exc)))
         return
@@ -184,15 +260,29 @@ def _count(manifest: SiteManifest, records: list, report: SiteReport) -> None:
                     "a site needs examples of every declared class; add them or drop the class",
                 )
             )
+    report.warnings.extend(split_warnings(counts, by_index))
+    if "train" not in counts or sum(counts["train"].values()) == 0:
+        report.problems.append(Problem(str(manifest.root), "training split is empty"))
+    if "test" not in counts or sum(counts["test"].values()) == 0:
+        # training refuses such a site (sitedata.load_site): say so before it is tried
+        report.problems.append(
+            Problem(
+                str(manifest.root),
+                "the test split is empty",
+                f"adjust [split] in {manifest.manifest_path or 'the manifest'} "
+                "(test_fraction), or add scans",
+            )
+        )
+
+
+def split_warnings(counts: dict[str, dict[str, int]], by_index: dict[int, str]) -> list[str]:
+    """What a site's split counts warn of: a split holding one class, too few of a class."""
+    out = []
     for split, per in counts.items():
         present = [k for k, v in per.items() if v > 0]
         if len(present) < 2:
-            report.warnings.append(
-                f"{split} split has only class {present}: its AUC will be undefined"
-            )
-    report.warnings.extend(_small_split_warnings(counts, by_index))
-    if "train" not in counts or sum(counts["train"].values()) == 0:
-        report.problems.append(Problem(str(manifest.root), "training split is empty"))
+            out.append(f"{split} split has only class {present}: its AUC will be undefined")
+    return out + _small_split_warnings(counts, by_index)
 
 
 def _small_split_warnings(counts: dict[str, dict[str, int]], by_index: dict[int, str]) -> list[str]:
@@ -238,15 +328,32 @@ def _site_distances(reports: list[SiteReport]) -> None:
 
 
 def check_manifests(paths: list[str | Path], cache: TensorCache) -> list[SiteReport]:
-    """Check each manifest; an unusable manifest is reported, not raised."""
-    reports = []
+    """Check each manifest, in the order given; an unusable manifest is reported, not raised.
+
+    Two manifests with one site id are refused (ManifestError naming both files): every
+    report, distance and run tells sites apart by their id.
+    """
+    loaded: list[SiteManifest | SiteReport] = []
+    first_with_id: dict[str, Path | str] = {}
     for path in paths:
         try:
             manifest = load_manifest(path)
         except MedfedError as exc:
-            reports.append(SiteReport(manifest=str(path), unusable=str(exc)))
+            loaded.append(SiteReport(manifest=str(path), unusable=str(exc)))
             continue
-        reports.append(check_site(manifest, cache))
+        other = first_with_id.setdefault(manifest.id, path)
+        if other is not path:
+            if Path(other).resolve() == Path(path).resolve():
+                raise ManifestError(
+                    f"{path} is given twice; pass each site's manifest once "
+                    f"(site id {manifest.id!r})"
+                )
+            raise ManifestError(
+                f"site id {manifest.id!r} is used by both {other} and {path}; give each site "
+                "its own 'id'"
+            )
+        loaded.append(manifest)
+    reports = [item if isinstance(item, SiteReport) else check_site(item, cache) for item in loaded]
     _site_distances(reports)
     return reports
 

@@ -52,40 +52,39 @@ def site_distances(
 ) -> list[dict[str, float]]:
     """MMD² from each site to every other site of its modality (features differ across them).
 
-    One ``{other site: distance}`` per given site, in order; empty for a site with fewer than
-    two scans, or without another such site of its modality.
+    One ``{other site: distance}`` per given site, in order (the others in the order given);
+    empty for a site with fewer than two scans, or without another such site of its modality.
+    A pair's figure depends on the two sites' scans only, never on which other sites are
+    passed: features are scaled on the pair's scans and the kernel bandwidth comes from them.
     """
     distances: list[dict[str, float]] = [{} for _ in sites]
-    for modality in dict.fromkeys(s.modality for s in sites):
-        usable = [
-            i
-            for i, s in enumerate(sites)
-            if s.modality == modality and s.features is not None and len(s.features) > 1
-        ]
-        if len(usable) < 2:
-            continue
-        scaled = _standardized([sites[i] for i in usable], max_per_site)
-        for i in usable:
-            distances[i] = {
-                other: round(mmd_rbf(scaled[sites[i].site], feats), DECIMALS)
-                for other, feats in scaled.items()
-                if other != sites[i].site
-            }
+    usable = [i for i, s in enumerate(sites) if s.features is not None and len(s.features) > 1]
+    drawn = {i: _subsample(sites[i].features, max_per_site) for i in usable}
+    for i in usable:
+        for j in usable:
+            if i < j and sites[i].modality == sites[j].modality:
+                d = round(pair_distance(drawn[i], drawn[j]), DECIMALS)
+                distances[i][sites[j].site] = distances[j][sites[i].site] = d
+    for i in usable:  # the others in the order given
+        distances[i] = {s.site: distances[i][s.site] for s in sites if s.site in distances[i]}
     return distances
 
 
-def _standardized(sites: list[SiteFeatures], max_per_site: int) -> dict[str, np.ndarray]:
-    """Features scaled on the pooled scans (no single feature's scale decides), subsampled."""
-    pooled = np.concatenate([s.features for s in sites])
+def pair_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """MMD² between two sites' feature rows, each feature scaled on the two sites' rows."""
+    pooled = np.concatenate([a, b])
     mean, std = pooled.mean(0), pooled.std(0) + 1e-8
+    return mmd_rbf((a - mean) / std, (b - mean) / std)
+
+
+def _subsample(features: np.ndarray, max_per_site: int) -> np.ndarray:
+    """At most ``max_per_site`` rows, drawn reproducibly from the set of rows (not their order)."""
+    feats = np.asarray(features, dtype=np.float64)
+    if len(feats) <= max_per_site:
+        return feats
+    feats = feats[np.lexsort(feats.T[::-1])]
     rng = np.random.default_rng(0)
-    scaled = {}
-    for s in sites:
-        feats = (s.features - mean) / std
-        if len(feats) > max_per_site:
-            feats = feats[rng.choice(len(feats), max_per_site, replace=False)]
-        scaled[s.site] = feats
-    return scaled
+    return feats[np.sort(rng.choice(len(feats), max_per_site, replace=False))]
 
 
 def distance_matrix(

@@ -7,6 +7,7 @@ own exceptions never reach the caller. Which decoder a modality uses is decided 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,9 @@ _DICOM_MAGIC_OFFSET = 128
 _SAME_POSITION_MM = 1e-3
 # Slice gaps may jitter by rounding in the headers; beyond this fraction a slice is missing.
 _SPACING_TOLERANCE = 0.1
+# No fundus camera comes near this many pixels; a bigger image is refused before it is decoded
+# (PIL's own decompression-bomb guard, Image.MAX_IMAGE_PIXELS, stays in force behind it).
+MAX_IMAGE_PIXELS = 100_000_000
 
 
 @dataclass(frozen=True)
@@ -54,12 +58,15 @@ def read_image(path: Path) -> np.ndarray:
     """Decode a fundus image to uint8 RGB of shape (H, W, 3)."""
     path = Path(path)
     try:
-        with Image.open(path) as image:
+        with _open_image(path) as image:
+            _check_pixel_count(image, path)
             image.load()  # decode now: PIL is lazy, and a truncated file only fails here
             image = ImageOps.exif_transpose(image)
             return _to_rgb(image, path)
     except (FileNotFoundError, IsADirectoryError) as exc:
         raise DataError(f"{path}: no image file at this path") from exc
+    except PermissionError as exc:
+        raise DataError(permission_denied(path)) from exc
     except UnidentifiedImageError as exc:
         raise DataError(f"{path}: not a readable image format (or the file is damaged)") from exc
     except Image.DecompressionBombError as exc:
@@ -69,6 +76,66 @@ def read_image(path: Path) -> np.ndarray:
         raise DataError(
             f"{path}: image cannot be decoded; the file is truncated or corrupt ({exc})"
         ) from exc
+
+
+def _open_image(path: Path) -> Image.Image:
+    """The image's header, pixels not yet decoded. Sizes between PIL's bomb warning and
+    MAX_IMAGE_PIXELS are decoded without the warning; larger ones are refused by the caller."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        return Image.open(path)
+
+
+def permission_denied(path: Path) -> str:
+    """The message for a file the user running medfed may not read."""
+    return (
+        f"{path}: permission denied; the file exists but this user cannot read it "
+        "(give it read access, e.g. chmod a+r, or run medfed as a user who can)"
+    )
+
+
+def _check_pixel_count(image: Image.Image, path: Path) -> None:
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise DataError(
+            f"{path}: image is {width}x{height} pixels ({width * height / 1e6:.0f} megapixels), "
+            f"beyond any fundus camera (at most {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels are "
+            "decoded); the file is damaged or not a photograph, export it at camera size"
+        )
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What an image file's header says, without decoding its pixels."""
+
+    mode: str  # PIL mode: 'RGB', 'L', 'RGBA', 'I;16', ...
+    size: tuple[int, int]  # (width, height)
+
+    @property
+    def kind(self) -> tuple[str, str] | None:
+        """(what the image is, how the decoder converts it), or None for plain 8-bit RGB."""
+        mode = self.mode
+        if mode.startswith("I;16"):
+            return "16-bit", "reduced to 8 bits"
+        if mode in ("L", "1", "LA", "La"):
+            return "grayscale", "converted to RGB"
+        if mode in ("RGBA", "RGBa", "PA"):
+            return "RGBA", "transparency dropped"
+        if mode == "CMYK":
+            return "CMYK", "converted to RGB"
+        return None
+
+
+def image_info(path: Path) -> ImageInfo:
+    """Mode and size of an image file from its header (cheap: no pixel is decoded)."""
+    path = Path(path)
+    try:
+        with _open_image(path) as image:
+            return ImageInfo(mode=image.mode, size=image.size)
+    except PermissionError as exc:
+        raise DataError(permission_denied(path)) from exc
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise DataError(f"{path}: not a readable image format (or the file is damaged)") from exc
 
 
 def _to_rgb(image: Image.Image, path: Path) -> np.ndarray:
@@ -134,6 +201,8 @@ def _read_slice(path: Path) -> _Slice:
         ds = pydicom.dcmread(path)
     except FileNotFoundError as exc:
         raise DataError(f"{path}: DICOM file not found") from exc
+    except PermissionError as exc:
+        raise DataError(permission_denied(path)) from exc
     except Exception as exc:  # pydicom raises many unrelated types on damaged files
         raise DataError(f"{path}: not a readable DICOM file ({dicom_read_error(exc)})") from exc
     if int(ds.get("NumberOfFrames", 1) or 1) > 1:
@@ -170,7 +239,16 @@ def _hounsfield(ds: Dataset, path: Path) -> np.ndarray:
         raise DataError(f"{path}: pixel data cannot be decoded ({exc}); {hint}") from exc
     slope = float(ds.get("RescaleSlope", 1.0) or 1.0)
     intercept = float(ds.get("RescaleIntercept", 0.0) or 0.0)
-    return stored.astype(np.float32) * np.float32(slope) + np.float32(intercept)
+    with np.errstate(over="ignore", invalid="ignore"):
+        hu = stored.astype(np.float32) * np.float32(slope) + np.float32(intercept)
+    bad = int((~np.isfinite(hu)).sum())
+    if bad:
+        raise DataError(
+            f"{path}: {bad} pixel(s) are NaN or infinite after RescaleSlope {slope:g} and "
+            f"RescaleIntercept {intercept:g}; fix the rescale values in the header or re-export "
+            "the series"
+        )
+    return hu
 
 
 def _floats(ds: Dataset, keyword: str, n: int, path: Path) -> np.ndarray | None:
@@ -277,6 +355,9 @@ def read_nifti(path: Path) -> Volume:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: NIfTI file not found")
+    problem = nifti_header_problem(path)
+    if problem is not None:
+        raise DataError(f"{path}: {problem}")
     try:
         image = nib.squeeze_image(nib.load(path))
         if len(image.shape) != 3:
@@ -302,6 +383,38 @@ def read_nifti(path: Path) -> Volume:
         )
     array = np.ascontiguousarray(data.transpose(2, 1, 0))
     return Volume(array=array, spacing=(zooms[2], zooms[1], zooms[0]))
+
+
+def nifti_header_problem(path: Path) -> str | None:
+    """What is wrong with a NIfTI header's voxel sizes as stored, or None (also when the header
+    cannot be parsed at all: loading the file then reports that).
+
+    nibabel quietly repairs zero (to 1) and negative (to their absolute value) pixdim entries
+    on load; a volume whose voxel size is unknown must be refused instead.
+    """
+    import nibabel as nib
+    from nibabel.openers import ImageOpener
+
+    try:
+        with ImageOpener(path) as handle:
+            size = handle.read(4)
+            handle.seek(0)
+            nifti2 = 540 in (int.from_bytes(size, "little"), int.from_bytes(size, "big"))
+            klass = nib.Nifti2Header if nifti2 else nib.Nifti1Header
+            header = klass.from_fileobj(handle, check=False)
+        ndim = int(header["dim"][0])
+        pixdim = [float(v) for v in header["pixdim"][1 : 1 + min(max(ndim, 0), 3)]]
+    except PermissionError:
+        return permission_denied(path).removeprefix(f"{path}: ")
+    except Exception:  # a damaged file: loading it says what is wrong, in its own words
+        return None
+    bad = [v for v in pixdim if not (np.isfinite(v) and v > 0)]
+    if bad:
+        return (
+            f"header pixdim (voxel size) {pixdim} has zero, negative or non-finite entries, so "
+            "the spacing is unknown; re-export the volume with its voxel sizes in mm"
+        )
+    return None
 
 
 def read_photo(record: Record) -> np.ndarray:

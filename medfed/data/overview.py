@@ -23,7 +23,7 @@ from PIL import Image
 
 from medfed.config import Modality
 from medfed.data.cards import render_card
-from medfed.data.checks import SiteReport
+from medfed.data.checks import SiteReport, split_warnings
 from medfed.data.distances import SiteFeatures, distance_matrix, scan_features, site_distances
 from medfed.data.modality import modality_spec
 from medfed.data.records import Split
@@ -44,12 +44,14 @@ def overview_dir(run_dir: str | os.PathLike[str]) -> Path:
 
 
 def split_counts(site: SiteData) -> dict[str, dict[str, int]]:
-    """split -> class name -> number of scans."""
+    """split -> class name -> number of scans; classes in the order the manifest declares them
+    (as ``medfed sites check`` lists them)."""
     names = site.manifest.class_names()
+    order = [(i, names[i]) for i in dict.fromkeys(site.manifest.labels.values())]
     counts = {}
     for split in Split:
         per = site.class_counts(split)
-        counts[str(split)] = {name: per.get(i, 0) for i, name in names.items()}
+        counts[str(split)] = {name: per.get(i, 0) for i, name in order}
     return counts
 
 
@@ -80,6 +82,7 @@ def _card_report(site: SiteData, distances: dict[str, float]) -> SiteReport:
     """What the run knows of a site, in the form its data card is rendered from."""
     x, _ = _all_raw(site)
     n = int(x.shape[0])
+    counts = split_counts(site)
     return SiteReport(
         manifest=str(site.manifest.manifest_path or site.id),
         site=site.id,
@@ -88,9 +91,10 @@ def _card_report(site: SiteData, distances: dict[str, float]) -> SiteReport:
         root=str(site.manifest.root),
         n_records=n,
         n_readable=n,
-        counts=split_counts(site),
+        counts=counts,
         sizes={"after preprocessing": list(x.shape[1:])} if n else {},
         distances=distances,
+        warnings=split_warnings(counts, site.manifest.class_names()),
     )
 
 

@@ -45,13 +45,26 @@ class Problem:
     hint: str = ""
 
     def __str__(self) -> str:
-        text = f"{self.file}: {self.message}"
+        # A message whose first clause already names its file ("FILE: ...", as decoders' errors
+        # start, or "no camera field found in FILE: ...") is not prefixed with it again.
+        head = self.message.split(": ", 1)[0]
+        named = bool(self.file) and (
+            head == self.file
+            or head.endswith(f" {self.file}")
+            or head.startswith(f"{self.file.rstrip('/')}/")  # a file in the record's folder
+        )
+        text = self.message if named else f"{self.file}: {self.message}"
         return f"{text} ({self.hint})" if self.hint else text
 
 
 @dataclass
 class LayoutScan:
-    """What a layout reader found: the records, and the problems it met on the way."""
+    """What a layout reader found: the records, the problems it met on the way, and warnings.
+
+    Problems block training until fixed; warnings (stray files that are not scans, ignored)
+    are listed by ``medfed sites check`` but do not stop the site from joining.
+    """
 
     records: list[Record]
     problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)

@@ -5,16 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import torch
-from tqdm import tqdm
 
 from medfed.config import SiteManifest
-from medfed.data.cache import TensorCache, cache_key
+from medfed.data.cache import TensorCache, cache_key, content_hash
 from medfed.data.layouts import scan_site
 from medfed.data.modality import read_record
 from medfed.data.preprocess import Normalization, apply_pipeline, pipeline_fingerprint
 from medfed.data.records import Problem, Record, Split
 from medfed.data.splits import assign_splits
+from medfed.data.transforms import NoCameraField
 from medfed.errors import DataError, MedfedError
+from medfed.progress import bar
 
 _SHOWN = 5
 
@@ -82,6 +83,10 @@ def preprocess_record(
             decoded = read_record(record, site.modality)
         try:
             tensor = apply_pipeline(site.modality, site.preprocess, decoded)
+        except NoCameraField as exc:
+            raise DataError(
+                f"no camera field found in {record.path}: {exc}, not a fundus photograph"
+            ) from exc
         except (RuntimeError, ValueError) as exc:  # MONAI wraps a failing transform's error
             raise DataError(
                 f"{record.path}: preprocessing failed ({exc.__cause__ or exc}); "
@@ -98,19 +103,20 @@ def load_site(site: SiteManifest, cache: TensorCache, *, progress: bool = False)
         raise _refuse(site, "problem(s) in the site's files", [str(p) for p in scan.problems])
     if not scan.records:
         raise DataError(f"site {site.id!r}: no scans found under {site.root}")
-    splits = assign_splits(scan.records, site.split)
     hits, misses = cache.stats.hits, cache.stats.misses
 
     tensors: list[torch.Tensor] = []
     failures: list[Problem] = []
-    records = tqdm(scan.records, desc=f"preprocess {site.id}", disable=not progress, leave=False)
-    for record in records:
+    for record in bar(scan.records, f"preprocess {site.id}", show=progress, unit="scan"):
         try:
             tensors.append(preprocess_record(site, record, cache))
         except MedfedError as exc:
             failures.append(Problem(str(record.path), str(exc)))
     if failures:
         raise _refuse(site, "unreadable scan(s)", [str(p) for p in failures])
+    # byte-identical scans (one image saved under two names) stay in one split, like a patient
+    contents = [content_hash(r.content_files) for r in scan.records]
+    splits = assign_splits(scan.records, site.split, contents=contents)
 
     by_split: dict[Split, list[int]] = {s: [] for s in Split}
     for index, split in enumerate(splits):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,11 +35,42 @@ def _carve(patients: list[str], label_of: dict[str, int], fraction: float, seed:
     return chosen
 
 
-def assign_splits(records: list[Record], options: SplitOptions) -> list[Split]:
-    """One split per record; every record of a patient lands in the same split."""
+def _groups(records: list[Record], contents: Sequence[str] | None) -> list[str]:
+    """Each record's group: its patient, merged with every patient that shares a scan's bytes.
+
+    A group is named by its smallest patient id; without ``contents`` it is the patient id.
+    """
+    parent: dict[str, str] = {r.patient_id: r.patient_id for r in records}
+
+    def root(pid: str) -> str:
+        while parent[pid] != pid:
+            parent[pid] = parent[parent[pid]]
+            pid = parent[pid]
+        return pid
+
+    first_of: dict[str, str] = {}
+    for record, content in zip(records, contents or (), strict=False):
+        other = first_of.setdefault(content, record.patient_id)
+        a, b = root(other), root(record.patient_id)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    return [root(r.patient_id) for r in records]
+
+
+def assign_splits(
+    records: list[Record], options: SplitOptions, *, contents: Sequence[str] | None = None
+) -> list[Split]:
+    """One split per record; every record of a patient lands in the same split.
+
+    ``contents`` (one content hash per record) keeps byte-identical scans together too: a copy
+    of a test image under another name must not be trained on.
+    """
+    if contents is not None and len(contents) != len(records):
+        raise ValueError("assign_splits needs one content hash per record")
+    group_of = _groups(records, contents)
     by_patient: dict[str, list[Record]] = defaultdict(list)
-    for record in records:
-        by_patient[record.patient_id].append(record)
+    for record, group in zip(records, group_of, strict=True):
+        by_patient[group].append(record)
     label_of = {pid: _patient_label(recs) for pid, recs in by_patient.items()}
 
     fixed: dict[str, Split] = {}
@@ -46,11 +78,7 @@ def assign_splits(records: list[Record], options: SplitOptions) -> list[Split]:
         for pid, recs in by_patient.items():
             declared = {r.split for r in recs if r.split is not None}
             if len(declared) > 1:
-                raise DataError(
-                    f"patient {pid!r} appears in the layout's {sorted(map(str, declared))} splits; "
-                    "a patient must stay in one split (set split.use_layout_split = false "
-                    "to let medfed split by patient)"
-                )
+                raise DataError(_mixed_split_message(pid, recs, declared))
             if declared:
                 fixed[pid] = declared.pop()
 
@@ -70,4 +98,23 @@ def assign_splits(records: list[Record], options: SplitOptions) -> list[Split]:
         patient_split.update({pid: split for pid in carved})
         pool = [pid for pid in pool if pid not in carved]
     patient_split.update({pid: Split.TRAIN for pid in pool})
-    return [patient_split[r.patient_id] for r in records]
+    return [patient_split[group] for group in group_of]
+
+
+def _mixed_split_message(group: str, records: list[Record], declared: set[Split]) -> str:
+    fix = (
+        "(set split.use_layout_split = false to let medfed split by patient and content, "
+        "or remove the copies)"
+    )
+    patients = sorted({r.patient_id for r in records})
+    splits = sorted(map(str, declared))
+    if len(patients) == 1:
+        return (
+            f"patient {group!r} appears in the layout's {splits} splits; a patient must stay in "
+            f"one split {fix}"
+        )
+    files = ", ".join(f"{r.path} ({r.split or 'no split'})" for r in records[:6])
+    return (
+        f"byte-identical scans of patients {patients} lie in the layout's {splits} splits: "
+        f"{files}; a scan and its copy must stay in one split {fix}"
+    )

@@ -14,6 +14,7 @@ import torch
 
 from medfed.config import CTPreprocess, FundusPreprocess
 from medfed.data.io import Volume
+from medfed.errors import DataError
 
 if TYPE_CHECKING:
     from monai.data import MetaTensor
@@ -94,8 +95,21 @@ def volume_to_meta(volume: Volume) -> MetaTensor:
     return MetaTensor(torch.from_numpy(np.ascontiguousarray(volume.array))[None], affine=affine)
 
 
+# A photo whose brightest pixel is below this (of 255) is black: compression noise, no field.
+NEARLY_BLACK = 8
+
+
+class NoCameraField(DataError):
+    """A photo with nothing in it: one colour everywhere (all black, say), so no camera field."""
+
+
 def fundus_tensor(options: FundusPreprocess, image: np.ndarray) -> torch.Tensor:
-    """Run the fundus pipeline on one decoded photo."""
+    """Run the fundus pipeline on one decoded photo; NoCameraField for a one-colour image."""
+    if image.size == 0 or int(image.max()) < NEARLY_BLACK:
+        raise NoCameraField("the image is all black")
+    if np.all(image == image[:1, :1]):
+        colour = tuple(int(v) for v in np.asarray(image[0, 0]).reshape(-1))
+        raise NoCameraField(f"the image is a single colour (every pixel {colour})")
     # float32 copy: the decoder's array may be read-only, and the ROI mask needs floats.
     out = fundus_pipeline(options)({"image": np.asarray(image, dtype=np.float32).copy()})
     return out["image"].contiguous()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,11 +20,11 @@ import torch
 from medfed import __version__
 from medfed.algorithms import make_algorithm
 from medfed.algorithms.base import Algorithm, State, Update
-from medfed.config import Fault, Modality, TrainConfig
+from medfed.config import Modality, TrainConfig
 from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import ConfigError
+from medfed.errors import ConfigError, RunDirError
 from medfed.federation import wire
 from medfed.federation.site import clone_state, cosine_lr, derive_seed
 from medfed.federation.validate import validate_update
@@ -32,8 +33,9 @@ from medfed.models.backbones import spatial_dims
 from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model
 from medfed.runs import RunDir
-from medfed.runs.checkpoints import CheckpointStore
+from medfed.runs.checkpoints import CheckpointStore, damaged_fix
 from medfed.runs.schema import Evaluation, RunCosts, Summary, WireSettings
+from medfed.runs.weights import check_tensors
 
 
 @dataclass(frozen=True)
@@ -111,12 +113,6 @@ def check_federation(sites: list[SiteInfo], config: TrainConfig) -> Modality:
             f"sites preprocess to different input shapes {shapes}; give every site the "
             "same preprocess image_size (fundus) or shape (CT)"
         )
-    bad_rounds = [f for f in config.faults if not 1 <= Fault.parse(f).round <= config.rounds]
-    if bad_rounds:
-        raise ConfigError(f"fault(s) {bad_rounds} name a round outside 1..{config.rounds}")
-    unknown = {Fault.parse(f).site for f in config.faults} - set(ids)
-    if unknown:
-        raise ConfigError(f"fault plan names unknown site(s) {sorted(unknown)}")
     return Modality(modalities.pop())
 
 
@@ -151,6 +147,7 @@ class Coordinator:
         setup: DeviceSetup,
     ) -> None:
         self.modality = check_federation(sites, config)
+        config.check_faults([s.id for s in sites], communicates=algorithm.communicates)
         self.sites, self.algorithm, self.config, self.run, self.setup = (
             sites,
             algorithm,
@@ -180,6 +177,7 @@ class Coordinator:
         self.held: list[State] = [
             {k: v.cpu().clone() for k, v in self.global_state.items()} for _ in sites
         ]
+        self.resumed_from: Path | None = None  # the checkpoint a resumed run started from
         total = sum(s.n_train for s in sites)
         self.priors = np.array([s.n_train / total for s in sites])
 
@@ -208,8 +206,15 @@ class Coordinator:
         if not self.run.config_path.exists():
             raise ConfigError(f"--resume: {self.run.path} holds no run to resume")
         previous = self.run.read_config()
+        for table, kind in (("train", dict), ("sites", list)):
+            if not isinstance(previous.get(table), kind):
+                raise RunDirError(
+                    f"{self.run.config_path}: no usable {table!r} "
+                    f"{'table' if kind is dict else 'list'}; the file is damaged; restore it "
+                    "from the run's backup, or train again into a new --out without --resume"
+                )
         config = tomllib.loads(tomli_w.dumps(config))  # as stored: tuples become lists
-        stored = dict(previous.get("train") or {})
+        stored = dict(previous["train"])
         if "algorithm" in stored:  # runs written before config.toml resolved every parameter
             algorithm = make_algorithm(str(stored["algorithm"]), stored.get("params") or {})
             stored["params"] = tomllib.loads(tomli_w.dumps(algorithm.resolved_params()))
@@ -224,10 +229,27 @@ class Coordinator:
             self.run.log_event("resume", from_round=0, **event)
             return 1, {}
         states, meta = self.store.load(latest)
-        self.global_state = {k: v.to(self.setup.device) for k, v in states["global"].items()}
-        for i, site in enumerate(self.sites):
-            self.held[i] = states.get(f"held_{site.id}", self.held[i])
         done = int(meta["round"])
+        fix = damaged_fix(latest)
+        if done > self.config.rounds:
+            raise RunDirError(
+                f"{latest / 'state.json'}: round {done} is past the run's last round "
+                f"({self.config.rounds} in config.toml); {fix}"
+            )
+        against = "the model config.toml describes"
+        expected = {k: v.cpu() for k, v in self.global_state.items()}
+        named = {"global": expected}
+        if self.wire.delta:  # what each site holds of the global state
+            named |= {f"held_{site.id}": expected for site in self.sites}
+        for name, want in named.items():
+            path = latest / f"{name}.safetensors"
+            if name not in states:
+                raise RunDirError(f"{path}: missing; the checkpoint is incomplete; {fix}")
+            check_tensors(path, states[name], want, fix, against)
+        self.global_state = {k: v.to(self.setup.device) for k, v in states["global"].items()}
+        if self.wire.delta:
+            self.held = [states[f"held_{site.id}"] for site in self.sites]
+        self.resumed_from = latest
         self.run.truncate_metrics(done)
         self.run.log_event("resume", from_round=done, **event)
         return done + 1, states

@@ -12,6 +12,7 @@ uninterrupted run would have done.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,13 +22,15 @@ from medfed.config import TrainConfig
 from medfed.data.preprocess import Normalization
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import ConfigError
+from medfed.errors import ConfigError, RunDirError
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, SiteInfo
 from medfed.federation.rounds import RoundLoop, SiteFailure, SiteReply
 from medfed.federation.site import LocalRound, Published, SiteWorker, clone_state, failure_reason
 from medfed.models.device import resolve_device
 from medfed.runs import RunDir
+from medfed.runs.checkpoints import damaged_fix
 from medfed.runs.schema import Summary
+from medfed.runs.weights import check_tensors
 from medfed.serving.bundle import TrainedFederation
 from medfed.serving.evaluation import site_evaluation
 
@@ -56,12 +59,35 @@ class LocalLink:
         self.pending: dict[int, LocalRound] = {}
 
     def restore(self, states: dict[str, State]) -> None:
+        """Every site's state from the checkpoint; a site missing from it is refused (it would
+        otherwise restart from its initial weights while the others go on)."""
         device = self.server.setup.device
+        folder = self.server.resumed_from
+        fix = damaged_fix(folder) if folder is not None else "start the run again"
+        against = "the model config.toml describes"
+
+        def where(stem: str) -> Path:
+            return Path(f"{stem}.safetensors") if folder is None else folder / f"{stem}.safetensors"
+
+        restored = []
         for worker in self.workers:
-            if f"site_{worker.id}" not in states:
-                continue
-            worker.state = {k: v.to(device) for k, v in states[f"site_{worker.id}"].items()}
-            extra = states.get(f"extra_{worker.id}", {})
+            name, extra_name = f"site_{worker.id}", f"extra_{worker.id}"
+            if name not in states:
+                raise RunDirError(
+                    f"{where(name)}: missing; the checkpoint holds no state of site "
+                    f"{worker.id!r}; {fix}"
+                )
+            check_tensors(where(name), states[name], worker.state, fix, against)
+            extra = states.get(extra_name, {})
+            if worker.extra:
+                if extra_name not in states:
+                    raise RunDirError(
+                        f"{where(extra_name)}: missing; the checkpoint is incomplete; {fix}"
+                    )
+                check_tensors(where(extra_name), extra, worker.extra, fix, against)
+            restored.append((worker, states[name], extra))
+        for worker, state, extra in restored:
+            worker.state = {k: v.to(device) for k, v in state.items()}
             worker.extra = {k: v.to(device) for k, v in extra.items()}
             worker.held = dict(self.server.held[worker.index])
 

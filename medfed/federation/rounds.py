@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
-from tqdm import tqdm
 
 from medfed.algorithms.base import State, Stats, Update
 from medfed.errors import MedfedError
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan
 from medfed.federation.site import Published, SiteDropped, failure_reason
+from medfed.progress import counter
 from medfed.runs.schema import Summary
 from medfed.serving.abstention import DEFAULT_FALSE_ABSTAIN, calibrate, uncalibrated
 from medfed.serving.bundle import SiteEntry, TrainedFederation
@@ -97,12 +97,56 @@ class RoundLoop:
             self.link.restore(states)
         rounds = range(first, self.config.rounds + 1)
         name = self.server.algorithm.run_name
-        for round_ in tqdm(rounds, desc=f"{name} rounds", disable=not self.progress, leave=False):
-            self.round(round_)
+        bar = counter(f"{name} rounds", len(rounds), show=self.progress)
+        try:
+            for round_ in rounds:
+                records = self.round(round_)
+                bar.set_postfix(round_postfix(records), refresh=False)
+                bar.update()
+        finally:
+            bar.close()
+        self.require_an_aggregated_round()
         return self.finish()
 
+    def require_an_aggregated_round(self) -> None:
+        """Refuse to finish a run in which no round aggregated any site's update.
+
+        Its final models would be the initial weights (or each site alone), and a summary would
+        look like a finished run. The run folder keeps config.toml, metrics.jsonl, events.jsonl
+        (with a ``failed`` event) and its checkpoints to show what happened, but no summary.json
+        and no model/: readers see an unfinished run."""
+        records = self.run.read_metrics()
+        rounds = sorted({r.round for r in records})
+        # (runs written before records said whether their round aggregated count as having)
+        good = {r.round for r in records if r.aggregated is not False and r.status == "ok"}
+        if good or not rounds:
+            return
+        reasons: dict[str, list[str]] = {}
+        for r in records:
+            if r.status == "dropped":
+                reasons.setdefault(r.reason or "no reason given", []).append(f"{r.site}@{r.round}")
+        for event in self.run.read_events():
+            if event.get("event") == "round_skipped":
+                reasons.setdefault(str(event.get("reason")), []).append(
+                    f"round {event.get('round')}"
+                )
+        shown = "; ".join(
+            f"{reason} ({len(where)}x: {', '.join(where[:4])}{', ...' if len(where) > 4 else ''})"
+            for reason, where in list(reasons.items())[:4]
+        )
+        message = (
+            f"training failed: no round aggregated any site's update (all {len(rounds)} "
+            f"round(s) were skipped); why: {shown or 'no site answered'}. The run in "
+            f"{self.run.path} is not finished: no model/ and no summary.json were written; "
+            f"see its events.jsonl and metrics.jsonl. Fix the sites (or the fault drills) and "
+            "train again into a new --out"
+        )
+        self.run.log_event("failed", reason="no round aggregated any site's update")
+        raise TrainingFailed(message)
+
     # ------------------------------------------------------------------ one round
-    def round(self, round_: int) -> None:
+    def round(self, round_: int) -> list[dict[str, Any]]:
+        """Run one round; its records (one per site), as written to metrics.jsonl."""
         start = time.perf_counter()
         server = self.server
         plan = server.plan(round_)
@@ -152,6 +196,7 @@ class RoundLoop:
             record |= figures.get(index, {})
         self.run.append_metrics(records)
         server.checkpoint(round_, self.link.site_states())
+        return records
 
     # ------------------------------------------------------------------ finishing
     def finish(self) -> Summary:
@@ -183,6 +228,26 @@ class RoundLoop:
         fed.save(self.run, {"n_train": {s.id: s.n_train for s in server.sites}})
         self.run.log_event("finish", rounds=self.config.rounds)
         return summary
+
+
+class TrainingFailed(MedfedError):
+    """Training ran but produced nothing usable (every round was skipped)."""
+
+    exit_code = 1
+
+
+def round_postfix(records: list[dict[str, Any]]) -> dict[str, str]:
+    """The round's mean training loss and validation AUC, for the rounds bar."""
+    out = {}
+    for key, label in (("train_loss", "loss"), ("val_auc", "val AUC")):
+        values = [
+            float(r[key])
+            for r in records
+            if isinstance(r.get(key), int | float) and np.isfinite(r[key])
+        ]
+        if values:
+            out[label] = f"{np.mean(values):.3f}"
+    return out
 
 
 def _with_prior(entry: SiteEntry, prior: float) -> SiteEntry:

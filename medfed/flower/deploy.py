@@ -32,6 +32,12 @@ def _check_sites(sites: list[str]) -> None:
         raise ConfigError(f"site ids must be unique letters, digits, '.', '_' or '-': {sites}")
 
 
+def _folder(out: Path, option: str) -> None:
+    """``out`` is a folder to write into, or will be one."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{option} {out} is a file; give a folder (it is created if missing)")
+
+
 def refuse_unsupported(config: TrainConfig) -> None:
     """Settings the in-process engine has and a deployment does not (yet): refused up front."""
     if config.normalization == "federation":
@@ -55,6 +61,16 @@ def write_app(
     """Write the Flower app folder for one run; returns its pyproject.toml."""
     _check_sites(sites)
     refuse_unsupported(config)
+    for name, seconds in (("--wait", wait_s), ("--reply-timeout", reply_timeout_s)):
+        if not 0 < seconds < float("inf"):
+            raise ConfigError(f"{name} must be a number of seconds > 0, got {seconds}")
+    _folder(out, "app folder")
+    existing = out / "pyproject.toml"
+    if existing.is_file() and not _is_medfed_app(existing):
+        raise ConfigError(
+            f"{existing} already exists and is not a medfed app folder; "
+            "choose an empty or new folder for the app"
+        )
     out.mkdir(parents=True, exist_ok=True)
     pyproject = {
         "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
@@ -97,6 +113,18 @@ def write_app(
     return path
 
 
+def _is_medfed_app(path: Path) -> bool:
+    """True when ``path`` is a pyproject.toml :func:`write_app` wrote (safe to write again)."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    components = data.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {})
+    return components.get("serverapp") == "medfed.flower.server_app:app"
+
+
 @dataclass(frozen=True)
 class Pki:
     ca_cert: Path
@@ -127,6 +155,20 @@ def write_pki(out: Path, hosts: list[str], sites: list[str], days: int = 365) ->
     _check_sites(sites)
     if not hosts:
         raise ConfigError("name the SuperLink's host names or IP addresses (--host)")
+    if days < 1:
+        raise ConfigError(f"--days must be at least 1 (the certificates' validity), got {days}")
+    _folder(out, "PKI folder")
+    taken = [
+        out / n for n in ("ca.key", "ca.crt", "server.key", "server.crt") if (out / n).exists()
+    ]
+    taken += [
+        out / f"{s}{ext}" for s in sites for ext in (".key", ".pub") if (out / f"{s}{ext}").exists()
+    ]
+    if taken:
+        raise ConfigError(
+            f"{taken[0]} already exists ({len(taken)} file(s) of a PKI in {out}); replacing "
+            "them would lock out every SuperNode holding the old ones: choose a new folder"
+        )
     out.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP384R1())

@@ -21,7 +21,7 @@ from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig, load_manifest
 from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.sitedata import SiteData, load_site
-from medfed.errors import ConfigError
+from medfed.errors import ConfigError, RunDirError
 from medfed.federation.coordinator import SiteInfo, initial_model
 from medfed.federation.site import SiteWorker, clone_state
 from medfed.models.device import resolve_device
@@ -90,7 +90,10 @@ def train_config_from_toml(text: str, where: str) -> TrainConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{where}: not valid TOML ({exc})") from None
-    return TrainConfig.from_dict(data.get("train", data), where=where)
+    train = data.get("train", data)
+    if not isinstance(train, dict):
+        raise ConfigError(f"{where}: 'train' must be a [train] table of training settings")
+    return TrainConfig.from_dict(train, where=where)
 
 
 class SiteNode:
@@ -133,6 +136,11 @@ class SiteNode:
         saved = self.store.latest(upto_round)
         if saved is not None:
             states, _ = self.store.load(saved)
+            if "state" not in states:  # a checkpoint written before folders listed their files
+                raise RunDirError(
+                    f"{saved}/state.safetensors: missing, so this site cannot resume; delete "
+                    f"{saved} to resume from the checkpoint before it, or start the run again"
+                )
             device = self.setup.device
             worker.state = {k: v.to(device) for k, v in states["state"].items()}
             worker.extra = {k: v.to(device) for k, v in states.get("extra", {}).items()}
@@ -146,4 +154,8 @@ class SiteNode:
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
+    """``name`` as one folder name that stays inside its parent: every character outside
+    letters, digits, '.', '_' and '-' becomes '_', and a name of dots only ('.', '..'), or
+    none, gets a leading '_'."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", str(name))
+    return cleaned if cleaned.strip(".") else "_" + cleaned

@@ -13,6 +13,8 @@ long one round waits for replies) and ``resume``.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +26,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from medfed.algorithms import make_algorithm
 from medfed.algorithms.base import State
-from medfed.config import TrainConfig
-from medfed.errors import ConfigError
+from medfed.config import TrainConfig, valid_site_id
+from medfed.errors import ConfigError, MedfedError
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, SiteInfo
 from medfed.federation.rounds import RoundLoop, SiteFailure, SiteReply
 from medfed.federation.site import Published
@@ -71,18 +73,86 @@ class Deployment:
         sites = [s.strip() for s in str(run_config["sites"]).split(",") if s.strip()]
         if not sites:
             raise ConfigError("run config 'sites' names no site; give the site ids, in order")
+        bad = [s for s in sites if not valid_site_id(s)]
+        if bad or len(set(sites)) != len(sites):
+            raise ConfigError(
+                f"run config 'sites' {sites}: site ids must be unique letters, digits, '.', "
+                "'_' or '-'"
+            )
+        # The run config is the operator's own (the app folder), never a site's.
         run_dir = Path(str(run_config["run-dir"])).expanduser()
         config = train_config_from_toml(str(run_config["train"]), "run config 'train'")
         refuse_unsupported(config)
+        algorithm = make_algorithm(config.algorithm, config.params)
+        config.check_faults(sites, communicates=algorithm.communicates)
+        resume = run_config.get("resume", False)
+        if not isinstance(resume, bool):
+            raise ConfigError(f"run config 'resume' must be true or false, got {resume!r}")
         return cls(
             config=config,
             sites=sites,
             run_dir=run_dir,
             run_name=str(run_config.get("run-name") or run_dir.name),
-            wait_s=float(run_config.get("wait-s", 300.0)),
-            reply_timeout_s=float(run_config.get("reply-timeout-s", 600.0)),
-            resume=bool(run_config.get("resume", False)),
+            wait_s=_seconds(run_config, "wait-s", 300.0),
+            reply_timeout_s=_seconds(run_config, "reply-timeout-s", 600.0),
+            resume=resume,
         )
+
+
+def _seconds(run_config: dict[str, Any], key: str, default: float) -> float:
+    value = run_config.get(key, default)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not 0 < seconds < math.inf or isinstance(value, bool):
+        raise ConfigError(f"run config {key!r} must be a number of seconds > 0, got {value!r}")
+    return seconds
+
+
+def site_info(data: Any, listed: list[str]) -> SiteInfo:
+    """What a SuperNode says of its site, checked before the server uses any of it: the site
+    must be one the run lists, and every field of the expected kind. Nothing in it is expanded
+    or looked up on the server's machine."""
+    if not isinstance(data, dict):
+        raise ValueError("its description is not a JSON object")
+    fields = {f.name for f in dataclasses.fields(SiteInfo)}
+    if set(data) != fields:
+        raise ValueError(f"its description holds {sorted(data)}, expected {sorted(fields)}")
+    site_id = data["id"]
+    if not isinstance(site_id, str) or site_id not in listed:
+        raise ValueError(f"serves site {site_id!r}, which this run does not list")
+    labels, shape = data["labels"], data["input_shape"]
+    ok = (
+        isinstance(data["modality"], str)
+        and isinstance(labels, dict)
+        and all(isinstance(k, str) and type(v) is int for k, v in labels.items())
+        and isinstance(shape, list)
+        and all(type(d) is int and d > 0 for d in shape)
+        and type(data["n_train"]) is int
+        and isinstance(data["manifest"], dict)
+    )
+    if not ok:
+        raise ValueError(f"site {site_id!r}: its description has fields of the wrong kind")
+    # Where the manifest lies on the site's machine means nothing here: blank it, so that no
+    # reader of this run's config.toml on the server's machine opens a file by that name.
+    manifest = {**data["manifest"], "manifest_path": ""}
+    return SiteInfo(**{**data, "input_shape": tuple(shape), "manifest": manifest})
+
+
+def published_entry(data: Any, site: str, index: int) -> SiteEntry:
+    """The entry a site publishes with its final model; it must describe that very site (its
+    id names the weights file the server writes)."""
+    if not isinstance(data, dict) or data.get("id") != site or data.get("index") != index:
+        got = data.get("id") if isinstance(data, dict) else data
+        raise ValueError(f"published its model as site {got!r}; expected {site!r}")
+    manifest = data.get("manifest")
+    if not isinstance(manifest, dict) or manifest.get("id") != site:
+        raise ValueError(f"published a manifest of another site; expected {site!r}")
+    try:
+        return SiteEntry.from_dict(data)
+    except (KeyError, TypeError, ValueError, MedfedError) as exc:
+        raise ValueError(f"published an unusable site entry ({exc})") from None
 
 
 def _reply(reply: Message) -> Message | str:
@@ -172,11 +242,12 @@ class FlowerRun:
                 if isinstance(answer, str):
                     problems[node] = answer
                     continue
-                info = json_of(answer.content, "site")
-                site = SiteInfo(**{**info, "input_shape": tuple(info["input_shape"])})
-                if site.id not in self.d.sites:
-                    problems[node] = f"serves site {site.id!r}, which this run does not list"
-                elif site.id in infos:
+                try:
+                    site = site_info(json_of(answer.content, "site"), self.d.sites)
+                except (KeyError, ValueError) as exc:
+                    problems[node] = str(exc)
+                    continue
+                if site.id in infos:
                     raise ConfigError(f"two SuperNodes serve site {site.id!r}; stop one of them")
                 else:
                     infos[site.id], self.nodes[site.id] = site, node
@@ -268,14 +339,20 @@ class FlowerRun:
                 out[index] = SiteFailure(answer)
                 continue
             reply = answer.content
-            info = json_of(reply, "site")
-            features = state_of(reply, "features")
-            out[index] = Published(
-                SiteEntry.from_dict(info["entry"]),
-                int(info["n_train"]),
-                state_of(reply, "weights"),
-                FeatureGaussian(features["mean"], features["precision"]),
-            )
+            site = self.d.sites[index]
+            try:
+                info = json_of(reply, "site")
+                entry = published_entry(info["entry"], site, index)
+                n_train = info["n_train"]
+                if type(n_train) is not int or n_train < 1:
+                    raise ValueError(f"published n_train {n_train!r}; expected a count >= 1")
+                features = state_of(reply, "features")
+                gaussian = FeatureGaussian(features["mean"], features["precision"])
+            except (KeyError, TypeError, ValueError) as exc:
+                self.lost[site] = str(exc)
+                out[index] = SiteFailure(str(exc))
+                continue
+            out[index] = Published(entry, n_train, state_of(reply, "weights"), gaussian)
         return out
 
     def abstention_scores(self, fed: TrainedFederation) -> list[np.ndarray]:

@@ -5,7 +5,11 @@ one process, every site's state) and a Flower SuperNode's (its own state, privat
 it last received, under its state directory), so both resume the same way.
 
     FOLDER/round_NNNN/<name>.safetensors   one file per named state
+    FOLDER/round_NNNN/files.json           size, sha256, tensor names/shapes/dtypes of each file
     FOLDER/round_NNNN/state.json           {"round": N, ...}; written last, marks it complete
+
+Loading a checkpoint checks it against its files.json (checkpoints written before files.json
+existed load without it) and refuses NaN or infinite weights, naming the file.
 """
 
 from __future__ import annotations
@@ -19,12 +23,21 @@ from typing import Any
 
 import torch
 
+from medfed.errors import RunDirError
 from medfed.runs.rundir import read_json, write_json
-from medfed.runs.weights import load_state, save_state
+from medfed.runs.weights import load_state, save_state, verify_folder, write_files_manifest
 
 State = dict[str, torch.Tensor]
 ROUND_DIR = re.compile(r"round_(\d{4,})$")
 MARKER = "state.json"
+
+
+def damaged_fix(folder: Path) -> str:
+    """What to do about a damaged checkpoint ``folder``."""
+    return (
+        f"delete {folder} to resume from the checkpoint before it, or start the run again "
+        "without --resume"
+    )
 
 
 class CheckpointStore:
@@ -42,6 +55,7 @@ class CheckpointStore:
         tmp = Path(tempfile.mkdtemp(dir=self.folder, prefix=".tmp_round_"))
         for name, state in states.items():
             save_state(tmp / f"{name}.safetensors", state)
+        write_files_manifest(tmp, [f"{name}.safetensors" for name in states])
         write_json(tmp / MARKER, {**(meta or {}), "round": round_})
         if final.exists():
             shutil.rmtree(final)
@@ -67,7 +81,18 @@ class CheckpointStore:
         return done[-1] if done else None
 
     def load(self, folder: Path) -> tuple[dict[str, State], dict[str, Any]]:
-        """The named states and the metadata of one checkpoint."""
-        meta = read_json(folder / MARKER, missing="missing; the checkpoint is incomplete")
-        states = {p.stem: load_state(p) for p in sorted(folder.glob("*.safetensors"))}
+        """The named states and the metadata of one checkpoint, checked against its files.json;
+        ``meta["round"]`` is the round it was written after (a whole number, as its folder)."""
+        fix = damaged_fix(folder)
+        meta = read_json(folder / MARKER, f"missing; the checkpoint is incomplete; {fix}", fix)
+        done = meta.get("round")
+        m = ROUND_DIR.match(folder.name)
+        if not isinstance(done, int) or isinstance(done, bool) or done < 0:
+            raise RunDirError(f"{folder / MARKER}: 'round' is {done!r}, not a round number; {fix}")
+        if m and int(m.group(1)) != done:
+            raise RunDirError(
+                f"{folder / MARKER}: says round {done}, but the folder is {folder.name}; {fix}"
+            )
+        verify_folder(folder, fix)
+        states = {p.stem: load_state(p, fix) for p in sorted(folder.glob("*.safetensors"))}
         return states, meta

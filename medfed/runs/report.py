@@ -8,6 +8,7 @@ from typing import Any
 
 from medfed.metrics import Interval, Pooled, Proportion
 from medfed.runs.schema import Evaluation, RouterFigures, SiteFigures, Summary
+from medfed.units import human_bytes
 
 
 def fmt(value: Any, digits: int = 3) -> str:
@@ -95,9 +96,7 @@ def site_table(summary: Summary) -> str:
     rows = []
     for site, m in summary.sites.items():
         t = summary.bytes_per_round_by_site.get(site)
-        up, down = (
-            ("n/a", "n/a") if t is None else (f"{t.up / 1e3:.1f} kB", f"{t.down / 1e3:.1f} kB")
-        )
+        up, down = ("n/a", "n/a") if t is None else (human_bytes(t.up), human_bytes(t.down))
         method = m.auc_ci.method if m.auc_ci is not None else "n/a"
         rows.append(
             [
@@ -349,7 +348,7 @@ def communication_table(summaries: Mapping[str, Summary], baseline: str) -> str:
         rows.append(
             [
                 name,
-                f"{s.bytes_per_round / 1e6:.3f} MB",
+                human_bytes(s.bytes_per_round),
                 f"{ratio:.1f}x" if ratio else "n/a",
                 s.system_accuracy,
                 change,

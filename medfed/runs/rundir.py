@@ -6,8 +6,8 @@ dashboard) reads.
     RUN/events.jsonl     run-level events (start, resume, dropout, round skipped, finish)
     RUN/summary.json     final per-site and federation figures (schema.Summary)
     RUN/predictions.csv  one row per test scan (schema.PREDICTION_COLUMNS), to recompute them
-    RUN/checkpoints/     round_NNNN/ (safetensors + state.json), written atomically
-    RUN/model/           model.json + one safetensors file per site
+    RUN/checkpoints/     round_NNNN/ (safetensors + files.json + state.json), written atomically
+    RUN/model/           model.json + one safetensors file per site (and abstention) + files.json
     RUN/site_overview/   data cards, class counts, sample scans, site distances
     RUN/audit.sqlite     every scan routed with this run
 
@@ -15,11 +15,21 @@ Every JSON, JSONL and TOML file carries ``schema_version``, added here on write 
 on read (:func:`write_json` / :func:`read_json` for files written elsewhere, such as a
 checkpoint's state.json). Weights (safetensors) are read and written by
 :mod:`medfed.runs.weights`, so this module, like the schema, loads without torch.
+
+``files.json`` beside a folder's weight files lists each one's size, sha256 and the name, shape
+and dtype of its tensors; :func:`verify_folder` checks a folder against it (reading only the
+safetensors headers, so without torch) and refuses a missing, unlisted, edited or cut-short file
+by name. Folders written before it existed have none and are checked when their weights load.
+
+A run whose training failed (no round aggregated any site's update) keeps config.toml,
+metrics.jsonl, checkpoints/ and events.jsonl, whose last event is ``failed``; it has no
+summary.json and no model/, and :meth:`RunDir.read_summary` says why.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -36,24 +46,36 @@ from medfed.fileio import atomic_write
 from medfed.runs.schema import PREDICTION_COLUMNS, RoundRecord, Summary, prediction_row
 from medfed.versions import SCHEMA_VERSION, VERSION_KEY, check_version, unversioned, versioned
 
+FILES = "files.json"
+SUFFIX = ".safetensors"
+MODEL_FIX = "retrain the run, or restore the folder from the run's backup"
+
 
 def write_json(path: Path, data: Mapping[str, Any], *, sort_keys: bool = True) -> None:
     """Write one JSON object of the run directory, stamped with ``schema_version``, atomically."""
     atomic_write(path, json.dumps(versioned(data), indent=2, sort_keys=sort_keys) + "\n")
 
 
-def read_json(path: Path, missing: str = "missing") -> dict[str, Any]:
-    """One JSON object of the run directory, without ``schema_version`` once it is readable."""
+DAMAGED_FIX = "restore it from the run's backup, or train the run again"
+
+
+def read_json(path: Path, missing: str = "missing", fix: str = DAMAGED_FIX) -> dict[str, Any]:
+    """One JSON object of the run directory, without ``schema_version`` once it is readable
+    (``fix``: what to do when it is damaged)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise RunDirError(f"{path}: {missing}") from None
+    except UnicodeDecodeError as exc:
+        raise RunDirError(
+            f"{path}: not UTF-8 text ({exc.reason}); the file is damaged; {fix}"
+        ) from None
     except OSError as exc:
         raise RunDirError(f"{path}: cannot read ({exc})") from exc
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise RunDirError(f"{path}: not valid JSON ({exc}); the file is damaged") from exc
+        raise RunDirError(f"{path}: not valid JSON ({exc}); the file is damaged; {fix}") from exc
     return unversioned(data, str(path))
 
 
@@ -117,8 +139,15 @@ class RunDir:
             data = tomllib.loads(self.config_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise RunDirError(f"{self.config_path}: missing") from None
+        except UnicodeDecodeError as exc:
+            raise RunDirError(
+                f"{self.config_path}: not UTF-8 text ({exc.reason}); the file is damaged; "
+                f"{DAMAGED_FIX}"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
-            raise RunDirError(f"{self.config_path}: not valid TOML ({exc})") from exc
+            raise RunDirError(
+                f"{self.config_path}: not valid TOML ({exc}); the file is damaged; {DAMAGED_FIX}"
+            ) from exc
         return unversioned(data, str(self.config_path))
 
     # --- metrics and events ---
@@ -166,7 +195,12 @@ class RunDir:
         if not path.is_file():
             return []
         records = []
-        lines = path.read_text(encoding="utf-8").splitlines()
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            raise RunDirError(
+                f"{path}: not UTF-8 text ({exc.reason}); the file is damaged"
+            ) from None
         for number, line in enumerate(lines, start=1):
             where = f"{path}:{number}"
             try:
@@ -190,7 +224,28 @@ class RunDir:
 
     def read_summary(self) -> Summary:
         missing = "missing; the run has not finished (resume it with 'medfed train ... --resume')"
+        if not self.summary_path.exists() and self.failed():
+            missing = (
+                f"missing; training failed ({self.failed()}; see {self.events_path}); "
+                "train again into a new --out"
+            )
         return Summary.from_dict(read_json(self.summary_path, missing), str(self.summary_path))
+
+    def failed(self) -> str | None:
+        """Why training failed, when its last event says it did (then there is no summary)."""
+        try:
+            events = self.read_events()
+        except RunDirError:
+            return None
+        if events and events[-1].get("event") == "failed":
+            return str(events[-1].get("reason") or "no reason recorded")
+        return None
+
+    def verify_model(self) -> None:
+        """Check model/'s weight files against model/files.json (runs written before it, and
+        runs without a model, have nothing to check here; loading the model checks the rest)."""
+        if self.model_dir.is_dir():
+            verify_folder(self.model_dir, MODEL_FIX)
 
     # --- per-scan predictions ---
     @property
@@ -215,6 +270,10 @@ class RunDir:
             raise RunDirError(
                 f"{path}: missing; runs written before per-scan predictions have none "
                 "(train the run again to get them)"
+            ) from None
+        except UnicodeDecodeError as exc:
+            raise RunDirError(
+                f"{path}: not UTF-8 text ({exc.reason}); the file is damaged"
             ) from None
         rows = []
         for k, raw in enumerate(csv.DictReader(io.StringIO(text)), start=2):
@@ -248,3 +307,136 @@ def _version_cell(text: str | None) -> Any:
 
 def _line(record: Mapping[str, Any]) -> str:
     return json.dumps(versioned(record), sort_keys=True) + "\n"
+
+
+# ---------------------------------------------------------------------- files.json
+def tensor_header(path: Path, fix: str) -> dict[str, dict[str, Any]]:
+    """Name -> shape and dtype of every tensor in a safetensors file, read without loading it."""
+    from safetensors import SafetensorError, safe_open  # kept out of the torch-free readers
+
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            out = {}
+            for key in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                piece = handle.get_slice(key)
+                out[key] = {"shape": list(piece.get_shape()), "dtype": str(piece.get_dtype())}
+            return out
+    except FileNotFoundError:
+        raise RunDirError(f"{path}: missing; {fix}") from None
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise RunDirError(f"{path}: cannot read weights ({exc}); {fix}") from exc
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_entry(path: Path, fix: str = MODEL_FIX) -> dict[str, Any]:
+    return {
+        "size": path.stat().st_size,
+        "sha256": sha256(path),
+        "tensors": tensor_header(path, fix),
+    }
+
+
+def write_files_manifest(folder: Path, names: Iterable[str]) -> None:
+    """``folder/files.json`` for the weight files ``names`` (file names inside ``folder``)."""
+    files = {name: file_entry(folder / name) for name in sorted(names)}
+    write_json(folder / FILES, {"files": files})
+
+
+def read_files_manifest(folder: Path, fix: str) -> dict[str, dict[str, Any]] | None:
+    """``folder/files.json``'s entries, or None for a folder written before it existed."""
+    path = folder / FILES
+    if not path.exists():
+        return None
+    data = read_json(path, fix=fix)
+    files = data.get("files")
+    bad = f"{path}: not a medfed weight manifest (%s); {fix}"
+    if not isinstance(files, dict):
+        raise RunDirError(bad % "no 'files' object")
+    for name, entry in files.items():
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("size"), int)
+            or not isinstance(entry.get("sha256"), str)
+            or not isinstance(entry.get("tensors"), dict)
+            or "/" in name
+            or "\\" in name
+            or not name.endswith(SUFFIX)
+        ):
+            raise RunDirError(bad % f"entry {name!r} is malformed")
+    return files
+
+
+def verify_folder(folder: Path, fix: str) -> dict[str, dict[str, Any]] | None:
+    """Check every weight file of ``folder`` against its files.json (None: there is none).
+
+    Refuses a listed file that is missing, any weight file that is not listed, and a file whose
+    tensors (names, shapes, dtypes), size or bytes differ from what was written."""
+    files = read_files_manifest(folder, fix)
+    if files is None:
+        return None
+    manifest = folder / FILES
+    present = {p.name for p in folder.glob(f"*{SUFFIX}")}
+    for name in sorted(present - set(files)):
+        raise RunDirError(
+            f"{folder / name}: not listed in {manifest}, so not written with this run; "
+            f"remove it, or {fix}"
+        )
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise RunDirError(f"{path}: missing (listed in {manifest}); {fix}")
+        compare_tensors(path, tensor_header(path, fix), entry["tensors"], fix, manifest.name)
+        size = path.stat().st_size
+        if size != entry["size"]:
+            raise RunDirError(
+                f"{path}: {size} bytes, but {entry['size']} were written ({manifest.name}); "
+                f"the file was changed or cut short; {fix}"
+            )
+        if sha256(path) != entry["sha256"]:
+            raise RunDirError(
+                f"{path}: its bytes differ from those written (sha256 in {manifest.name}); "
+                f"the file was changed; {fix}"
+            )
+    return files
+
+
+def compare_tensors(
+    path: Path,
+    found: Mapping[str, Mapping[str, Any]],
+    expected: Mapping[str, Mapping[str, Any]],
+    fix: str,
+    against: str,
+) -> None:
+    """Refuse missing or unexpected tensors and any changed shape or dtype, naming each."""
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    if missing:
+        raise RunDirError(
+            f"{path}: missing tensor(s) {_few(missing)} (expected by {against}); {fix}"
+        )
+    if extra:
+        raise RunDirError(f"{path}: unexpected tensor(s) {_few(extra)} (not in {against}); {fix}")
+    for key, want in expected.items():
+        got = found[key]
+        if list(got["shape"]) != list(want["shape"]):
+            raise RunDirError(
+                f"{path}: tensor {key!r} has shape {list(got['shape'])}, expected "
+                f"{list(want['shape'])} ({against}); {fix}"
+            )
+        if got["dtype"] != want["dtype"]:
+            raise RunDirError(
+                f"{path}: tensor {key!r} has dtype {got['dtype']}, expected {want['dtype']} "
+                f"({against}); {fix}"
+            )
+
+
+def _few(keys: list[str], n: int = 3) -> str:
+    shown = ", ".join(repr(k) for k in keys[:n])
+    return shown + (f" and {len(keys) - n} more" if len(keys) > n else "")

@@ -44,6 +44,7 @@ from medfed.runs.report import (
 )
 from medfed.runs.rundir import RunDir, read_json
 from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
+from medfed.units import human_bytes
 
 OVERVIEW_FILE = Path("site_overview", "overview.json")
 """Where a run keeps its site overview (written by the data layer once training has finished)."""
@@ -227,15 +228,6 @@ def _rate_cell(
         return join([text, tag("span", note, class_="counts")]) if note else text
     counts = f"{rate.k}/{rate.n}" + (f" \u00b7 {note}" if note else "")
     return join([fig(ci_text(rate.interval)), flag, tag("span", counts, class_="counts")])
-
-
-def _human_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 def pooled_text(pooled: Pooled | None) -> str:
@@ -434,14 +426,14 @@ def bytes_chart(runs: Sequence[StudyRun]) -> Html:
             _text(left - 8, y + row / 2 + 4, run.label, text_anchor="end"),
             tag(
                 "rect",
-                tag("title", f"{run.label}: {_human_bytes(n)} per round"),
+                tag("title", f"{run.label}: {human_bytes(n)} per round"),
                 x=f"{left:.0f}",
                 y=f"{y + 5:.1f}",
                 width=f"{bar:.1f}",
                 height=f"{row - 10:.0f}",
                 fill=_colour(k),
             ),
-            _text(left + bar + 6, y + row / 2 + 4, _human_bytes(n), class_="small"),
+            _text(left + bar + 6, y + row / 2 + 4, human_bytes(n), class_="small"),
         ]
     return _svg(left + width + right, height, "Bytes per round, by method", parts)
 
@@ -522,7 +514,7 @@ def _glance(runs: Sequence[StudyRun]) -> Html:
                 join([s.worst_site or "n/a", ": ", fig(worst_text)]),
                 _system_cell(s.routers, s.routing_method),
                 _system_cell(s.routers_origin_known, s.routing_method),
-                _human_bytes(s.bytes_per_round),
+                human_bytes(s.bytes_per_round),
             ]
         )
     header = ["method", "pooled AUC (95% CI), I\u00b2", "worst site: AUC (95% CI)"]
@@ -830,17 +822,15 @@ def _network_section(runs: Sequence[StudyRun], sites: list[str]) -> list[Html]:
         for site in sites:
             t = s.bytes_per_round_by_site.get(site)
             if t is not None:
-                per_site.append(
-                    f"{site}: {_human_bytes(t.up)} sent, {_human_bytes(t.down)} received"
-                )
+                per_site.append(f"{site}: {human_bytes(t.up)} sent, {human_bytes(t.down)} received")
         rows.append(
             [
                 run.label,
                 s.wire.label if s.wire is not None else "n/a",
-                _human_bytes(s.bytes_per_round),
+                human_bytes(s.bytes_per_round),
                 join(per_site, "<br>") if per_site else "n/a",
                 s.rounds,
-                _human_bytes(s.bytes_per_round * s.rounds),
+                human_bytes(s.bytes_per_round * s.rounds),
             ]
         )
     header = ["method", "wire encoding", "per round, all sites", "per round, each site"]

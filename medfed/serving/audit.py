@@ -7,6 +7,7 @@ hash of each file, never the image.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from contextlib import closing
 from dataclasses import asdict, dataclass
@@ -16,6 +17,13 @@ from typing import Any
 from medfed.errors import MedfedError
 
 AUDIT_FILE = "audit.sqlite"
+_NOT_A_DATABASE = "not a database"  # in SQLite's message for a file that is no database
+
+
+def printable(text: str) -> str:
+    """``text`` as valid UTF-8: bytes of a file name that are not UTF-8 (carried by Python as
+    surrogates) become backslash escapes, e.g. ``scan\\xff.png``, instead of failing later."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 class AuditError(MedfedError):
@@ -57,7 +65,16 @@ class AuditEntry:
     reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The entry as plain values; a NaN or infinite number (never valid) becomes None."""
+        out = asdict(self)
+        out["site_probs"] = {k: _finite(v) for k, v in self.site_probs.items()}
+        for key in ("prediction_prob", "ood_score"):
+            out[key] = _finite(out[key])
+        return out
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is None or math.isfinite(value) else None
 
 
 class AuditLog:
@@ -71,14 +88,38 @@ class AuditLog:
         connection.execute(_SCHEMA)
         return connection
 
+    def _failed(self, exc: Exception, doing: str) -> AuditError:
+        """The error for a log that cannot be ``doing`` ("recorded" or "read")."""
+        skip = ", or pass --no-audit to route without a record" if doing == "recorded" else ""
+        if _NOT_A_DATABASE in str(exc):
+            return AuditError(
+                f"{self.path}: is not a SQLite database (damaged or overwritten), so routing "
+                f"decisions cannot be {doing}; move the file aside to start a new log{skip}"
+            )
+        return AuditError(
+            f"{self.path}: routing decisions cannot be {doing} ({exc}); make the file and the "
+            f"run directory readable and writable{skip}"
+        )
+
+    def check(self) -> None:
+        """Raise AuditError now, before any scan is routed, when the log cannot be written."""
+        try:
+            with closing(self._connect()) as db:
+                try:  # a real write, undone: only writing shows a read-only file or folder
+                    db.execute(
+                        "INSERT INTO routed (time, file, sha256, router, status, site_probs)"
+                        " VALUES ('', '', '', '', '', '{}')"
+                    )
+                finally:
+                    db.rollback()
+        except (sqlite3.Error, OSError) as exc:
+            raise self._failed(exc, "recorded") from exc
+
     def append(self, entries: list[AuditEntry]) -> None:
         try:
             self._append(entries)
         except (sqlite3.Error, OSError) as exc:
-            raise AuditError(
-                f"{self.path}: cannot record routing decisions ({exc}); make the run directory "
-                "writable, or pass --no-audit to route without a record"
-            ) from exc
+            raise self._failed(exc, "recorded") from exc
 
     def _append(self, entries: list[AuditEntry]) -> None:
         with closing(self._connect()) as db, db:
@@ -89,18 +130,18 @@ class AuditLog:
                 [
                     (
                         e.time,
-                        e.file,
+                        printable(e.file),
                         e.sha256,
                         e.router,
                         e.status,
                         e.chosen_site,
-                        json.dumps(e.site_probs, sort_keys=True),
+                        json.dumps(d["site_probs"], sort_keys=True, allow_nan=False),
                         e.prediction,
-                        e.prediction_prob,
-                        e.ood_score,
-                        e.reason,
+                        d["prediction_prob"],
+                        d["ood_score"],
+                        None if e.reason is None else printable(e.reason),
                     )
-                    for e in entries
+                    for e, d in ((e, e.to_dict()) for e in entries)
                 ],
             )
 
@@ -124,8 +165,11 @@ class AuditLog:
         query += " ORDER BY id DESC"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
-        with closing(self._connect()) as db:
-            rows = db.execute(query, args).fetchall()
+        try:
+            with closing(self._connect()) as db:
+                rows = db.execute(query, args).fetchall()
+        except (sqlite3.Error, OSError) as exc:
+            raise self._failed(exc, "read") from exc
         return [
             AuditEntry(*row[:6], json.loads(row[6]), *row[7:])  # type: ignore[arg-type]
             for row in rows

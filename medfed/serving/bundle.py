@@ -22,7 +22,13 @@ from medfed.models.fedmodel import HEAD_PREFIX, FedModel, ModelSpec, build_model
 from medfed.models.forward import run_model
 from medfed.models.mixture import COEFFICIENTS
 from medfed.runs import RunDir
-from medfed.runs.weights import load_model_state, load_state, save_model, save_state
+from medfed.runs.weights import (
+    MODEL_FIX,
+    check_tensors,
+    load_model_state,
+    save_model,
+    verify_folder,
+)
 from medfed.serving.abstention import Abstention
 
 State = dict[str, torch.Tensor]
@@ -231,31 +237,43 @@ class TrainedFederation:
         return states
 
     def save(self, run: RunDir, extra: dict[str, Any]) -> None:
-        weights = self.weights()
-        abstention = weights.pop("abstention", None)
-        save_model(run, self.describe(extra), weights)
-        if abstention is not None:
-            save_state(run.model_dir / "abstention.safetensors", abstention)
+        """model/: the weights (abstention's too), their files.json, then model.json."""
+        save_model(run, self.describe(extra), self.weights())
 
     @classmethod
     def load(cls, run_dir: str | Path, device: str = "auto") -> TrainedFederation:
+        """The run's final model, every file checked first: model.json's fields, the weight
+        files against model/files.json (when the run has one), each site's tensors against the
+        model model.json describes, finite weights, one normalization value per channel."""
         run = RunDir(run_dir).require()
         info = run.read_model_json()
+        _check_info(info, run.model_json_path)
         try:
             return cls._from_info(run, info, device)
         except (KeyError, TypeError, ValueError) as exc:
             raise RunDirError(
-                f"{run.model_dir / 'model.json'}: incomplete or inconsistent ({exc!r}); "
-                "the run may have been written by another medfed version, or damaged"
+                f"{run.model_json_path}: incomplete or inconsistent ({exc!r}); "
+                "the run may have been written by another medfed version, or damaged; "
+                f"{MODEL_FIX}"
             ) from exc
 
     @classmethod
     def _from_info(cls, run: RunDir, info: dict[str, Any], device: str) -> TrainedFederation:
-        weights = {
-            f"site_{s['id']}": load_model_state(run, f"site_{s['id']}") for s in info["sites"]
-        }
+        verify_folder(run.model_dir, MODEL_FIX)
+        spec = ModelSpec.from_dict(info["spec"])
+        expected = build_model(spec).state_dict()
+        against = f"the {spec.backbone} model described in model.json"
+        weights = {}
+        for site in info["sites"]:
+            name = f"site_{site['id']}"
+            state = load_model_state(run, name)
+            check_tensors(run.model_weights_path(name), state, expected, MODEL_FIX, against)
+            _check_normalization(site, spec.in_channels, run.model_json_path)
+            weights[name] = state
         if info.get("abstention"):
-            weights["abstention"] = load_state(run.model_dir / "abstention.safetensors")
+            path = run.model_weights_path("abstention")
+            weights["abstention"] = load_model_state(run, "abstention")
+            _check_abstention(path, weights["abstention"], len(info["sites"]))
         return cls.from_parts(info, weights, device)
 
     @classmethod
@@ -272,6 +290,70 @@ class TrainedFederation:
         return cls(spec, info["algorithm"], sites, states, resolve_device(device), abstention)
 
 
+def _damaged(where: Path, what: str) -> RunDirError:
+    return RunDirError(f"{where}: {what}; the file is damaged; {MODEL_FIX}")
+
+
+def _check_info(info: dict[str, Any], where: Path) -> None:
+    """model.json's fields that loading relies on, each of the right kind."""
+    if not isinstance(info.get("algorithm"), str):
+        raise _damaged(where, "field 'algorithm' should be the algorithm's name")
+    if not isinstance(info.get("spec"), dict):
+        raise _damaged(where, "field 'spec' should be a JSON object (the model's settings)")
+    sites = info.get("sites")
+    if not isinstance(sites, list) or not sites:
+        raise _damaged(where, "field 'sites' should be a non-empty list of sites")
+    for k, site in enumerate(sites):
+        if not isinstance(site, dict) or not isinstance(site.get("id"), str) or not site["id"]:
+            raise _damaged(where, f"sites[{k}] should be a JSON object with the site's 'id'")
+        if not isinstance(site.get("normalization"), dict):
+            raise _damaged(where, f"site {site['id']!r}: 'normalization' should be an object")
+    abstention = info.get("abstention")
+    if abstention is not None and not isinstance(abstention, dict):
+        raise _damaged(where, "field 'abstention' should be a JSON object or null")
+
+
+def _check_normalization(site: dict[str, Any], channels: int, where: Path) -> None:
+    """One finite mean and one positive, finite std per input channel (a list of another
+    length would broadcast silently and answer every scan from wrongly scaled pixels)."""
+    norm = site["normalization"]
+    for key in ("mean", "std"):
+        values = norm.get(key)
+        ok = isinstance(values, list) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in values
+        )
+        if not ok:
+            raise _damaged(where, f"site {site['id']!r}: normalization {key} should be numbers")
+        if len(values) != channels:
+            raise _damaged(
+                where,
+                f"site {site['id']!r}: normalization {key} has {len(values)} value(s), but the "
+                f"model takes {channels} channel(s)",
+            )
+        if not all(np.isfinite(values)) or (key == "std" and min(values) <= 0):
+            raise _damaged(where, f"site {site['id']!r}: normalization {key} {values} is unusable")
+
+
+def _check_abstention(path: Path, state: State, n_sites: int) -> None:
+    """One feature mean (D,) and precision (D, D) per site, nothing else."""
+    wanted = {f"{kind}.{i}" for i in range(n_sites) for kind in ("mean", "precision")}
+    if set(state) != wanted:
+        odd = sorted(set(state) ^ wanted)
+        raise RunDirError(
+            f"{path}: tensors {odd[:4]} do not match the {n_sites} site(s) of model.json; "
+            f"{MODEL_FIX}"
+        )
+    dim = state["mean.0"].shape
+    for i in range(n_sites):
+        mean, precision = state[f"mean.{i}"], state[f"precision.{i}"]
+        if mean.ndim != 1 or mean.shape != dim or tuple(precision.shape) != (dim[0], dim[0]):
+            raise RunDirError(
+                f"{path}: site {i}'s feature statistics have shapes {list(mean.shape)} and "
+                f"{list(precision.shape)}, expected [{dim[0]}] and [{dim[0]}, {dim[0]}]; "
+                f"{MODEL_FIX}"
+            )
+
+
 def _only_heads_differ(states: list[State]) -> bool:
     """True when every site shares all weights but its target head (FedDRM, FedRep)."""
     first = states[0]
@@ -286,6 +368,7 @@ def mixture_coefficients(run_dir: str | Path) -> dict[str, list[float]]:
     """Each site's FedGMI mixture coefficients, from a finished run's saved model."""
     run = RunDir(run_dir).require()
     info = run.read_model_json()
+    verify_folder(run.model_dir, MODEL_FIX)
     out = {}
     for site in info["sites"]:
         state = load_model_state(run, f"site_{site['id']}")

@@ -121,7 +121,7 @@ class Router:
         n = class_probs.shape[0]
         if fed.abstention is not None:
             score = fed.abstention.scores(out.features)
-            abstained = score > fed.abstention.threshold
+            abstained = ~(score <= fed.abstention.threshold)  # a NaN score never routes
         else:
             score, abstained = np.full(n, np.nan), np.zeros(n, dtype=bool)
         return RouteResult(

@@ -6,6 +6,7 @@ is decided from the path (and the DICOM marker), never guessed from the pixels.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from medfed.data.io import (
     IMAGE_SUFFIXES,
     NIFTI_SUFFIXES,
     Volume,
+    dicom_read_error,
     probe_dicom,
     read_dicom_series,
     read_image,
@@ -38,20 +40,27 @@ class Scan:
 def _dicom_files(folder: Path) -> list[Path]:
     files = [p for p in sorted(folder.rglob("*")) if p.is_file() and probe_dicom(p)]
     if not files:
-        raise DataError(f"{folder}: folder holds no DICOM files (no 'DICM' marker found)")
+        raise DataError(
+            f"{folder}: is a folder and holds no DICOM files (no 'DICM' marker found); pass "
+            "scan files themselves, or one DICOM series folder"
+        )
     return files
 
 
-def _one_series(files: list[Path], folder: Path) -> list[Path]:
+def _one_series(files: list[Path], folder: Path | None) -> list[Path]:
+    """``files`` when they are one CT series; DataError naming the file or folder otherwise."""
     import pydicom
 
     by_series: dict[str, list[Path]] = {}
     for path in files:
         try:
-            uid = str(pydicom.dcmread(path, stop_before_pixels=True).get("SeriesInstanceUID", ""))
+            header = pydicom.dcmread(path, stop_before_pixels=True)
         except Exception as exc:  # pydicom raises many kinds on damaged headers
-            raise DataError(f"{path}: DICOM header cannot be read ({exc})") from exc
-        by_series.setdefault(uid, []).append(path)
+            raise DataError(
+                f"{path}: DICOM header cannot be read ({dicom_read_error(exc)})"
+            ) from exc
+        _require_ct(header, path)
+        by_series.setdefault(str(header.get("SeriesInstanceUID", "")), []).append(path)
     if len(by_series) > 1:
         raise DataError(
             f"{folder}: holds {len(by_series)} DICOM series; route one series folder at a time"
@@ -59,11 +68,35 @@ def _one_series(files: list[Path], folder: Path) -> list[Path]:
     return files
 
 
+def _require_ct(header: object, path: Path) -> None:
+    """Refuse a DICOM file whose Modality says it is not CT (a missing Modality is let through)."""
+    modality = str(getattr(header, "Modality", "") or "").strip().upper()
+    if modality and modality != "CT":
+        raise DataError(
+            f"{path}: DICOM modality is {modality!r}, not CT; only CT scans (and fundus photos) "
+            "can be routed"
+        )
+
+
+def _require_readable(path: Path) -> None:
+    """Refuse a path this user may not read (or list), and an empty file, before decoding."""
+    need = os.R_OK | os.X_OK if path.is_dir() else os.R_OK
+    if not os.access(path, need):
+        kind = "folder" if path.is_dir() else "file"
+        raise DataError(
+            f"{path}: permission denied: this user may not read the {kind}; ask its owner for "
+            "read access (e.g. chmod a+r), or route a copy"
+        )
+    if path.is_file() and path.stat().st_size == 0:
+        raise DataError(f"{path}: the file is empty (0 bytes); copy the scan again")
+
+
 def read_scan(path: str | Path) -> Scan:
     """Decode a scan file or DICOM series folder; DataError names the path on any problem."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
+    _require_readable(path)
     name = path.name.lower()
     if path.is_dir():
         files = _one_series(_dicom_files(path), path)
@@ -71,6 +104,7 @@ def read_scan(path: str | Path) -> Scan:
     if name.endswith(NIFTI_SUFFIXES):
         return Scan(path, Modality.CT, read_nifti(path), (path,))
     if name.endswith(DICOM_SUFFIX) or probe_dicom(path):
+        _one_series([path], None)
         return Scan(path, Modality.CT, read_dicom_series([path]), (path,))
     if name.endswith(IMAGE_SUFFIXES):
         return Scan(path, Modality.FUNDUS, read_image(path), (path,))

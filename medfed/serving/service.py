@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from medfed.config import FundusPreprocess
 from medfed.data.cache import content_hash
 from medfed.data.preprocess import apply_pipeline
-from medfed.errors import MedfedError
-from medfed.serving.audit import AuditEntry, AuditLog
+from medfed.data.transforms import CameraField
+from medfed.errors import DataError, MedfedError
+from medfed.progress import bar
+from medfed.serving.audit import AuditEntry, AuditLog, printable
 from medfed.serving.bundle import TrainedFederation
 from medfed.serving.routers import MajorityVoteRouter, Router, RouteResult
 from medfed.serving.scans import Scan, read_scan
@@ -47,9 +54,24 @@ def views_for(fed: TrainedFederation, scan: Scan) -> list[torch.Tensor]:
     """The scan as each site sees it: that site's pipeline, then its normalization."""
     views = []
     for site in fed.sites:
+        _require_camera_field(site.manifest.preprocess, scan)
         raw = apply_pipeline(site.manifest.modality, site.manifest.preprocess, scan.decoded)
         views.append(site.normalization.apply(raw[None]))
     return views
+
+
+def _require_camera_field(options: object, scan: Scan) -> None:
+    """Refuse a photo in which the site's camera-field crop finds nothing (an all-black image)."""
+    if not isinstance(options, FundusPreprocess) or not options.roi_crop:
+        return
+    if not isinstance(scan.decoded, np.ndarray) or scan.decoded.ndim != 3:
+        return
+    image = np.moveaxis(np.asarray(scan.decoded, dtype=np.float32), -1, 0)
+    if not CameraField(options.roi_threshold)(image).any():
+        raise DataError(
+            f"{scan.path}: no camera field found: the image is all black; check that the "
+            "photo was exported correctly"
+        )
 
 
 def _now() -> str:
@@ -67,7 +89,31 @@ def _entry(path: Path, router: Router, status: str, **fields: Any) -> AuditEntry
         "reason": None,
     }
     values.update(fields)
-    return AuditEntry(time=_now(), file=str(path), router=router.name, status=status, **values)
+    if values["reason"] is not None:
+        values["reason"] = printable(values["reason"])
+    return AuditEntry(
+        time=_now(), file=printable(str(path)), router=router.name, status=status, **values
+    )
+
+
+def _naming(path: Path, message: str) -> str:
+    """``message``, led by the file's path unless it already names it."""
+    return message if message.startswith(str(path)) else f"{path}: {message}"
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost cause of ``exc`` in words (MONAI wraps the real error in its own)."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _not_finite(name: str, values: np.ndarray | torch.Tensor) -> str | None:
+    """Words for NaN/infinite entries of ``values``, or None when every entry is finite."""
+    array = values.detach().cpu().numpy() if isinstance(values, torch.Tensor) else values
+    array = np.asarray(array, dtype=np.float64)
+    bad = int((~np.isfinite(array)).sum())
+    return f"{bad} of the {name} are NaN or infinite" if bad else None
 
 
 def route_one(
@@ -75,25 +121,51 @@ def route_one(
 ) -> AuditEntry:
     """Route one file; every failure becomes an 'error' entry that names the file.
 
+    NaN or infinite values anywhere (the preprocessed scan, the models' outputs, the
+    out-of-distribution score) make an 'error' entry: such an answer is never reported as routed.
+
     ``name``: how the answer and the audit log name the file (default: its path), e.g. the
     original name of an upload saved to a temporary folder.
     """
     if name is not None:
         entry = route_one(fed, router, path)
-        reason = entry.reason.replace(str(path), name) if entry.reason else entry.reason
-        return replace(entry, file=name, reason=reason)
+        shown, named = printable(str(path)), printable(name)
+        reason = entry.reason.replace(shown, named) if entry.reason else entry.reason
+        return replace(entry, file=named, reason=reason)
     try:
         scan = read_scan(path)
         digest = content_hash(scan.files)
     except MedfedError as exc:
         return _entry(path, router, "error", reason=str(exc))
+    except OSError as exc:  # the file changed or vanished while it was being read
+        return _entry(path, router, "error", reason=f"{path}: cannot be read ({exc})")
     if str(scan.modality) != fed.modality:
         reason = f"a {scan.modality} scan, but this federation was trained on {fed.modality}"
         return _entry(path, router, "abstained", sha256=digest, reason=reason)
     try:
-        result = router.route(fed, views_for(fed, scan))
+        views = views_for(fed, scan)
+    except MedfedError as exc:
+        return _entry(path, router, "error", sha256=digest, reason=_naming(path, str(exc)))
+    except (RuntimeError, ValueError) as exc:
+        reason = f"{path}: cannot be preprocessed ({_cause(exc)})"
+        return _entry(path, router, "error", sha256=digest, reason=reason)
+    problem = _not_finite("preprocessed values", torch.cat([v.flatten() for v in views]))
+    if problem:
+        reason = f"{path}: {problem}; the scan cannot be answered"
+        return _entry(path, router, "error", sha256=digest, reason=reason)
+    try:
+        result = router.route(fed, views)
     except (MedfedError, RuntimeError, ValueError) as exc:
-        reason = f"cannot be preprocessed or answered ({exc})"
+        reason = f"{path}: cannot be answered ({_cause(exc)})"
+        return _entry(path, router, "error", sha256=digest, reason=reason)
+    problem = _not_finite("site probabilities", result.site_probs[0]) or _not_finite(
+        "class probabilities", result.class_probs[0]
+    )
+    if problem:
+        reason = (
+            f"{path}: the models' outputs are not numbers ({problem}); no answer is given. "
+            "The run's weights may be damaged: check it with 'medfed evaluate' or retrain"
+        )
         return _entry(path, router, "error", sha256=digest, reason=reason)
     site_ids = [s.id for s in fed.sites]
     score = float(result.ood_score[0])
@@ -105,10 +177,17 @@ def route_one(
         },
         "prediction": fed.class_names()[prediction],
         "prediction_prob": float(result.class_probs[0, prediction]),
-        "ood_score": score if score == score else None,  # NaN when uncalibrated
+        "ood_score": score if math.isfinite(score) else None,  # NaN when uncalibrated
     }
+    threshold = fed.abstention.threshold if fed.abstention else float("nan")
+    if fed.abstention is not None and (not math.isfinite(score) or math.isnan(threshold)):
+        what = f"score is {score}" if not math.isfinite(score) else "threshold is NaN"
+        reason = (
+            f"{path}: the out-of-distribution {what}, so whether the scan fits any site is "
+            "unknown; no answer is given. The run's abstention statistics may be damaged"
+        )
+        return _entry(path, router, "error", sha256=digest, reason=reason)
     if bool(result.abstained[0]):
-        threshold = fed.abstention.threshold if fed.abstention else float("nan")
         reason = f"no site fits: distance {score:.2f} above the threshold {threshold:.2f}"
         return _entry(path, router, "abstained", reason=reason, **answer)
     chosen = site_ids[int(result.routed[0])]
@@ -130,20 +209,46 @@ def _operating_words(fed: TrainedFederation, router: Router, result: RouteResult
     return f"P({positive}) {p:.2f}, {side} the operating threshold {t:.2f}"
 
 
+def distinct(files: list[Path]) -> tuple[list[Path], dict[Path, int]]:
+    """``files`` with repeats dropped (first one kept), and how often each repeat was given.
+
+    Two paths are the same file when they resolve to the same place (``a.png`` and ``./a.png``).
+    """
+    kept: dict[Path, Path] = {}
+    counts: dict[Path, int] = {}
+    for f in files:
+        key = Path(os.path.abspath(f))
+        with contextlib.suppress(OSError, RuntimeError):  # a symlink loop: the plain path
+            key = key.resolve()
+        kept.setdefault(key, f)
+        counts[key] = counts.get(key, 0) + 1
+    return list(kept.values()), {kept[k]: n for k, n in counts.items() if n > 1}
+
+
 def route_files(
     fed: TrainedFederation,
     router: Router,
     files: list[Path],
     run_dir: Path | None,
     names: list[str] | None = None,
+    *,
+    progress: bool = False,
 ) -> list[RoutedScan]:
     """Route every file (one bad file never stops the others) and append them to the audit log.
 
-    The audit log is written before answers are shown: a decision that cannot be logged raises
-    (AuditError) rather than reach a clinician unrecorded. ``names``: see ``route_one``.
+    The audit log is checked before the first scan and written before answers are shown: a
+    decision that cannot be logged raises (AuditError) rather than reach a clinician unrecorded.
+    ``names``: see ``route_one``. ``progress``: a bar over the files (on a terminal only).
     """
+    log = AuditLog(run_dir) if run_dir is not None else None
+    if log is not None:
+        log.check()
     shown = names if names is not None else [None] * len(files)
-    entries = [route_one(fed, router, Path(f), n) for f, n in zip(files, shown, strict=True)]
-    if run_dir is not None:
-        AuditLog(run_dir).append(entries)
+    pairs = list(zip(files, shown, strict=True))
+    entries = [
+        route_one(fed, router, Path(f), n)
+        for f, n in bar(pairs, "routing", show=progress and len(pairs) > 1, unit="scan")
+    ]
+    if log is not None:
+        log.append(entries)
     return [RoutedScan(e) for e in entries]

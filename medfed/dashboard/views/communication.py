@@ -7,7 +7,7 @@ import streamlit as st
 from medfed.dashboard import charts, common, rundata
 from medfed.runs.schema import OK
 
-DIRECTIONS = {"kB total": "sent + received", "kB sent": "sent", "kB received": "received"}
+DIRECTIONS = charts.TRAFFIC
 
 
 def main() -> None:
@@ -17,24 +17,28 @@ def main() -> None:
         "update, as it would cross the network), per method."
     )
     runs = common.chosen_runs()
-    records = {}
+    records, orders = {}, {}
     for run in runs:
         got = common.read_metrics(run)
         if got:
             records[run.label] = got
+            orders[run.label] = common.site_order(run)
         else:
             st.info(f"**{run.label}**: {common.status_line(run)}")
     if not records:
         st.warning("No round recorded in any selected run yet: nothing to count.")
         return
-    traffic = rundata.traffic_frame(records)
+    traffic = rundata.traffic_frame(records, orders)
 
     st.subheader("Mean traffic per round, per site and method")
     st.plotly_chart(charts.traffic_bars(traffic), key="traffic_bars")
     summaries = {r.label: s for r in runs if (s := common.read_summary(r)) is not None}
     if summaries:
         st.table(rundata.traffic_table(summaries))
-        st.caption("kB per round, from summary.json; 'local' trains without exchanging weights.")
+        st.caption(
+            "Bytes per round (kB = 1000 bytes), from summary.json; 'local' trains without "
+            "exchanging weights."
+        )
 
     st.subheader("Bytes per round")
     column = st.radio(

@@ -193,6 +193,15 @@ def protocols(label: str, summary: Summary) -> None:
     )
 
 
+def settings(runs: list[rundata.Run]) -> None:
+    """What each run trained with, side by side (one column per run)."""
+    configs = {r.label: common.read_config(r) for r in runs}
+    summaries = {r.label: s for r in runs if (s := common.read_summary(r)) is not None}
+    with st.expander("Settings of the runs", expanded=len(runs) > 1):
+        st.table(rundata.settings_table(configs, summaries))
+        st.caption("From each run's config.toml (summary.json where the config is silent).")
+
+
 def main() -> None:
     st.title("Federation")
     st.caption(
@@ -222,6 +231,7 @@ def main() -> None:
         "(routed to one site, or a majority vote of the site models). Spread and Gini measure "
         "how unequal the sites' AUCs are (0: all equal)."
     )
+    settings(runs)
     roc_by_method(summaries)
 
     st.divider()

@@ -13,15 +13,17 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from medfed.dashboard import charts, common, rundata, thumbnails
+from medfed.dashboard import MAX_UPLOAD_MB, charts, checks, common, rundata, thumbnails
 from medfed.dashboard.rundata import Run
+from medfed.errors import ConfigError, MedfedError
 from medfed.runs.report import fmt
-from medfed.serving.audit import AuditLog
 from medfed.serving.routers import default_router, make_router, routers_for
 from medfed.serving.service import route_files
+from medfed.units import human_bytes
 
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "tif", "tiff", "bmp", "dcm", "nii", "gz"]
-AUDIT_LIMIT = 5000
+AUDIT_LIMIT = checks.AUDIT_LIMIT
+MAX_UPLOAD_BYTES = MAX_UPLOAD_MB * 10**6
 ROUTED = "routed_uploads"  # session state: the (run, router, upload id) already routed
 LAST = "last_routed"  # session state: the decision shown under the inputs (see to_show())
 THUMBNAIL = 160  # pixels: the scan's picture stays small beside the answer
@@ -53,17 +55,72 @@ def route_upload(run: Run, fed: Any, router: Any, upload: Any) -> dict[str, Any]
     if key in done:
         return None
     name = Path(upload.name).name or "upload"
+    size = len(upload.getvalue())
+    if size > MAX_UPLOAD_BYTES:
+        done.add(key)
+        return refused(
+            run,
+            name,
+            f"{name}: {human_bytes(size)} is more than the {human_bytes(MAX_UPLOAD_BYTES)} this "
+            "page accepts; route it with 'medfed route' instead",
+        )
     with tempfile.TemporaryDirectory(prefix="medfed-upload-") as folder:
         path = Path(folder) / name
         path.write_bytes(upload.getvalue())
         result = route_files(fed, router, [path], run.path, names=[name])[0]
         picture = thumbnails.scan_picture(path)
     done.add(key)
-    return to_show(run, result.to_dict(), picture, fed)
+    entry = result.to_dict()
+    if entry.get("reason"):  # the upload's temporary copy is no name the user knows
+        entry["reason"] = str(entry["reason"]).replace(str(path), name)
+    return to_show(run, entry, picture, fed)
+
+
+def refused(run: Run, name: str, reason: str) -> dict[str, Any]:
+    """A scan the page would not read, shown as an error (nothing is routed or logged)."""
+    entry = {"file": name, "status": "error", "reason": reason}
+    return {"run": str(run.path), "entry": entry, "picture": None, "threshold": None}
+
+
+def readable_path(text: str, folders: list[Path]) -> Path:
+    """The scan at ``text``, resolved (symlinks and '..' followed); ConfigError unless it lies
+    under one of ``folders`` (the folders the dashboard was started with), and so does every
+    file of a series folder."""
+    given = Path(text.strip()).expanduser()
+    try:
+        path = given.resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        raise ConfigError(f"{given}: cannot follow this path (a symlink loop?)") from None
+    allowed = [f.resolve() for f in folders]
+
+    def inside(p: Path) -> bool:
+        return any(p.is_relative_to(f) for f in allowed)
+
+    shown = ", ".join(str(f) for f in allowed) or "none"
+    outside = ConfigError(
+        f"{given}: outside the folders this dashboard reads ({shown}); the page reads scans "
+        "only there. Upload the scan instead, or start the dashboard with its folder as well: "
+        "medfed dashboard RUN SCANS_FOLDER"
+    )
+    if not inside(path):  # checked first: the page says nothing of what lies outside
+        raise outside
+    if not path.exists():
+        raise ConfigError(f"{given}: no such file or folder")
+    if path.is_dir():
+        try:
+            members = [p.resolve() for p in path.iterdir()]
+        except OSError as exc:
+            raise ConfigError(f"{given}: cannot list the folder ({exc})") from None
+        if not all(inside(p) for p in members):
+            raise outside
+    return path
 
 
 def route_path(run: Run, fed: Any, router: Any, text: str) -> dict[str, Any]:
-    path = Path(text.strip()).expanduser()
+    try:
+        path = readable_path(text, common.roots())
+    except MedfedError as exc:
+        return refused(run, text.strip(), str(exc))
     entry = route_files(fed, router, [path], run.path)[0].to_dict()
     picture = thumbnails.scan_picture(path) if entry["status"] != "error" else None
     return to_show(run, entry, picture, fed)
@@ -84,7 +141,7 @@ def show_result(result: dict[str, Any]) -> None:
     st.subheader(f"Result: {entry['file']}")
     status = entry["status"]
     if status == "error":
-        st.error(f"Could not route this scan: {entry['reason']}")
+        st.error(f"Could not route this scan: {common.escape(str(entry['reason']))}")
         return
     picture_column, answer = st.columns([1, 4])
     with picture_column:
@@ -146,7 +203,7 @@ def not_relied_on(entry: dict[str, Any]) -> None:
 
 def audit_section(run: Run) -> None:
     st.subheader("Audit log")
-    entries = AuditLog(run.path).read(limit=AUDIT_LIMIT)
+    entries = checks.read_audit(run.path, AUDIT_LIMIT)
     if not entries:
         st.info(f"No scan has been routed with {run.label} yet ({run.path / 'audit.sqlite'}).")
         return
@@ -160,7 +217,20 @@ def audit_section(run: Run) -> None:
     text = cols[3].text_input("File name contains", key="audit_text")
     shown = rundata.filter_audit(frame, statuses=statuses, sites=sites, routers=routers, text=text)
     st.caption(f"{len(shown)} of {len(frame)} routed scans (newest first).")
-    st.dataframe(shown, hide_index=True, key="audit_table")
+    st.dataframe(
+        rundata.audit_table(shown),
+        hide_index=True,
+        width="stretch",
+        key="audit_table",
+        column_config={
+            "file": st.column_config.TextColumn("file", width="medium"),
+            "reason": st.column_config.TextColumn("reason", width="large"),
+            "probability": st.column_config.NumberColumn("probability", format="%.2f"),
+            "distance to closest site": st.column_config.NumberColumn(
+                "distance to closest site", format="%.2f"
+            ),
+        },
+    )
     st.download_button(
         "Download these rows (CSV)",
         shown.to_csv(index=False),
@@ -177,14 +247,35 @@ def main() -> None:
         "does. Every decision is recorded in the run's audit log (audit.sqlite) before it is "
         "shown; the log keeps a hash of the file, never the image."
     )
-    run = common.pick_run(common.chosen_runs(), key="routing_run")
+    runs = common.chosen_runs()
+    run = common.pick_run(runs, key="routing_run")
+    others = ", ".join(r.label for r in runs if r != run)
+    pick_other = f" Pick another run above ({others})." if others else ""
     if not run.has_model:
-        st.info(
-            f"{run.label} has no trained model yet ({run.dir.model_dir / 'model.json'} is "
-            f"missing): {common.status_line(run)}"
+        missing = run.dir.model_dir / "model.json"
+        if run.has_summary:  # finished, so the model folder was lost or cut short
+            st.warning(
+                common.escape(
+                    f"Run {run.label}: {missing} is missing though the run finished: its "
+                    "model folder is incomplete; retrain the run or restore the folder."
+                )
+                + pick_other
+            )
+        else:
+            st.info(
+                common.escape(f"{run.label} has no trained model yet ({missing} is missing): ")
+                + common.status_line(run)
+                + pick_other
+            )
+        return
+    try:
+        fed = common.load_federation(run)
+    except MedfedError as exc:
+        st.warning(
+            f"Run **{common.escape(run.label)}** cannot route: {common.escape(str(exc))}."
+            + pick_other
         )
         return
-    fed = common.load_federation(run)
     names = ["auto", *(r.name for r in routers_for(fed))]
     name = st.selectbox("Router", names, key="router")
     router = make_router(name, fed)
@@ -196,10 +287,12 @@ def main() -> None:
         "Upload a scan",
         type=UPLOAD_TYPES,
         key="scan_upload",
-        help="A JPEG/PNG/TIFF fundus photo, a DICOM file, or a NIfTI volume (.nii, .nii.gz).",
+        help="A JPEG/PNG/TIFF fundus photo, a DICOM file, or a NIfTI volume (.nii, .nii.gz), "
+        f"at most {MAX_UPLOAD_MB} MB.",
     )
     text = st.text_input(
-        "... or the path of a scan on this machine (a DICOM series folder works too)",
+        "... or the path of a scan under the folders this dashboard reads (a DICOM series "
+        "folder works too)",
         key="scan_path",
     )
     if upload is not None and (routed := route_upload(run, fed, router, upload)) is not None:

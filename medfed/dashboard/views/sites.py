@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from medfed.dashboard import charts, common, rundata
+from medfed.dashboard import charts, checks, common, rundata
 from medfed.dashboard.rundata import Run
 from medfed.data.overview import OVERVIEW_DIR, OVERVIEW_FILE, overview_dir
 
@@ -25,11 +25,6 @@ def inside(folder: Path, relative: str) -> Path | None:
     """``folder / relative`` if it stays inside ``folder`` and exists (the overview names it)."""
     path = (folder / relative).resolve()
     return path if path.is_relative_to(folder.resolve()) and path.is_file() else None
-
-
-def demote_headings(markdown: str) -> str:
-    """Card headings two levels down, so a card reads as part of the page."""
-    return "\n".join("##" + line if line.startswith("#") else line for line in markdown.split("\n"))
 
 
 def class_counts(sites: dict[str, Any]) -> pd.DataFrame:
@@ -101,17 +96,18 @@ def shift(overview: dict[str, Any]) -> None:
 
 
 def site_tab(folder: Path, site: str, info: dict[str, Any], images: bool) -> None:
-    card_path = inside(folder, info.get("card", ""))
+    card_path = checks.card_path(folder, info)
     cols = st.columns([3, 2])
     with cols[0]:
         if card_path is not None:
             with st.expander(f"Data card: {site}", expanded=True):
-                st.markdown(demote_headings(card_path.read_text(encoding="utf-8")))
+                st.markdown(rundata.card_markdown(card_path.read_text(encoding="utf-8")))
         else:
             st.info(f"No data card for site {site} in this run directory.")
     with cols[1]:
-        st.markdown("**Scans per split and class**")
-        st.table(split_table(info))
+        if card_path is None:  # the card holds the same table: shown once
+            st.markdown("**Scans per split and class**")
+            st.table(split_table(info))
         samples = [(inside(folder, s.get("file", "")), s) for s in info.get("samples", [])]
         shown = [(p, s) for p, s in samples if p is not None]
         if shown:
@@ -127,12 +123,13 @@ def site_tab(folder: Path, site: str, info: dict[str, Any], images: bool) -> Non
 
 def mixture(run: Run) -> None:
     """FedGMI's mixture coefficients: which shared distributions each site's scans come from."""
-    frame = rundata.mixture_frame(common.read_metrics(run))
+    frame = rundata.mixture_frame(common.read_metrics(run), common.site_order(run))
     if frame.empty:
         return
     st.subheader("Mixture coefficients")
     st.plotly_chart(charts.mixture_bars(frame), key="mixture")
     table = frame.pivot(index="site", columns="distribution", values="share")
+    table = table.loc[list(dict.fromkeys(frame["site"]))]  # the chart's order
     st.table(table.round(3))
     st.caption(
         f"Each site's share of scans per intrinsic distribution, as of round "

@@ -1,4 +1,5 @@
-"""Training: per-round curves per site (loss, AUC), with dropouts and resumes marked."""
+"""Training: the runs' curves overlaid (one line per run), then one run's per-round curves per
+site (loss, AUC), with dropouts and resumes marked."""
 
 from __future__ import annotations
 
@@ -10,10 +11,43 @@ from medfed.runs.schema import DROPPED, NOT_SAMPLED
 DEFAULT_CURVES = ("train_loss", "val_auc")
 
 
+def compared(runs: list[rundata.Run]) -> None:
+    """Several runs on one chart per curve: each run's mean over its sites, round by round."""
+    frames = {}
+    for run in runs:
+        records = common.read_metrics(run)
+        if records:
+            frames[run.label] = rundata.metrics_frame(records, common.site_order(run))
+    if len(frames) < 2:
+        return
+    st.subheader("Runs compared")
+    curves = list(dict.fromkeys(c for f in frames.values() for c in rundata.available_curves(f)))
+    chosen = st.multiselect(
+        "Curves to compare",
+        curves,
+        default=[c for c in DEFAULT_CURVES if c in curves] or curves[:1],
+        format_func=lambda c: rundata.CURVES[c],
+        key="compare_curves",
+    )
+    for curve in chosen:
+        overlay = rundata.runs_frame(frames, curve)
+        if overlay.empty:
+            continue
+        title = rundata.CURVES[curve]
+        st.plotly_chart(charts.runs_overlay(overlay, curve, title), key=f"compare_{curve}")
+    st.caption(
+        "One line per run: the mean over the sites that trained in each round (dropped and "
+        "unsampled sites left out). The run below shows each site on its own."
+    )
+    st.divider()
+
+
 def main() -> None:
     st.title("Training")
     st.caption("How each site's model moved round by round, as metrics.jsonl recorded it.")
-    run = common.pick_run(common.chosen_runs(), key="training_run")
+    runs = common.chosen_runs()
+    compared(runs)
+    run = common.pick_run(runs, key="training_run")
     st.caption(common.status_line(run))
     records = common.read_metrics(run)
     if not records:
@@ -23,7 +57,7 @@ def main() -> None:
         )
         return
     events = common.read_events(run)
-    frame = rundata.metrics_frame(records)
+    frame = rundata.metrics_frame(records, common.site_order(run))
     curves = rundata.available_curves(frame)
     chosen = st.multiselect(
         "Curves",

@@ -12,7 +12,7 @@ from importlib import import_module
 
 from medfed.config import LAYOUTS_BY_MODALITY, SiteManifest
 from medfed.data.records import LayoutScan
-from medfed.errors import ManifestError
+from medfed.errors import DataError, ManifestError
 
 # Every layout a manifest may name (config.LAYOUTS_BY_MODALITY), each a module of this package.
 LAYOUT_MODULES = tuple(layout for names in LAYOUTS_BY_MODALITY.values() for layout in names)
@@ -35,4 +35,11 @@ def scan_site(manifest: SiteManifest) -> LayoutScan:
         )
     if not manifest.root.is_dir():
         raise ManifestError(f"{where}: data root {manifest.root} is not a folder")
-    return get_reader(manifest.layout)(manifest)
+    reader = get_reader(manifest.layout)
+    try:
+        return reader(manifest)
+    except PermissionError as exc:
+        raise DataError(
+            f"{exc.filename or manifest.root}: permission denied while listing the site's files; "
+            "give this user read access to every folder and file under the root"
+        ) from exc

@@ -9,12 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import SiteManifest
-from medfed.data.io import IMAGE_SUFFIXES
+from medfed.data.io import IMAGE_SUFFIXES, permission_denied
 from medfed.data.records import LayoutScan, Problem, Record, Split
 from medfed.errors import DataError, ManifestError
 
-# Files operating systems drop into folders; reporting them would only bury real problems.
+# Files operating systems drop into folders; never scans.
 OS_CLUTTER = frozenset({"thumbs.db", "desktop.ini"})
+# The message of a warning about a file that is not a scan (check_site groups them by it).
+STRAY_FILE = "not an image file; ignored"
+# An .xlsx file is a zip of XML parts: more than this many bytes unpacked is refused.
+MAX_XLSX_UNPACKED = 200_000_000
 
 
 def where(manifest: SiteManifest) -> str:
@@ -101,25 +105,30 @@ def is_clutter(path: Path) -> bool:
     return path.name.startswith(".") or path.name.lower() in OS_CLUTTER
 
 
-def list_images(folder: Path) -> tuple[list[Path], list[Problem]]:
-    """Image files directly in ``folder`` (sorted), and a problem for every other entry."""
+def list_images(folder: Path) -> tuple[list[Path], list[Problem], list[Problem]]:
+    """Image files directly in ``folder`` (sorted), problems, and warnings for stray files.
+
+    A sub-folder among the images is a problem (its images would silently be left out); a file
+    that is not an image (``notes.txt``, ``Thumbs.db``, ``.DS_Store``) is ignored with a warning.
+    """
     images: list[Path] = []
     problems: list[Problem] = []
+    strays: list[Problem] = []
     for path in sorted(folder.iterdir()):
-        if is_clutter(path):
-            continue
-        if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
-            images.append(path)
-        else:
-            kind = "folder" if path.is_dir() else "file"
+        if path.is_file():
+            if path.suffix.lower() in IMAGE_SUFFIXES and not is_clutter(path):
+                images.append(path)
+            else:
+                strays.append(Problem(str(path), STRAY_FILE))
+        elif not is_clutter(path):
             problems.append(
                 Problem(
                     str(path),
-                    f"unexpected {kind} among the images; ignored",
+                    "unexpected folder among the images; ignored",
                     f"images must be {sorted(IMAGE_SUFFIXES)} files directly in {folder}",
                 )
             )
-    return images, problems
+    return images, problems, strays
 
 
 def scan_class_folders(
@@ -135,23 +144,18 @@ def scan_class_folders(
     """
     out = LayoutScan([], [])
     for sub in sorted(folder.iterdir()):
-        if is_clutter(sub):
-            continue
         if not sub.is_dir():
-            out.problems.append(
-                Problem(
-                    str(sub),
-                    "a file where class folders are expected; ignored",
-                    f"put images in {folder}/<class>/",
-                )  # fmt: skip
-            )
+            out.warnings.append(Problem(str(sub), STRAY_FILE, f"put images in {folder}/<class>/"))
+            continue
+        if is_clutter(sub):
             continue
         class_name = class_of_folder.get(sub.name) if class_of_folder else sub.name
         if class_name is None or class_name not in manifest.labels:
             out.problems.append(_undeclared_class(manifest, sub, class_of_folder))
             continue
-        images, problems = list_images(sub)
+        images, problems, strays = list_images(sub)
         out.problems.extend(problems)
+        out.warnings.extend(strays)
         if not images:
             out.problems.append(
                 Problem(str(sub), "class folder is empty", "add its images or remove the folder")
@@ -227,6 +231,26 @@ def resolve_under(root: Path, name: str) -> Path:
     return path if path.is_absolute() else root / path
 
 
+def is_inside(root: Path, path: Path) -> bool:
+    """Whether ``path`` (links and ``..`` resolved) lies under the site root ``root``."""
+    return path.resolve().is_relative_to(root.resolve())
+
+
+def resolve_inside(manifest: SiteManifest, name: str, setting: str) -> Path:
+    """A path from [layout_options] under the site root; ManifestError when it leads outside.
+
+    A site's data, label tables included, stays under its root, so that checking the root
+    checks everything the site shares.
+    """
+    path = resolve_under(manifest.root, name)
+    if not is_inside(manifest.root, path):
+        raise ManifestError(
+            f"{where(manifest)}: {setting} = {name!r} points outside the site root "
+            f"{manifest.root}; move the file under the root and give its path relative to it"
+        )
+    return path
+
+
 def read_table(
     path: Path, columns: Iterable[str], optional: Iterable[str] = ()
 ) -> list[dict[str, str]]:
@@ -243,7 +267,7 @@ def read_table(
     if missing:
         raise DataError(
             f"{path}: column(s) {missing} not found; the header has {header}. "
-            "Fix the header or the column names in the manifest"
+            f"{_delimiter_hint(header)}Fix the header or the column names in the manifest"
         )
     index = {c: header.index(c) for c in [*columns, *(c for c in optional if c in header)]}
     table = []
@@ -256,19 +280,83 @@ def read_table(
     return table
 
 
+def _delimiter_hint(header: list[str]) -> str:
+    """A hint when a one-column header looks split by another delimiter than the comma."""
+    if len(header) == 1:
+        for mark, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "bars")):
+            if mark in header[0]:
+                return f"The file seems to separate columns with {name}: save it comma-separated. "
+    return ""
+
+
 def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
     try:
         # utf-8-sig: spreadsheet programs often prepend a byte-order mark
         with path.open(newline="", encoding="utf-8-sig") as handle:
             lines = list(csv.reader(handle))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+    except PermissionError as exc:
+        raise DataError(permission_denied(path)) from exc
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{path}: not UTF-8 text ({exc}); save the CSV file with UTF-8 encoding"
+        ) from exc
+    except (OSError, csv.Error) as exc:
         raise DataError(f"{path}: cannot read this CSV file ({exc})") from exc
     if not lines:
         raise DataError(f"{path}: the CSV file is empty; it needs a header row")
     return [h.strip() for h in lines[0]], lines[1:]
 
 
+def _unsafe_xml_reason() -> str | None:
+    """Why openpyxl's XML parsing is not safe on untrusted files here, or None when it is.
+
+    openpyxl uses defusedxml when it is installed. Without it, the standard library's expat
+    parser guards against entity-expansion attacks from version 2.4.1 on; lxml does not.
+    """
+    import pyexpat
+
+    import openpyxl
+
+    if getattr(openpyxl, "DEFUSEDXML", False):
+        return None
+    if getattr(openpyxl, "LXML", False):
+        return "openpyxl parses with lxml here, and defusedxml (which guards it) is not installed"
+    if pyexpat.version_info < (2, 4, 1):
+        version = ".".join(map(str, pyexpat.version_info))
+        return (
+            f"the XML parser (expat {version}) does not guard against entity-expansion attacks, "
+            "and defusedxml is not installed"
+        )
+    return None
+
+
+def _check_xlsx_archive(path: Path) -> None:
+    """Refuse an .xlsx file that is not a zip archive, or that unpacks to a bomb."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            unpacked = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise DataError(
+            f"{path}: not an Excel .xlsx workbook (not a zip archive: {exc}); save the table "
+            "as .xlsx or .csv again"
+        ) from exc
+    if unpacked > MAX_XLSX_UNPACKED:
+        raise DataError(
+            f"{path}: the workbook unpacks to {unpacked / 1e6:.0f} MB, more than a label table "
+            f"can need ({MAX_XLSX_UNPACKED / 1e6:.0f} MB at most); save the table as .csv"
+        )
+
+
 def _read_xlsx(path: Path) -> tuple[list[str], list[list[object]]]:
+    reason = _unsafe_xml_reason()
+    if reason is not None:
+        raise DataError(
+            f"{path}: Excel tables are refused because {reason}; install it "
+            "(pip install defusedxml) or save the table as .csv and name that file instead"
+        )
+    _check_xlsx_archive(path)
     from openpyxl import load_workbook  # imported here: only xlsx label files need it
 
     try:
@@ -277,6 +365,8 @@ def _read_xlsx(path: Path) -> tuple[list[str], list[list[object]]]:
             rows = [list(r) for r in workbook.worksheets[0].iter_rows(values_only=True)]
         finally:
             workbook.close()
+    except PermissionError as exc:
+        raise DataError(permission_denied(path)) from exc
     except Exception as exc:  # openpyxl raises many unrelated types on damaged files
         raise DataError(f"{path}: cannot read this Excel file ({exc})") from exc
     if not rows:
@@ -285,6 +375,7 @@ def _read_xlsx(path: Path) -> tuple[list[str], list[list[object]]]:
 
 
 PatientLabels = dict[str, tuple[int, dict[str, str]]]
+LINE = "#line"  # the key under which a label row keeps its line number in the table
 
 
 def read_patient_labels(
@@ -314,7 +405,7 @@ def read_patient_labels(
                 Problem(f"{path}:{line}", f"patient {patient!r} is listed again; first row kept")
             )
         else:
-            labels[patient] = (manifest.labels[value], row)
+            labels[patient] = (manifest.labels[value], {**row, LINE: str(line)})
     return labels, problems
 
 
@@ -325,7 +416,7 @@ def labels_file(manifest: SiteManifest) -> Path:
         raise ManifestError(
             f"{where(manifest)}: layout_options.labels_file must be a file name, e.g. 'labels.csv'"
         )
-    return resolve_under(manifest.root, name)
+    return resolve_inside(manifest, name, "layout_options.labels_file")
 
 
 def _undeclared_label(

@@ -25,7 +25,7 @@ def scan(manifest: SiteManifest) -> LayoutScan:
     check_options(manifest, {"patient_regex"})
     require_classes(manifest, ("glaucoma", "normal"), "layout 'acrima'")
     patient_ids = PatientIds(manifest)
-    images, problems = list_images(manifest.root)
+    images, problems, strays = list_images(manifest.root)
     if not images:
         problems.append(
             Problem(
@@ -39,4 +39,4 @@ def scan(manifest: SiteManifest) -> LayoutScan:
         make_record(manifest, image, class_of(image.name), None, patient_ids, problems)
         for image in images
     ]
-    return LayoutScan(records=sorted(records, key=lambda r: r.path), problems=problems)
+    return LayoutScan(sorted(records, key=lambda r: r.path), problems, strays)

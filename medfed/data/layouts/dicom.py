@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import SiteManifest
-from medfed.data.io import DICOM_SUFFIX, dicom_read_error, probe_dicom
+from medfed.data.io import DICOM_SUFFIX, dicom_read_error, permission_denied, probe_dicom
 from medfed.data.layouts._common import (
+    STRAY_FILE,
     check_options,
     is_clutter,
     labels_file,
@@ -19,6 +20,7 @@ from medfed.data.layouts._common import (
 )
 from medfed.data.records import LayoutScan, Problem, Record
 
+STRAY_DICOM = "neither *.dcm nor extension-less DICOM; ignored"
 # DICOMDIR indexes a medium; it is DICOM but holds no image
 _NOT_SLICES = frozenset({"dicomdir"})
 _HEADER_TAGS = [
@@ -47,13 +49,13 @@ def scan(manifest: SiteManifest) -> LayoutScan:
     """List one record per patient (their DICOM series) with the label from labels.csv."""
     check_options(manifest, {"labels_file"})
     table = labels_file(manifest)
-    files, problems = find_slice_files(manifest.root, skip=table)
+    files, problems, strays = find_slice_files(manifest.root, skip=table)
     series = group_series(files, problems)
     by_patient = one_series_per_patient(series, problems)
     labels, label_problems = read_patient_labels(manifest, table)
     problems.extend(label_problems)
     if labels is None:
-        return LayoutScan([], problems)
+        return LayoutScan([], problems, strays)
     records = []
     for patient, chosen in sorted(by_patient.items()):
         if patient not in labels:
@@ -70,36 +72,33 @@ def scan(manifest: SiteManifest) -> LayoutScan:
         Problem(str(table), f"patient {p!r} is listed but has no DICOM series under the root")
         for p in sorted(set(labels) - set(by_patient))
     )
-    return LayoutScan(sorted(records, key=lambda r: r.path), problems)
+    return LayoutScan(sorted(records, key=lambda r: r.path), problems, strays)
 
 
-def find_slice_files(root: Path, skip: Path) -> tuple[list[Path], list[Problem]]:
-    """Candidate slices: ``*.dcm`` and extension-less DICOM files, sorted; others reported."""
+def find_slice_files(root: Path, skip: Path) -> tuple[list[Path], list[Problem], list[Problem]]:
+    """Candidate slices (``*.dcm`` and extension-less DICOM files, sorted), problems, and a
+    warning for each other file (ignored)."""
     found: list[Path] = []
-    ignored: list[Path] = []
+    strays: list[Problem] = []
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        if is_clutter(path) or path == skip:
+        if path == skip or path.name.lower() in _NOT_SLICES:
             continue
-        if path.name.lower() in _NOT_SLICES:
-            continue
-        if path.suffix.lower() == DICOM_SUFFIX or (path.suffix == "" and probe_dicom(path)):
+        if is_clutter(path):
+            strays.append(Problem(str(path), STRAY_FILE))
+        elif path.suffix.lower() == DICOM_SUFFIX or (path.suffix == "" and probe_dicom(path)):
             found.append(path)
         else:
-            ignored.append(path)
-    problems = []
-    if ignored:
-        examples = ", ".join(str(p.relative_to(root)) for p in ignored[:3])
-        problems.append(
-            Problem(
-                str(root),
-                f"{len(ignored)} file(s) are neither *.dcm nor extension-less DICOM and are "
-                f"ignored (e.g. {examples})",
-                "remove them, or give DICOM slices the .dcm extension",
+            strays.append(
+                Problem(
+                    str(path),
+                    STRAY_DICOM,
+                    "remove them, or give DICOM slices the .dcm extension",
+                )
             )
-        )
+    problems = []
     if not found:
         problems.append(Problem(str(root), "no DICOM slice files found under the site root"))
-    return found, problems
+    return found, problems, strays
 
 
 def group_series(files: list[Path], problems: list[Problem]) -> list[Series]:
@@ -132,6 +131,9 @@ def read_header(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
     try:
         ds = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=_HEADER_TAGS)
         header = {tag: ds.get(tag) for tag in _HEADER_TAGS}
+    except PermissionError:
+        problems.append(Problem(str(path), permission_denied(path).removeprefix(f"{path}: ")))
+        return None
     except Exception as exc:  # pydicom raises many unrelated types on damaged files
         problems.append(
             Problem(

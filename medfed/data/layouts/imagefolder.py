@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from medfed.config import SiteManifest
 from medfed.data.layouts._common import (
+    STRAY_FILE,
     PatientIds,
     check_options,
     is_clutter,
@@ -39,6 +40,11 @@ def scan(manifest: SiteManifest) -> LayoutScan:
     patient_ids = PatientIds(manifest)
     result = LayoutScan([], [])
     for folder in sorted(manifest.root.iterdir()):
+        if folder.is_file():
+            result.warnings.append(
+                Problem(str(folder), STRAY_FILE, "split folders hold the images")
+            )
+            continue
         if is_clutter(folder):
             continue
         split = splits.get(folder.name.casefold())
@@ -55,6 +61,7 @@ def scan(manifest: SiteManifest) -> LayoutScan:
         found = scan_class_folders(manifest, folder, split, patient_ids)
         result.records.extend(found.records)
         result.problems.extend(found.problems)
+        result.warnings.extend(found.warnings)
     if not result.records:
         result.problems.append(
             Problem(str(manifest.root), "no labelled images found under the site root")

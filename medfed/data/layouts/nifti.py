@@ -7,15 +7,19 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import SiteManifest
-from medfed.data.io import NIFTI_SUFFIXES
+from medfed.data.io import NIFTI_SUFFIXES, nifti_header_problem
 from medfed.data.layouts._common import (
+    LINE,
     check_options,
     is_clutter,
+    is_inside,
     labels_file,
     read_patient_labels,
     resolve_under,
 )
 from medfed.data.records import LayoutScan, Problem, Record
+
+STRAY_NIFTI = "not a *.nii / *.nii.gz file; ignored"
 
 
 def nifti_stem(path: Path) -> str | None:
@@ -31,21 +35,22 @@ def scan(manifest: SiteManifest) -> LayoutScan:
     """List one record per labelled patient: its NIfTI file (header read, pixels not)."""
     check_options(manifest, {"labels_file"})
     table = labels_file(manifest)
-    files = sorted(
-        p for p in manifest.root.rglob("*") if p.is_file() and nifti_stem(p) and not is_clutter(p)
-    )
+    every = sorted(p for p in manifest.root.rglob("*") if p.is_file() and p != table)
+    files = [p for p in every if nifti_stem(p) and not is_clutter(p)]
+    known = set(files)
+    strays = [Problem(str(p), STRAY_NIFTI) for p in every if p not in known]
     problems = [] if files else [Problem(str(manifest.root), "no *.nii / *.nii.gz files found")]
     labels, label_problems = read_patient_labels(manifest, table, optional=("file",))
     problems.extend(label_problems)
     if labels is None:
-        return LayoutScan([], problems)
+        return LayoutScan([], problems, strays)
     by_stem: dict[str, list[Path]] = defaultdict(list)
     for path in files:
         by_stem[str(nifti_stem(path))].append(path)
     records: list[Record] = []
     used: set[Path] = set()
     for patient, (label, row) in sorted(labels.items()):
-        path = _file_of(manifest.root, patient, row.get("file", ""), by_stem, table, problems)
+        path = _file_of(manifest.root, patient, row, by_stem, table, problems)
         if path is None:
             continue
         if path in used:
@@ -61,24 +66,36 @@ def scan(manifest: SiteManifest) -> LayoutScan:
         for p in files
         if p not in used
     )
-    return LayoutScan(sorted(records, key=lambda r: r.path), problems)
+    return LayoutScan(sorted(records, key=lambda r: r.path), problems, strays)
 
 
 def _file_of(
     root: Path,
     patient: str,
-    file: str,
+    row: dict[str, str],
     by_stem: dict[str, list[Path]],
     table: Path,
     problems: list[Problem],
 ) -> Path | None:
     """The patient's file: the row's 'file' column, else the one file named after the patient."""
+    file = row.get("file", "")
     if file:
         path = resolve_under(root, file)
+        place = f"{table}:{row[LINE]}" if LINE in row else str(table)
+        if not is_inside(root, path):
+            problems.append(
+                Problem(
+                    place,
+                    f"patient {patient!r}: file {file!r} points outside the site root {root}; "
+                    "not used",
+                    "move the file under the root and give its path relative to the root",
+                )
+            )
+            return None
         if path.is_file():
             return path
         problems.append(
-            Problem(str(table), f"patient {patient!r}: file {file!r} does not exist under {root}")
+            Problem(place, f"patient {patient!r}: file {file!r} does not exist under {root}")
         )
         return None
     candidates = by_stem.get(patient, [])
@@ -98,6 +115,10 @@ def read_header(path: Path, problems: list[Problem]) -> dict[str, Any] | None:
     """Shape and voxel size from the NIfTI header, or None (and a problem) if it is unusable."""
     import nibabel as nib
 
+    problem = nifti_header_problem(path)
+    if problem is not None:
+        problems.append(Problem(str(path), f"{problem}; not used"))
+        return None
     try:
         image = nib.load(path)
         shape = tuple(int(n) for n in image.shape)

@@ -17,6 +17,7 @@ from medfed.data.layouts._common import (
     parse_split,
     read_table,
     require_classes,
+    resolve_inside,
     resolve_under,
     scan_class_folders,
     where,
@@ -92,10 +93,13 @@ def scan(manifest: SiteManifest) -> LayoutScan:
         found = scan_class_folders(manifest, train, Split.TRAIN, patient_ids, class_folders)
         result.records.extend(found.records)
         result.problems.extend(found.problems)
+        result.warnings.extend(found.warnings)
     else:
         result.problems.append(_missing(train, f"{TRAIN_FOLDER}/<class folder>/*.jpg"))
-    for spec in sets:
-        folder = resolve_under(manifest.root, spec.images)
+    for i, spec in enumerate(sets):
+        setting = f"layout_options.label_files[{i}]"
+        folder = resolve_inside(manifest, spec.images, f"{setting}.images")
+        resolve_inside(manifest, spec.file, f"{setting}.file")
         if folder.is_dir():
             _scan_labelled_set(manifest, spec, folder, label_values, patient_ids, result)
         elif spec.declared:
@@ -121,8 +125,9 @@ def _scan_labelled_set(
     out: LayoutScan,
 ) -> None:
     """Add the records of one table-labelled image folder, and every mismatch, to ``out``."""
-    images, problems = list_images(folder)
+    images, problems, strays = list_images(folder)
     out.problems.extend(problems)
+    out.warnings.extend(strays)
     table = resolve_under(manifest.root, spec.file)
     try:
         rows = read_table(table, [spec.image_column, spec.label_column])

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from medfed.config import SiteManifest
 from medfed.data.layouts._common import (
+    STRAY_FILE,
     PatientIds,
     check_options,
     is_clutter,
@@ -32,7 +33,7 @@ def scan(manifest: SiteManifest) -> LayoutScan:
     base = manifest.root / partition
     if not base.is_dir():
         return LayoutScan([], [_missing(base, manifest)])
-    result = LayoutScan([], _unexpected(base))
+    result = LayoutScan([], *_unexpected(base))
     for name, split in SPLIT_FOLDERS.items():
         folder = base / name
         if not folder.is_dir():
@@ -41,18 +42,28 @@ def scan(manifest: SiteManifest) -> LayoutScan:
         found = scan_class_folders(manifest, folder, split, patient_ids)
         result.records.extend(found.records)
         result.problems.extend(found.problems)
+        result.warnings.extend(found.warnings)
     if not result.records:
         result.problems.append(Problem(str(base), "no labelled images found in this partition"))
     result.records.sort(key=lambda r: r.path)
     return result
 
 
-def _unexpected(base: Path) -> list[Problem]:
-    return [
-        Problem(str(p), "not a RIM-ONE DL split folder; ignored", f"expected {list(SPLIT_FOLDERS)}")
-        for p in sorted(base.iterdir())
-        if p.name not in SPLIT_FOLDERS and not is_clutter(p)
-    ]
+def _unexpected(base: Path) -> tuple[list[Problem], list[Problem]]:
+    """Problems for unknown folders in the partition, warnings for stray files."""
+    problems, strays = [], []
+    for p in sorted(base.iterdir()):
+        if p.is_file():
+            strays.append(Problem(str(p), STRAY_FILE, f"expected {list(SPLIT_FOLDERS)} folders"))
+        elif p.name not in SPLIT_FOLDERS and not is_clutter(p):
+            problems.append(
+                Problem(
+                    str(p),
+                    "not a RIM-ONE DL split folder; ignored",
+                    f"expected {list(SPLIT_FOLDERS)}",
+                )
+            )
+    return problems, strays
 
 
 def _missing(expected: Path, manifest: SiteManifest) -> Problem:

@@ -1,0 +1,209 @@
+"""What a deployed run's server accepts from its sites, and where a SuperNode keeps its state.
+
+Unit tests of the pieces, without starting any Flower process: a site's description and
+published entry are checked before the server uses them, nothing a site sends is expanded
+against the server's environment, and a run's or site's name never leaves the state folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from medfed.config import load_manifest, parse_manifest
+from medfed.errors import ConfigError
+from medfed.flower.node import _safe, train_config_from_toml
+
+SECRET = "MEDFED_TEST_SERVER_SECRET"
+
+
+def _manifest(root: str, site_id: str = "acrima") -> dict:
+    return {
+        "id": site_id,
+        "modality": "fundus",
+        "layout": "acrima",
+        "root": root,
+        "labels": {"normal": 0, "glaucoma": 1},
+    }
+
+
+@pytest.mark.parametrize("root", [f"${SECRET}/scans", f"${{{SECRET}}}/scans", "~/scans"])
+def test_a_stored_or_received_manifest_is_not_expanded(monkeypatch, root) -> None:
+    monkeypatch.setenv(SECRET, "/the/server/secret")
+    manifest = parse_manifest(_manifest(root), where="received", base_dir=Path("/"))
+    assert str(manifest.root) == "/" + root  # taken as written (relative to base_dir)
+
+
+def test_a_manifest_rebuilt_from_a_run_is_not_expanded(monkeypatch) -> None:
+    from medfed.serving.bundle import manifest_from_dict
+
+    monkeypatch.setenv(SECRET, "/the/server/secret")
+    manifest = manifest_from_dict(_manifest(f"/data/${SECRET}"))
+    assert str(manifest.root) == f"/data/${SECRET}"
+
+
+def test_a_received_manifest_with_an_unset_variable_is_taken_as_written(monkeypatch) -> None:
+    monkeypatch.delenv(SECRET, raising=False)
+    manifest = parse_manifest(_manifest(f"/data/${SECRET}"), where="received", base_dir=Path("/"))
+    assert str(manifest.root) == f"/data/${SECRET}"
+
+
+def test_a_local_manifest_file_still_expands(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv(SECRET, str(tmp_path / "scans"))
+    path = tmp_path / "site.toml"
+    path.write_text(
+        f'id = "acrima"\nmodality = "fundus"\nlayout = "acrima"\nroot = "${SECRET}"\n'
+        "[labels]\nnormal = 0\nglaucoma = 1\n",
+        encoding="utf-8",
+    )
+    assert load_manifest(path).root == tmp_path / "scans"
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "...", "../..", "a/../../b", "/etc", "run 1"])
+def test_a_state_folder_name_stays_inside_its_parent(tmp_path, name) -> None:
+    safe = _safe(name)
+    assert safe not in ("", ".", "..")
+    assert "/" not in safe and "\\" not in safe
+    assert (tmp_path / safe).resolve().parent == tmp_path.resolve()
+
+
+def test_ordinary_names_are_kept() -> None:
+    assert _safe("feddrm-run_2.a") == "feddrm-run_2.a"
+    assert _safe("..") != _safe(".")
+
+
+def test_run_settings_whose_train_is_not_a_table_are_refused() -> None:
+    with pytest.raises(ConfigError, match="'train' must be a \\[train\\] table"):
+        train_config_from_toml("train = 5\n", "run config 'train'")
+
+
+# --- the server's side (imports Flower's message types; starts nothing) -------------------------
+
+flwr = pytest.importorskip("flwr")
+
+
+def _info(**changes) -> dict:
+    info = {
+        "id": "acrima",
+        "modality": "fundus",
+        "labels": {"normal": 0, "glaucoma": 1},
+        "input_shape": [3, 64, 64],
+        "n_train": 14,
+        "manifest": _manifest(f"${SECRET}/scans"),
+    }
+    return info | changes
+
+
+def test_a_site_description_is_checked_and_never_expanded(monkeypatch) -> None:
+    from medfed.flower.server_app import site_info
+
+    monkeypatch.setenv(SECRET, "/the/server/secret")
+    sent = _info()
+    sent["manifest"]["manifest_path"] = "/etc/passwd"  # a path on the site's machine
+    site = site_info(sent, ["acrima", "rimone"])
+    assert site.input_shape == (3, 64, 64)
+    assert site.manifest["root"] == f"${SECRET}/scans"
+    assert site.manifest["manifest_path"] == ""  # never opened on the server's machine
+
+
+@pytest.mark.parametrize(
+    ("info", "message"),
+    [
+        (_info(id="../../etc"), "does not list"),
+        (_info(id="refuge"), "does not list"),
+        (_info(n_train="14"), "wrong kind"),
+        (_info(input_shape=[3, -1, 64]), "wrong kind"),
+        (_info(labels={"normal": "0"}), "wrong kind"),
+        (_info(extra=1), "expected"),
+        ({"id": "acrima"}, "expected"),
+        ("acrima", "not a JSON object"),
+    ],
+)
+def test_a_bad_site_description_is_refused(info, message) -> None:
+    from medfed.flower.server_app import site_info
+
+    with pytest.raises(ValueError, match=message):
+        site_info(info, ["acrima", "rimone"])
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"id": "../../x", "index": 0, "manifest": _manifest("/d")}, "as site '../../x'"),
+        ({"id": "rimone", "index": 0, "manifest": _manifest("/d")}, "as site 'rimone'"),
+        ({"id": "acrima", "index": 1, "manifest": _manifest("/d")}, "expected 'acrima'"),
+        ({"id": "acrima", "index": 0, "manifest": _manifest("/d", "rimone")}, "another site"),
+        ({"id": "acrima", "index": 0, "manifest": _manifest("/d")}, "unusable site entry"),
+        ([], "expected 'acrima'"),
+    ],
+)
+def test_a_published_entry_must_be_the_sites_own(entry, message) -> None:
+    from medfed.flower.server_app import published_entry
+
+    with pytest.raises(ValueError, match=message):
+        published_entry(entry, "acrima", 0)
+
+
+def _run_config(**changes) -> dict:
+    train = 'algorithm = "fedavg"\nrounds = 2\n'
+    return {"train": train, "sites": "acrima,rimone", "run-dir": "/tmp/run"} | changes
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"sites": "acrima,acrima"}, "unique"),
+        ({"sites": "acrima,../x"}, "unique"),
+        ({"resume": "yes"}, "'resume' must be true or false"),
+        ({"wait-s": "soon"}, "'wait-s' must be a number"),
+        ({"reply-timeout-s": 0.0}, "'reply-timeout-s' must be a number"),
+        ({"train": 'algorithm = "fedavg"\nrounds = 2\nfaults = ["1:nosuch:drop"]\n'}, "nosuch"),
+        ({"train": 'algorithm = "local"\nrounds = 2\nfaults = ["1:acrima:nan"]\n'}, "no update"),
+    ],
+)
+def test_a_bad_run_config_is_refused_by_name(changes, message) -> None:
+    from medfed.flower.server_app import Deployment
+
+    with pytest.raises(ConfigError, match=message):
+        Deployment.from_run_config(_run_config(**changes))
+
+
+def test_a_good_run_config_is_read() -> None:
+    from medfed.flower.server_app import Deployment
+
+    deployment = Deployment.from_run_config(_run_config(resume=True, **{"wait-s": 5}))
+    assert deployment.sites == ["acrima", "rimone"]
+    assert deployment.resume is True and deployment.wait_s == 5.0
+
+
+# --- the app folder and the pilot's keys ----------------------------------------------------------
+
+
+def test_the_app_folder_never_replaces_another_project(tmp_path) -> None:
+    pytest.importorskip("cryptography")
+    from medfed.config import TrainConfig
+    from medfed.flower.deploy import write_app
+
+    config = TrainConfig(algorithm="fedavg", rounds=2)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "mine"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="not a medfed app"):
+        write_app(tmp_path, config, ["a", "b"], "/tmp/run")
+    assert "mine" in (tmp_path / "pyproject.toml").read_text(encoding="utf-8")
+    app = tmp_path / "app"
+    write_app(app, config, ["a", "b"], "/tmp/run")
+    write_app(app, config, ["a", "b", "c"], "/tmp/run")  # its own folder may be written again
+    assert "a,b,c" in (app / "pyproject.toml").read_text(encoding="utf-8")
+
+
+def test_the_pki_never_replaces_existing_keys(tmp_path) -> None:
+    pytest.importorskip("cryptography")
+    from medfed.flower.deploy import write_pki
+
+    write_pki(tmp_path, ["127.0.0.1"], ["acrima"])
+    before = (tmp_path / "ca.key").read_bytes()
+    with pytest.raises(ConfigError, match="already exists"):
+        write_pki(tmp_path, ["127.0.0.1"], ["rimone"])
+    assert (tmp_path / "ca.key").read_bytes() == before
+    with pytest.raises(ConfigError, match="--days"):
+        write_pki(tmp_path / "new", ["127.0.0.1"], ["acrima"], days=0)
