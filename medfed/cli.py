@@ -17,6 +17,7 @@ from typer.core import TyperArgument, TyperCommand
 from medfed import __version__
 from medfed.config import DEVICES, FAULT_KINDS, WIRE_PRECISION_NOTES, Modality, TrainConfig
 from medfed.errors import ConfigError, ManifestError, MedfedError, require_extra
+from medfed.fileio import make_out_folder
 
 if TYPE_CHECKING:
     from medfed.config import RunConfigFile, SiteManifest
@@ -152,6 +153,15 @@ def friendly(func: Callable[..., Any]) -> Callable[..., Any]:
         except MedfedError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
+        except OSError as exc:  # the system refused a file: name it, never a traceback
+            names = [str(n) for n in (exc.filename, exc.filename2) if n]
+            where = " -> ".join(names) or "a file or folder"
+            typer.echo(
+                f"error: {where}: {exc.strerror or exc}; check that the path exists, is a file "
+                "or a folder as the command expects, and that this user may read and write it",
+                err=True,
+            )
+            raise typer.Exit(1) from None
 
     return wrapper
 
@@ -465,6 +475,7 @@ def train(
     where = str(stored.path) if stored else None
     config = merge_train_settings(stored.train if stored else {}, given, where=where)
     config = resolved_train_config(config)
+    make_out_folder(out)  # before the sites are loaded: that can take minutes
     show = progress and sys.stderr.isatty()
     paths = [*(sites or []), *(more_sites or [])]
     if paths:
@@ -536,6 +547,8 @@ def report(
     from medfed.runs import RunDir
     from medfed.runs.study import write_study_report
 
+    if not out.is_dir():  # (a folder is refused by the report, with its own words)
+        make_out_folder(out.parent, f"--out {out}: its folder")
     for run in runs:  # each run's model/ as written: a damaged one makes the run unusable
         RunDir(run).verify_model()
     written = write_study_report(runs, out, title=title)
@@ -620,6 +633,7 @@ def demo(
 ) -> None:
     """Synthesize three fundus sites, train FedDRM and baselines, print the comparison."""
     _check_readme(update_readme, "demo-table")
+    make_out_folder(out)
     from medfed.experiments.demo import run_demo
 
     run_demo(out, quick=quick, seed=seed, echo=typer.echo, readme=update_readme)
@@ -654,6 +668,7 @@ def compare(
 ) -> None:
     """Train several methods on the synthetic fundus federation; accuracy and bytes per round."""
     _check_readme(update_readme, "compare-table")
+    make_out_folder(out)
     from medfed.experiments.demo import COMMUNICATION_METHODS, run_demo
 
     chosen = tuple(methods or COMMUNICATION_METHODS)
@@ -705,6 +720,7 @@ def bench(
     """Every method on the synthetic fundus and CT federations over several seeds, with speed
     figures; writes OUT/results.json, OUT/results.md and PNG plots."""
     _check_readme(update_readme, "bench-table")
+    make_out_folder(out)
     from medfed.experiments.bench import BenchPlan, run_bench
 
     plan = BenchPlan.make(

@@ -32,3 +32,31 @@ def _mode_for(path: Path) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
+
+
+def make_out_folder(path: Path, option: str = "--out") -> None:
+    """Make the output folder ``path`` (or find it there), before any work is done; a clear
+    ConfigError naming ``option`` when it cannot be one: an existing file, a file on the way to
+    it, a place this user may not write to."""
+    from medfed.errors import ConfigError
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{option} {path} is an existing file; give a folder (new or existing)")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(
+            f"{option} {path}: {existing} is a file, so the folder cannot be made there; "
+            "choose another path"
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):  # can files be written in it?
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"{option} {path}: the folder cannot be written ({exc.strerror or exc}); "
+            "choose a folder this user can write to"
+        ) from None

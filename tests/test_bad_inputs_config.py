@@ -294,6 +294,12 @@ TRAIN_CASES = [
         2,
         ("fault", "nosuch"),
     ),
+    Case(
+        "a corrupted-update drill for an algorithm that sends no update",
+        _train("--algorithm", "local", "--rounds", "2", "--inject-fault", "1:acrima:nan"),
+        2,
+        ("1:acrima:nan", "sends no update", "raise, timeout or drop"),
+    ),
     Case("the same manifest given twice", _same_manifest_twice, 2, ("acrima.toml", "twice")),
     Case("unknown algorithm", _train("--algorithm", "fedfoo"), 2, ("fedfoo", "algorithm")),
     Case("no algorithm", _train(), 2, ("--algorithm",)),

@@ -163,3 +163,20 @@ def test_given_params_merge_over_the_stored_ones_of_the_same_algorithm() -> None
     # Another algorithm: the stored params were feddrm's, so they are dropped.
     other = merge_train_settings(stored, {"algorithm": "fedavg"}, where="f.toml")
     assert (other.algorithm, other.params) == ("fedavg", {})
+
+
+def test_a_file_the_system_refuses_is_named_not_a_traceback(capsys) -> None:
+    import typer
+
+    from medfed.cli import friendly
+
+    @friendly
+    def reads() -> None:
+        raise PermissionError(13, "Permission denied", "/data/site/scan.png")
+
+    with pytest.raises(typer.Exit) as exited:
+        reads()
+    assert exited.value.exit_code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: /data/site/scan.png: Permission denied;")
+    assert "Traceback" not in err
