@@ -17,7 +17,7 @@ from typer.core import TyperArgument, TyperCommand
 from medfed import __version__
 from medfed.config import DEVICES, FAULT_KINDS, WIRE_PRECISION_NOTES, Modality, TrainConfig
 from medfed.errors import ConfigError, ManifestError, MedfedError, require_extra
-from medfed.fileio import make_out_folder
+from medfed.fileio import check_out_folder
 
 if TYPE_CHECKING:
     from medfed.config import RunConfigFile, SiteManifest
@@ -139,6 +139,20 @@ def _default(name: str, file_option: str | None = None) -> str:
     return f"(default: {value})"
 
 
+def named_folder(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """Option callback: refuse an empty path for an output or cache folder. An empty string
+    reaches the command as '.', which would scatter the files into the current folder."""
+    if value is not None and str(value) in ("", "."):
+        name = param.opts[0] if param.opts else param.name
+        example = "cache" if param.name == "cache_dir" else "runs/feddrm"
+        raise typer.BadParameter(
+            f"{name} is empty (or '.'): give a folder by name, e.g. {name} {example}",
+            ctx=ctx,
+            param=param,
+        )
+    return value
+
+
 # The folder default_cache_dir (medfed.data.cache) picks, for help texts.
 CACHE_DIR_HELP = "Preprocessing cache folder (default: $MEDFED_CACHE, else ~/.cache/medfed)."
 
@@ -184,7 +198,10 @@ def _parse_params(items: list[str]) -> dict[str, str]:
 @app.command()
 @friendly
 def synth(
-    out: Annotated[Path, typer.Option(help="Folder to write the synthetic sites into.")],
+    out: Annotated[
+        Path,
+        typer.Option(help="Folder to write the synthetic sites into.", callback=named_folder),
+    ],
     modality: Annotated[str, typer.Option(help="fundus, ct or all.")] = "all",
     n_per_site: Annotated[
         int | None,
@@ -207,7 +224,9 @@ def synth(
 def sites_check(
     manifests: Annotated[list[Path], typer.Argument(help="Site manifests (*.toml).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON.")] = False,
-    cache_dir: Annotated[Path | None, typer.Option(help="Preprocessing cache folder.")] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="Preprocessing cache folder.", callback=named_folder)
+    ] = None,
 ) -> None:
     """Validate sites before they join. Exit 0 ready, 1 problems found, 2 unusable manifest."""
     from medfed.data.cache import TensorCache, default_cache_dir
@@ -255,8 +274,12 @@ def sites_card(
     others: Annotated[
         list[Path] | None, typer.Option("--other", help="Other sites, for the distance section.")
     ] = None,
-    out_dir: Annotated[Path, typer.Option(help="Folder for the card.")] = Path("data_cards"),
-    cache_dir: Annotated[Path | None, typer.Option(help=CACHE_DIR_HELP)] = None,
+    out_dir: Annotated[
+        Path, typer.Option(help="Folder for the card.", callback=named_folder)
+    ] = Path("data_cards"),
+    cache_dir: Annotated[
+        Path | None, typer.Option(help=CACHE_DIR_HELP, callback=named_folder)
+    ] = None,
 ) -> None:
     """Write data_cards/<id>.md for a site: counts, ratio, acquisition, shifts, licence, ethics."""
     from medfed.config import load_manifest
@@ -358,7 +381,9 @@ def train(
         typer.Option(help=f"Local optimizer steps per round {_default('local_steps')}."),
     ] = None,
     seed: Annotated[int | None, typer.Option(help=f"Random seed {_default('seed')}.")] = None,
-    out: Annotated[Path, typer.Option(help="Run directory to write.")] = Path("runs/latest"),
+    out: Annotated[
+        Path, typer.Option(help="Run directory to write.", callback=named_folder)
+    ] = Path("runs/latest"),
     resume: Annotated[bool, typer.Option(help="Continue a killed run in --out.")] = False,
     device: Annotated[
         str | None, typer.Option(help=f"{', '.join(DEVICES)} {_default('device')}.")
@@ -433,7 +458,9 @@ def train(
             "(repeatable)."
         ),
     ] = None,
-    cache_dir: Annotated[Path | None, typer.Option(help="Preprocessing cache folder.")] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="Preprocessing cache folder.", callback=named_folder)
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
 ) -> None:
     """Train a federation over the given sites and write the run directory."""
@@ -475,7 +502,7 @@ def train(
     where = str(stored.path) if stored else None
     config = merge_train_settings(stored.train if stored else {}, given, where=where)
     config = resolved_train_config(config)
-    make_out_folder(out)  # before the sites are loaded: that can take minutes
+    check_out_folder(out)  # before the sites are loaded: that can take minutes
     show = progress and sys.stderr.isatty()
     paths = [*(sites or []), *(more_sites or [])]
     if paths:
@@ -492,8 +519,13 @@ def train(
     import math
     import time
 
+    from medfed.data.sitedata import no_validation_warning
     from medfed.runs import RunDir
 
+    for site in loaded:
+        words = no_validation_warning(site, config.operating_point)
+        if words:
+            typer.echo(f"warning: {words}", err=True)
     started = time.perf_counter()
     summary = run_training(loaded, config, out, resume=resume, progress=show)
     seconds = time.perf_counter() - started
@@ -524,7 +556,7 @@ def evaluate(
     summary = run_dir.read_summary()
     run_dir.verify_model()  # a damaged model/ makes the run unusable, whatever it measured
     if as_json:
-        typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
+        typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True, allow_nan=False))
         return
     typer.echo(evaluation_text(summary))
 
@@ -544,14 +576,11 @@ def report(
     """Write one self-contained HTML report for the study's clinicians: sites and data, AUCs
     with CIs, operating points, calibration, cross-site matrix, routing, traffic. It loads
     nothing from a network and opens from a USB stick."""
-    from medfed.runs import RunDir
     from medfed.runs.study import write_study_report
 
     if not out.is_dir():  # (a folder is refused by the report, with its own words)
-        make_out_folder(out.parent, f"--out {out}: its folder")
-    for run in runs:  # each run's model/ as written: a damaged one makes the run unusable
-        RunDir(run).verify_model()
-    written = write_study_report(runs, out, title=title)
+        check_out_folder(out.parent, f"--out {out}: its folder")
+    written = write_study_report(runs, out, title=title)  # each run's model/ checked too
     typer.echo(
         f"wrote {written.path}: {len(written.methods)} method(s) "
         f"({', '.join(written.methods)}) on {len(written.sites)} site(s)"
@@ -563,7 +592,7 @@ def report(
 def route(
     run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
     files: Annotated[
-        list[Path],
+        list[str],  # text, not Path: Path('') would read as '.', the current folder
         typer.Argument(
             help="JPEG/PNG/TIFF/BMP photos, DICOM files or series folders, NIfTI (.nii, "
             ".nii.gz); "
@@ -598,14 +627,18 @@ def route(
 
     Exit code 1 when any file could not be answered; the other files are still answered.
     """
-    from medfed.serving.audit import printable
+    from medfed.names import printable
     from medfed.serving.bundle import TrainedFederation
     from medfed.serving.routers import make_router
     from medfed.serving.service import distinct, route_files
 
+    if any(not name for name in files):
+        raise ConfigError(
+            "an empty scan path ('') was given; name each scan file or DICOM series folder"
+        )
     fed = TrainedFederation.load(run, device)
     chosen = make_router(router, fed)
-    unique, repeated = distinct(list(files))
+    unique, repeated = distinct([Path(name) for name in files])
     for path, times in repeated.items():
         shown = printable(str(path))
         typer.echo(f"warning: {shown} was given {times} times; it is answered once", err=True)
@@ -624,7 +657,9 @@ def route(
 @app.command()
 @friendly
 def demo(
-    out: Annotated[Path, typer.Option(help="Folder for the data and the runs.")] = Path("demo_out"),
+    out: Annotated[
+        Path, typer.Option(help="Folder for the data and the runs.", callback=named_folder)
+    ] = Path("demo_out"),
     quick: Annotated[bool, typer.Option(help="A smaller budget (under 3 minutes).")] = False,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     update_readme: Annotated[
@@ -633,7 +668,7 @@ def demo(
 ) -> None:
     """Synthesize three fundus sites, train FedDRM and baselines, print the comparison."""
     _check_readme(update_readme, "demo-table")
-    make_out_folder(out)
+    check_out_folder(out)
     from medfed.experiments.demo import run_demo
 
     run_demo(out, quick=quick, seed=seed, echo=typer.echo, readme=update_readme)
@@ -650,9 +685,9 @@ def compare(
             "communication comparison (FedAvg, FedDRM, int8, FedALS, LoRA).",
         ),
     ] = None,
-    out: Annotated[Path, typer.Option(help="Folder for the data and the runs.")] = Path(
-        "compare_out"
-    ),
+    out: Annotated[
+        Path, typer.Option(help="Folder for the data and the runs.", callback=named_folder)
+    ] = Path("compare_out"),
     quick: Annotated[bool, typer.Option(help="The smaller demo budget.")] = False,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     update_readme: Annotated[
@@ -668,7 +703,7 @@ def compare(
 ) -> None:
     """Train several methods on the synthetic fundus federation; accuracy and bytes per round."""
     _check_readme(update_readme, "compare-table")
-    make_out_folder(out)
+    check_out_folder(out)
     from medfed.experiments.demo import COMMUNICATION_METHODS, run_demo
 
     chosen = tuple(methods or COMMUNICATION_METHODS)
@@ -697,9 +732,9 @@ def bench(
     seeds: Annotated[
         int | None, typer.Option(help="Seeds 0..N-1 (default 3, or 2 with --quick).")
     ] = None,
-    out: Annotated[Path, typer.Option(help="Folder for data, runs and results.")] = Path(
-        "bench_out"
-    ),
+    out: Annotated[
+        Path, typer.Option(help="Folder for data, runs and results.", callback=named_folder)
+    ] = Path("bench_out"),
     as_json: Annotated[bool, typer.Option("--json", help="Print results.json.")] = False,
     modality: Annotated[str, typer.Option(help="fundus, ct or all.")] = "all",
     update_readme: Annotated[
@@ -720,7 +755,7 @@ def bench(
     """Every method on the synthetic fundus and CT federations over several seeds, with speed
     figures; writes OUT/results.json, OUT/results.md and PNG plots."""
     _check_readme(update_readme, "bench-table")
-    make_out_folder(out)
+    check_out_folder(out)
     from medfed.experiments.bench import BenchPlan, run_bench
 
     plan = BenchPlan.make(
@@ -805,8 +840,17 @@ def deploy_app_folder(
     from medfed.flower.deploy import write_app
     from medfed.flower.node import train_config_from_toml
 
+    if str(out) in ("", "."):
+        raise ConfigError("OUT is empty (or '.'): give the app folder by name, e.g. pilot_app")
+    if algorithm is not None and not algorithm.strip():
+        raise ConfigError("--algorithm is empty: name one (listed in --help), or leave it out")
     stored: dict[str, Any] = {}
     if train_config is not None:
+        if train_config.is_dir():
+            raise ConfigError(
+                f"--train-config {train_config} is a folder: give the TOML file with the "
+                "'train' table"
+            )
         if not train_config.is_file():
             raise ConfigError(f"--train-config {train_config}: no such file")
         try:
@@ -848,6 +892,8 @@ def deploy_pki(
 ) -> None:
     """A pilot's CA, the SuperLink's TLS certificate and one key pair per SuperNode."""
     require_extra("cryptography", "flower", "medfed deploy pki")
+    if str(out) in ("", "."):
+        raise ConfigError("OUT is empty (or '.'): give the PKI folder by name, e.g. pki")
     from medfed.flower.deploy import write_pki
 
     pki = write_pki(out, host, site, days)

@@ -35,8 +35,10 @@ LAYOUTS_BY_MODALITY: dict[Modality, tuple[str, ...]] = {
     Modality.CT: ("dicom", "nifti"),
 }
 
-# A site id names files and folders (cards, caches, run directories), so it stays file-safe.
+# A site id names files and folders (cards, caches, run directories), so it stays file-safe,
+# and short enough that a file name built from it stays within every file system's limit.
 SITE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+SITE_ID_MAX_LENGTH = 64
 
 
 def valid_site_id(text: str) -> bool:
@@ -86,6 +88,14 @@ class FundusPreprocess:
             raise ValueError("preprocess.roi_threshold must be in [0, 1)")
 
 
+# Bounds of the CT [preprocess] settings: finite and sane, so that a mistyped value is refused
+# here rather than turning every scan into NaN or an array too large for memory.
+CT_HU_RANGE: tuple[float, float] = (-2000.0, 5000.0)  # air is -1000 HU, dense bone ~3000 HU
+CT_SPACING_RANGE_MM: tuple[float, float] = (0.05, 50.0)
+CT_SHAPE_RANGE: tuple[int, int] = (4, 1024)
+CT_MAX_VOXELS = 2**26  # 64 Mi voxels, 256 MiB per scan as float32
+
+
 @dataclass(frozen=True)
 class CTPreprocess:
     """CT pipeline: HU window, resample to a target spacing, crop/pad to a fixed shape.
@@ -99,13 +109,39 @@ class CTPreprocess:
     normalize: bool = True
 
     def __post_init__(self) -> None:
+        # Comparisons are false for NaN, so a NaN fails each range check below.
+        lo_hu, hi_hu = CT_HU_RANGE
+        window = f"{list(self.hu_window)}"
+        if len(self.hu_window) != 2 or not all(lo_hu <= v <= hi_hu for v in self.hu_window):
+            raise ValueError(
+                f"hu_window {window} must be two finite HU values between {lo_hu:g} and "
+                f"{hi_hu:g}, e.g. hu_window = [-160, 240]"
+            )
         lo, hi = self.hu_window
-        if not lo < hi:
-            raise ValueError("preprocess.hu_window must be [low, high] with low < high")
-        if len(self.spacing) != 3 or any(s <= 0 for s in self.spacing):
-            raise ValueError("preprocess.spacing must be three positive numbers (mm)")
-        if len(self.shape) != 3 or any(s < 4 for s in self.shape):
-            raise ValueError("preprocess.shape must be three integers >= 4")
+        if not hi - lo >= 1:
+            raise ValueError(
+                f"hu_window {window} must be [low, high] with low below high by at least 1 HU, "
+                "e.g. hu_window = [-160, 240]"
+            )
+        lo_mm, hi_mm = CT_SPACING_RANGE_MM
+        if len(self.spacing) != 3 or not all(lo_mm <= s <= hi_mm for s in self.spacing):
+            raise ValueError(
+                f"spacing {list(self.spacing)} must be three finite numbers of millimetres "
+                f"between {lo_mm:g} and {hi_mm:g} (slice, row, column), e.g. spacing = [4, 4, 4]"
+            )
+        lo_n, hi_n = CT_SHAPE_RANGE
+        if len(self.shape) != 3 or not all(lo_n <= s <= hi_n for s in self.shape):
+            raise ValueError(
+                f"shape {list(self.shape)} must be three integers between {lo_n} and {hi_n} "
+                "(slices, rows, columns), e.g. shape = [16, 48, 48]"
+            )
+        voxels = math.prod(self.shape)
+        if voxels > CT_MAX_VOXELS:
+            raise ValueError(
+                f"shape {list(self.shape)} holds {voxels} voxels per scan, more than "
+                f"{CT_MAX_VOXELS} (e.g. 256 x 512 x 512); choose a smaller shape or a "
+                "coarser spacing"
+            )
 
 
 PreprocessOptions = FundusPreprocess | CTPreprocess
@@ -131,6 +167,8 @@ class SplitOptions:
             raise ValueError("split fractions must be in [0, 1)")
         if self.val_fraction + self.test_fraction >= 1:
             raise ValueError("split.val_fraction + split.test_fraction must be below 1")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer >= 0 (below 2**63), got {self.seed}")
 
 
 @dataclass(frozen=True)
@@ -186,15 +224,52 @@ _FIELD_EXAMPLES = {
 }
 
 
+# How each table of a manifest is written, for the message that asks for a table.
+_TABLE_EXAMPLES = {
+    "labels": "[labels] / normal = 0 / glaucoma = 1",
+    "preprocess": "[preprocess] / image_size = 64",
+    "split": "[split] / seed = 0",
+    "layout_options": '[layout_options] / labels_file = "labels.csv"',
+}
+
+# Free-text fields of a manifest (shown on site cards and in reports).
+_TEXT_FIELDS: tuple[str, ...] = (
+    "description", "source", "acquisition", "known_shifts", "licence", "ethics",
+)  # fmt: skip
+
+
 def _require(data: dict[str, Any], key: str, kind: type, where: str) -> Any:
     if key not in data:
         example = _FIELD_EXAMPLES.get(key, "")
         raise ManifestError(
             f"{where}: missing required field '{key}'" + (f"; add {example}" if example else "")
         )
+    if kind is dict:
+        return _table(data, key, where)
     value = data[key]
     if not isinstance(value, kind):
-        raise ManifestError(f"{where}: field '{key}' must be a {kind.__name__}, got {value!r}")
+        words = "a string (in quotes)" if kind is str else f"a {kind.__name__}"
+        example = _FIELD_EXAMPLES.get(key, "")
+        raise ManifestError(
+            f"{where}: field '{key}' must be {words}, got {value!r}"
+            + (f"; e.g. {example}" if example else "")
+        )
+    return value
+
+
+def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    """A table-valued field (``[key]``); absent is an empty table, anything else is refused."""
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        shown = (
+            "an array of tables [[...]]"
+            if isinstance(value, list) and value and all(isinstance(v, dict) for v in value)
+            else repr(value)
+        )
+        raise ManifestError(
+            f"{where}: [{key}] must be a table, e.g. {_TABLE_EXAMPLES[key]} "
+            f"(each on its own line), got {shown}"
+        )
     return value
 
 
@@ -259,6 +334,11 @@ def parse_manifest(
             f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(_TOP_KEYS)}"
         )
     site_id = _require(data, "id", str, where)
+    if len(site_id) > SITE_ID_MAX_LENGTH:
+        raise ManifestError(
+            f"{where}: id {site_id[:24]!r}... is {len(site_id)} characters long; use at most "
+            f"{SITE_ID_MAX_LENGTH} (it names files and folders)"
+        )
     if not valid_site_id(site_id):
         raise ManifestError(
             f"{where}: id {site_id!r} must start with a letter or digit and hold only letters, "
@@ -287,6 +367,12 @@ def parse_manifest(
         if not root.is_absolute():
             root = base_dir / root
     labels = _require(data, "labels", dict, where)
+    booleans = sorted(k for k, v in labels.items() if isinstance(v, bool))
+    if booleans:
+        raise ManifestError(
+            f"{where}: [labels] {', '.join(booleans)} must be a class index (an integer), "
+            f"not true/false; e.g. normal = 0, glaucoma = 1"
+        )
     if len(labels) < 2 or not all(isinstance(v, int) and v >= 0 for v in labels.values()):
         raise ManifestError(
             f"{where}: [labels] must map at least two class names to integers >= 0, "
@@ -301,16 +387,19 @@ def parse_manifest(
     if indices != list(range(len(indices))):
         raise ManifestError(f"{where}: [labels] indices must be 0..K-1 without gaps, got {indices}")
     preprocess = _typed(
-        PREPROCESS_BY_MODALITY[modality], data.get("preprocess", {}), where, "preprocess"
+        PREPROCESS_BY_MODALITY[modality], _table(data, "preprocess", where), where, "preprocess"
     )
-    split = _typed(SplitOptions, data.get("split", {}), where, "split")
-    layout_options = data.get("layout_options", {})
-    if not isinstance(layout_options, dict):
-        raise ManifestError(f"{where}: [layout_options] must be a table")
-    text_fields = {
-        k: str(data.get(k, ""))
-        for k in ("description", "source", "acquisition", "known_shifts", "licence", "ethics")
-    }
+    split = _typed(SplitOptions, _table(data, "split", where), where, "split")
+    layout_options = _table(data, "layout_options", where)
+    text_fields = {}
+    for key in _TEXT_FIELDS:
+        value = data.get(key, "")
+        if not isinstance(value, str):
+            raise ManifestError(
+                f"{where}: field '{key}' must be a string (in quotes), got {value!r}; "
+                f'e.g. {key} = "..."'
+            )
+        text_fields[key] = value
     return SiteManifest(
         id=site_id,
         modality=modality,
@@ -402,6 +491,13 @@ class Fault:
         return f"{self.round}:{self.site}:{self.kind}"
 
 
+# Upper bounds of the training budget: far above any real run, low enough that a mistyped
+# number is refused at once instead of running for years (or overflowing a counter).
+MAX_ROUNDS = 100_000
+MAX_LOCAL_STEPS = 1_000_000
+MAX_BATCH_SIZE = 65_536
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that decides a training run besides the sites themselves."""
@@ -440,9 +536,20 @@ class TrainConfig:
     def __post_init__(self) -> None:
         # Comparisons are false for NaN, so a NaN fails each range check below.
         checks = [
-            (self.rounds >= 1, "rounds (--rounds) must be >= 1"),
-            (self.local_steps >= 1, "local_steps (--local-steps) must be >= 1"),
-            (self.batch_size >= 1, "batch_size (--batch-size) must be >= 1"),
+            (
+                1 <= self.rounds <= MAX_ROUNDS,
+                f"rounds (--rounds) must be between 1 and {MAX_ROUNDS}, got {self.rounds}",
+            ),
+            (
+                1 <= self.local_steps <= MAX_LOCAL_STEPS,
+                f"local_steps (--local-steps) must be >= 1 and at most {MAX_LOCAL_STEPS}, "
+                f"got {self.local_steps}",
+            ),
+            (
+                1 <= self.batch_size <= MAX_BATCH_SIZE,
+                f"batch_size (--batch-size) must be >= 1 and at most {MAX_BATCH_SIZE}, "
+                f"got {self.batch_size}",
+            ),
             (0 < self.lr < math.inf, f"lr (--lr) must be a number > 0, got {self.lr}"),
             (self.optimizer in ("sgd", "adam"), "optimizer (--optimizer) must be sgd or adam"),
             (0 <= self.momentum < 1, "momentum must be in [0, 1)"),

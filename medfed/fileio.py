@@ -34,10 +34,10 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
-def make_out_folder(path: Path, option: str = "--out") -> None:
-    """Make the output folder ``path`` (or find it there), before any work is done; a clear
-    ConfigError naming ``option`` when it cannot be one: an existing file, a file on the way to
-    it, a place this user may not write to."""
+def check_out_folder(path: Path, option: str = "--out") -> None:
+    """Refuse an output folder that could not be made or written, before any work is done (and
+    without making it: a refused command leaves nothing behind): an existing file, a file on
+    the way to it, a place this user may not write to. A clear ConfigError naming ``option``."""
     from medfed.errors import ConfigError
 
     path = Path(path)
@@ -48,12 +48,11 @@ def make_out_folder(path: Path, option: str = "--out") -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(
-            f"{option} {path}: {existing} is a file, so the folder cannot be made there; "
-            "choose another path"
+            f"{option} {path}: {existing} is an existing file, so the folder cannot be made "
+            "there; choose another path"
         )
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):  # can files be written in it?
+        with tempfile.TemporaryFile(dir=existing):  # can files be written there?
             pass
     except OSError as exc:
         raise ConfigError(

@@ -60,6 +60,33 @@ def _missing_manifest(tmp: Path, s: Shared) -> list:
     return ["sites", "check", tmp / "nosuch.toml"]
 
 
+def _table_as(name: str, written: str):
+    """Drop the manifest's ``[name]`` table and write ``written`` among its top-level fields."""
+
+    def edit(text: str, s: Shared) -> str:
+        changed, n = re.subn(rf"^\[{name}\]\n(?:[a-z_]+ = .*\n)*", "", text, flags=re.M)
+        assert n == 1, (name, text)
+        return f"{written}\n{changed}"
+
+    return edit
+
+
+def _ct_manifest(preprocess: str):
+    """`sites check` on a CT manifest whose [preprocess] table holds ``preprocess``; it is
+    refused before its (absent) scans are looked at."""
+
+    def make(tmp: Path, s: Shared) -> list:
+        text = (
+            'id = "ct-site"\nmodality = "ct"\nlayout = "nifti"\nroot = "scans"\n\n'
+            f"[labels]\nnormal = 0\nlesion = 1\n\n[preprocess]\n{preprocess}\n"
+        )
+        path = tmp / "site.toml"
+        path.write_text(text, encoding="utf-8")
+        return ["sites", "check", path, "--cache-dir", tmp / "cache"]
+
+    return make
+
+
 MANIFEST_CASES = [
     Case(
         "manifest is not TOML",
@@ -135,6 +162,138 @@ MANIFEST_CASES = [
         ("site.toml", "image_size", "an integer"),
     ),
     Case("manifest file does not exist", _missing_manifest, 2, ("nosuch.toml", "not found")),
+    Case(
+        "CT spacing is NaN",
+        _ct_manifest("spacing = [nan, 4.0, 4.0]"),
+        2,
+        ("site.toml", "[preprocess] spacing", "finite", "between 0.05 and 50"),
+    ),
+    Case(
+        "CT spacing is vanishingly small",
+        _ct_manifest("spacing = [1e-300, 4.0, 4.0]"),
+        2,
+        ("site.toml", "[preprocess] spacing", "between 0.05 and 50"),
+    ),
+    Case(
+        "CT spacing is enormous",
+        _ct_manifest("spacing = [1e300, 4.0, 4.0]"),
+        2,
+        ("site.toml", "[preprocess] spacing", "between 0.05 and 50"),
+    ),
+    Case(
+        "CT HU window is infinite",
+        _ct_manifest("hu_window = [-inf, inf]"),
+        2,
+        ("site.toml", "hu_window", "finite HU", "[-160, 240]"),
+    ),
+    Case(
+        "CT HU window is enormous",
+        _ct_manifest("hu_window = [-1e308, 1e308]"),
+        2,
+        ("site.toml", "hu_window", "between -2000 and 5000", "[-160, 240]"),
+    ),
+    Case(
+        "CT HU window is inverted",
+        _ct_manifest("hu_window = [240, -160]"),
+        2,
+        ("site.toml", "hu_window", "low below high", "[-160, 240]"),
+    ),
+    Case(
+        "CT shape is enormous",
+        _ct_manifest("shape = [100000, 48, 48]"),
+        2,
+        ("site.toml", "[preprocess] shape", "100000", "between 4 and 1024"),
+    ),
+    Case(
+        "CT shape holds too many voxels",
+        _ct_manifest("shape = [1024, 1024, 1024]"),
+        2,
+        ("site.toml", "[preprocess] shape", "voxels", "67108864"),
+    ),
+    Case(
+        "manifest preprocess is a number",
+        _manifest(_table_as("preprocess", "preprocess = 5")),
+        2,
+        ("site.toml", "[preprocess] must be a table", "image_size = 64"),
+    ),
+    Case(
+        "manifest preprocess is a string",
+        _manifest(_table_as("preprocess", 'preprocess = "image_size"')),
+        2,
+        ("site.toml", "[preprocess] must be a table", "image_size = 64"),
+    ),
+    Case(
+        "manifest preprocess is an array",
+        _manifest(_table_as("preprocess", "preprocess = [1, 2]")),
+        2,
+        ("site.toml", "[preprocess] must be a table", "image_size = 64"),
+    ),
+    Case(
+        "manifest preprocess is an array of tables",
+        _manifest(_replace(r"^\[preprocess\]$", "[[preprocess]]")),
+        2,
+        ("site.toml", "[preprocess] must be a table", "array of tables"),
+    ),
+    Case(
+        "manifest split is a number",
+        _manifest(_table_as("split", "split = 3")),
+        2,
+        ("site.toml", "[split] must be a table", "seed = 0"),
+    ),
+    Case(
+        "manifest split is true",
+        _manifest(_table_as("split", "split = true")),
+        2,
+        ("site.toml", "[split] must be a table", "seed = 0"),
+    ),
+    Case(
+        "manifest split is an array",
+        _manifest(_table_as("split", 'split = ["seed"]')),
+        2,
+        ("site.toml", "[split] must be a table", "seed = 0"),
+    ),
+    Case(
+        "manifest labels is an array",
+        _manifest(_table_as("labels", 'labels = ["normal", "glaucoma"]')),
+        2,
+        ("site.toml", "[labels] must be a table", "normal = 0"),
+    ),
+    Case(
+        "manifest layout options is a string",
+        _manifest(lambda text, s: 'layout_options = "flat"\n' + text),
+        2,
+        ("site.toml", "[layout_options] must be a table"),
+    ),
+    Case(
+        "manifest split seed is negative",
+        _manifest(_replace(r"^seed = 0$", "seed = -5")),
+        2,
+        ("site.toml", "[split] seed", "integer >= 0", "-5"),
+    ),
+    Case(
+        "site id is too long to name a file",
+        _manifest(_replace(r'^id = ".*"$', f'id = "{"a" * 250}"')),
+        2,
+        ("site.toml", "250 characters", "at most 64"),
+    ),
+    Case(
+        "manifest label index is true",
+        _manifest(_replace(r"^glaucoma = 1$", "glaucoma = true")),
+        2,
+        ("site.toml", "[labels] glaucoma", "class index", "true/false"),
+    ),
+    Case(
+        "manifest description is an array",
+        _manifest(_replace(r"^description = .*$", "description = [1, 2]")),
+        2,
+        ("site.toml", "description", "must be a string"),
+    ),
+    Case(
+        "manifest licence is a number",
+        _manifest(_replace(r"^licence = .*$", "licence = 3")),
+        2,
+        ("site.toml", "licence", "must be a string"),
+    ),
 ]
 
 
@@ -304,6 +463,42 @@ TRAIN_CASES = [
     Case("unknown algorithm", _train("--algorithm", "fedfoo"), 2, ("fedfoo", "algorithm")),
     Case("no algorithm", _train(), 2, ("--algorithm",)),
     Case("mistyped option", lambda tmp, s: ["train", "--bogus"], 2, ("--bogus",)),
+    Case(
+        "rounds too large for a counter",
+        _train("--algorithm", "fedavg", "--rounds", "99999999999999999999"),
+        2,
+        ("--rounds", "between 1 and 100000"),
+    ),
+    Case(
+        "rounds that would run for years",
+        _train("--algorithm", "fedavg", "--rounds", "100000000"),
+        2,
+        ("--rounds", "100000000", "between 1 and 100000"),
+    ),
+    Case(
+        "local steps that would run for years",
+        _train("--algorithm", "fedavg", "--local-steps", "1000000000000"),
+        2,
+        ("--local-steps", "at most 1000000"),
+    ),
+    Case(
+        "batch size beyond any memory",
+        _train("--algorithm", "fedavg", "--batch-size", "10000000"),
+        2,
+        ("--batch-size", "at most 65536"),
+    ),
+    Case(
+        "train into an empty --out",
+        _train("--algorithm", "fedavg", "--out", ""),
+        2,
+        ("--out", "is empty"),
+    ),
+    Case(
+        "train with an empty --cache-dir",
+        _train("--algorithm", "fedavg", "--cache-dir", ""),
+        2,
+        ("--cache-dir", "is empty"),
+    ),
 ]
 
 
@@ -413,6 +608,30 @@ def _readme_without_markers(command: str):
 
 OTHER_CASES = [
     Case("synth into an existing file", _existing_file, 2, ("taken.txt", "is a file")),
+    Case(
+        "synth into an empty --out",
+        lambda tmp, s: ["synth", "--out", "", "--modality", "fundus"],
+        2,
+        ("--out", "is empty"),
+    ),
+    Case(
+        "demo into an empty --out",
+        lambda tmp, s: ["demo", "--out", ""],
+        2,
+        ("--out", "is empty"),
+    ),
+    Case(
+        "compare into the current folder",
+        lambda tmp, s: ["compare", "--out", "."],
+        2,
+        ("--out", "'.'"),
+    ),
+    Case(
+        "bench into an empty --out",
+        lambda tmp, s: ["bench", "--out", ""],
+        2,
+        ("--out", "is empty"),
+    ),
     Case(
         "synth with zero scans per site",
         lambda tmp, s: ["synth", "--out", tmp / "s", "--modality", "fundus", "--n-per-site", "0"],

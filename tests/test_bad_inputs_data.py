@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shutil
@@ -406,6 +407,41 @@ def _rimone(rel: str, action: str):
 
 _GRADIENT = np.dstack([np.add.outer(np.arange(80), np.arange(80)).astype(np.uint8)] * 3)
 
+NON_UTF8 = os.fsdecode(b"Im777_g_ACRIMA\xff.jpg")
+NEWLINE = "Im778_g\n[READY] all files verified.jpg"
+
+
+def _named(name: str, *, text: bool = False):
+    """A copy of the first image (or a text file) saved under the file name ``name``."""
+
+    def edit(root: Path) -> None:
+        if text:
+            (root / name).write_text("not a photo")
+        else:
+            shutil.copy(_first(root), root / name)
+
+    return edit
+
+
+def _special(name: str, kind: str):
+    """A FIFO, or a link to /dev/zero, named like an image."""
+
+    def edit(root: Path) -> None:
+        if kind == "fifo":
+            os.mkfifo(root / name)
+        else:
+            (root / name).symlink_to("/dev/zero")
+
+    return edit
+
+
+def _card_non_utf8(tmp: Path, s: Shared) -> list:
+    data = s.copy_data(tmp)
+    _named(NON_UTF8, text=True)(data / "ACRIMA")
+    return ["sites", "card", data / "sites" / "acrima.toml", "--out-dir", tmp / "cards",
+            "--cache-dir", tmp / "cache"]  # fmt: skip
+
+
 CASES = [
     Case("roi_crop is a string", _manifest_append("preprocess", 'roi_crop = "no"'), 2,
          ("roi_crop", "true or false")),
@@ -554,6 +590,27 @@ CASES = [
     Case("NIfTI label naming an undeclared class",
          _nifti_site(_labels_csv("patient_id,label\nP0,benign\nP1,cancer\nP2,benign\n")), 1,
          ("labels.csv:3", "'cancer'", "does not declare")),
+    Case("val_fraction = 0: no validation split", _manifest_append("split", "val_fraction = 0"),
+         0, ("site acrima has no validation split", "val_fraction = 0", "threshold stays at 0.5",
+             "no validation AUC")),
+    Case("image name that is not UTF-8", _acrima(_named(NON_UTF8, text=True)), 1,
+         ("Im777_g_ACRIMA\\xff.jpg", "not a readable image format")),
+    Case("copy of an image under a name that is not UTF-8", _acrima(_named(NON_UTF8)), 0,
+         ("byte-identical", "Im777_g_ACRIMA\\xff.jpg")),
+    Case("image name with a newline", _acrima(_named(NEWLINE, text=True)), 1,
+         ("Im778_g\\n[READY] all files verified.jpg", "not a readable image format")),
+    Case("data card of a site with a file name that is not UTF-8", _card_non_utf8, 0,
+         ("acrima.md",)),
+    Case("empty --out-dir for a data card",
+         lambda tmp, s: ["sites", "card", s.manifests()[0], "--out-dir", ""], 2,
+         ("--out-dir", "is empty")),
+    Case("empty --cache-dir for sites check",
+         lambda tmp, s: ["sites", "check", s.manifests()[0], "--cache-dir", ""], 2,
+         ("--cache-dir", "is empty")),
+    Case("FIFO named like an image", _acrima(_special("Im801_g_ACRIMA.jpg", "fifo")), 1,
+         ("Im801_g_ACRIMA.jpg", "not a regular file (a FIFO)")),
+    Case("link to /dev/zero named like an image", _acrima(_special("Im800_ACRIMA.jpg", "zero")),
+         1, ("Im800_ACRIMA.jpg", "not a regular file (a character device)")),
 ]  # fmt: skip
 
 PERMISSION_CASES = [
@@ -619,3 +676,41 @@ def test_byte_identical_scans_share_a_split() -> None:
     # without copies the split is the patient split, as before
     plain = assign_splits(records, SplitOptions(), contents=[f"h{i}" for i in range(40)])
     assert plain == assign_splits(records, SplitOptions())
+
+
+def test_file_names_are_escaped_in_reports_and_cards(tmp_path, shared: Shared) -> None:
+    """A newline in a file name fakes no line of output; bytes that are not UTF-8 are escaped
+    in the text report, the JSON report and the data card alike."""
+    from typer.testing import CliRunner
+
+    from medfed.cli import app
+
+    data = shared.copy_data(tmp_path)
+    _named(NEWLINE, text=True)(data / "ACRIMA")
+    _named(NON_UTF8, text=True)(data / "ACRIMA")
+    manifest = str(data / "sites" / "acrima.toml")
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    text = CliRunner().invoke(app, ["sites", "check", manifest, *cache]).output
+    assert not [line for line in text.splitlines() if line.startswith("[READY] all files")]
+    assert "Im777_g_ACRIMA\\xff.jpg" in text
+    report = CliRunner().invoke(app, ["sites", "check", "--json", manifest, *cache]).stdout
+    files = [p["file"] for p in json.loads(report)[0]["problems"]]
+    assert any(f.endswith("Im778_g\\n[READY] all files verified.jpg") for f in files), files
+    assert any(f.endswith("Im777_g_ACRIMA\\xff.jpg") for f in files), files
+    out = tmp_path / "cards"
+    card = CliRunner().invoke(app, ["sites", "card", manifest, "--out-dir", str(out), *cache])
+    assert card.exit_code == 0, card.output
+    assert "Im777_g_ACRIMA\\xff.jpg" in (out / "acrima.md").read_text(encoding="utf-8")
+
+
+def test_a_site_without_validation_scans_is_named_for_training(tmp_path, shared: Shared) -> None:
+    """The words training prints for a site whose operating point falls back to 0.5."""
+    from medfed.config import load_manifest
+    from medfed.data.cache import TensorCache
+    from medfed.data.sitedata import load_site, no_validation_warning
+
+    argv = _manifest_append("split", "val_fraction = 0")(tmp_path, shared)
+    site = load_site(load_manifest(argv[2]), TensorCache(tmp_path / "cache"))
+    words = no_validation_warning(site, "youden")
+    assert words is not None and "site acrima" in words and "0.5" in words and "youden" in words
+    assert no_validation_warning(site, "threshold:0.3") is None

@@ -163,6 +163,23 @@ def _non_utf8_name(tmp: Path, s: Shared) -> list:
     return [tmp / NON_UTF8]
 
 
+def _fifo(tmp: Path, s: Shared) -> list:
+    os.mkfifo(tmp / "x.jpg")
+    return [tmp / "x.jpg"]
+
+
+def _device_link(tmp: Path, s: Shared) -> list:
+    (tmp / "zero.png").symlink_to("/dev/zero")
+    return [tmp / "zero.png"]
+
+
+def _system_file(tmp: Path, s: Shared) -> list:
+    status = Path("/proc/self/status")
+    if not status.is_file():
+        pytest.skip("no /proc file system here")
+    return [status]
+
+
 def _audit(kind: str):
     """A run whose audit.sqlite is garbage, a folder, or read-only; routes one good photo."""
 
@@ -258,6 +275,13 @@ CASES = [
     Case("a read-only audit log", _audit("read-only"), 2,
          ("audit.sqlite", "cannot be recorded", "writable", "--no-audit")),
     Case("a damaged audit log with --no-audit", _garbage_audit_skipped, 0, ("Im001",)),
+    Case("a FIFO named like a photo", _route(_fifo), 1,
+         ("x.jpg", "not a regular file (a FIFO)")),
+    Case("a link to /dev/zero named like a photo", _route(_device_link), 1,
+         ("zero.png", "not a regular file (a character device)")),
+    Case("an empty scan path", _route(lambda tmp, s: [""]), 2, ("empty scan path ('')",)),
+    Case("a system file whose size reads 0 bytes", _route(_system_file), 1,
+         ("/proc/self/status", "not a scan file")),
     Case("an unknown router", _unknown_router, 2, ("unknown router", "nearest")),
     Case("a run directory that does not exist", _no_run, 2, ("no_such_run",)),
 ]  # fmt: skip

@@ -199,6 +199,69 @@ def config_text(text: bytes):
     return write("config.toml", text)
 
 
+def to_folder(name: str):
+    """``name`` replaced by an empty folder."""
+
+    def edit(run: Path) -> None:
+        path = run / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        path.mkdir()
+
+    return edit
+
+
+def to_link(name: str, target: str):
+    """``name`` replaced by a link to ``target`` (a device such as /dev/zero: endless bytes)."""
+
+    def edit(run: Path) -> None:
+        path = run / name
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        path.symlink_to(target)
+
+    return edit
+
+
+def sparse(name: str, size: int):
+    """``name`` grown to ``size`` bytes without writing them (a sparse file)."""
+
+    def edit(run: Path) -> None:
+        with open(run / name, "r+b") as handle:
+            handle.truncate(size)
+
+    return edit
+
+
+def emptied(folder: str):
+    def edit(run: Path) -> None:
+        for path in (run / folder).iterdir():
+            path.unlink()
+
+    return edit
+
+
+def rmtree(folder: str):
+    return lambda run: shutil.rmtree(run / folder)
+
+
+def _twice(tmp, s: Shared) -> list:
+    run = s.copy_run(tmp)
+    return ["report", run, run.parent / "." / "run", "--out", tmp / "report.html"]
+
+
+def _a_file(tmp, s: Shared) -> list:
+    (tmp / "afile").write_text("not a run\n")
+    return ["evaluate", tmp / "afile"]
+
+
+def _evaluate_json(*edits):
+    make = _on_run("evaluate", *edits)
+    return lambda tmp, s: [*make(tmp, s), "--json"]
+
+
+def site_value(key: str, value):
+    return summary_field(lambda d: _set(d, ("sites", "acrima", key), value))
+
+
 NOT_UTF8 = b"\xff\xfe\x00{"
 M, C = "model/", f"{LAST}/"
 
@@ -230,6 +293,75 @@ CASES = [
          _on_run("report", write("summary.json", NOT_UTF8)), 2, ("summary.json", "UTF-8")),
     Case("config.toml is missing", _on_run("evaluate", remove("config.toml")), 2,
          ("config.toml", "--out")),
+    # --- figures out of their range: refused by name, never printed
+    Case("summary.json mean site AUC is NaN",
+         _on_run("evaluate", summary_field(lambda d: d | {"mean_site_auc": float("nan")})), 2,
+         ("summary.json", "'mean_site_auc'", "from 0 to 1", "nan")),
+    Case("summary.json a site's AUC is NaN", _on_run("evaluate", site_value("auc", float("nan"))),
+         2, ("summary.json", "sites.acrima.auc", "nan")),
+    Case("summary.json a site's accuracy is infinite",
+         _on_run("evaluate", site_value("accuracy", float("inf"))), 2,
+         ("summary.json", "sites.acrima.accuracy", "inf")),
+    Case("summary.json a site's AUC is 7.5", _on_run("evaluate", site_value("auc", 7.5)), 2,
+         ("summary.json", "sites.acrima.auc", "from 0 to 1", "7.5")),
+    Case("summary.json a test count is negative", _on_run("evaluate", site_value("n_test", -6)),
+         2, ("summary.json", "sites.acrima.n_test", "0 or more")),
+    Case("summary.json bytes per round are negative",
+         _on_run("evaluate", summary_field(lambda d: d | {"bytes_per_round": -1.0})), 2,
+         ("summary.json", "'bytes_per_round'", "0 or more")),
+    Case("summary.json seconds per round are infinite",
+         _on_run("evaluate", summary_field(lambda d: d | {"seconds_per_round": float("inf")})),
+         2, ("summary.json", "'seconds_per_round'")),
+    Case("summary.json an AUC interval bound is NaN",
+         _on_run("evaluate", summary_field(lambda d: _set(
+             d, ("sites", "acrima", "auc_ci", "low"), float("nan")))), 2,
+         ("summary.json", "sites.acrima.auc_ci.low")),
+    Case("summary.json a calibration figure is NaN",
+         _on_run("evaluate", summary_field(lambda d: _set(
+             d, ("sites", "acrima", "calibration", "brier"), float("nan")))), 2,
+         ("summary.json", "sites.acrima.calibration.brier")),
+    Case("evaluate --json on a NaN AUC", _evaluate_json(site_value("auc", float("nan"))), 2,
+         ("summary.json", "sites.acrima.auc")),
+    # --- files that are not regular files, or far too large
+    Case("summary.json is a folder", _on_run("evaluate", to_folder("summary.json")), 2,
+         ("summary.json", "is a folder")),
+    Case("summary.json is a link to /dev/zero",
+         _on_run("evaluate", to_link("summary.json", "/dev/zero")), 2,
+         ("summary.json", "not a regular file")),
+    Case("summary.json is a 30 GB sparse file",
+         _on_run("evaluate", sparse("summary.json", 30 * 10**9)), 2,
+         ("summary.json", "30.00 GB", "64.00 MB")),
+    Case("report on a summary.json linked to /dev/zero",
+         _on_run("report", to_link("summary.json", "/dev/zero")), 2,
+         ("summary.json", "not a regular file")),
+    Case("model.json is a link to /dev/zero",
+         _on_run("evaluate", to_link(M + "model.json", "/dev/zero")), 2,
+         ("model.json", "not a regular file")),
+    Case("route on a model.json linked to /dev/zero",
+         _on_run("route", to_link(M + "model.json", "/dev/zero")), 2,
+         ("model.json", "not a regular file")),
+    Case("resume: metrics.jsonl is a folder", _on_run("resume", to_folder("metrics.jsonl")), 2,
+         ("metrics.jsonl", "is a folder")),
+    Case("config.toml is a folder", _on_run("evaluate", to_folder("config.toml")), 2,
+         ("config.toml", "is a folder")),
+    Case("config.toml is a link to /dev/zero",
+         _on_run("evaluate", to_link("config.toml", "/dev/zero")), 2,
+         ("config.toml", "not a regular file")),
+    Case("evaluate an ordinary file", _a_file, 2, ("afile", "is a file, not a run directory")),
+    Case("report the same run twice", _twice, 2, ("run", "given twice")),
+    # --- a finished run's model/
+    Case("evaluate a run whose model folder was deleted", _on_run("evaluate", rmtree("model")),
+         2, ("model", "missing", "retrain")),
+    Case("evaluate a run whose model folder was emptied", _on_run("evaluate", emptied("model")),
+         2, ("model.json", "missing")),
+    Case("evaluate a run whose model folder is a link to /dev/null",
+         _on_run("evaluate", to_link("model", "/dev/null")), 2, ("model", "not a folder")),
+    Case("report on a run whose model folder was deleted", _on_run("report", rmtree("model")), 2,
+         ("model", "missing")),
+    Case("a site's weight file is a folder", _on_run("evaluate", to_folder(M + SITE)), 2,
+         (SITE, "is a folder", "files.json")),
+    Case("a site's weight file is a link to /dev/zero",
+         _on_run("route", to_link(M + SITE, "/dev/zero")), 2, (SITE, "not a regular file")),
     # --- model/model.json, read by route
     Case("model.json is an empty object", _on_run("route", write(M + "model.json", "{}")), 2,
          ("model.json", "'algorithm'", "retrain")),

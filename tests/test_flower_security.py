@@ -158,6 +158,10 @@ def _run_config(**changes) -> dict:
         ({"resume": "yes"}, "'resume' must be true or false"),
         ({"wait-s": "soon"}, "'wait-s' must be a number"),
         ({"reply-timeout-s": 0.0}, "'reply-timeout-s' must be a number"),
+        ({"wait-s": 1e300}, "'wait-s' must be a number of seconds > 0 and at most 604800"),
+        ({"reply-timeout-s": "inf"}, "'reply-timeout-s' must be a number"),
+        ({"sites": " , "}, "names no site"),
+        ({"sites": ""}, "names no site"),
         ({"train": 'algorithm = "fedavg"\nrounds = 2\nfaults = ["1:nosuch:drop"]\n'}, "nosuch"),
         ({"train": 'algorithm = "local"\nrounds = 2\nfaults = ["1:acrima:nan"]\n'}, "no update"),
     ],
@@ -207,3 +211,104 @@ def test_the_pki_never_replaces_existing_keys(tmp_path) -> None:
     assert (tmp_path / "ca.key").read_bytes() == before
     with pytest.raises(ConfigError, match="--days"):
         write_pki(tmp_path / "new", ["127.0.0.1"], ["acrima"], days=0)
+
+
+# --- the names the certificates carry ------------------------------------------------------------
+
+LONGEST_NAME = ".".join(["a" * 63] * 3 + ["b" * 61])  # 253 characters, every part at most 63
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["link.example.org", "localhost", "10.0.0.5", "::1", "2001:db8::7", "xn--bcher-kva.example",
+     "a-1.b2", LONGEST_NAME],
+)  # fmt: skip
+def test_a_good_host_is_taken_as_given(host) -> None:
+    from medfed.flower.deploy import check_host
+
+    assert len(LONGEST_NAME) == 253
+    assert check_host(host) == host
+
+
+@pytest.mark.parametrize(
+    ("host", "message"),
+    [
+        ("", "--host is empty"),
+        ("a" * 64, "1 to 63"),
+        ("a b/c", "not an IP address nor a DNS name"),
+        ("-link.example.org", "not first or last"),
+        ("link..example.org", "not an IP address nor a DNS name"),
+        ("link.example.org.", "not an IP address nor a DNS name"),
+        ("under_score.org", "not an IP address nor a DNS name"),
+        ("bücher.example", "xn--"),
+        ("*.example.org", "not an IP address nor a DNS name"),
+        ("999.1.1.1", "not a valid IP address"),
+        ("10.0.0", "not a valid IP address"),
+        ("fe80::1%eth0", "IPv6 zone"),
+        (LONGEST_NAME + "b", "at most 253"),
+    ],
+)
+def test_a_host_no_tls_client_can_match_is_refused(host, message) -> None:
+    from medfed.flower.deploy import check_host
+
+    with pytest.raises(ConfigError, match=message):
+        check_host(host)
+
+
+def test_a_long_host_name_goes_into_the_alternative_names(tmp_path) -> None:
+    pytest.importorskip("cryptography")
+    from cryptography import x509
+
+    from medfed.flower.deploy import write_pki
+
+    pki = write_pki(tmp_path / "pki", [LONGEST_NAME, "10.0.0.5"], ["acrima"], days=36500)
+    cert = x509.load_pem_x509_certificate(pki.server_cert.read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == [LONGEST_NAME]
+    assert [str(a) for a in names.get_values_for_type(x509.IPAddress)] == ["10.0.0.5"]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "sites", "days", "message"),
+    [
+        (["h"], ["acrima"], 36501, "--days must be 1 to 36500"),
+        (["h"], ["acrima"], 10**8, "--days"),
+        (["h", "h"], ["acrima"], 365, "--host h is given twice"),
+        (["h"], ["a" * 65], 365, "--site"),
+        (["h"], [".."], 365, "--site '..'"),
+        (["h"], ["a", "a"], 365, "--site a is given twice"),
+    ],
+)
+def test_a_bad_pki_request_writes_nothing(tmp_path, hosts, sites, days, message) -> None:
+    pytest.importorskip("cryptography")
+    from medfed.flower.deploy import write_pki
+
+    with pytest.raises(ConfigError, match=message):
+        write_pki(tmp_path / "pki", hosts, sites, days)
+    assert not (tmp_path / "pki").exists()
+
+
+@pytest.mark.parametrize(
+    ("run_dir", "message"), [("", "--run-dir is empty"), (" ", "empty"), ("/", "folder name")]
+)
+def test_an_app_needs_a_run_directory_that_names_the_run(tmp_path, run_dir, message) -> None:
+    pytest.importorskip("cryptography")
+    from medfed.config import TrainConfig
+    from medfed.flower.deploy import write_app
+
+    with pytest.raises(ConfigError, match=message):
+        write_app(tmp_path / "app", TrainConfig(algorithm="fedavg"), ["a"], run_dir)
+    assert not (tmp_path / "app").exists()
+
+
+@pytest.mark.parametrize("wait", [0.0, -1.0, float("nan"), float("inf"), 7 * 24 * 3600.0 + 1])
+def test_an_app_waits_a_bounded_time(tmp_path, wait) -> None:
+    pytest.importorskip("cryptography")
+    from medfed.config import TrainConfig
+    from medfed.flower.deploy import write_app
+
+    config = TrainConfig(algorithm="fedavg")
+    with pytest.raises(ConfigError, match="--wait must be"):
+        write_app(tmp_path / "app", config, ["a"], "/r", wait_s=wait)
+    with pytest.raises(ConfigError, match="--reply-timeout must be"):
+        write_app(tmp_path / "app", config, ["a"], "/r", reply_timeout_s=wait)

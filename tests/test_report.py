@@ -32,6 +32,7 @@ from medfed.runs.report import (
     site_table,
 )
 from medfed.runs.schema import Summary
+from tests.badinput import Shared
 from tests.oldruns import before_intervals
 from tests.test_schema import make_summary, router, site_figures, summary_dict
 
@@ -229,9 +230,10 @@ def test_an_old_run_without_the_new_fields_still_prints_everything_as_na() -> No
     assert "no calibration in this run" in calibration_table(run)
 
 
-def test_medfed_evaluate_prints_the_tables_and_json_prints_every_field(tmp_path: Path) -> None:
-    run = RunDir(tmp_path / "run")
-    run.write_config({"train": {"algorithm": "feddrm"}})
+def test_medfed_evaluate_prints_the_tables_and_json_prints_every_field(
+    tmp_path: Path, shared: Shared
+) -> None:
+    run = RunDir(shared.copy_run(tmp_path))  # a finished run (with its model/), these figures
     run.write_summary(rich_summary())
     runner = CliRunner()
 

@@ -229,7 +229,10 @@ def test_a_newer_summary_is_refused_with_what_to_do(tmp_path: Path) -> None:
         (lambda d: d.pop("worst_site_auc"), "missing required field 'worst_site_auc'"),
         (lambda d: d["sites"]["b"].pop("n_test"), "missing required field 'sites.b.n_test'"),
         (lambda d: d.update(rounds="three"), "field 'rounds' should be a whole number"),
-        (lambda d: d["sites"]["a"].update(auc="high"), "'sites.a.auc' should be a number or null"),
+        (
+            lambda d: d["sites"]["a"].update(auc="high"),
+            "'sites.a.auc' should be a number from 0 to 1, or null",
+        ),
         (lambda d: d.update(schema_version="1"), "schema_version '1' is not a positive integer"),
     ],
     ids=["top", "site", "type", "site-type", "version"],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from medfed.cli import app
+from medfed.errors import ConfigError
 from medfed.runs import RunDir
 from medfed.runs.report import UNRELIABLE_MARK, auc_text
 from medfed.runs.schema import Summary
@@ -115,11 +117,16 @@ def test_an_old_run_reads_as_na_and_every_string_from_its_files_is_escaped(tmp_p
     assert "n/a (test split holds one class)" in text
     assert "no operating point in this run" in text and "no calibration in this run" in text
     assert "this run predates the cross-site matrix" in text
-    # The same method twice: told apart by folder, then by position.
-    assert [r.label for r in load_study([run.path, run.path])] == [
+    # The same method twice, in folders of the same name: told apart by folder, then by position.
+    again = tmp_path / "elsewhere" / "old"
+    shutil.copytree(run.path, again)
+    assert [r.label for r in load_study([run.path, again])] == [
         "feddrm (old) #1",
         "feddrm (old) #2",
     ]
+    # The same run twice is refused, however it is spelt.
+    with pytest.raises(ConfigError, match="the same run as"):
+        load_study([run.path, tmp_path / "elsewhere" / ".." / "old"])
 
 
 def test_the_overview_is_read_where_the_data_layer_writes_it() -> None:

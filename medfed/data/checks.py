@@ -24,6 +24,7 @@ from medfed.data.sitedata import preprocess_record
 from medfed.data.splits import assign_splits
 from medfed.errors import ManifestError, MedfedError
 from medfed.metrics import RELIABLE_MIN, unreliable
+from medfed.names import printable
 from medfed.progress import bar
 
 EXIT_READY, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
@@ -110,7 +111,26 @@ def _summarize_sizes(shapes: list[tuple[int, ...]], spacings: list[tuple]) -> di
 
 
 def check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
-    """Validate one loaded manifest: layout, every file, labels, counts, statistics."""
+    """Validate one loaded manifest: layout, every file, labels, counts, statistics.
+
+    File names in the report are escaped (see :func:`medfed.names.printable`), so that a name
+    with a newline or bytes that are not UTF-8 neither fakes a line nor fails when printed.
+    """
+    return _escaped(_check_site(manifest, cache))
+
+
+def _escaped(report: SiteReport) -> SiteReport:
+    """``report`` with every path and message made printable (valid UTF-8, one line each)."""
+    report.manifest, report.root = printable(report.manifest), printable(report.root)
+    report.unusable = printable(report.unusable)
+    report.problems = [
+        Problem(printable(p.file), printable(p.message), printable(p.hint)) for p in report.problems
+    ]
+    report.warnings = [printable(w) for w in report.warnings]
+    return report
+
+
+def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
     report = SiteReport(
         manifest=str(manifest.manifest_path or manifest.id),
         site=manifest.id,
@@ -261,6 +281,8 @@ def _count(
                 )
             )
     report.warnings.extend(split_warnings(counts, by_index))
+    if "train" in counts and ("val" not in counts or sum(counts["val"].values()) == 0):
+        report.warnings.append(_no_validation_warning(manifest))
     if "train" not in counts or sum(counts["train"].values()) == 0:
         report.problems.append(Problem(str(manifest.root), "training split is empty"))
     if "test" not in counts or sum(counts["test"].values()) == 0:
@@ -273,6 +295,19 @@ def _count(
                 "(test_fraction), or add scans",
             )
         )
+
+
+def _no_validation_warning(manifest: SiteManifest) -> str:
+    """Why an empty validation split matters: what training falls back to on this site."""
+    where = manifest.manifest_path or "the manifest"
+    fraction = manifest.split.val_fraction
+    why = " ([split] val_fraction = 0)" if fraction == 0 else ""
+    return (
+        f"site {manifest.id} has no validation split{why}: training cannot tune its operating "
+        "rule on it, so "
+        "the site's operating threshold stays at 0.5 and no validation AUC is reported; set "
+        f"[split] val_fraction (e.g. 0.15) in {where}, or add scans, to tune it"
+    )
 
 
 def split_warnings(counts: dict[str, dict[str, int]], by_index: dict[int, str]) -> list[str]:
@@ -339,7 +374,7 @@ def check_manifests(paths: list[str | Path], cache: TensorCache) -> list[SiteRep
         try:
             manifest = load_manifest(path)
         except MedfedError as exc:
-            loaded.append(SiteReport(manifest=str(path), unusable=str(exc)))
+            loaded.append(_escaped(SiteReport(manifest=str(path), unusable=str(exc))))
             continue
         other = first_with_id.setdefault(manifest.id, path)
         if other is not path:

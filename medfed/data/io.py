@@ -7,6 +7,8 @@ own exceptions never reach the caller. Which decoder a modality uses is decided 
 
 from __future__ import annotations
 
+import errno
+import stat
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,9 +56,44 @@ class Volume:
 Decoded = np.ndarray | Volume  # what a decoder returns: a photo (H, W, 3) or a volume
 
 
+_SPECIAL_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def special_kind(path: Path) -> str | None:
+    """What ``path`` is when it is there but is neither a regular file nor a folder (links
+    followed): "a FIFO", "a character device", ..., "a broken link"; None otherwise (also
+    when nothing is there). Opening such a path could block forever or read without end."""
+    try:
+        mode = Path(path).stat().st_mode
+    except FileNotFoundError:
+        return "a broken link" if Path(path).is_symlink() else None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link that loops"
+        return None  # unreadable: opening it reports that in its own words
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((kind for test, kind in _SPECIAL_KINDS if test(mode)), "a special file")
+
+
+def require_regular(path: Path) -> None:
+    """DataError before ``path`` is opened when it is a FIFO, a device or a socket."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise DataError(
+            f"{path}: not a regular file ({kind}); replace it with the scan file itself"
+        )
+
+
 def read_image(path: Path) -> np.ndarray:
     """Decode a fundus image to uint8 RGB of shape (H, W, 3)."""
     path = Path(path)
+    require_regular(path)
     try:
         with _open_image(path) as image:
             _check_pixel_count(image, path)
@@ -129,6 +166,7 @@ class ImageInfo:
 def image_info(path: Path) -> ImageInfo:
     """Mode and size of an image file from its header (cheap: no pixel is decoded)."""
     path = Path(path)
+    require_regular(path)
     try:
         with _open_image(path) as image:
             return ImageInfo(mode=image.mode, size=image.size)
@@ -152,7 +190,11 @@ def _to_rgb(image: Image.Image, path: Path) -> np.ndarray:
 
 
 def probe_dicom(path: Path) -> bool:
-    """True when the file carries the DICOM Part 10 marker ('DICM' after the 128-byte preamble)."""
+    """True when the file carries the DICOM Part 10 marker ('DICM' after the 128-byte preamble).
+
+    False for a FIFO or device, which is never opened."""
+    if special_kind(path) is not None:
+        return False
     try:
         with Path(path).open("rb") as handle:
             handle.seek(_DICOM_MAGIC_OFFSET)
@@ -197,6 +239,7 @@ class _Slice:
 def _read_slice(path: Path) -> _Slice:
     import pydicom
 
+    require_regular(path)
     try:
         ds = pydicom.dcmread(path)
     except FileNotFoundError as exc:
@@ -353,6 +396,7 @@ def read_nifti(path: Path) -> Volume:
     import nibabel as nib
 
     path = Path(path)
+    require_regular(path)
     if not path.is_file():
         raise DataError(f"{path}: NIfTI file not found")
     problem = nifti_header_problem(path)

@@ -154,3 +154,25 @@ def _stack(items: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     if not items:
         return torch.empty((0, *like.shape), dtype=like.dtype)
     return torch.stack(items)
+
+
+def no_validation_warning(site: SiteData, operating_point: str) -> str | None:
+    """Words for a two-class site without validation scans whose operating point must be
+    chosen on them (any rule but ``threshold:T``): training falls back to threshold 0.5 there
+    and reports no validation AUC. None when nothing falls back."""
+    from medfed.metrics import OperatingRule
+
+    if len(site.manifest.class_names()) != 2 or site.n(Split.VAL) > 0:
+        return None
+    try:
+        rule = OperatingRule.parse(operating_point)
+    except ValueError:
+        return None  # the configuration check names a bad rule
+    if rule.kind == "threshold":
+        return None
+    where = site.manifest.manifest_path or "its manifest"
+    return (
+        f"site {site.id} has no validation split: its operating threshold falls back to 0.5 "
+        f"instead of the rule {rule}, and no validation AUC is reported; set [split] "
+        f"val_fraction (e.g. 0.15) in {where} to tune it"
+    )

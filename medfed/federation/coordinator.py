@@ -29,7 +29,7 @@ from medfed.federation import wire
 from medfed.federation.site import clone_state, cosine_lr, derive_seed
 from medfed.federation.validate import validate_update
 from medfed.federation.wire import WireFormat
-from medfed.fileio import make_out_folder
+from medfed.fileio import check_out_folder
 from medfed.models.backbones import spatial_dims
 from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model
@@ -200,7 +200,8 @@ class Coordinator:
                     f"{self.run.path} already holds a run; pass --resume to continue it "
                     "or choose another --out"
                 )
-            make_out_folder(self.run.path)
+            check_out_folder(self.run.path)
+            self.run.path.mkdir(parents=True, exist_ok=True)
             self.run.write_config(config)
             self.run.log_event("start", device=self.setup.describe(), **event)
             return 1, {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,14 +23,86 @@ from cryptography.x509.oid import NameOID
 
 from medfed.config import TrainConfig, valid_site_id
 from medfed.errors import ConfigError
+from medfed.fileio import check_out_folder
+
+# A site id names its key files and the comment of its public key: kept short enough for both.
+MAX_SITE_ID = 64
+# The longest wait a deployment accepts (--wait, --reply-timeout, and their run config keys).
+MAX_WAIT_S = 7 * 24 * 3600.0
+# The longest validity of the pilot's certificates (--days): a hundred years.
+MAX_DAYS = 36500
+_DNS_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
 def _check_sites(sites: list[str]) -> None:
     if not sites:
         raise ConfigError("name the sites of the federation, in order (--site a --site b ...)")
-    bad = [s for s in sites if not valid_site_id(s)]
-    if bad or len(set(sites)) != len(sites):
-        raise ConfigError(f"site ids must be unique letters, digits, '.', '_' or '-': {sites}")
+    bad = [s for s in sites if not valid_site_id(s) or len(s) > MAX_SITE_ID]
+    if bad:
+        raise ConfigError(
+            f"--site {bad[0]!r}: a site id is 1 to {MAX_SITE_ID} letters, digits, '.', '_' or "
+            "'-', starting with a letter or digit (the id in the site's manifest)"
+        )
+    twice = sorted({s for s in sites if sites.count(s) > 1})
+    if twice:
+        raise ConfigError(f"--site {twice[0]} is given twice; name each site once, in order")
+
+
+def check_wait(option: str, seconds: float) -> float:
+    """A wait in seconds: more than 0 and at most :data:`MAX_WAIT_S` (a week)."""
+    if not 0 < seconds <= MAX_WAIT_S:
+        raise ConfigError(
+            f"{option} must be a number of seconds > 0 and at most {MAX_WAIT_S:.0f} "
+            f"(a week), got {seconds}"
+        )
+    return float(seconds)
+
+
+def check_host(host: str) -> str:
+    """A name the SuperLink's certificate can carry, and a TLS client can match: an IP address
+    (v4 or v6) or a DNS name of RFC 1123 labels (1 to 63 letters, digits or '-', neither
+    first nor last; 253 characters in all). Returned as given."""
+    what = f"--host {host!r}"
+    if not host:
+        raise ConfigError("--host is empty: give the SuperLink's host name or IP address")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        if getattr(address, "scope_id", None):
+            raise ConfigError(
+                f"{what}: a certificate cannot hold an IPv6 zone ('%{address.scope_id}'); "
+                "give the address without it"
+            )
+        return host
+    if len(host) > 253:
+        raise ConfigError(
+            f"--host {host[:40]!r}...: a host name has at most 253 characters, got {len(host)}"
+        )
+    labels = host.split(".")
+    bad = next((label for label in labels if not _DNS_LABEL.fullmatch(label)), None)
+    if bad is not None:
+        raise ConfigError(
+            f"{what}: not an IP address nor a DNS name; each dot-separated part of a host name "
+            "is 1 to 63 ASCII letters, digits or '-' (not first or last), e.g. "
+            "--host link.example.org or --host 10.0.0.5 (write an international name in its "
+            "xn-- form)"
+        )
+    if labels[-1].isdigit():
+        raise ConfigError(
+            f"{what}: not a valid IP address, and a host name cannot end in a number; "
+            "check the address, e.g. --host 10.0.0.5"
+        )
+    return host
+
+
+def check_days(days: int) -> int:
+    if not 1 <= days <= MAX_DAYS:
+        raise ConfigError(
+            f"--days must be 1 to {MAX_DAYS} (the certificates' validity, in days), got {days}"
+        )
+    return days
 
 
 def _folder(out: Path, option: str) -> None:
@@ -61,9 +134,9 @@ def write_app(
     """Write the Flower app folder for one run; returns its pyproject.toml."""
     _check_sites(sites)
     refuse_unsupported(config)
-    for name, seconds in (("--wait", wait_s), ("--reply-timeout", reply_timeout_s)):
-        if not 0 < seconds < float("inf"):
-            raise ConfigError(f"{name} must be a number of seconds > 0, got {seconds}")
+    check_wait("--wait", wait_s)
+    check_wait("--reply-timeout", reply_timeout_s)
+    run_dir = check_run_dir(run_dir)
     _folder(out, "app folder")
     existing = out / "pyproject.toml"
     if existing.is_file() and not _is_medfed_app(existing):
@@ -71,6 +144,7 @@ def write_app(
             f"{existing} already exists and is not a medfed app folder; "
             "choose an empty or new folder for the app"
         )
+    check_out_folder(out, "OUT")
     out.mkdir(parents=True, exist_ok=True)
     pyproject = {
         "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
@@ -111,6 +185,22 @@ def write_app(
         encoding="utf-8",
     )
     return path
+
+
+def check_run_dir(run_dir: str) -> str:
+    """``--run-dir``: a path on the SuperLink's machine whose last part names the run."""
+    text = str(run_dir).strip()
+    if not text:
+        raise ConfigError(
+            "--run-dir is empty: give the run directory on the SuperLink's machine, "
+            "e.g. --run-dir /srv/medfed/runs/pilot1"
+        )
+    if Path(text).name in ("", ".", ".."):
+        raise ConfigError(
+            f"--run-dir {run_dir!r} does not end in a folder name (it names the run): "
+            "give it as e.g. /srv/medfed/runs/pilot1"
+        )
+    return text
 
 
 def _is_medfed_app(path: Path) -> bool:
@@ -155,8 +245,12 @@ def write_pki(out: Path, hosts: list[str], sites: list[str], days: int = 365) ->
     _check_sites(sites)
     if not hosts:
         raise ConfigError("name the SuperLink's host names or IP addresses (--host)")
-    if days < 1:
-        raise ConfigError(f"--days must be at least 1 (the certificates' validity), got {days}")
+    for host in hosts:
+        check_host(host)
+    twice = sorted({h for h in hosts if hosts.count(h) > 1})
+    if twice:
+        raise ConfigError(f"--host {twice[0]} is given twice; name each host once")
+    check_days(days)
     _folder(out, "PKI folder")
     taken = [
         out / n for n in ("ca.key", "ca.crt", "server.key", "server.crt") if (out / n).exists()
@@ -169,6 +263,7 @@ def write_pki(out: Path, hosts: list[str], sites: list[str], days: int = 365) ->
             f"{taken[0]} already exists ({len(taken)} file(s) of a PKI in {out}); replacing "
             "them would lock out every SuperNode holding the old ones: choose a new folder"
         )
+    check_out_folder(out, "OUT")
     out.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP384R1())
@@ -196,7 +291,8 @@ def write_pki(out: Path, hosts: list[str], sites: list[str], days: int = 365) ->
     server_key = ec.generate_private_key(ec.SECP384R1())
     server_cert = (
         x509.CertificateBuilder()
-        .subject_name(_name(hosts[0]))
+        # A common name holds 64 characters at most; TLS clients match the alternative names.
+        .subject_name(_name(hosts[0] if len(hosts[0]) <= 64 else "medfed SuperLink"))
         .issuer_name(ca_cert.subject)
         .public_key(server_key.public_key())
         .serial_number(x509.random_serial_number())

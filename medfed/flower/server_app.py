@@ -32,7 +32,7 @@ from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, Site
 from medfed.federation.rounds import RoundLoop, SiteFailure, SiteReply
 from medfed.federation.site import Published
 from medfed.federation.wire import WireFormat, encode
-from medfed.flower.deploy import refuse_unsupported
+from medfed.flower.deploy import MAX_WAIT_S, refuse_unsupported
 from medfed.flower.node import RunSettings, train_config_from_toml
 from medfed.flower.records import (
     json_of,
@@ -105,8 +105,11 @@ def _seconds(run_config: dict[str, Any], key: str, default: float) -> float:
         seconds = float(value)
     except (TypeError, ValueError):
         seconds = math.nan
-    if not 0 < seconds < math.inf or isinstance(value, bool):
-        raise ConfigError(f"run config {key!r} must be a number of seconds > 0, got {value!r}")
+    if not 0 < seconds <= MAX_WAIT_S or isinstance(value, bool):
+        raise ConfigError(
+            f"run config {key!r} must be a number of seconds > 0 and at most "
+            f"{MAX_WAIT_S:.0f} (a week), got {value!r}"
+        )
     return seconds
 
 

@@ -33,6 +33,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import time
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -44,6 +45,7 @@ import tomli_w
 from medfed.errors import RunDirError
 from medfed.fileio import atomic_write
 from medfed.runs.schema import PREDICTION_COLUMNS, RoundRecord, Summary, prediction_row
+from medfed.units import human_bytes
 from medfed.versions import SCHEMA_VERSION, VERSION_KEY, check_version, unversioned, versioned
 
 FILES = "files.json"
@@ -58,24 +60,73 @@ def write_json(path: Path, data: Mapping[str, Any], *, sort_keys: bool = True) -
 
 DAMAGED_FIX = "restore it from the run's backup, or train the run again"
 
+JSON_LIMIT = 64_000_000
+"""The largest JSON or TOML file of a run read whole (summary.json, model.json, files.json,
+state.json, config.toml): far above any medfed writes, far below what would exhaust memory."""
+TABLE_LIMIT = 256_000_000
+"""The largest metrics.jsonl, events.jsonl or predictions.csv read whole (one line per round
+and site, or per test scan: a long study with many sites stays well under it)."""
 
-def read_json(path: Path, missing: str = "missing", fix: str = DAMAGED_FIX) -> dict[str, Any]:
-    """One JSON object of the run directory, without ``schema_version`` once it is readable
-    (``fix``: what to do when it is damaged)."""
+
+def file_kind(path: Path) -> str | None:
+    """What ``path`` is when it is not a regular file (``"a folder"``, ``"not a regular file
+    (a device, pipe or socket)"``), or None when it is one (a link to one counts) or is absent."""
     try:
-        text = path.read_text(encoding="utf-8")
+        mode = path.stat().st_mode
     except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder, not a file"
+    return "not a regular file (a device, pipe or socket)"
+
+
+def read_run_text(
+    path: Path, missing: str | None = "missing", fix: str = DAMAGED_FIX, limit: int = JSON_LIMIT
+) -> str | None:
+    """The text of one run file, read whole once it is known to be a regular file of at most
+    ``limit`` bytes in UTF-8; every refusal a RunDirError naming ``path`` (``missing``: the
+    message for an absent file; None returns None for it instead)."""
+    odd = file_kind(path)
+    if odd is not None:
+        raise RunDirError(f"{path}: is {odd}; {fix}")
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            data = handle.read(limit + 1) if size <= limit else b""
+    except FileNotFoundError:
+        if missing is None:
+            return None
         raise RunDirError(f"{path}: {missing}") from None
+    except OSError as exc:
+        raise RunDirError(f"{path}: cannot read ({exc.strerror or exc}); {fix}") from exc
+    if size > limit or len(data) > limit:
+        raise RunDirError(
+            f"{path}: {human_bytes(max(size, len(data)))}, over the {human_bytes(limit)} a "
+            f"medfed run file may hold; the file is damaged or not medfed's; {fix}"
+        )
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RunDirError(
             f"{path}: not UTF-8 text ({exc.reason}); the file is damaged; {fix}"
         ) from None
-    except OSError as exc:
-        raise RunDirError(f"{path}: cannot read ({exc})") from exc
+
+
+def read_json(path: Path, missing: str = "missing", fix: str = DAMAGED_FIX) -> dict[str, Any]:
+    """One JSON object of the run directory, without ``schema_version`` once it is readable
+    (``fix``: what to do when it is damaged)."""
+    text = read_run_text(path, missing, fix)
+    assert text is not None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RunDirError(f"{path}: not valid JSON ({exc}); the file is damaged; {fix}") from exc
+    except RecursionError:
+        raise RunDirError(f"{path}: nested too deeply to be medfed's; {fix}") from None
     return unversioned(data, str(path))
 
 
@@ -120,8 +171,19 @@ class RunDir:
 
     def require(self) -> RunDir:
         """Fail with a clear message unless this looks like a run directory."""
+        if self.path.is_file():
+            raise RunDirError(
+                f"{self.path}: is a file, not a run directory; "
+                "point at the folder given to 'medfed train --out'"
+            )
         if not self.path.is_dir():
             raise RunDirError(f"{self.path}: no such run directory")
+        odd = file_kind(self.config_path)
+        if odd is not None:
+            raise RunDirError(
+                f"{self.config_path}: is {odd}; a run directory keeps its settings there; "
+                f"{DAMAGED_FIX}"
+            )
         if not self.config_path.is_file():
             raise RunDirError(
                 f"{self.path}: not a medfed run directory (no config.toml); "
@@ -135,15 +197,10 @@ class RunDir:
 
     def read_config(self) -> dict[str, Any]:
         """config.toml as written (without ``schema_version``)."""
+        text = read_run_text(self.config_path)
+        assert text is not None
         try:
-            data = tomllib.loads(self.config_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise RunDirError(f"{self.config_path}: missing") from None
-        except UnicodeDecodeError as exc:
-            raise RunDirError(
-                f"{self.config_path}: not UTF-8 text ({exc.reason}); the file is damaged; "
-                f"{DAMAGED_FIX}"
-            ) from None
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise RunDirError(
                 f"{self.config_path}: not valid TOML ({exc}); the file is damaged; {DAMAGED_FIX}"
@@ -192,15 +249,11 @@ class RunDir:
     @staticmethod
     def _read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
         """Each readable record with where it stands (``path:line``), its version checked."""
-        if not path.is_file():
+        text = read_run_text(path, None, limit=TABLE_LIMIT)
+        if text is None:
             return []
         records = []
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as exc:
-            raise RunDirError(
-                f"{path}: not UTF-8 text ({exc.reason}); the file is damaged"
-            ) from None
+        lines = text.splitlines()
         for number, line in enumerate(lines, start=1):
             where = f"{path}:{number}"
             try:
@@ -242,10 +295,23 @@ class RunDir:
         return None
 
     def verify_model(self) -> None:
-        """Check model/'s weight files against model/files.json (runs written before it, and
-        runs without a model, have nothing to check here; loading the model checks the rest)."""
-        if self.model_dir.is_dir():
-            verify_folder(self.model_dir, MODEL_FIX)
+        """Check a finished run's model/: a folder holding model.json (a JSON object) and the
+        weight files model/files.json lists, each as written (runs written before files.json
+        have only model.json checked here; loading the model checks the rest). Every finished
+        run has model/, so its absence is refused like any damage."""
+        model = self.model_dir
+        if not model.is_dir():
+            if model.exists() or model.is_symlink():
+                what = "is a file, not a folder" if model.is_file() else "is not a folder"
+            else:
+                what = "missing"
+            raise RunDirError(
+                f"{model}: {what}; a finished run keeps its trained model there, and without it "
+                f"the run cannot be used; {MODEL_FIX}"
+            )
+        incomplete = f"missing; the trained model is incomplete; {MODEL_FIX}"
+        read_json(self.model_json_path, incomplete, MODEL_FIX)
+        verify_folder(model, MODEL_FIX)
 
     # --- per-scan predictions ---
     @property
@@ -264,17 +330,12 @@ class RunDir:
     def read_predictions(self) -> list[dict[str, Any]]:
         """predictions.csv's rows, typed (see :func:`medfed.runs.schema.prediction_row`)."""
         path = self.predictions_path
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise RunDirError(
-                f"{path}: missing; runs written before per-scan predictions have none "
-                "(train the run again to get them)"
-            ) from None
-        except UnicodeDecodeError as exc:
-            raise RunDirError(
-                f"{path}: not UTF-8 text ({exc.reason}); the file is damaged"
-            ) from None
+        missing = (
+            "missing; runs written before per-scan predictions have none "
+            "(train the run again to get them)"
+        )
+        text = read_run_text(path, missing, limit=TABLE_LIMIT)
+        assert text is not None
         rows = []
         for k, raw in enumerate(csv.DictReader(io.StringIO(text)), start=2):
             where = f"{path} line {k}"
@@ -390,6 +451,9 @@ def verify_folder(folder: Path, fix: str) -> dict[str, dict[str, Any]] | None:
         )
     for name, entry in files.items():
         path = folder / name
+        odd = file_kind(path)
+        if odd is not None:
+            raise RunDirError(f"{path}: listed in {manifest} as a weight file, but is {odd}; {fix}")
         if not path.is_file():
             raise RunDirError(f"{path}: missing (listed in {manifest}); {fix}")
         compare_tensors(path, tensor_header(path, fix), entry["tensors"], fix, manifest.name)

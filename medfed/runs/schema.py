@@ -39,6 +39,59 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+@dataclass(frozen=True)
+class Kind:
+    """What a figure of a run file may hold: every number read from one is checked against its
+    kind (a rate between 0 and 1, a count, an amount of bytes or seconds, ...), so a NaN, an
+    infinity, a negative count or an AUC of 7.5 is refused by name instead of printed."""
+
+    expected: str
+    whole: bool = False
+    low: float | None = None
+    high: float | None = None
+    finite: bool = True
+
+    def accepts(self, value: Any) -> bool:
+        if not _is_number(value) or (self.whole and not isinstance(value, int)):
+            return False
+        if self.finite and not math.isfinite(value):
+            return False
+        if self.low is not None and not value >= self.low:
+            return False
+        return self.high is None or value <= self.high
+
+
+FIGURE = Kind("a finite number")
+"""Any finite number (a threshold, a seed-free statistic)."""
+RAW = Kind("a number", finite=False)
+"""Any number, NaN included (a training loss as recorded)."""
+RATE = Kind("a number from 0 to 1", low=0.0, high=1.0)
+"""A probability, AUC, accuracy or other rate."""
+AMOUNT = Kind("a finite number, 0 or more", low=0.0)
+"""Bytes, seconds, milliseconds, a standard deviation."""
+WHOLE = Kind("a whole number", whole=True)
+"""A round number, a seed."""
+COUNT = Kind("a whole number, 0 or more", whole=True, low=0)
+"""Scans, sites, rounds, passes."""
+
+
+def _finite_tree(value: Any) -> str | None:
+    """The path (``.a.b``) to the first NaN or infinity inside a JSON value, or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return ""
+    if isinstance(value, Mapping):
+        items: Iterable[tuple[Any, Any]] = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        inner = _finite_tree(item)
+        if inner is not None:
+            return f".{key}{inner}"
+    return None
+
+
 class _Fields:
     """Typed reads from one JSON object; every error names the file and the field."""
 
@@ -75,28 +128,28 @@ class _Fields:
             raise self.bad(key, "text or null", value)
         return value
 
-    def integer(self, key: str, default: Any = _REQUIRED) -> int:
+    def integer(self, key: str, default: Any = _REQUIRED, kind: Kind = WHOLE) -> int:
         value = self._raw(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.bad(key, "a whole number", value)
-        return value
+        if not kind.accepts(value):
+            raise self.bad(key, kind.expected, value)
+        return int(value)
 
-    def opt_integer(self, key: str, default: Any = None) -> int | None:
+    def opt_integer(self, key: str, default: Any = None, kind: Kind = WHOLE) -> int | None:
         value = self._raw(key, default)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise self.bad(key, "a whole number or null", value)
-        return value
+        if value is not None and not kind.accepts(value):
+            raise self.bad(key, f"{kind.expected}, or null", value)
+        return None if value is None else int(value)
 
-    def number(self, key: str, default: Any = _REQUIRED) -> float:
+    def number(self, key: str, default: Any = _REQUIRED, kind: Kind = FIGURE) -> float:
         value = self._raw(key, default)
-        if not _is_number(value):
-            raise self.bad(key, "a number", value)
+        if not kind.accepts(value):
+            raise self.bad(key, kind.expected, value)
         return float(value)
 
-    def opt_number(self, key: str, default: Any = None) -> float | None:
+    def opt_number(self, key: str, default: Any = None, kind: Kind = FIGURE) -> float | None:
         value = self._raw(key, default)
-        if value is not None and not _is_number(value):
-            raise self.bad(key, "a number or null", value)
+        if value is not None and not kind.accepts(value):
+            raise self.bad(key, f"{kind.expected}, or null", value)
         return None if value is None else float(value)
 
     def flag(self, key: str, default: Any = _REQUIRED) -> bool:
@@ -117,12 +170,12 @@ class _Fields:
             raise self.bad(key, "a JSON object", value)
         return dict(value)
 
-    def numbers(self, key: str, default: Any = _REQUIRED) -> dict[str, float]:
+    def numbers(self, key: str, default: Any = _REQUIRED, kind: Kind = FIGURE) -> dict[str, float]:
         """A JSON object of numbers (site id -> share, ...)."""
         values = self.obj(key, default)
         for name, value in values.items():
-            if not _is_number(value):
-                raise self.bad(f"{key}.{name}", "a number", value)
+            if not kind.accepts(value):
+                raise self.bad(f"{key}.{name}", kind.expected, value)
         return {name: float(value) for name, value in values.items()}
 
     def texts(self, key: str, default: Any = _REQUIRED) -> dict[str, str]:
@@ -144,22 +197,34 @@ class _Fields:
         value = self.data.get(key)
         if value is None:
             return None
+        inner = _finite_tree(value)
+        if inner is not None:
+            raise self.bad(key + inner, "a finite number", _at(value, inner))
         try:
             return cls.from_dict(value)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise self.bad(key, f"{cls.__name__} figures ({exc})", value) from None
 
-    def number_list(self, key: str, *, nulls: bool = False) -> list[Any] | None:
+    def number_list(
+        self, key: str, *, nulls: bool = False, kind: Kind = FIGURE
+    ) -> list[Any] | None:
         """A list of numbers (``nulls``: null entries allowed), or null."""
         value = self._raw(key, None)
         if value is None:
             return None
         if not isinstance(value, list):
             raise self.bad(key, "a list of numbers or null", value)
-        for item in value:
-            if not (_is_number(item) or (nulls and item is None)):
-                raise self.bad(key, "a list of numbers", item)
+        for k, item in enumerate(value):
+            if not (kind.accepts(item) or (nulls and item is None)):
+                raise self.bad(f"{key}.{k}", kind.expected, item)
         return [None if v is None else float(v) for v in value]
+
+
+def _at(value: Any, path: str) -> Any:
+    """The item of ``value`` at ``path`` as :func:`_finite_tree` gives it (``.a.0``)."""
+    for part in path.split(".")[1:]:
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    return value
 
 
 class _JsonView:
@@ -222,8 +287,8 @@ class RocPoints(_JsonView):
     def from_dict(cls, data: Any, where: str = "roc", path: str = "") -> RocPoints:
         f = _Fields(data, where, path)
         return cls(
-            fpr=f.number_list("fpr"),
-            tpr=f.number_list("tpr"),
+            fpr=f.number_list("fpr", kind=RATE),
+            tpr=f.number_list("tpr", kind=RATE),
             thresholds=f.number_list("thresholds", nulls=True),
             reason=f.opt_text("reason"),
         )
@@ -280,16 +345,16 @@ class SiteFigures(_JsonView):
         f = _Fields(data, where, path)
         roc = f.data.get("roc")
         return cls(
-            auc=f.opt_number("auc", _REQUIRED),
+            auc=f.opt_number("auc", _REQUIRED, RATE),
             auc_reason=f.opt_text("auc_reason", _REQUIRED),
-            accuracy=f.number("accuracy"),
-            balanced_accuracy=f.number("balanced_accuracy"),
-            n_test=f.integer("n_test"),
-            n_train=f.integer("n_train"),
-            n_val=f.integer("n_val"),
+            accuracy=f.number("accuracy", kind=RATE),
+            balanced_accuracy=f.number("balanced_accuracy", kind=RATE),
+            n_test=f.integer("n_test", kind=COUNT),
+            n_train=f.integer("n_train", kind=COUNT),
+            n_val=f.integer("n_val", kind=COUNT),
             roc=None if roc is None else RocPoints.from_dict(roc, where, f"{path}roc."),
-            n_pos=f.opt_integer("n_pos"),
-            n_neg=f.opt_integer("n_neg"),
+            n_pos=f.opt_integer("n_pos", kind=COUNT),
+            n_neg=f.opt_integer("n_neg", kind=COUNT),
             auc_ci=f.typed("auc_ci", Interval),
             unreliable=f.opt_text("unreliable"),
             operating_point=f.typed("operating_point", OperatingPoint),
@@ -313,10 +378,10 @@ class CrossSiteCell(_JsonView):
     def from_dict(cls, data: Any, where: str = "cross-site cell", path: str = "") -> CrossSiteCell:
         f = _Fields(data, where, path)
         return cls(
-            auc=f.opt_number("auc", _REQUIRED),
+            auc=f.opt_number("auc", _REQUIRED, RATE),
             auc_reason=f.opt_text("auc_reason", _REQUIRED),
-            accuracy=f.number("accuracy"),
-            n=f.integer("n"),
+            accuracy=f.number("accuracy", kind=RATE),
+            n=f.integer("n", kind=COUNT),
         )
 
 
@@ -360,13 +425,13 @@ class RouterFigures(_JsonView):
         f = _Fields(data, where, path)
         rates = _Fields(f.obj("rates", {}), where, f"{path}rates.")
         return cls(
-            system_accuracy=f.opt_number("system_accuracy", _REQUIRED),
-            routing_accuracy=f.opt_number("routing_accuracy", _REQUIRED),
-            abstain_rate=f.opt_number("abstain_rate", _REQUIRED),
-            answered_accuracy=f.opt_number("answered_accuracy", _REQUIRED),
-            forward_passes=f.integer("forward_passes"),
-            latency_ms_per_scan=f.number("latency_ms_per_scan"),
-            n_pooled=f.integer("n_pooled"),
+            system_accuracy=f.opt_number("system_accuracy", _REQUIRED, RATE),
+            routing_accuracy=f.opt_number("routing_accuracy", _REQUIRED, RATE),
+            abstain_rate=f.opt_number("abstain_rate", _REQUIRED, RATE),
+            answered_accuracy=f.opt_number("answered_accuracy", _REQUIRED, RATE),
+            forward_passes=f.integer("forward_passes", kind=COUNT),
+            latency_ms_per_scan=f.number("latency_ms_per_scan", kind=AMOUNT),
+            n_pooled=f.integer("n_pooled", kind=COUNT),
             rates={k: rates.typed(k, Proportion) for k in rates.data if rates.data[k] is not None},
         )
 
@@ -515,28 +580,28 @@ def _evaluation_fields(f: _Fields) -> dict[str, Any]:
         "sites": {
             s: SiteFigures.from_dict(sites[s], f.where, f"{f.path}sites.{s}.") for s in sites
         },
-        "n_sites": f.integer("n_sites"),
-        "mean_site_auc": f.opt_number("mean_site_auc", _REQUIRED),
-        "worst_site_auc": f.opt_number("worst_site_auc", _REQUIRED),
+        "n_sites": f.integer("n_sites", kind=COUNT),
+        "mean_site_auc": f.opt_number("mean_site_auc", _REQUIRED, RATE),
+        "worst_site_auc": f.opt_number("worst_site_auc", _REQUIRED, RATE),
         "worst_site": f.opt_text("worst_site", _REQUIRED),
-        "best_site_auc": f.opt_number("best_site_auc", _REQUIRED),
+        "best_site_auc": f.opt_number("best_site_auc", _REQUIRED, RATE),
         "best_site": f.opt_text("best_site", _REQUIRED),
-        "auc_std": f.opt_number("auc_std", _REQUIRED),
-        "worst10_auc": f.opt_number("worst10_auc", _REQUIRED),
-        "auc_gini": f.opt_number("auc_gini", _REQUIRED),
-        "average_accuracy": f.number("average_accuracy"),
-        "mean_accuracy": f.number("mean_accuracy"),
-        "accuracy_std": f.number("accuracy_std"),
+        "auc_std": f.opt_number("auc_std", _REQUIRED, AMOUNT),
+        "worst10_auc": f.opt_number("worst10_auc", _REQUIRED, RATE),
+        "auc_gini": f.opt_number("auc_gini", _REQUIRED, RATE),
+        "average_accuracy": f.number("average_accuracy", kind=RATE),
+        "mean_accuracy": f.number("mean_accuracy", kind=RATE),
+        "accuracy_std": f.number("accuracy_std", kind=AMOUNT),
         "sites_without_auc": list(without),
         "routing_method": f.text("routing_method"),
-        "system_accuracy": f.opt_number("system_accuracy", _REQUIRED),
-        "routing_accuracy": f.opt_number("routing_accuracy", _REQUIRED),
-        "abstain_rate": f.opt_number("abstain_rate"),
+        "system_accuracy": f.opt_number("system_accuracy", _REQUIRED, RATE),
+        "routing_accuracy": f.opt_number("routing_accuracy", _REQUIRED, RATE),
+        "abstain_rate": f.opt_number("abstain_rate", kind=RATE),
         "routers": {
             name: RouterFigures.from_dict(routers[name], f.where, f"{f.path}routers.{name}.")
             for name in routers
         },
-        "average_accuracy_by_train": f.opt_number("average_accuracy_by_train"),
+        "average_accuracy_by_train": f.opt_number("average_accuracy_by_train", kind=RATE),
         "pooled_auc": f.typed("pooled_auc", Pooled),
         "worst_site_auc_ci": f.typed("worst_site_auc_ci", Interval),
         "cross_site": {
@@ -686,10 +751,10 @@ class RoundRecord(_JsonView):
         validation = None
         if any(key in f.data for key in _VALIDATION_KEYS):
             validation = Validation(
-                loss=f.number("val_loss"),
-                accuracy=f.number("val_accuracy"),
-                auc=f.opt_number("val_auc"),
-                client_accuracy=f.opt_number("val_client_accuracy"),
+                loss=f.number("val_loss", kind=RAW),
+                accuracy=f.number("val_accuracy", kind=RAW),
+                auc=f.opt_number("val_auc", kind=RAW),
+                client_accuracy=f.opt_number("val_client_accuracy", kind=RAW),
             )
         extra = {}
         for key, value in f.data.items():
@@ -699,18 +764,18 @@ class RoundRecord(_JsonView):
                 raise f.bad(key, "a number (an algorithm's figure)", value)
             extra[key] = float(value)
         return cls(
-            round=f.integer("round"),
+            round=f.integer("round", kind=COUNT),
             site=f.text("site"),
             status=f.text("status"),
-            lr=f.opt_number("lr"),
+            lr=f.opt_number("lr", kind=RAW),
             reason=f.opt_text("reason"),
-            train_loss=f.opt_number("train_loss"),
-            bytes_up=f.opt_integer("bytes_up"),
-            bytes_down=f.opt_integer("bytes_down"),
-            bytes_eval=f.opt_integer("bytes_eval"),
-            keys_sent=f.opt_integer("keys_sent"),
-            seconds=f.opt_number("seconds"),
-            round_seconds=f.opt_number("round_seconds"),
+            train_loss=f.opt_number("train_loss", kind=RAW),
+            bytes_up=f.opt_integer("bytes_up", kind=COUNT),
+            bytes_down=f.opt_integer("bytes_down", kind=COUNT),
+            bytes_eval=f.opt_integer("bytes_eval", kind=COUNT),
+            keys_sent=f.opt_integer("keys_sent", kind=COUNT),
+            seconds=f.opt_number("seconds", kind=AMOUNT),
+            round_seconds=f.opt_number("round_seconds", kind=AMOUNT),
             aggregated=f.opt_flag("aggregated"),
             validation=validation,
             extra=extra,
@@ -874,26 +939,26 @@ class Summary(Evaluation):
         wire = f.data.get("wire")
         dropped = f.array("dropped")
         skipped = f.array("skipped_rounds", [])
-        if not all(isinstance(r, int) and not isinstance(r, bool) for r in skipped):
+        if not all(COUNT.accepts(r) for r in skipped):
             raise f.bad("skipped_rounds", "a list of round numbers", skipped)
         lost = f.data.get("lost_sites")
         return cls(
             **_evaluation_fields(f),
             algorithm=f.text("algorithm"),
             params=f.obj("params"),
-            rounds=f.integer("rounds"),
-            local_steps=f.integer("local_steps"),
+            rounds=f.integer("rounds", kind=COUNT),
+            local_steps=f.integer("local_steps", kind=COUNT),
             seed=f.integer("seed"),
             backbone=f.text("backbone"),
             modality=f.text("modality"),
             device=f.text("device"),
-            priors=f.numbers("priors"),
-            bytes_per_round=f.number("bytes_per_round"),
-            seconds_per_round=f.opt_number("seconds_per_round", _REQUIRED),
-            seconds_total=f.opt_number("seconds_total", _REQUIRED),
-            dropouts=f.integer("dropouts"),
+            priors=f.numbers("priors", kind=RATE),
+            bytes_per_round=f.number("bytes_per_round", kind=AMOUNT),
+            seconds_per_round=f.opt_number("seconds_per_round", _REQUIRED, AMOUNT),
+            seconds_total=f.opt_number("seconds_total", _REQUIRED, AMOUNT),
+            dropouts=f.integer("dropouts", kind=COUNT),
             dropped=[_dropout(f, k) for k in range(len(dropped))],
-            resumes=f.integer("resumes"),
+            resumes=f.integer("resumes", kind=COUNT),
             bytes_per_round_by_site={s: _traffic(f, s) for s in traffic},
             wire=None if wire is None else _wire(f),
             skipped_rounds=list(skipped),
@@ -918,7 +983,7 @@ class Summary(Evaluation):
 
 def _dropout(f: _Fields, k: int) -> Dropout:
     item = _Fields(f.data["dropped"][k], f.where, f"dropped.{k}.")
-    return Dropout(item.integer("round"), item.text("site"), item.text("reason", ""))
+    return Dropout(item.integer("round", kind=COUNT), item.text("site"), item.text("reason", ""))
 
 
 _TRAFFIC = "bytes_per_round_by_site"
@@ -926,7 +991,7 @@ _TRAFFIC = "bytes_per_round_by_site"
 
 def _traffic(f: _Fields, site: str) -> SiteTraffic:
     item = _Fields(f.data["bytes_per_round_by_site"][site], f.where, f"{_TRAFFIC}.{site}.")
-    return SiteTraffic(up=item.number("up"), down=item.number("down"))
+    return SiteTraffic(up=item.number("up", kind=AMOUNT), down=item.number("down", kind=AMOUNT))
 
 
 def _wire(f: _Fields) -> WireSettings:

@@ -87,7 +87,7 @@ class StudyRun:
 def read_overview(run_dir: str | Path) -> dict[str, Any] | None:
     """``site_overview/overview.json`` of a run, or None when the run has none."""
     path = Path(run_dir) / OVERVIEW_FILE
-    if not path.is_file():
+    if not path.exists():
         return None
     data = read_json(path)
     if not isinstance(data.get("sites"), Mapping):
@@ -132,14 +132,24 @@ def _unique_labels(summaries: Sequence[Summary], paths: Sequence[Path]) -> list[
     return [f"{lab} #{i + 1}" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
 
 
-def load_study(paths: Sequence[str | Path]) -> list[StudyRun]:
-    """Read every run of the study (RunDirError names the first unusable one)."""
+def load_study(paths: Sequence[str | Path], *, models: bool = False) -> list[StudyRun]:
+    """Read every run of the study (RunDirError names the first unusable one; a run given
+    twice is refused). ``models``: check each run's model/ too (a damaged one makes the run
+    unusable, whatever it measured)."""
     if not paths:
         raise ConfigError("the study report needs at least one run directory")
+    seen: dict[Path, Path] = {}
+    for path in map(Path, paths):
+        first = seen.setdefault(path.resolve(), path)
+        if first is not path:
+            same = "is given twice" if str(first) == str(path) else f"is the same run as {first}"
+            raise ConfigError(f"{path}: {same}; give each run directory once")
     read = []
     for path in paths:
         run = RunDir(path).require()
         summary = run.read_summary()
+        if models:
+            run.verify_model()
         facts = _site_facts(run.read_config())
         read.append((run, summary, facts, read_overview(run.path), _finished(run)))
     labels = _unique_labels([r[1] for r in read], [r[0].path for r in read])
@@ -1031,7 +1041,7 @@ def write_study_report(
     paths: Sequence[str | Path], out: str | Path, *, title: str | None = None
 ) -> WrittenReport:
     """Read the runs, render the report and write it to ``out`` atomically."""
-    runs = load_study(paths)
+    runs = load_study(paths, models=True)
     out = Path(out)
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give the HTML file to write")

@@ -27,6 +27,7 @@ from medfed.runs.rundir import (
     MODEL_FIX,
     SUFFIX,
     compare_tensors,
+    file_kind,
     read_files_manifest,
     verify_folder,
     write_files_manifest,
@@ -120,6 +121,9 @@ def save_model(run: RunDir, model_json: Mapping[str, Any], states: Mapping[str, 
 def load_model_state(run: RunDir, name: str) -> State:
     """The final model's weights called ``name`` (``site_<id>``, ``abstention``)."""
     path = run.model_weights_path(name)
+    odd = file_kind(path)
+    if odd:
+        raise RunDirError(f"{path}: is {odd}; {MODEL_FIX}")
     if not path.is_file():
         raise RunDirError(f"{path}: missing model weights; the run has not finished training")
     return load_state(path, MODEL_FIX)

@@ -15,15 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from medfed.errors import MedfedError
+from medfed.names import printable
+
+__all__ = ["AUDIT_FILE", "AuditEntry", "AuditError", "AuditLog", "printable"]
 
 AUDIT_FILE = "audit.sqlite"
 _NOT_A_DATABASE = "not a database"  # in SQLite's message for a file that is no database
-
-
-def printable(text: str) -> str:
-    """``text`` as valid UTF-8: bytes of a file name that are not UTF-8 (carried by Python as
-    surrogates) become backslash escapes, e.g. ``scan\\xff.png``, instead of failing later."""
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 class AuditError(MedfedError):

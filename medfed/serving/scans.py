@@ -23,6 +23,7 @@ from medfed.data.io import (
     read_dicom_series,
     read_image,
     read_nifti,
+    require_regular,
 )
 from medfed.errors import DataError
 
@@ -88,6 +89,13 @@ def _require_readable(path: Path) -> None:
             "read access (e.g. chmod a+r), or route a copy"
         )
     if path.is_file() and path.stat().st_size == 0:
+        with path.open("rb") as handle:  # a regular file: reading it never blocks
+            has_content = bool(handle.read(1))
+        if has_content:  # e.g. /proc/self/status: its size says 0, its bytes are made on read
+            raise DataError(
+                f"{path}: not a scan file (a system file whose size reads 0 bytes but which "
+                "has content); route JPEG/PNG/TIFF photos, DICOM or NIfTI files"
+            )
         raise DataError(f"{path}: the file is empty (0 bytes); copy the scan again")
 
 
@@ -96,6 +104,7 @@ def read_scan(path: str | Path) -> Scan:
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
+    require_regular(path)  # a FIFO or a device would block or read without end
     _require_readable(path)
     name = path.name.lower()
     if path.is_dir():

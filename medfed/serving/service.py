@@ -18,8 +18,9 @@ from medfed.data.cache import content_hash
 from medfed.data.preprocess import apply_pipeline
 from medfed.data.transforms import CameraField
 from medfed.errors import DataError, MedfedError
+from medfed.names import printable
 from medfed.progress import bar
-from medfed.serving.audit import AuditEntry, AuditLog, printable
+from medfed.serving.audit import AuditEntry, AuditLog
 from medfed.serving.bundle import TrainedFederation
 from medfed.serving.routers import MajorityVoteRouter, Router, RouteResult
 from medfed.serving.scans import Scan, read_scan

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import SiteManifest
-from medfed.data.io import IMAGE_SUFFIXES, permission_denied
+from medfed.data.io import IMAGE_SUFFIXES, permission_denied, require_regular, special_kind
 from medfed.data.records import LayoutScan, Problem, Record, Split
 from medfed.errors import DataError, ManifestError
 
@@ -120,6 +120,14 @@ def list_images(folder: Path) -> tuple[list[Path], list[Problem], list[Problem]]
                 images.append(path)
             else:
                 strays.append(Problem(str(path), STRAY_FILE))
+        elif (kind := special_kind(path)) is not None:
+            problems.append(
+                Problem(
+                    str(path),
+                    f"not a regular file ({kind}); ignored",
+                    "replace it with the image file itself, or remove it",
+                )
+            )
         elif not is_clutter(path):
             problems.append(
                 Problem(
@@ -256,6 +264,7 @@ def read_table(
 ) -> list[dict[str, str]]:
     """Rows of a .csv or .xlsx table as text: ``columns`` must be present, ``optional`` may be."""
     columns = list(columns)
+    require_regular(path)
     suffix = path.suffix.lower()
     if suffix == ".csv":
         header, rows = _read_csv(path)

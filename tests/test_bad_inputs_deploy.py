@@ -1,0 +1,207 @@
+"""The bad-input corpus, `medfed deploy app` and `medfed deploy pki` cases (see
+tests/badinput.py for the policy). None of these rows trains or starts a Flower process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.badinput import Case, Shared, check
+
+pytest.importorskip("cryptography")
+pytest.importorskip("flwr")
+
+# A place no user can make a folder in: /proc takes no new entries.
+UNWRITABLE = Path("/proc/medfed-out")
+
+
+def _pki(*options: str, out: str | Path = "pki", hosts=("link.example.org",), sites=("acrima",)):
+    def make(tmp: Path, s: Shared) -> list:
+        argv: list = ["deploy", "pki", out if isinstance(out, Path) or not out else tmp / out]
+        for host in hosts:
+            argv += ["--host", host]
+        for site in sites:
+            argv += ["--site", site]
+        return argv + list(options)
+
+    return make
+
+
+def _app(*options: str, out: str | Path = "app", sites=("acrima", "rimone"), run_dir=None):
+    def make(tmp: Path, s: Shared) -> list:
+        argv: list = ["deploy", "app", out if isinstance(out, Path) or not out else tmp / out]
+        for site in sites:
+            argv += ["--site", site]
+        argv += ["--run-dir", tmp / "run" if run_dir is None else run_dir]
+        return argv + list(options)
+
+    return make
+
+
+def _pki_into_file(tmp: Path, s: Shared) -> list:
+    (tmp / "pki").write_text("a file\n", encoding="utf-8")
+    return _pki()(tmp, s)
+
+
+def _app_settings_folder(tmp: Path, s: Shared) -> list:
+    (tmp / "train.toml").mkdir()
+    return _app("--train-config", str(tmp / "train.toml"))(tmp, s)
+
+
+LONG_LABEL = "a" * 70
+
+CASES = [
+    # --- deploy pki: the names the certificates carry --------------------------------------
+    Case("deploy pki with an empty host", _pki(hosts=("",)), 2, ("--host", "empty")),
+    Case(
+        "deploy pki with a host name of 70 characters in one part",
+        _pki(hosts=(LONG_LABEL,)),
+        2,
+        ("--host", LONG_LABEL, "1 to 63"),
+    ),
+    Case(
+        "deploy pki with a host that has a space and a slash",
+        _pki(hosts=("a b/c",)),
+        2,
+        ("--host", "a b/c", "not an IP address nor a DNS name"),
+    ),
+    Case(
+        "deploy pki with a mistyped IP address",
+        _pki(hosts=("999.1.1.1",)),
+        2,
+        ("--host", "999.1.1.1", "not a valid IP address"),
+    ),
+    Case(
+        "deploy pki with an IPv6 address and its zone",
+        _pki(hosts=("fe80::1%eth0",)),
+        2,
+        ("--host", "fe80::1%eth0", "zone"),
+    ),
+    Case(
+        "deploy pki with a host name of 300 characters",
+        _pki(hosts=(".".join(["a" * 60] * 5),)),
+        2,
+        ("--host", "at most 253"),
+    ),
+    Case(
+        "deploy pki with the same host twice",
+        _pki(hosts=("link.example.org", "link.example.org")),
+        2,
+        ("--host", "link.example.org", "twice"),
+    ),
+    Case(
+        "deploy pki with a site id that is a path",
+        _pki(sites=("../x",)),
+        2,
+        ("--site", "../x", "letters, digits"),
+    ),
+    Case(
+        "deploy pki with a site id of 100 characters",
+        _pki(sites=("s" * 100,)),
+        2,
+        ("--site", "1 to 64"),
+    ),
+    Case("deploy pki with an empty site id", _pki(sites=("",)), 2, ("--site", "''")),
+    Case(
+        "deploy pki with the same site twice",
+        _pki(sites=("acrima", "acrima")),
+        2,
+        ("--site", "acrima", "twice"),
+    ),
+    # --- deploy pki: validity and folder -----------------------------------------------------
+    Case(
+        "deploy pki valid for a hundred million days",
+        _pki("--days", "100000000"),
+        2,
+        ("--days", "36500", "100000000"),
+    ),
+    Case("deploy pki valid for minus one day", _pki("--days", "-1"), 2, ("--days", "1 to 36500")),
+    Case(
+        "deploy pki into a folder that cannot be made",
+        _pki(out=UNWRITABLE),
+        2,
+        ("OUT", str(UNWRITABLE), "cannot be written"),
+    ),
+    Case("deploy pki into an existing file", _pki_into_file, 2, ("PKI folder", "is a file")),
+    Case("deploy pki into an empty folder name", _pki(out=""), 2, ("OUT", "empty")),
+    # --- deploy app ---------------------------------------------------------------------------
+    Case(
+        "deploy app into a folder that cannot be made",
+        _app(out=UNWRITABLE),
+        2,
+        ("OUT", str(UNWRITABLE), "cannot be written"),
+    ),
+    Case("deploy app into an empty folder name", _app(out=""), 2, ("OUT", "empty")),
+    Case("deploy app with an empty run directory", _app(run_dir=""), 2, ("--run-dir", "empty")),
+    Case("deploy app with a blank run directory", _app(run_dir="  "), 2, ("--run-dir", "empty")),
+    Case(
+        "deploy app with a run directory that names no run",
+        _app(run_dir="/"),
+        2,
+        ("--run-dir", "'/'", "folder name"),
+    ),
+    Case(
+        "deploy app waiting longer than a week",
+        _app("--wait", "1e300"),
+        2,
+        ("--wait", "a week"),
+    ),
+    Case("deploy app waiting NaN seconds", _app("--wait", "nan"), 2, ("--wait", "nan")),
+    Case(
+        "deploy app with a reply timeout longer than a week",
+        _app("--reply-timeout", "inf"),
+        2,
+        ("--reply-timeout", "a week"),
+    ),
+    Case("deploy app with an empty site id", _app(sites=("",)), 2, ("--site", "''")),
+    Case(
+        "deploy app with a site id with a space",
+        _app(sites=("acrima", "rim one")),
+        2,
+        ("--site", "rim one"),
+    ),
+    Case(
+        "deploy app with the same site twice",
+        _app(sites=("acrima", "acrima")),
+        2,
+        ("--site", "acrima", "twice"),
+    ),
+    Case(
+        "deploy app with an empty algorithm",
+        _app("--algorithm", ""),
+        2,
+        ("--algorithm", "empty"),
+    ),
+    Case(
+        "deploy app with a settings folder instead of a file",
+        _app_settings_folder,
+        2,
+        ("--train-config", "train.toml", "is a folder"),
+    ),
+    Case(
+        "deploy app with a settings file that is missing",
+        lambda tmp, s: _app("--train-config", str(tmp / "nosuch.toml"))(tmp, s),
+        2,
+        ("--train-config", "nosuch.toml", "no such file"),
+    ),
+]
+
+# The rows use no shared sites or run: a stand-in keeps the shared fixture (which trains) unbuilt.
+NOTHING_SHARED = Shared(data=Path("/nonexistent/data"), run=Path("/nonexistent/run"))
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_bad_input_gets_a_clear_answer(case: Case, tmp_path) -> None:
+    check(case, tmp_path, NOTHING_SHARED)
+
+
+def test_the_corpus_names_are_unique() -> None:
+    names = [c.name for c in CASES]
+    assert len(names) == len(set(names))
+
+
+def test_a_refused_deployment_leaves_nothing_behind(tmp_path) -> None:
+    for make in (_pki(hosts=("a b",)), _app(run_dir="")):
+        check(Case("refused", make, 2, ()), tmp_path, NOTHING_SHARED)
+    assert not (tmp_path / "pki").exists() and not (tmp_path / "app").exists()
