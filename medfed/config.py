@@ -15,7 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from medfed.errors import ConfigError, ManifestError
+from medfed.errors import ConfigError, ManifestError, MedfedError
 from medfed.versions import check_version
 
 # medfed.metrics (numpy, scipy, scikit-learn) is imported only where an operating rule is parsed,
@@ -418,14 +418,7 @@ def load_manifest(path: str | Path) -> SiteManifest:
     path = Path(path)
     if not path.is_file():
         raise ManifestError(f"{path}: manifest file not found")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestError(f"{path}: not UTF-8 text ({exc}); save the manifest as UTF-8") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ManifestError(f"{path}: not valid TOML ({exc})") from None
+    data = _read_toml(path, ManifestError, "the manifest")
     if not isinstance(data, dict) or not data:
         raise ManifestError(f"{path}: the manifest is empty; see sites/*.toml for an example")
     manifest = parse_manifest(data, where=str(path), base_dir=path.parent.resolve(), expand=True)
@@ -716,6 +709,18 @@ class RunConfigFile:
     medfed_version: str | None = None
 
 
+def _read_toml(path: Path, error: type[MedfedError], what: str) -> dict[str, Any]:
+    """A TOML file's tables; ``error`` (naming ``path``) when it is not UTF-8 or not TOML."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text ({exc}); save {what} as UTF-8") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{path}: not valid TOML ({exc})") from None
+
+
 def load_run_config(path: str | Path) -> RunConfigFile:
     """Read and check a run configuration file; every problem names the file."""
     path = Path(path)
@@ -724,14 +729,7 @@ def load_run_config(path: str | Path) -> RunConfigFile:
             f"{path}: no such file; give a run directory's config.toml or a TOML file "
             "with a [train] table"
         )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc}); save it as UTF-8") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    data = _read_toml(path, ConfigError, "it")
     check_version(data, str(path))
     unknown = set(data) - set(RUN_CONFIG_KEYS)
     if unknown:

@@ -70,10 +70,8 @@ def route_upload(run: Run, fed: Any, router: Any, upload: Any) -> dict[str, Any]
         result = route_files(fed, router, [path], run.path, names=[name])[0]
         picture = thumbnails.scan_picture(path)
     done.add(key)
-    entry = result.to_dict()
-    if entry.get("reason"):  # the upload's temporary copy is no name the user knows
-        entry["reason"] = str(entry["reason"]).replace(str(path), name)
-    return to_show(run, entry, picture, fed)
+    # (route_files names the upload by ``name`` in the answer and the log, not its temporary copy)
+    return to_show(run, result.to_dict(), picture, fed)
 
 
 def refused(run: Run, name: str, reason: str) -> dict[str, Any]:

@@ -22,13 +22,7 @@ def compared(runs: list[rundata.Run]) -> None:
         return
     st.subheader("Runs compared")
     curves = list(dict.fromkeys(c for f in frames.values() for c in rundata.available_curves(f)))
-    chosen = st.multiselect(
-        "Curves to compare",
-        curves,
-        default=[c for c in DEFAULT_CURVES if c in curves] or curves[:1],
-        format_func=lambda c: rundata.CURVES[c],
-        key="compare_curves",
-    )
+    chosen = pick_curves("Curves to compare", curves, key="compare_curves")
     for curve in chosen:
         overlay = rundata.runs_frame(frames, curve)
         if overlay.empty:
@@ -40,6 +34,17 @@ def compared(runs: list[rundata.Run]) -> None:
         "unsampled sites left out). The run below shows each site on its own."
     )
     st.divider()
+
+
+def pick_curves(label: str, curves: list[str], *, key: str) -> list[str]:
+    """A multiselect of ``curves``, the default ones chosen (else the first)."""
+    return st.multiselect(
+        label,
+        curves,
+        default=[c for c in DEFAULT_CURVES if c in curves] or curves[:1],
+        format_func=lambda c: rundata.CURVES[c],
+        key=key,
+    )
 
 
 def main() -> None:
@@ -59,13 +64,7 @@ def main() -> None:
     events = common.read_events(run)
     frame = rundata.metrics_frame(records, common.site_order(run))
     curves = rundata.available_curves(frame)
-    chosen = st.multiselect(
-        "Curves",
-        curves,
-        default=[c for c in DEFAULT_CURVES if c in curves] or curves[:1],
-        format_func=lambda c: rundata.CURVES[c],
-        key="training_curves",
-    )
+    chosen = pick_curves("Curves", curves, key="training_curves")
     resumed_after = rundata.resumes(events)
     skipped = rundata.skipped_rounds(events)
     for curve in chosen:
