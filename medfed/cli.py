@@ -326,6 +326,32 @@ def resolved_train_config(config: TrainConfig) -> TrainConfig:
     return dataclasses.replace(config, params=dict(params))
 
 
+def _init_source(text: str | None) -> str | None:
+    """--init as the run records it: a path made absolute (so resuming from elsewhere finds
+    it), a ``torchvision:NAME`` as given."""
+    if text is None or not text.strip():
+        return None if text is None else ""
+    if text.startswith("torchvision:"):
+        return text
+    return str(Path(text).expanduser().resolve())
+
+
+def _with_init_normalization(normalization: str | None, init_normalization: str | None):
+    """--init-normalization is --normalization for pretrained starts; both must agree."""
+    if init_normalization is None:
+        return normalization
+    if init_normalization not in ("imagenet", "site"):
+        raise ConfigError(
+            f"--init-normalization must be imagenet or site, got {init_normalization!r}"
+        )
+    if normalization is not None and normalization != init_normalization:
+        raise ConfigError(
+            f"--normalization {normalization} and --init-normalization {init_normalization} "
+            "disagree; give one of them"
+        )
+    return init_normalization
+
+
 def _given(**options: Any) -> dict[str, Any]:
     """The options given on the command line (typer leaves the others None)."""
     return {name: value for name, value in options.items() if value is not None}
@@ -434,8 +460,9 @@ def train(
     normalization: Annotated[
         str | None,
         typer.Option(
-            help="site (each site's own training statistics) or federation (statistics pooled "
-            f"over the sites: counts and sums travel, never scans) {_default('normalization')}."
+            help="site (each site's own training statistics), federation (statistics pooled "
+            "over the sites: counts and sums travel, never scans) or imagenet (fixed, for "
+            f"ImageNet weights) {_default('normalization')}."
         ),
     ] = None,
     operating_point: Annotated[
@@ -443,6 +470,25 @@ def train(
         typer.Option(
             help="Each site's threshold, chosen on its validation split: specificity:0.90, "
             f"youden or threshold:0.5 {_default('operating_point')}."
+        ),
+    ] = None,
+    init: Annotated[
+        str | None,
+        typer.Option(
+            help="Starting weights: a finished run's folder (its global weights), a "
+            ".safetensors or state-dict file (.pt/.pth, tensors only), or torchvision:resnet18 "
+            "from the local torch hub cache (never downloaded); default: seeded random."
+        ),
+    ] = None,
+    init_strict: Annotated[
+        bool | None,
+        typer.Option(help="Refuse to start when --init leaves any backbone tensor unloaded."),
+    ] = None,
+    init_normalization: Annotated[
+        str | None,
+        typer.Option(
+            help="imagenet (the fixed statistics ImageNet weights were trained with) or site "
+            "(each site's own; the default); sets --normalization."
         ),
     ] = None,
     param: Annotated[
@@ -495,14 +541,20 @@ def train(
         wire_precision=wire_precision,
         wire_delta=wire_delta,
         augment=augment,
-        normalization=normalization,
+        normalization=_with_init_normalization(normalization, init_normalization),
         operating_point=operating_point,
         faults=tuple(inject_fault) if inject_fault else None,
+        init=_init_source(init),
+        init_strict=init_strict,
     )
     where = str(stored.path) if stored else None
     config = merge_train_settings(stored.train if stored else {}, given, where=where)
     config = resolved_train_config(config)
     check_out_folder(out)  # before the sites are loaded: that can take minutes
+    if config.init:
+        from medfed.federation.pretrained import resolve_init
+
+        resolve_init(config.init)  # a missing file or unfinished run: said before the sites load
     show = progress and sys.stderr.isatty()
     paths = [*(sites or []), *(more_sites or [])]
     if paths:
@@ -527,7 +579,7 @@ def train(
         if words:
             typer.echo(f"warning: {words}", err=True)
     started = time.perf_counter()
-    summary = run_training(loaded, config, out, resume=resume, progress=show)
+    summary = run_training(loaded, config, out, resume=resume, progress=show, echo=typer.echo)
     seconds = time.perf_counter() - started
     typer.echo(site_table(summary))
     typer.echo("\n".join(federation_lines(summary)))
@@ -721,6 +773,30 @@ def compare(
         readme=update_readme,
         reference=reference,
     )
+
+
+@app.command()
+@friendly
+def transfer(
+    out: Annotated[
+        Path,
+        typer.Option(help="Folder for the data, the runs and the results.", callback=named_folder),
+    ] = Path("transfer_out"),
+    quick: Annotated[
+        bool, typer.Option(help="A smaller budget (about 5 minutes on 2 cores).")
+    ] = False,
+    update_readme: Annotated[
+        Path | None,
+        typer.Option(help="Write the results into this README's transfer section, with the plot."),
+    ] = None,
+) -> None:
+    """A FedAvg base from one synthetic federation as the start of LoRA and FedDRM on another,
+    against random weights: curves, 95% CIs and paired comparisons (OUT/transfer.md)."""
+    _check_readme(update_readme, "transfer")
+    check_out_folder(out)
+    from medfed.experiments.transfer import run_transfer
+
+    run_transfer(out, quick=quick, echo=typer.echo, readme=update_readme)
 
 
 @app.command()

@@ -452,8 +452,9 @@ WIRE_PRECISIONS: tuple[str, ...] = tuple(WIRE_PRECISION_NOTES)
 AUGMENTATIONS: tuple[str, ...] = ("flip", "none")
 """Training-time augmentation: a random left-right flip (fundus only), or none."""
 
-NORMALIZATIONS: tuple[str, ...] = ("site", "federation")
-"""Each site's own training statistics, or statistics pooled over the federation."""
+NORMALIZATIONS: tuple[str, ...] = ("site", "federation", "imagenet")
+"""Each site's own training statistics, statistics pooled over the federation, or the fixed
+ImageNet statistics that come with torchvision's pretrained weights (3-channel photos)."""
 
 
 # How messages name a fault drill: the command-line option and the [train] setting.
@@ -525,6 +526,10 @@ class TrainConfig:
     wire_delta: bool = False  # send differences to the global state the site holds
     faults: tuple[str, ...] = ()
     keep_checkpoints: int = 2
+    # Starting weights (--init): a finished run's folder, a safetensors or state-dict file, or
+    # torchvision:resnet18 from the local hub cache; "" starts from seeded random weights.
+    init: str = ""
+    init_strict: bool = False  # refuse any backbone tensor the init does not provide
 
     def __post_init__(self) -> None:
         # Comparisons are false for NaN, so a NaN fails each range check below.
@@ -576,6 +581,11 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(f"training setting: {message}")
+        if self.init_strict and not self.init:
+            raise ConfigError(
+                "training setting: init_strict (--init-strict) needs starting weights; "
+                "pass --init SOURCE or drop --init-strict"
+            )
         self._check_fault_rounds()
         if self.backbone != "auto":
             from medfed.models.backbones import BACKBONES
@@ -692,7 +702,15 @@ def _check_setting_type(name: str, value: Any, annotation: Any, where: str) -> N
 
 
 # Top-level keys of a run's config.toml (schema_version is the run directory's, see medfed.runs).
-RUN_CONFIG_KEYS: tuple[str, ...] = ("schema_version", "medfed_version", "train", "model", "sites")
+# ``init`` is the report of the starting weights (--init): what was loaded, skipped, left random.
+RUN_CONFIG_KEYS: tuple[str, ...] = (
+    "schema_version",
+    "medfed_version",
+    "train",
+    "model",
+    "sites",
+    "init",
+)
 
 
 @dataclass(frozen=True)

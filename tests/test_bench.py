@@ -31,6 +31,7 @@ from medfed.experiments.bench import (
 from medfed.experiments.demo import Budget, MethodSpec, run_demo
 from medfed.experiments.paired import FIGURES_BY_KEY, VERDICTS
 from medfed.metrics import Interval, verdict
+from medfed.runs import RunDir
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -39,7 +40,7 @@ TINY = ["--fundus-budget", "12x2x1", "--ct-budget", "8x2x1", "--image-size", "48
 TINY += ["--speed-rounds", "2"]
 # A CI cell: the mean and its 95% interval, ``0.84 (0.78–0.90)``.
 CI_CELL = re.compile(r"\d\.\d\d \(\d\.\d\d\u2013\d\.\d\d\)")
-ALL_METHODS = [*ALGORITHMS, PAPER_FEDDRM, *FEDERATION_NORM]
+ALL_METHODS = list(bench.bench_methods())
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +87,30 @@ def test_bench_runs_every_registered_method_on_both_federations(bench_run):
         backbones = fed["backbones"]
         assert backbones["feddrm"] != backbones[PAPER_FEDDRM]
         assert backbones[PAPER_FEDDRM].endswith("-gn")
+
+
+def test_lora_and_fedavg_ft_start_from_one_warm_up_base_per_seed(bench_run):
+    results = _results(bench_run)
+    assert {bench.LORA_FROM_BASE, bench.FT_FROM_BASE} <= set(ALL_METHODS)
+    assert not {"lora"} & set(ALL_METHODS) and set(ALGORITHMS) - {"lora"} <= set(ALL_METHODS)
+    for modality, fed in results["federations"].items():
+        base = fed["warmup_base"]
+        assert base == {
+            "fedavg_rounds": 1,
+            "method_rounds": 1,
+            "methods": [bench.LORA_FROM_BASE, bench.FT_FROM_BASE],
+        }
+        found = fed["base_comparison"]
+        assert found["reference"] == bench.LORA_FROM_BASE
+        assert list(found["methods"]) == [bench.FT_FROM_BASE]
+        for seed in (0, 1):
+            folder = bench_run["out"] / "runs" / modality / f"seed{seed}"
+            for method in (bench.LORA_FROM_BASE, bench.FT_FROM_BASE):
+                config = RunDir(folder / MethodSpec.parse(method).dirname).read_config()
+                assert config["train"]["init"] == str((folder / "warmup_base").resolve())
+                assert config["train"]["rounds"] == 1
+    text = bench_run["readme"].read_text()
+    assert "from a FedAvg warm-up base" in text and "same base" in text
 
 
 def test_bench_mean_and_std_match_the_per_seed_summaries(bench_run):
@@ -217,10 +242,12 @@ def test_bench_writes_markdown_and_plots(bench_run):
     assert "\u2020 unreliable" in table  # a handful of scans per site: every figure is flagged
     assert "| feddrm \u2212 method: worst-site AUC (origin known) " in table
     lines = findings_lines(results)
-    assert len(lines) == 2 * len(FIGURES_BY_KEY)
+    # Per federation: FedDRM against every method, and LoRA against FedAvg+FT from one base.
+    assert len(lines) == 2 * 2 * len(FIGURES_BY_KEY)
     for line in lines:
         assert line in table
-        assert "(origin known): feddrm " in line or "(origin unknown): feddrm " in line
+        reference = "lora [warm-up base] " if ", same base, " in line else "feddrm "
+        assert f"(origin known): {reference}" in line or f"(origin unknown): {reference}" in line
     for claim in ("above every", "at least", "NOT above"):
         assert claim not in table
     assert results["plots"] == ["fundus.png", "ct.png", "speed.png"]

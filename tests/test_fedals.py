@@ -64,7 +64,8 @@ def test_the_base_gets_its_own_parameters_and_the_run_records_them() -> None:
 def test_an_unsupported_combination_is_refused_before_training(tmp_path) -> None:
     # Private LoRA adapters never travel and the base is frozen: no representation is shared,
     # so there is nothing for the schedule to send less often.
-    cfg = TrainConfig("fedals", params={"base": "lora"}, rounds=2, local_steps=1,
+    params = {"base": "lora", "lora.warmup_rounds": 1}
+    cfg = TrainConfig("fedals", params=params, rounds=2, local_steps=1,
                       batch_size=8, device="cpu")  # fmt: skip
     with pytest.raises(ConfigError, match="no shared key starts with"):
         train(tensor_sites(3), cfg, tmp_path / "run")
@@ -75,7 +76,10 @@ def test_an_unsupported_combination_is_refused_before_training(tmp_path) -> None
     ("params", "trained_prefix"),
     [
         ({"base": "feddrm", "lam": "0.9", "alpha": "2"}, "backbone."),
-        ({"base": "lora", "mode": "shared", "alpha": "2", "lora.base": "frozen"}, "backbone."),
+        (
+            {"base": "lora", "mode": "shared", "alpha": "2", "lora.warmup_rounds": "1"},
+            "backbone.",
+        ),
         ({"base": "fedgmi", "alpha": "2"}, "backbone."),
     ],
     ids=["feddrm-lam", "lora-shared", "fedgmi"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -222,3 +223,33 @@ def test_a_deployed_run_resumes_from_the_server_checkpoint(tiny_sites, tmp_path)
     here = {(r["round"], r["site"]): r for r in RunDir(tmp_path / "local").read_metrics()}
     for r in records:
         assert r["val_loss"] == pytest.approx(here[(r["round"], r["site"])]["val_loss"], abs=1e-5)
+
+
+def test_a_deployed_lora_run_starts_from_the_weights_the_server_sends(tiny_sites, tmp_path) -> None:
+    """The server loads --init, sends it with the first messages, each node checks its hash
+    and keeps it: the deployed run is the in-process run from the same weights."""
+    manifests, cache = tiny_sites
+    sites = load_sites([manifests[s] for s in SITES], cache)
+    base = TrainConfig(algorithm="fedavg", rounds=2, local_steps=1, batch_size=8, seed=4)
+    train(sites, dataclasses.replace(base, backbone="cnn-gn"), tmp_path / "base")
+    config = dataclasses.replace(
+        base, algorithm="lora", init=str(tmp_path / "base"), params={"rank": 2}
+    )
+    run_dir = tmp_path / "run"
+    write_app(tmp_path / "app", config, SITES, str(run_dir), wait_s=120, reply_timeout_s=300)
+    fed = LoopbackFederation(tmp_path)
+    try:
+        fed.start_superlink()
+        _start_nodes(fed, tiny_sites, SITES)
+        fed.submit(tmp_path / "app")
+        remote = fed.wait_for_summary(run_dir)
+    finally:
+        fed.close()
+    local = train(sites, config, tmp_path / "local")
+    for site in SITES:
+        assert remote["sites"][site]["auc"] == pytest.approx(local["sites"][site]["auc"], abs=1e-6)
+    assert remote["routing_accuracy"] == pytest.approx(local["routing_accuracy"], abs=1e-6)
+    init = RunDir(run_dir).read_config()["init"]
+    assert init["sha256"] == RunDir(tmp_path / "local").read_config()["init"]["sha256"]
+    kept = sorted(p.parent.name for p in tmp_path.glob("node_state/*/*/init.safetensors"))
+    assert kept == sorted(SITES)

@@ -201,6 +201,10 @@ class Algorithm:
         """The model this algorithm trains (LoRA adds its adapters); unchanged by default."""
         return spec
 
+    def check_start(self, init: bool) -> None:
+        """Refuse, before training starts, a start this algorithm is not for (``init``: the run
+        starts from loaded weights rather than random ones)."""
+
     def initialize(self, model: FedModel, seed: int) -> None:
         """Server side, once, before round 1: set the initial global weights (FedGMI spreads its
         VAEs apart); the default keeps the seeded random initialization."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from medfed.dashboard import clinical
-from medfed.dashboard.checks import escape_markdown
+from medfed.dashboard.checks import damaged, escape_markdown
 from medfed.data.cards import TO_FILL
 from medfed.runs import RunDir
 from medfed.runs.report import fmt
@@ -385,6 +386,146 @@ def skipped_rounds(events: list[dict[str, Any]]) -> list[int]:
 
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+RANDOM_INIT = "random (seeded) initialization"
+
+
+@dataclass(frozen=True)
+class StartingWeights:
+    """The pretrained weights a run started from, as config.toml's ``[init]`` records them.
+
+    Text fields the table leaves out are empty strings; ``strict`` and ``adapters`` are None."""
+
+    source: str
+    loaded: tuple[str, ...]
+    skipped: tuple[tuple[str, str], ...]  # (model key, why it was not loaded)
+    random: tuple[str, ...]
+    kind: str = ""
+    format: str = ""
+    file: str = ""
+    sha256: str = ""
+    strict: bool | None = None
+    normalization: str = ""
+    weights_normalization: str = ""
+    adapters: int | None = None
+
+    @property
+    def short_sha256(self) -> str:
+        return self.sha256[:12]
+
+    def normalization_note(self) -> str | None:
+        """Why the inputs may not be what the weights expect, or None when they match."""
+        given, used = self.weights_normalization, self.normalization
+        if not given or not used or given == used:
+            return None
+        came = "ImageNet" if given == "imagenet" else given
+        how = "each site's own statistics" if used == "site" else f"{used} statistics"
+        return (
+            f"The weights came with {came} normalization, but this run normalized its inputs "
+            f"with {how} ({used}): the pretrained layers see inputs scaled differently from "
+            "those they learned from."
+        )
+
+
+def starting_weights(config: Mapping[str, Any] | None, where: Path) -> StartingWeights | None:
+    """The run's ``[init]`` table read defensively; None for a run started from seeded random
+    weights (no ``[init]``). A damaged table is a RunDirError naming ``where`` (config.toml)."""
+    if config is None or "init" not in config:
+        return None
+    init = config["init"]
+    if not isinstance(init, Mapping):
+        raise damaged(where, f"init = {_shown(init)} is not a table ([init])")
+
+    def fail(what: str) -> Exception:
+        return damaged(where, f"[init] {what}")
+
+    source = _init_text(init, "source", fail)
+    if not source:
+        raise fail("has no source (the weights given to 'medfed train --init')")
+    strict = init.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise fail(f"strict = {_shown(strict)} is not true or false")
+    adapters = init.get("adapters")
+    if adapters is not None and not (_whole(adapters) and adapters >= 0):
+        raise fail(f"adapters = {_shown(adapters)} is not a count")
+    return StartingWeights(
+        source=source,
+        loaded=_init_keys(init, "loaded", fail),
+        skipped=_init_skipped(init, fail),
+        random=_init_keys(init, "random", fail),
+        kind=_init_text(init, "kind", fail),
+        format=_init_text(init, "format", fail),
+        file=_init_text(init, "file", fail),
+        sha256=_init_text(init, "sha256", fail),
+        strict=strict,
+        normalization=_init_text(init, "normalization", fail),
+        weights_normalization=_init_text(init, "weights_normalization", fail),
+        adapters=adapters,
+    )
+
+
+def _shown(value: Any) -> str:
+    """A value of a damaged table, cut short when long."""
+    return reprlib.repr(value)
+
+
+def _init_text(init: Mapping[str, Any], name: str, fail: Callable[[str], Exception]) -> str:
+    value = init.get(name, "")
+    if not isinstance(value, str):
+        raise fail(f"{name} = {_shown(value)} is not a string")
+    return value
+
+
+def _init_keys(
+    init: Mapping[str, Any], name: str, fail: Callable[[str], Exception]
+) -> tuple[str, ...]:
+    if name not in init:
+        raise fail(f"has no {name!r} list of model keys")
+    keys = init[name]
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise fail(f"{name} = {_shown(keys)} is not a list of model key names")
+    return tuple(keys)
+
+
+def _init_skipped(
+    init: Mapping[str, Any], fail: Callable[[str], Exception]
+) -> tuple[tuple[str, str], ...]:
+    if "skipped" not in init:
+        raise fail("has no 'skipped' list of model keys")
+    skipped = init["skipped"]
+    if not isinstance(skipped, list) or not all(
+        isinstance(s, Mapping)
+        and isinstance(s.get("key"), str)
+        and isinstance(s.get("reason"), str)
+        for s in skipped
+    ):
+        raise fail(f"skipped = {_shown(skipped)} is not a list of {{key, reason}} tables")
+    return tuple((s["key"], s["reason"]) for s in skipped)
+
+
+def skipped_frame(weights: StartingWeights) -> pd.DataFrame:
+    """The keys of the weights that were not loaded, and why (key, reason)."""
+    return pd.DataFrame(list(weights.skipped), columns=["key", "reason"])
+
+
+def starting_weights_table(
+    weights: Mapping[str, StartingWeights | None | Exception],
+) -> pd.DataFrame:
+    """One row per run (source and key counts, as text); a run whose ``[init]`` could not be
+    read (an exception) says so instead of showing counts."""
+    rows = []
+    for label, w in weights.items():
+        if isinstance(w, Exception):
+            row = ("damaged [init] in config.toml", "n/a", "n/a", "n/a")
+        elif w is None:
+            row = (RANDOM_INIT, "0", "0", "all")
+        else:
+            counts = (len(w.loaded), len(w.skipped), len(w.random))
+            row = (w.source, *map(str, counts))
+        rows.append((label, *row))
+    columns = ["run", "source", "loaded", "skipped", "random"]
+    return pd.DataFrame(rows, columns=columns).set_index("run")
 
 
 # ------------------------------------------------------------------------- Communication page

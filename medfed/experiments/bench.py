@@ -13,7 +13,6 @@ the findings are the verdicts of those intervals, under the protocol each figure
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import shutil
 import statistics
@@ -33,8 +32,10 @@ from medfed.experiments.demo import (
     FULL,
     QUICK,
     REFERENCE,
+    WARMUP_BASE,
     Budget,
     MethodSpec,
+    WarmupBase,
     comparisons_markdown,
     with_normalization,
 )
@@ -60,7 +61,7 @@ from medfed.experiments.speed import (
 )
 from medfed.federation.training import load_sites, train
 from medfed.runs import Summary
-from medfed.runs.report import markdown_table, replace_marked_section
+from medfed.runs.report import markdown_table, update_readme_section, write_results
 
 # results.json's own version (not the run directory's): 2 states findings computed from the
 # results instead of fixed acceptance claims; 3 gives every figure its 95% CI, both protocols,
@@ -125,10 +126,17 @@ PAPER_FEDDRM = "feddrm:private_norms=false,lam=0.9"
 FEDERATION_NORM = tuple(with_normalization(m, "federation") for m in ("fedavg", "fedbn"))
 
 
+# LoRA adapts a trained base: it and FedAvg+FT start from the same FedAvg warm-up base.
+LORA_FROM_BASE = f"lora {WARMUP_BASE}"
+FT_FROM_BASE = f"fedavgft {WARMUP_BASE}"
+
+
 def bench_methods() -> tuple[str, ...]:
-    """Every algorithm in the registry with its default parameters, the paper's FedDRM, and
-    FedAvg and FedBN with federation-wide normalization."""
-    return (*ALGORITHMS, PAPER_FEDDRM, *FEDERATION_NORM)
+    """Every algorithm in the registry with its default parameters (LoRA from a FedAvg
+    warm-up base, next to FedAvg+FT from the same base), the paper's FedDRM, and FedAvg and
+    FedBN with federation-wide normalization."""
+    registry = [LORA_FROM_BASE if name == "lora" else name for name in ALGORITHMS]
+    return (*registry, FT_FROM_BASE, PAPER_FEDDRM, *FEDERATION_NORM)
 
 
 def parse_budget(text: str) -> Budget:
@@ -315,11 +323,13 @@ def train_federation(
             image_size=plan.image_size if modality == "fundus" else None,
         )
         sites = load_sites(list(manifests), out / "cache")
+        base = WarmupBase(_run_dir(out, modality, seed, "warmup_base"), budget, seed)
         for method in plan.methods:
             run_dir = _run_dir(out, modality, seed, method)
             if run_dir.exists():
                 shutil.rmtree(run_dir)
-            summary = train(sites, MethodSpec.parse(method).config(budget, seed), run_dir)
+            config = base.config(MethodSpec.parse(method), sites, echo)
+            summary = train(sites, config, run_dir)
             rounds = recorded_round_seconds(run_dir)
             median = statistics.median(rounds) if rounds else None
             runs.runs[method].append(SeedRun(summary, median, seed, load_scans(run_dir)))
@@ -337,10 +347,30 @@ def train_federation(
     return runs
 
 
+def base_comparison(runs: FederationRuns, n_boot: int) -> dict[str, Any] | None:
+    """LoRA minus FedAvg+FT, both from the same warm-up base, on the same test scans (None
+    unless both ran)."""
+    if LORA_FROM_BASE not in runs.runs or FT_FROM_BASE not in runs.runs:
+        return None
+    scans = {m: {r.seed: r.scans for r in runs.runs[m]} for m in (LORA_FROM_BASE, FT_FROM_BASE)}
+    return compare_methods(scans, LORA_FROM_BASE, n_boot=n_boot)
+
+
+def warmup_base(runs: FederationRuns) -> dict[str, Any] | None:
+    """How the warm-up base rows spent their rounds (None when none ran)."""
+    methods = [m for m in runs.runs if MethodSpec.parse(m).warmup_base]
+    if not methods:
+        return None
+    base = WarmupBase(Path(), runs.budget, 0).rounds
+    return {"fedavg_rounds": base, "method_rounds": runs.budget.rounds - base, "methods": methods}
+
+
 def federation_results(runs: FederationRuns, n_boot: int = N_BOOT["full"]) -> dict[str, Any]:
     rows = {m: method_row(r, n_boot) for m, r in runs.runs.items()}
     first = next(iter(runs.runs.values()))[0].summary
     return {
+        "warmup_base": warmup_base(runs),
+        "base_comparison": base_comparison(runs, n_boot),
         "budget": {
             "n_per_site": runs.budget.n_per_site,
             "rounds": runs.budget.rounds,
@@ -436,11 +466,10 @@ def run_bench(
     # Speed figures depend on what else the machine was doing; 1, 5 and 15 minute averages.
     results["load_average"] = {"start": load_at_start, "end": load_average()}
     results["plots"] = [p.name for p in write_plots(results, out)]
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    (out / "results.md").write_text(results_markdown(results) + "\n", encoding="utf-8")
+    written = write_results(out, "results", results, results_markdown(results))
     echo(
-        f"finished in {results['seconds_total']:.0f} s; wrote {out / 'results.json'}, "
-        f"{out / 'results.md'} and {len(results['plots'])} plot(s)"
+        f"finished in {results['seconds_total']:.0f} s; wrote {written} and "
+        f"{len(results['plots'])} plot(s)"
     )
     if readme is not None:
         update_readme(readme, results, out)
@@ -450,13 +479,9 @@ def run_bench(
 
 def update_readme(readme: Path, results: dict[str, Any], out: Path) -> None:
     """Copy the plots next to the README and write the tables into its marked section."""
-    plot_dir = readme.parent / PLOT_DIR
-    plot_dir.mkdir(parents=True, exist_ok=True)
-    for name in results["plots"]:
-        shutil.copyfile(out / name, plot_dir / name)
     body = results_markdown(results, image_prefix=f"{PLOT_DIR.as_posix()}/", heading_level=3)
-    text = readme.read_text(encoding="utf-8")
-    readme.write_text(replace_marked_section(text, MARKER, body), encoding="utf-8")
+    plots = [out / name for name in results["plots"]]
+    update_readme_section(readme, MARKER, body, plots, PLOT_DIR)
 
 
 # ---------------------------------------------------------------------------- markdown
@@ -663,6 +688,27 @@ def bytes_markdown(by_federation: dict[str, Any]) -> str:
     return markdown_table(header, rows)
 
 
+def warmup_markdown(fed: dict[str, Any], modality: str, h: str) -> str:
+    """What the warm-up base rows cost in rounds, and LoRA against FedAvg+FT from that base."""
+    base = fed.get("warmup_base")
+    if not base:
+        return ""
+    parts = [
+        f"{h}# {modality}: from a FedAvg warm-up base",
+        f"Rows marked {WARMUP_BASE} start from one FedAvg run of {base['fedavg_rounds']} "
+        f"round(s) on the same federation and seed, then train {base['method_rounds']} "
+        f"round(s) of their own: {base['fedavg_rounds'] + base['method_rounds']} rounds in "
+        "all, as every other row. Their bytes per round count their own rounds; each warm-up "
+        "round cost what a FedAvg round costs. LoRA freezes the base and keeps its adapters "
+        "and target head on each site: only its client head travels, and once, each site's "
+        "feature statistics (count, sum, scatter) from which the server sets that head.",
+    ]
+    found = fed.get("base_comparison")
+    if found:
+        parts.append(comparisons_markdown(found, f"{modality}, same base"))
+    return "\n\n".join(parts)
+
+
 def findings_lines(results: dict[str, Any]) -> list[str]:
     """The findings of every federation: the verdicts of the paired differences with FedDRM,
     each naming its figure and protocol (nothing else is claimed)."""
@@ -670,6 +716,8 @@ def findings_lines(results: dict[str, Any]) -> list[str]:
     for modality, fed in results["federations"].items():
         if fed.get("comparisons"):
             lines += verdict_lines(fed["comparisons"], modality)
+        if fed.get("base_comparison"):
+            lines += verdict_lines(fed["base_comparison"], f"{modality}, same base")
     return lines
 
 
@@ -718,6 +766,7 @@ def results_markdown(
                 "same test scans"
             )
             parts.append(comparisons_markdown(found, modality))
+        parts.append(warmup_markdown(fed, modality, h))
     parts.append(f"{h} Speed")
     parts.append(speed_markdown(results["speed"]))
     parts.append("\n".join(f"![{name[:-4]}]({image_prefix}{name})" for name in results["plots"]))

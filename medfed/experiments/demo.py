@@ -3,6 +3,7 @@ with 95% confidence intervals (one seed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -41,13 +42,15 @@ COMMUNICATION_METHODS = (
     "fedals:base=feddrm,alpha=5",
     "fedals:base=feddrm,alpha=10",
     "fedals:base=feddrm,alpha=5@int8+delta",
-    "lora",
-    "lora@int8+delta",
+    "lora [warm-up base]",
+    "lora@int8+delta [warm-up base]",
 )
 
 
 # `` [federation norm]`` after a method: trained and evaluated with normalization = "federation".
 _NORM_SUFFIX = re.compile(r"\s*\[(\w+) norm\]$")
+# `` [warm-up base]``: the method starts from a FedAvg run trained first (see WarmupBase).
+WARMUP_BASE = "[warm-up base]"
 
 
 def with_normalization(method: str, normalization: str) -> str:
@@ -67,9 +70,13 @@ class MethodSpec:
     wire_precision: str = "float32"
     wire_delta: bool = False
     normalization: str = "site"
+    warmup_base: bool = False  # starts from the federation's FedAvg warm-up base
 
     @classmethod
     def parse(cls, text: str) -> MethodSpec:
+        label = text
+        warmup_base = WARMUP_BASE in text
+        text = text.replace(WARMUP_BASE, "").strip()
         found = _NORM_SUFFIX.search(text)
         normalization = found.group(1) if found else "site"
         if normalization not in NORMALIZATIONS:
@@ -89,13 +96,22 @@ class MethodSpec:
         precision, _, delta = wire_text.partition("+")
         if delta not in ("", "delta"):
             raise ConfigError(f"method {text!r}: after '+' only 'delta' is understood")
-        return cls(text, name, params, precision or "float32", delta == "delta", normalization)
+        return cls(
+            label,
+            name,
+            params,
+            precision or "float32",
+            delta == "delta",
+            normalization,
+            warmup_base,
+        )
 
     @property
     def dirname(self) -> str:
         """The label as a run-directory name (``fedavg_federation_norm``)."""
-        head = _NORM_SUFFIX.sub("", self.label).strip()
+        head = _NORM_SUFFIX.sub("", self.label.replace(WARMUP_BASE, "").strip()).strip()
         suffix = "" if self.normalization == "site" else f"_{self.normalization}_norm"
+        suffix += "_warmup_base" if self.warmup_base else ""
         return re.sub(r"[:,@=+]", "_", head) + suffix
 
     def config(self, budget: Budget, seed: int) -> TrainConfig:
@@ -110,6 +126,45 @@ class MethodSpec:
             wire_precision=self.wire_precision,
             wire_delta=self.wire_delta,
             normalization=self.normalization,
+        )
+
+
+@dataclass
+class WarmupBase:
+    """The FedAvg run that ``[warm-up base]`` methods start from: half the budget's rounds
+    of FedAvg, trained once (on first use) into ``folder``; each such method then runs the
+    other half from it, so that it costs the same rounds in all as every other method."""
+
+    folder: Path
+    budget: Budget
+    seed: int
+    trained: bool = False
+
+    @property
+    def rounds(self) -> int:
+        return self.budget.rounds // 2
+
+    def config(
+        self, method: MethodSpec, sites: list[Any], echo: Callable[[str], Any]
+    ) -> TrainConfig:
+        """``method``'s training config, starting from this base when it asks for it."""
+        config = method.config(self.budget, self.seed)
+        if not method.warmup_base:
+            return config
+        if self.rounds < 1:
+            raise ConfigError(
+                f"method {method.label!r}: a warm-up base takes half of the rounds, and "
+                f"{self.budget.rounds} round(s) leave none; give at least 2 rounds"
+            )
+        if not self.trained:
+            if self.folder.exists():
+                shutil.rmtree(self.folder)
+            echo(f"training the warm-up base: fedavg, {self.rounds} rounds, into {self.folder}")
+            base = Budget(self.budget.n_per_site, self.rounds, self.budget.local_steps)
+            train(sites, MethodSpec.parse("fedavg").config(base, self.seed), self.folder)
+            self.trained = True
+        return dataclasses.replace(
+            config, init=str(self.folder.resolve()), rounds=self.budget.rounds - self.rounds
         )
 
 
@@ -269,14 +324,16 @@ def run_demo(
     sites = load_sites(list(manifests), out / "cache")
     summaries: dict[str, Summary] = {}
     scans: dict[str, dict[int, Scans]] = {}
+    base = WarmupBase(out / "runs" / "warmup_base", budget, seed)
     for method in map(MethodSpec.parse, methods):
         run_dir = out / "runs" / method.dirname
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        echo(f"training {method.label} ({budget.rounds} rounds x {budget.local_steps} steps) ...")
+        config = base.config(method, sites, echo)
+        echo(f"training {method.label} ({config.rounds} rounds x {budget.local_steps} steps) ...")
         # The summary as training returns it keeps the sites in federation order (the table's
         # columns); summary.json on disk lists them sorted.
-        summaries[method.label] = train(sites, method.config(budget, seed), run_dir)
+        summaries[method.label] = train(sites, config, run_dir)
         scans[method.label] = {seed: load_scans(run_dir)}
     table = ci_table(summaries) + "\n\n" + ci_notes(summaries)
     comparisons = None

@@ -12,7 +12,7 @@ ROUTER_COLOURS = {"density_ratio": "#1f77b4", "majority_vote": "#ff7f0e"}
 DPI = 110
 
 
-def _pyplot():
+def pyplot():
     """pyplot on the Agg backend; matplotlib is the ``bench`` extra, not the core install."""
     try:
         import matplotlib
@@ -62,7 +62,7 @@ def _bars(
 def federation_plot(modality: str, fed: dict[str, Any], path: Path) -> Path:
     """Mean and worst-site AUC, and system accuracy under both protocols (coloured by router),
     per method, with 95% CIs."""
-    plt = _pyplot()
+    plt = pyplot()
     names = list(fed["methods"])
     rows = [fed["methods"][n] for n in names]
     x = list(range(len(names)))
@@ -113,7 +113,7 @@ def federation_plot(modality: str, fed: dict[str, Any], path: Path) -> Path:
 
 def speed_plot(results: dict[str, Any], path: Path) -> Path:
     """Engine vs plain loop, data path, routing latency, and bytes per round vs FedAvg."""
-    plt = _pyplot()
+    plt = pyplot()
     speed = results["speed"]
     fig, axes = plt.subplots(1, 4, figsize=(16, 4))
     e = speed["engine_overhead"]

@@ -26,6 +26,7 @@ from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError, RunDirError
 from medfed.federation import wire
+from medfed.federation.pretrained import InitReport, apply_init, resolve_init
 from medfed.federation.site import clone_state, cosine_lr, derive_seed
 from medfed.federation.validate import validate_update
 from medfed.federation.wire import WireFormat
@@ -146,7 +147,10 @@ class Coordinator:
         config: TrainConfig,
         run: RunDir,
         setup: DeviceSetup,
+        *,
+        init: str | None = None,
     ) -> None:
+        """``init``: starting weights in place of ``config.init`` (a run's own warm-up base)."""
         self.modality = check_federation(sites, config)
         config.check_faults([s.id for s in sites], communicates=algorithm.communicates)
         self.sites, self.algorithm, self.config, self.run, self.setup = (
@@ -167,8 +171,16 @@ class Coordinator:
             client_branch=algorithm.needs_client_branch,
         )
         self.spec = algorithm.adapt_spec(self.spec, [s.id for s in sites])
+        source = init or config.init
+        algorithm.check_start(bool(source))
         self.model = initial_model(self.spec, algorithm, config.seed, setup)
         algorithm.check(self.model)
+        # Starting weights (--init): loaded here, on the server, and sent to every site.
+        self.init_report: InitReport | None = None
+        if source:
+            self.init_report = apply_init(
+                self.model, resolve_init(source), strict=config.init_strict
+            )
         self.store = CheckpointStore(run.checkpoints, config.keep_checkpoints)
         self.initial_state = clone_state(self.model.state_dict())
         self.shared_keys = algorithm.shared_keys(self.model) if algorithm.communicates else []
@@ -178,18 +190,55 @@ class Coordinator:
         self.held: list[State] = [
             {k: v.cpu().clone() for k, v in self.global_state.items()} for _ in sites
         ]
+        # What a site must be given besides the seed to build the same starting model.
+        self.init_state: State = {
+            k: self.initial_state[k].cpu()
+            for k in (self.init_report.loaded if self.init_report else [])
+        }
         self.resumed_from: Path | None = None  # the checkpoint a resumed run started from
         total = sum(s.n_train for s in sites)
         self.priors = np.array([s.n_train / total for s in sites])
 
     # ------------------------------------------------------------------ config and resume
     def resolved_config(self) -> dict[str, Any]:
-        return {
+        config = {
             "medfed_version": __version__,
             "train": self.config.to_dict() | {"params": self.algorithm.resolved_params()},
             "model": self.spec.to_dict(),
             "sites": [s.manifest for s in self.sites],
         }
+        if self.init_report is not None:
+            config["init"] = self.init_report.to_dict() | {
+                "strict": self.config.init_strict,
+                "normalization": self.config.normalization,
+            }
+        return config
+
+    def _init_event(self) -> None:
+        report = self.init_report
+        if report is not None:
+            self.run.log_event(
+                "init",
+                source=report.source,
+                sha256=report.sha256,
+                loaded=len(report.loaded),
+                skipped=len(report.skipped),
+                random=len(report.random),
+            )
+
+    def _check_same_init(self, previous: dict[str, Any]) -> None:
+        """A resumed run starts from the weights it started from: their hash must match."""
+        before = previous.get("init")
+        before_hash = before.get("sha256") if isinstance(before, dict) else None
+        now = self.init_report.sha256 if self.init_report else None
+        if before_hash != now:
+            source = self.init_report.source if self.init_report else "random weights"
+            raise ConfigError(
+                f"--resume: the starting weights ({source}) are not those the run in "
+                f"{self.run.path} started from (config.toml [init] sha256 "
+                f"{before_hash or 'none'}, now {now or 'none'}); restore the --init file the "
+                "run started from, or train again into a new --out"
+            )
 
     def start(self, resume: bool, **event: Any) -> tuple[int, dict[str, State]]:
         """The first round to run, and the checkpointed states when resuming."""
@@ -204,6 +253,7 @@ class Coordinator:
             self.run.path.mkdir(parents=True, exist_ok=True)
             self.run.write_config(config)
             self.run.log_event("start", device=self.setup.describe(), **event)
+            self._init_event()
             return 1, {}
         if not self.run.config_path.exists():
             raise ConfigError(f"--resume: {self.run.path} holds no run to resume")
@@ -220,11 +270,15 @@ class Coordinator:
         if "algorithm" in stored:  # runs written before config.toml resolved every parameter
             algorithm = make_algorithm(str(stored["algorithm"]), stored.get("params") or {})
             stored["params"] = tomllib.loads(tomli_w.dumps(algorithm.resolved_params()))
+        for name, value in self.config.to_dict().items():  # settings added since it started
+            if name not in stored and value == TrainConfig.__dataclass_fields__[name].default:
+                stored[name] = value
         if stored != config["train"] or previous.get("sites") != config["sites"]:
             raise ConfigError(
                 f"--resume: the settings differ from the run in {self.run.path} "
                 "(config.toml); resume with the same sites and options"
             )
+        self._check_same_init(previous)
         latest = self.store.latest()
         if latest is None:
             self.run.truncate_metrics(0)

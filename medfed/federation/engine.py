@@ -24,6 +24,7 @@ from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError, RunDirError
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, SiteInfo
+from medfed.federation.pretrained import IMAGENET_MEAN, IMAGENET_STD
 from medfed.federation.rounds import RoundLoop, SiteFailure, SiteReply
 from medfed.federation.site import LocalRound, Published, SiteWorker, clone_state, failure_reason
 from medfed.models.device import resolve_device
@@ -158,6 +159,29 @@ def federation_normalized(sites: list[SiteData]) -> list[SiteData]:
     return [s.renormalized(pooled) for s in sites]
 
 
+def imagenet_normalized(sites: list[SiteData]) -> list[SiteData]:
+    """Every site normalized with the ImageNet statistics that come with torchvision's
+    pretrained weights (photos scaled to [0, 1], three channels)."""
+    wrong = {s.id: int(s.raw[Split.TRAIN].shape[1]) for s in sites}
+    wrong = {site: channels for site, channels in wrong.items() if channels != len(IMAGENET_MEAN)}
+    if wrong:
+        raise ConfigError(
+            f"normalization = 'imagenet' (--init-normalization) is for three-channel photos; "
+            f"site(s) {wrong} have other channel counts: use --init-normalization site"
+        )
+    norm = Normalization(mean=tuple(IMAGENET_MEAN), std=tuple(IMAGENET_STD))
+    return [s.renormalized(norm) for s in sites]
+
+
+def normalized(sites: list[SiteData], config: TrainConfig) -> list[SiteData]:
+    """The sites as ``config.normalization`` asks (their own statistics are the default)."""
+    if config.normalization == "federation":
+        return federation_normalized(sites)
+    if config.normalization == "imagenet":
+        return imagenet_normalized(sites)
+    return sites
+
+
 class Engine:
     """Train one algorithm over several sites in this process, writing the run directory."""
 
@@ -169,13 +193,15 @@ class Engine:
         run: RunDir,
         *,
         progress: bool = False,
+        init: str | None = None,
     ) -> None:
+        """``init``: starting weights in place of ``config.init`` (a warm-up base)."""
         if not sites:
             raise ConfigError("no sites to train on")
-        if config.normalization == "federation":
-            sites = federation_normalized(sites)
+        sites = normalized(sites, config)
         setup = resolve_device(config.device)
-        self.server = Coordinator([SiteInfo.of(s) for s in sites], algorithm, config, run, setup)
+        infos = [SiteInfo.of(s) for s in sites]
+        self.server = Coordinator(infos, algorithm, config, run, setup, init=init)
         self.link = LocalLink(self.server, sites)
         self.loop = RoundLoop(self.server, self.link, progress=progress)
 

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from medfed.algorithms import make_algorithm
-from medfed.config import TrainConfig, load_manifests
+from medfed.algorithms.base import Algorithm
+from medfed.config import Modality, TrainConfig, load_manifests
 from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.overview import write_site_overview
 from medfed.data.sitedata import SiteData, load_site
+from medfed.errors import ConfigError
+from medfed.federation.coordinator import default_backbone
 from medfed.federation.engine import Engine
 from medfed.runs import RunDir, Summary
+
+WARMUP_DIR = "warmup"
+"""Where a run that builds its own base (``warmup_rounds``) keeps that FedAvg run."""
 
 
 def load_sites(
@@ -28,10 +37,68 @@ def train(
     *,
     resume: bool = False,
     progress: bool = False,
+    echo: Callable[[str], Any] | None = None,
 ) -> Summary:
-    """Train ``config.algorithm`` over ``sites`` and write the run directory ``out``."""
+    """Train ``config.algorithm`` over ``sites`` and write the run directory ``out``.
+
+    An algorithm with ``warmup_rounds = N`` (LoRA) first trains FedAvg for N rounds into
+    ``out/warmup`` and starts from its weights; ``echo`` hears what the starting weights were.
+    """
     algorithm = make_algorithm(config.algorithm, config.params)
-    engine = Engine(sites, algorithm, config, RunDir(out), progress=progress)
+    base = warmup_base(sites, config, algorithm, Path(out), resume, progress, echo)
+    engine = Engine(sites, algorithm, config, RunDir(out), progress=progress, init=base)
+    report = engine.server.init_report
+    if echo is not None and report is not None:
+        for line in report.lines():
+            echo(line)
     summary = engine.train(resume=resume)
     write_site_overview(out, sites)  # the dashboard's Sites page
     return summary
+
+
+def warmup_base(
+    sites: list[SiteData],
+    config: TrainConfig,
+    algorithm: Algorithm,
+    out: Path,
+    resume: bool,
+    progress: bool,
+    echo: Callable[[str], Any] | None,
+) -> str | None:
+    """The run's warm-up base, trained first (or resumed, or reused when finished), when the
+    algorithm asks for one (``warmup_rounds``); None otherwise. config.toml keeps the setting
+    (``init`` stays empty), its [init] table the base it started from."""
+    rounds = int(getattr(algorithm.params, "warmup_rounds", 0) or 0)
+    if not rounds or not sites:
+        return None
+    base = (out / WARMUP_DIR).resolve()
+    if config.init:
+        raise ConfigError(
+            f"{config.algorithm}: --init {config.init} and --param warmup_rounds={rounds} both "
+            "give the starting weights; pass one of them"
+        )
+    backbone = config.backbone
+    if backbone == "auto":
+        backbone = default_backbone(Modality(str(sites[0].manifest.modality)), algorithm)
+    warmup = dataclasses.replace(
+        config,
+        algorithm="fedavg",
+        params={},
+        rounds=rounds,
+        backbone=backbone,
+        faults=(),
+        init="",
+        init_strict=False,
+    )
+    run = RunDir(base)
+    if run.summary_path.is_file() and run.failed() is None:
+        if echo is not None:
+            echo(f"warm-up base: {base} (finished, {rounds} fedavg rounds)")
+    else:
+        if echo is not None:
+            echo(f"warm-up: {rounds} rounds of fedavg into {base}, then {config.algorithm}")
+        Engine(sites, make_algorithm("fedavg", {}), warmup, run, progress=progress).train(
+            resume=resume and run.config_path.is_file()
+        )
+        write_site_overview(base, sites)
+    return str(base)

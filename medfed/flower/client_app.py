@@ -33,6 +33,7 @@ from medfed.flower.records import (
     json_record,
     payload_of,
     payload_record,
+    state_of,
     state_record,
     weights_of,
 )
@@ -51,8 +52,11 @@ def _answer(message: Message, work: Callable[[], RecordDict]) -> Message:
 
 
 def _node(message: Message, context: Context) -> SiteNode:
+    """This site in the message's run; the starting weights, when they come along, are
+    checked against the run's hash and kept."""
+    init = state_of(message.content, "init") if "init" in message.content.array_records else None
     return SiteNode(
-        dict(context.node_config), RunSettings.from_json(json_of(message.content, "run"))
+        dict(context.node_config), RunSettings.from_json(json_of(message.content, "run")), init
     )
 
 

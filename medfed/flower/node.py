@@ -17,16 +17,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig, load_manifest
 from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError, RunDirError
 from medfed.federation.coordinator import SiteInfo, initial_model
+from medfed.federation.engine import normalized
+from medfed.federation.pretrained import state_sha256
 from medfed.federation.site import SiteWorker, clone_state
 from medfed.models.device import resolve_device
 from medfed.models.fedmodel import ModelSpec
 from medfed.runs.checkpoints import CheckpointStore
+from medfed.runs.weights import load_state, save_state
+
+State = dict[str, torch.Tensor]
 
 _SITES: dict[tuple[str, str], SiteData] = {}  # a ClientApp process may serve many messages
 
@@ -65,6 +72,7 @@ class RunSettings:
     config: TrainConfig
     spec: ModelSpec
     sites: list[str]
+    init_sha256: str = ""  # hash of the starting weights the server sends (--init); "": none
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -72,6 +80,7 @@ class RunSettings:
             "train": self.config.to_dict(),
             "spec": self.spec.to_dict(),
             "sites": self.sites,
+            "init_sha256": self.init_sha256,
         }
 
     @classmethod
@@ -81,6 +90,7 @@ class RunSettings:
             config=TrainConfig.from_dict(data["train"], where="run settings"),
             spec=ModelSpec.from_dict(data["spec"]),
             sites=[str(s) for s in data["sites"]],
+            init_sha256=str(data.get("init_sha256") or ""),
         )
 
 
@@ -99,9 +109,11 @@ def train_config_from_toml(text: str, where: str) -> TrainConfig:
 class SiteNode:
     """One site inside one run: builds its worker and keeps its state on the node's disk."""
 
-    def __init__(self, node_config: dict[str, Any], run: RunSettings) -> None:
+    def __init__(
+        self, node_config: dict[str, Any], run: RunSettings, init: State | None = None
+    ) -> None:
         self.run = run
-        self.data = node_site(node_config)
+        self.data = normalized([node_site(node_config)], run.config)[0]
         if self.data.id not in run.sites:
             raise ConfigError(
                 f"this SuperNode serves site {self.data.id!r}, which run {run.name!r} does not "
@@ -115,10 +127,45 @@ class SiteNode:
         # One round more than the server keeps: a node may have finished a round the server
         # never checkpointed, and a resumed run asks for the round before it.
         self.store = CheckpointStore(self.dir, run.config.keep_checkpoints + 1)
+        if init is not None:
+            self.keep_init(init)
+
+    @property
+    def init_path(self) -> Path:
+        return self.dir / "init.safetensors"
+
+    def keep_init(self, init: State) -> None:
+        """Store the starting weights the server sent, once their hash is the run's."""
+        if not self.run.init_sha256:
+            raise ConfigError("the server sent starting weights to a run that names none")
+        got = state_sha256(init)
+        if got != self.run.init_sha256:
+            raise ConfigError(
+                f"the starting weights arrived with sha256 {got}, not the run's "
+                f"{self.run.init_sha256}: they were changed on the way; start the run again"
+            )
+        self.dir.mkdir(parents=True, exist_ok=True)
+        save_state(self.init_path, init)
+
+    def starting_weights(self) -> State:
+        """The run's starting weights as this node stored them (their hash checked again)."""
+        fix = "restart the run so that the server sends them again"
+        if not self.init_path.is_file():
+            raise RunDirError(f"{self.init_path}: the run's starting weights never arrived; {fix}")
+        init = load_state(self.init_path, fix)
+        if state_sha256(init) != self.run.init_sha256:
+            raise RunDirError(
+                f"{self.init_path}: not the run's starting weights (sha256 differs); delete "
+                f"it and {fix}"
+            )
+        return init
 
     def worker(self, upto_round: int) -> SiteWorker:
         """This site as it stood after the last round it finished, up to ``upto_round``."""
         model = initial_model(self.run.spec, self.algorithm, self.run.config.seed, self.setup)
+        if self.run.init_sha256:
+            start = self.starting_weights()
+            model.load_state_dict({**model.state_dict(), **start})
         init = clone_state(model.state_dict())
         shared = self.algorithm.shared_keys(model) if self.algorithm.communicates else []
         worker = SiteWorker(

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from medfed.algorithms import make_algorithm
@@ -40,6 +40,7 @@ from medfed.flower.records import (
     payload_of,
     payload_record,
     state_of,
+    state_record,
     weights_records,
 )
 from medfed.models.device import resolve_device
@@ -158,6 +159,11 @@ def published_entry(data: Any, site: str, index: int) -> SiteEntry:
         raise ValueError(f"published an unusable site entry ({exc})") from None
 
 
+def _with(content: RecordDict, name: str, record: ArrayRecord) -> RecordDict:
+    """A copy of ``content`` with one more record."""
+    return RecordDict({**dict(content.items()), name: record})
+
+
 def _reply(reply: Message) -> Message | str:
     """A site's reply, or the reason it failed."""
     if reply.has_error():
@@ -270,9 +276,16 @@ class FlowerRun:
     def run(self) -> dict[str, Any]:
         infos = self._discover()
         self.server = Coordinator(infos, self.algorithm, self.d.config, self.run_dir, self.setup)
-        self.settings = json_record(
-            RunSettings(self.d.run_name, self.d.config, self.server.spec, self.d.sites).to_json()
+        report = self.server.init_report
+        settings = RunSettings(
+            self.d.run_name,
+            self.d.config,
+            self.server.spec,
+            self.d.sites,
+            init_sha256=report.sha256 if report else "",
         )
+        self.settings = json_record(settings.to_json())
+        self.init_given: set[str] = set()  # sites that hold the starting weights
         return RoundLoop(self.server, self).train(resume=self.d.resume, engine="flower")
 
     def _content(self, step: dict[str, Any], payload: bytes = b"", **more: Any) -> RecordDict:
@@ -281,12 +294,30 @@ class FlowerRun:
             | more
         )
 
+    def _with_init(self, contents: dict[str, RecordDict]) -> dict[str, RecordDict]:
+        """The starting weights (--init) go along to each site until it has answered once;
+        the site checks them against the hash in the run settings and keeps them."""
+        init = self.server.init_state
+        if not init:
+            return contents
+        record = state_record(init)
+        return {
+            site: content if site in self.init_given else _with(content, "init", record)
+            for site, content in contents.items()
+        }
+
+    def _send_run(self, kind: str, contents: dict[str, RecordDict]) -> dict[str, Message | str]:
+        """:meth:`_send` for messages that build the site's model (train, validate, finish)."""
+        answers = self._send(kind, self._with_init(contents))
+        self.init_given |= {site for site, a in answers.items() if isinstance(a, Message)}
+        return answers
+
     def _to_all(self, kind: str, step: dict[str, Any], global_state: State) -> dict[int, Any]:
         """Send the whole global state (float32, lossless) to every site still in the run."""
         keys = sorted(global_state)
         payload = encode(global_state, WireFormat()) if keys else b""
         content = self._content(step | {"keys": keys}, payload)
-        answers = self._send(kind, {s: content for s in self.d.sites if s not in self.lost})
+        answers = self._send_run(kind, {s: content for s in self.d.sites if s not in self.lost})
         self.eval_bytes = len(payload)
         return {self.d.sites.index(s): a for s, a in answers.items()}
 
@@ -303,7 +334,7 @@ class FlowerRun:
             step["fault"] = faults.get(index)
             contents[self.d.sites[index]] = self._content(step, down.payload)
         replies: dict[int, SiteReply | SiteFailure] = {}
-        for site, answer in self._send(MessageType.TRAIN, contents).items():
+        for site, answer in self._send_run(MessageType.TRAIN, contents).items():
             index = self.d.sites.index(site)
             if isinstance(answer, str):
                 replies[index] = SiteFailure(answer)

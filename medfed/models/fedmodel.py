@@ -6,7 +6,8 @@ contract: ``backbone``, ``target_branch``, ``target_head``, ``client_branch``, `
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -58,6 +59,9 @@ class ModelSpec:
     n_sites: int = 1
     client_branch: bool = False  # FedDRM's site classifier (client_branch + client_head)
     branch_dim: int = 128
+    # The client branch: "mlp" (a hidden layer, trained by gradient as in FedDRM) or "linear"
+    # (the head reads the features directly: LoRA sets it in closed form, see algorithms.lora).
+    client_kind: str = "mlp"
     # LoRA: rank 0 means none; otherwise one named adapter per entry of lora_adapters on every
     # conv and linear layer of the backbone and the target branch.
     lora_rank: int = 0
@@ -78,6 +82,7 @@ class ModelSpec:
             (self.n_classes >= 2, "n_classes must be >= 2 (binary tasks use 2 logits)"),
             (self.n_sites >= 1, "n_sites must be >= 1"),
             (self.branch_dim >= 1, "branch_dim must be >= 1"),
+            (self.client_kind in ("mlp", "linear"), "client_kind must be mlp or linear"),
             (self.lora_rank >= 0, "lora_rank must be >= 0"),
             (not self.lora_rank or self.lora_adapters, "LoRA needs at least one adapter name"),
             (
@@ -142,7 +147,10 @@ class FedModel(nn.Module):
             self._build_mixture(spec)
         self.client_branch: nn.Module | None = None
         self.client_head: nn.Module | None = None
-        if spec.client_branch:
+        if spec.client_branch and spec.client_kind == "linear":
+            self.client_branch = nn.Identity()
+            self.client_head = nn.Linear(self.feat_dim, spec.n_sites)
+        elif spec.client_branch:
             self.client_branch = _branch(self.feat_dim, spec.branch_dim)
             self.client_head = nn.Linear(spec.branch_dim, spec.n_sites)
         for module in (self.target_branch, self.target_head, self.client_branch, self.client_head):
@@ -184,22 +192,58 @@ class FedModel(nn.Module):
             f"(N, C, ...), but got shape {tuple(x.shape)}; {hint}"
         )
 
-    def heads(self, features: torch.Tensor) -> ModelOutput:
-        """Target (and client) logits from backbone features."""
+    def heads(self, features: torch.Tensor, client_features: torch.Tensor | None = None):
+        """Target (and client) logits from backbone features; the client branch reads
+        ``client_features`` when given (see :meth:`client_features`)."""
         target = self.target_head(self.target_branch(features))
         client = None
         if self.client_branch is not None and self.client_head is not None:
-            client = self.client_head(self.client_branch(features))
+            seen = features if client_features is None else client_features
+            client = self.client_head(self.client_branch(seen))
         return ModelOutput(target, client)
 
+    def client_features(self, x: torch.Tensor, features: torch.Tensor | None = None):
+        """What the client branch ("which site is this scan from?") reads.
+
+        With LoRA adapters: the base's features, every adapter off. A site's own adapter must
+        not be visible to it: trained on its own scans only, each site's model would learn "my
+        adapter is on, so the scan is mine", every model would claim every scan, and routing
+        would fall to the data shares. Without adapters: ``features`` themselves.
+        """
+        if not self.spec.lora_rank or self.client_branch is None:
+            return self.features(x) if features is None else features
+        with self.adapter_active(None):
+            return self.features(x)
+
+    @contextmanager
+    def adapter_active(self, name: str | None) -> Iterator[None]:
+        """Inside the block, the LoRA adapter ``name`` is the active one (None: none at all,
+        the bare base)."""
+        # The attributes PEFT's forward reads; its set_adapter() and enable_adapters() would
+        # also reset requires_grad, which the training step sets itself (FFA-LoRA keeps A
+        # frozen).
+        layers = [m for m in self.modules() if isinstance(m, _tuner_layer())]
+        previous = [(m._active_adapter, m._disable_adapters) for m in layers]
+        for layer in layers:
+            layer._disable_adapters = name is None
+            if name is not None:
+                layer._active_adapter = [name]
+        try:
+            yield
+        finally:
+            for layer, (active, disabled) in zip(layers, previous, strict=True):
+                layer._active_adapter, layer._disable_adapters = active, disabled
+
     def forward(self, x: torch.Tensor) -> ModelOutput:
-        return self.heads(self.features(x))
+        features = self.features(x)
+        return self.heads(features, self.client_features(x, features))
 
     def select_adapter(self, name: str) -> None:
         """Make the LoRA adapter ``name`` the active one (no-op for a model without LoRA)."""
-        base_tuner_layer = _peft().tuners.tuners_utils.BaseTunerLayer
+        if not self.spec.lora_rank:
+            return
         for module in self.modules():
-            if isinstance(module, base_tuner_layer):
+            if isinstance(module, _tuner_layer()):
                 module.set_adapter(name)
 
     def adapter_for(self, site: str) -> str | None:
@@ -231,6 +275,11 @@ def _peft() -> Any:
             "pip install 'medfed[lora]'"
         ) from exc
     return peft
+
+
+def _tuner_layer() -> type:
+    """PEFT's base class of every layer that carries adapters."""
+    return _peft().tuners.tuners_utils.BaseTunerLayer
 
 
 def build_model(spec: ModelSpec) -> FedModel:

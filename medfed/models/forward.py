@@ -34,7 +34,7 @@ def run_model(
                 logits = torch.stack([h(hidden) for h in heads])[owner, torch.arange(len(xb))]
             client = None
             if model.client_branch is not None and model.client_head is not None:
-                client = model.client_head(model.client_branch(f))
+                client = model.client_head(model.client_branch(model.client_features(xb, f)))
         probs.append(torch.softmax(logits.float(), dim=1).cpu())
         feats.append(f.float().cpu())
         if client is not None:

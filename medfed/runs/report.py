@@ -3,7 +3,10 @@ figure's 95% CI and counts where the run holds them; a figure the run predates r
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from medfed.metrics import Interval, Pooled, Proportion
@@ -334,6 +337,27 @@ def replace_marked_section(text: str, marker: str, body: str) -> str:
     head, rest = text.split(start, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{start}\n{body.rstrip()}\n{end}{tail}"
+
+
+def write_results(out: Path, stem: str, results: Mapping[str, Any], markdown: str) -> str:
+    """``OUT/STEM.json`` and ``OUT/STEM.md`` of an experiment; returns how to name them."""
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    (out / f"{stem}.md").write_text(markdown + "\n", encoding="utf-8")
+    return f"{out / f'{stem}.json'}, {out / f'{stem}.md'}"
+
+
+def update_readme_section(
+    readme: Path, marker: str, body: str, plots: Iterable[Path], plot_dir: Path
+) -> None:
+    """Write ``body`` between the README's ``marker`` lines, with ``plots`` copied into
+    ``plot_dir`` (relative to the README) first (``ValueError`` when the markers are missing,
+    before anything is copied)."""
+    text = replace_marked_section(readme.read_text(encoding="utf-8"), marker, body)
+    folder = readme.parent / plot_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    for plot in plots:
+        shutil.copyfile(plot, folder / plot.name)
+    readme.write_text(text, encoding="utf-8")
 
 
 def communication_table(summaries: Mapping[str, Summary], baseline: str) -> str:

@@ -1,0 +1,520 @@
+"""``medfed transfer``: does a pretrained start help? A FedAvg base trained on one synthetic
+fundus federation (A, seed 1) is the starting point (``--init``) of LoRA and FedDRM on a second
+federation (B, seed 2); the same methods also train on B from seeded random weights.
+
+Two things are measured on B, one seed:
+
+* per round, the worst-site validation AUC (the lowest over B's sites of each site's model on
+  its validation split, as ``metrics.jsonl`` records it), plotted for both starts, and the first
+  round at which it reaches ``THRESHOLD``: a description of one curve, with no interval;
+* after the last round, the worst-site and mean site AUC on B's test scans with 95% CIs, and
+  the paired differences pretrained minus random on those same scans
+  (:func:`medfed.experiments.paired.compare_methods`): whether the pretrained start helps is
+  the verdict of those intervals, nothing else.
+
+LoRA refuses a frozen base of random weights, so its random start trains the base too
+(``base = "federated"``); from the pretrained start it keeps LoRA's default, the base frozen.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from medfed.config import TrainConfig
+from medfed.data.synth import synthesize
+from medfed.errors import ConfigError
+from medfed.experiments.demo import comparisons_markdown
+from medfed.experiments.paired import (
+    FIGURES_BY_KEY,
+    ORIGIN_KNOWN,
+    Scans,
+    ci_cell,
+    compare_methods,
+    figure_intervals,
+    load_scans,
+    verdict_lines,
+)
+from medfed.federation.training import load_sites, train
+from medfed.runs import RunDir
+from medfed.runs.report import markdown_table, update_readme_section, write_results
+
+MARKER = "transfer"
+PLOT_NAME = "transfer.png"
+PLOT_DIR = Path("docs/transfer")
+SOURCE_SEED = 1  # federation A: the base's data and training seed
+TARGET_SEED = 2  # federation B: every compared run's data and training seed
+BACKBONE = "cnn-gn"  # one backbone for every run, so the base's weights fit every model
+THRESHOLD = 0.75  # the worst-site validation AUC whose first round the table gives
+# The figures the paired comparisons cover (each site's model on its own test scans).
+AUC_FIGURES = (FIGURES_BY_KEY["worst_site_auc"], FIGURES_BY_KEY["mean_site_auc"])
+
+
+@dataclass(frozen=True)
+class TransferBudget:
+    """Scans per site of each federation, rounds of the base (on A) and of each compared run
+    (on B), local steps per round, and the native fundus image height (None: the default)."""
+
+    n_per_site: int
+    base_rounds: int
+    rounds: int
+    local_steps: int = 3
+    image_size: int | None = None
+    # A second, short budget: does the pretrained start lead after this many rounds?
+    early_rounds: int = 2
+    seeds: int = 3  # federations B, one per seed from TARGET_SEED on: the paired tests pool them
+
+    def __post_init__(self) -> None:
+        names = ("n_per_site", "base_rounds", "rounds", "local_steps", "early_rounds", "seeds")
+        for name in names:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"transfer budget: {name} must be at least 1")
+        if self.early_rounds > self.rounds:
+            raise ConfigError("transfer budget: early_rounds must not exceed rounds")
+
+
+FULL = TransferBudget(n_per_site=240, base_rounds=30, rounds=20)
+QUICK = TransferBudget(n_per_site=120, base_rounds=12, rounds=10, seeds=2)
+N_BOOT = {"full": 2000, "quick": 1000}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One run on federation B: a method, its parameters, and its start."""
+
+    label: str
+    algorithm: str
+    pretrained: bool
+    dirname: str
+    params: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A method from the pretrained base and from random weights."""
+
+    name: str
+    pretrained: Arm
+    random: Arm
+
+
+PAIRS = (
+    Pair(
+        "LoRA",
+        Arm("lora (pretrained)", "lora", True, "lora_pretrained"),
+        # A frozen random base is refused: from random weights LoRA trains its base as well.
+        Arm("lora (random)", "lora", False, "lora_random", {"base": "federated"}),
+    ),
+    Pair(
+        "FedDRM",
+        Arm("feddrm (pretrained)", "feddrm", True, "feddrm_pretrained"),
+        Arm("feddrm (random)", "feddrm", False, "feddrm_random"),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------- figures
+def worst_site_curve(run: Path) -> list[dict[str, Any]]:
+    """One point per round of ``run``'s metrics.jsonl: the lowest validation AUC over the sites
+    (a site whose validation split holds one class has no AUC and is left out; None when no
+    site has one)."""
+    by_round: dict[int, list[float]] = {}
+    for record in RunDir(run).read_metrics():
+        values = by_round.setdefault(record.round, [])
+        if record.validation is not None and record.validation.auc is not None:
+            values.append(record.validation.auc)
+    return [
+        {"round": r, "worst_site_val_auc": min(values) if values else None}
+        for r, values in sorted(by_round.items())
+    ]
+
+
+def rounds_to(curve: list[dict[str, Any]], threshold: float) -> int | None:
+    """The first round whose worst-site validation AUC reaches ``threshold`` (None: never)."""
+    for point in curve:
+        value = point["worst_site_val_auc"]
+        if value is not None and value >= threshold:
+            return int(point["round"])
+    return None
+
+
+def mean_curve(curves: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Round by round, the mean over the seeds' curves of the worst-site validation AUC (over
+    the seeds where it is defined; None where it is nowhere)."""
+    out = []
+    for points in zip(*curves, strict=True):
+        values = [p["worst_site_val_auc"] for p in points if p["worst_site_val_auc"] is not None]
+        mean = sum(values) / len(values) if values else None
+        out.append({"round": points[0]["round"], "worst_site_val_auc": mean})
+    return out
+
+
+def _arm_figures(
+    arm: Arm,
+    runs: dict[int, Path],
+    scans: dict[int, Scans],
+    init: str | None,
+    n_boot: int,
+    threshold: float,
+) -> dict[str, Any]:
+    curves = {seed: worst_site_curve(run) for seed, run in runs.items()}
+    curve = mean_curve(list(curves.values()))
+    intervals = figure_intervals(scans, n_boot=n_boot, seed=TARGET_SEED)
+    return {
+        "algorithm": arm.algorithm,
+        "params": dict(arm.params),
+        "start": "pretrained" if arm.pretrained else "random",
+        "init": init,
+        "runs": {str(seed): str(run) for seed, run in runs.items()},
+        "seed_curves": {str(seed): c for seed, c in curves.items()},
+        "curve": curve,
+        "final_worst_site_val_auc": curve[-1]["worst_site_val_auc"] if curve else None,
+        "rounds_to_threshold": rounds_to(curve, threshold),
+        "test": {key: intervals[key] for key in ("worst_site_auc", "mean_site_auc")},
+    }
+
+
+# ---------------------------------------------------------------------------- running
+def target_seeds(budget: TransferBudget) -> list[int]:
+    """The seeds of the federations B (data and training), from TARGET_SEED on."""
+    return [TARGET_SEED + k for k in range(budget.seeds)]
+
+
+def _fresh(folder: Path) -> Path:
+    if folder.exists():
+        shutil.rmtree(folder)
+    return folder
+
+
+def run_transfer(
+    out: Path,
+    *,
+    quick: bool = False,
+    echo: Callable[[str], Any] = print,
+    readme: Path | None = None,
+    n_boot: int | None = None,
+    budget: TransferBudget | None = None,
+    threshold: float = THRESHOLD,
+    command: str = "medfed transfer",
+) -> dict[str, Any]:
+    """Train the base on federation A and the four runs on federation B, then write
+    OUT/transfer.json, OUT/transfer.md and OUT/transfer.png (and, with ``readme``, the plot
+    under ``readme.parent / docs/transfer`` and the README's ``transfer`` section)."""
+    from medfed.experiments.speed import device_info
+
+    budget = budget or (QUICK if quick else FULL)
+    n_boot = n_boot or N_BOOT["quick" if quick else "full"]
+    if n_boot < 1:
+        raise ConfigError(f"bootstrap resamples must be at least 1, got {n_boot}")
+    if not 0.0 < threshold <= 1.0:
+        raise ConfigError(f"the AUC threshold must be in (0, 1], got {threshold}")
+    start = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+
+    def federation(name: str, seed: int) -> list[Any]:
+        data = out / "data" / name
+        echo(f"synthesizing fundus federation {name} (seed {seed}, {budget.n_per_site} per site)")
+        manifests = synthesize(
+            data,
+            modality="fundus",
+            n_per_site=budget.n_per_site,
+            seed=seed,
+            image_size=budget.image_size,
+        )
+        return load_sites(list(manifests), out / "cache")
+
+    def config(algorithm: str, rounds: int, seed: int, **extra: Any) -> TrainConfig:
+        return TrainConfig(
+            algorithm=algorithm,
+            rounds=rounds,
+            local_steps=budget.local_steps,
+            seed=seed,
+            backbone=BACKBONE,
+            device="auto",
+            **extra,
+        )
+
+    source = federation("source", SOURCE_SEED)
+    base = _fresh(out / "runs" / "base").resolve()
+    echo(f"training the base: fedavg on federation A, {budget.base_rounds} rounds, into {base}")
+    base_summary = train(source, config("fedavg", budget.base_rounds, SOURCE_SEED), base)
+
+    arms = [arm for pair in PAIRS for arm in (pair.pretrained, pair.random)]
+    scans: dict[str, dict[int, Scans]] = {arm.label: {} for arm in arms}
+    early: dict[str, dict[int, Scans]] = {arm.label: {} for arm in arms}
+    folders: dict[str, dict[int, Path]] = {arm.label: {} for arm in arms}
+    device = base_summary.device
+    for seed in target_seeds(budget):
+        target = federation(f"target_seed{seed}", seed)
+        for arm in arms:
+            init = str(base) if arm.pretrained else None
+            extra = {"init": init} if init else {}
+            for rounds, suffix in ((budget.early_rounds, "_early"), (budget.rounds, "")):
+                run = _fresh(out / "runs" / f"seed{seed}" / f"{arm.dirname}{suffix}")
+                echo(f"training {arm.label} on federation B seed {seed}, {rounds} rounds")
+                params = dict(arm.params)
+                summary = train(
+                    target, config(arm.algorithm, rounds, seed, params=params, **extra), run
+                )
+                (early if suffix else scans)[arm.label][seed] = load_scans(run)
+            folders[arm.label][seed] = run
+            device = summary.device
+    runs: dict[str, dict[str, Any]] = {}
+    for arm in arms:
+        init = str(base) if arm.pretrained else None
+        label = arm.label
+        runs[label] = _arm_figures(arm, folders[label], scans[label], init, n_boot, threshold)
+        short = figure_intervals(early[label], n_boot=n_boot, seed=TARGET_SEED)
+        runs[label]["early_test"] = {k: short[k] for k in ("worst_site_auc", "mean_site_auc")}
+        found = runs[label]
+        echo(
+            f"  {arm.label}: worst-site test AUC "
+            f"{ci_cell(found['test']['worst_site_auc'])}, first round with worst-site "
+            f"validation AUC >= {threshold}: {found['rounds_to_threshold'] or 'not reached'}"
+        )
+
+    pairs = {}
+    for pair in PAIRS:
+        a, b = pair.pretrained.label, pair.random.label
+        echo(f"comparing {a} with {b} on the same test scans ({n_boot} resamples)")
+        found = {
+            stage: compare_methods(
+                {a: by[a], b: by[b]},
+                a,
+                figures=AUC_FIGURES,
+                n_boot=n_boot,
+                seed=TARGET_SEED,
+            )
+            for stage, by in (("comparisons", scans), ("early_comparisons", early))
+        }
+        pairs[pair.name] = {
+            "pretrained": a,
+            "random": b,
+            "curves": {label: runs[label]["curve"] for label in (a, b)},
+            **found,
+        }
+
+    results: dict[str, Any] = {
+        "command": command + (" --quick" if quick else ""),
+        "quick": quick,
+        "budget": asdict(budget),
+        "backbone": BACKBONE,
+        "threshold": threshold,
+        "n_boot": n_boot,
+        "base": {
+            "run": str(base),
+            "algorithm": "fedavg",
+            "federation_seed": SOURCE_SEED,
+            "rounds": budget.base_rounds,
+            "worst_site_test_auc": base_summary.worst_site_auc,
+        },
+        "target_seeds": target_seeds(budget),
+        "device": {"run": device, **device_info()},
+        "runs": runs,
+        "pairs": pairs,
+    }
+    results["plot"] = transfer_plot(results, out / PLOT_NAME).name
+    results["seconds_total"] = time.perf_counter() - start
+    written = write_results(out, "transfer", results, transfer_markdown(results))
+    echo("")
+    echo("\n".join(line for p in pairs.values() for line in _verdicts(results, p)))
+    echo(f"finished in {results['seconds_total']:.0f} s; wrote {written} and {out / PLOT_NAME}")
+    if readme is not None:
+        update_readme(readme, results, out)
+        echo(f"updated the {MARKER} section of {readme} (plot in {readme.parent / PLOT_DIR})")
+    return results
+
+
+def update_readme(readme: Path, results: Mapping[str, Any], out: Path) -> None:
+    """Copy the plot next to the README and write the section between its ``transfer``
+    markers (``ValueError`` when the README lacks them)."""
+    body = transfer_markdown(results, image_prefix=f"{PLOT_DIR.as_posix()}/", heading_level=3)
+    update_readme_section(readme, MARKER, body, [out / results["plot"]], PLOT_DIR)
+
+
+# ---------------------------------------------------------------------------- the plot
+def transfer_plot(results: Mapping[str, Any], path: Path) -> Path:
+    """One panel per method: the worst-site validation AUC per round from the pretrained base
+    and from random weights, with the threshold line."""
+    from medfed.experiments.plots import DPI, pyplot
+
+    plt = pyplot()
+    budget = results["budget"]
+    pairs = results["pairs"]
+    fig, axes = plt.subplots(1, len(pairs), figsize=(6.2 * len(pairs), 4.2), squeeze=False)
+    for axis, (name, pair) in zip(axes[0], pairs.items(), strict=True):
+        for key, style in (("pretrained", "-"), ("random", "--")):
+            label = pair[key]
+            curve = pair["curves"][label]
+            xs = [p["round"] for p in curve]
+            values = [p["worst_site_val_auc"] for p in curve]
+            ys = [float("nan") if v is None else v for v in values]
+            axis.plot(xs, ys, style, marker="o", markersize=3, label=label)
+        axis.axhline(
+            results["threshold"],
+            color="grey",
+            linewidth=0.8,
+            linestyle=":",
+            label=f"threshold {results['threshold']}",
+        )
+        axis.set_title(
+            f"{name} on federation B ({seeds_text(results)}; mean curve), "
+            f"{budget['rounds']} rounds x {budget['local_steps']} steps\n"
+            f"pretrained: FedAvg base, federation A (seed {results['base']['federation_seed']}), "
+            f"{budget['base_rounds']} rounds",
+            fontsize=10,
+        )
+        axis.set_xlabel("round")
+        axis.set_ylabel("worst-site validation AUC")
+        axis.set_ylim(0.0, 1.0)
+        axis.grid(alpha=0.3)
+        axis.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------- markdown
+def _round_cell(found: Mapping[str, Any], rounds: int) -> str:
+    first = found["rounds_to_threshold"]
+    return f"not reached in {rounds}" if first is None else str(first)
+
+
+def _auc(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def seeds_text(results: Mapping[str, Any]) -> str:
+    seeds = results["target_seeds"]
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}..{seeds[-1]}"
+
+
+def _where(results: Mapping[str, Any], rounds: int) -> str:
+    return f"federation B ({seeds_text(results)}), {rounds} rounds"
+
+
+def _verdicts(results: Mapping[str, Any], pair: Mapping[str, Any]) -> list[str]:
+    b = results["budget"]
+    return verdict_lines(pair["comparisons"], _where(results, b["rounds"])) + verdict_lines(
+        pair["early_comparisons"], _where(results, b["early_rounds"])
+    )
+
+
+def runs_table(results: Mapping[str, Any]) -> str:
+    """One row per run on federation B: its start, the test AUCs with their 95% CIs, and its
+    worst-site validation curve in brief."""
+    threshold = results["threshold"]
+    rounds = results["budget"]["rounds"]
+    header = [
+        "run",
+        "start",
+        "worst-site test AUC (95% CI)",
+        "mean site test AUC (95% CI)",
+        "worst-site val AUC, last round",
+        "best worst-site val AUC",
+        f"first round with worst-site val AUC \u2265 {threshold}",
+        f"worst-site test AUC after {results['budget']['early_rounds']} rounds (95% CI)",
+    ]
+    rows = []
+    for pair in results["pairs"].values():
+        for key in ("pretrained", "random"):
+            label = pair[key]
+            found = results["runs"][label]
+            values = [p["worst_site_val_auc"] for p in found["curve"]]
+            defined = [v for v in values if v is not None]
+            start = "FedAvg base (--init)" if found["init"] else "random weights"
+            if found["params"]:
+                start += " + " + ", ".join(f"{k}={v}" for k, v in found["params"].items())
+            rows.append(
+                [
+                    label,
+                    start,
+                    ci_cell(found["test"]["worst_site_auc"]),
+                    ci_cell(found["test"]["mean_site_auc"]),
+                    _auc(found["final_worst_site_val_auc"]),
+                    _auc(max(defined) if defined else None),
+                    _round_cell(found, rounds),
+                    ci_cell(found["early_test"]["worst_site_auc"]),
+                ]
+            )
+    return markdown_table(header, rows)
+
+
+def _rounds_sentence(results: Mapping[str, Any], pair: Mapping[str, Any]) -> str:
+    rounds = results["budget"]["rounds"]
+    parts = []
+    for key in ("pretrained", "random"):
+        first = results["runs"][pair[key]]["rounds_to_threshold"]
+        when = f"round {first}" if first is not None else f"not within {rounds} rounds"
+        parts.append(f"{pair[key]} {when}")
+    return (
+        f"Worst-site validation AUC \u2265 {results['threshold']} first reached: "
+        + "; ".join(parts)
+        + " (the seeds' mean validation curve, no interval)."
+    )
+
+
+def caption(results: Mapping[str, Any]) -> str:
+    b = results["budget"]
+    d = results["device"]
+    where = d.get("gpu") or d.get("cpu") or ""
+    size = "" if b["image_size"] is None else f", fundus images {b['image_size']} px"
+    return (
+        f"`{results['command']}` (federation A: seed {results['base']['federation_seed']}, "
+        f"federation B: {seeds_text(results)}; {b['n_per_site']} scans per site"
+        f"{size}; base {b['base_rounds']} rounds, each run {b['rounds']} rounds, x "
+        f"{b['local_steps']} local steps; backbone {results['backbone']}; {d['run']}"
+        f"{', ' + where if where else ''}; {results['seconds_total']:.0f} s in all)"
+    )
+
+
+def transfer_markdown(
+    results: Mapping[str, Any], *, image_prefix: str = "", heading_level: int = 2
+) -> str:
+    """What was trained and measured, the table of runs with 95% CIs, the paired comparisons
+    with their verdicts, the plot and the caption."""
+    h = "#" * heading_level
+    b = results["budget"]
+    base = results["base"]
+    parts = [
+        f"A FedAvg base trained {b['base_rounds']} rounds on synthetic fundus federation A "
+        f"(seed {base['federation_seed']}; its worst-site test AUC there "
+        f"{_auc(base['worst_site_test_auc'])}) is the starting point (`--init`) of LoRA and FedDRM "
+        f"on federations B ({seeds_text(results)}, each seed its own data and training: other "
+        "patients and scans from the same generator); each also trains on B from seeded "
+        f"random weights. Every run: {b['rounds']} rounds x {b['local_steps']} local steps "
+        f"(and separately {b['early_rounds']}), backbone {results['backbone']}. LoRA from the base "
+        "keeps it frozen and trains its adapters; LoRA refuses a frozen random base, so from "
+        "random weights it trains the base too (base=federated).",
+        "Measured on B: each round, the worst-site validation AUC (the lowest over the sites "
+        "of each site's model on its validation split); after the last round, the worst-site "
+        f"and mean site AUC on the test scans ({ORIGIN_KNOWN}: each site's model on its own "
+        f"test scans) with 95% CIs (percentile bootstrap, {results['n_boot']} resamples of "
+        "patients within each seed and site, each seed's figure averaged over the seeds), and "
+        "pretrained minus random on the same test scans; "
+        f"the same for separate runs of {b['early_rounds']} rounds (does the pretrained start "
+        "get there in fewer rounds?). "
+        "Whether the pretrained start helps is read from those paired intervals' verdicts "
+        "only; the round at which a curve (the mean over the seeds) crosses the threshold "
+        "carries no interval.",
+        runs_table(results),
+    ]
+    for name, pair in results["pairs"].items():
+        parts.append(
+            f"{h} {name}: {pair['pretrained']} \u2212 {pair['random']}, paired on the same "
+            "test scans"
+        )
+        parts.append(_rounds_sentence(results, pair))
+        parts.append(f"After {b['rounds']} rounds:")
+        parts.append(comparisons_markdown(pair["comparisons"], _where(results, b["rounds"])))
+        parts.append(f"After {b['early_rounds']} rounds (separate runs of that budget):")
+        early = _where(results, b["early_rounds"])
+        parts.append(comparisons_markdown(pair["early_comparisons"], early))
+    parts.append(f"![worst-site validation AUC per round]({image_prefix}{results['plot']})")
+    parts.append(caption(results))
+    return "\n\n".join(p for p in parts if p)

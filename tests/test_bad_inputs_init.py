@@ -1,0 +1,132 @@
+"""The bad-input corpus, starting weights (``medfed train --init``): sources that do not exist
+or cannot be read, files that hold objects rather than tensors, unfinished runs, weights that do
+not fit, and settings that contradict each other (see tests/badinput.py for the policy).
+
+Every row fails before any training starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tests.badinput import Case, Shared, check
+
+
+def _train(*options, algorithm: str = "fedavg"):
+    """`medfed train` on two shared sites (read only) with ``options``; fails before training."""
+
+    def make(tmp: Path, s: Shared) -> list:
+        argv = ["train", "--sites", *s.manifests()[:2], "--device", "cpu", "--no-progress"]
+        argv += ["--out", tmp / "run", "--algorithm", algorithm, "--rounds", "1"]
+        return [*argv, *(o(tmp, s) if callable(o) else o for o in options)]
+
+    return make
+
+
+def _file(name: str, write):
+    def make(tmp: Path, s: Shared) -> Path:
+        path = tmp / name
+        write(path)
+        return path
+
+    return make
+
+
+def _unfinished_run(tmp: Path, s: Shared) -> Path:
+    run = s.copy_run(tmp)
+    (run / "summary.json").unlink()
+    return run
+
+
+def _nan_weights(path: Path) -> None:
+    save_file({"backbone.features.0.weight": torch.full((16, 3, 3, 3), float("nan"))}, str(path))
+
+
+def _objects(path: Path) -> None:
+    torch.save({"backbone.features.0.weight": Path("not-a-tensor")}, path)
+
+
+def _wrong_shape(path: Path) -> None:
+    save_file({"backbone.features.0.weight": torch.zeros(16, 3, 5, 5)}, str(path))
+
+
+CASES = [
+    Case(
+        "init names a file that does not exist",
+        _train("--init", lambda tmp, s: tmp / "nosuch.pt"),
+        2,
+        ("nosuch.pt",),
+    ),
+    Case(
+        "init file is not a weight file",
+        _train("--init", _file("garbage.pt", lambda p: p.write_bytes(b"not weights"))),
+        2,
+        ("garbage.pt",),
+    ),
+    Case(
+        "init file holds python objects",
+        _train("--init", _file("objects.pt", _objects)),
+        2,
+        ("objects.pt", "Path"),
+    ),
+    Case(
+        "init weights hold NaN",
+        _train("--init", _file("nan.safetensors", _nan_weights)),
+        2,
+        ("nan.safetensors", "backbone.features.0.weight"),
+    ),
+    Case(
+        "init weights of the wrong shape under --init-strict",
+        _train(
+            "--backbone", "cnn", "--init-strict", "--init", _file("shape.safetensors", _wrong_shape)
+        ),
+        2,
+        ("backbone.features.0.weight", "(16, 3, 5, 5)", "(16, 3, 3, 3)", "--init-strict"),
+    ),
+    Case(
+        "init names an unknown torchvision model",
+        _train("--init", "torchvision:resnet5000"),
+        2,
+        ("resnet5000", "resnet18"),
+    ),
+    Case(
+        "init names an unfinished run",
+        _train("--init", _unfinished_run),
+        2,
+        ("summary.json", "finish"),
+    ),
+    Case("init-strict without init", _train("--init-strict"), 2, ("--init-strict", "--init")),
+    Case(
+        "init-normalization that does not exist",
+        _train("--init-normalization", "cifar"),
+        2,
+        ("--init-normalization", "cifar"),
+    ),
+    Case(
+        "init-normalization contradicting normalization",
+        _train("--normalization", "federation", "--init-normalization", "imagenet"),
+        2,
+        ("--normalization", "--init-normalization"),
+    ),
+    Case(
+        "lora on random weights",
+        _train(algorithm="lora"),
+        2,
+        ("lora", "--init", "warmup_rounds"),
+    ),
+    Case(
+        "lora given both init and a warm-up",
+        _train("--param", "warmup_rounds=2", "--init", lambda tmp, s: s.run, algorithm="lora"),
+        2,
+        ("--init", "warmup_rounds", "one of them"),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_bad_input_gets_a_clear_answer(case: Case, tmp_path, shared: Shared) -> None:
+    check(case, tmp_path, shared)
