@@ -212,27 +212,23 @@ class FedModel(nn.Module):
         """
         if not self.spec.lora_rank or self.client_branch is None:
             return self.features(x) if features is None else features
-        with self.adapter_active(None):
+        with self.adapters_off():
             return self.features(x)
 
     @contextmanager
-    def adapter_active(self, name: str | None) -> Iterator[None]:
-        """Inside the block, the LoRA adapter ``name`` is the active one (None: none at all,
-        the bare base)."""
-        # The attributes PEFT's forward reads; its set_adapter() and enable_adapters() would
-        # also reset requires_grad, which the training step sets itself (FFA-LoRA keeps A
-        # frozen).
+    def adapters_off(self) -> Iterator[None]:
+        """Inside the block the model is its bare base: every LoRA adapter off."""
+        # The flag PEFT's forward reads; its enable_adapters() would also reset requires_grad,
+        # which the training step sets itself (FFA-LoRA keeps A frozen).
         layers = [m for m in self.modules() if isinstance(m, _tuner_layer())]
-        previous = [(m._active_adapter, m._disable_adapters) for m in layers]
+        previous = [m._disable_adapters for m in layers]
         for layer in layers:
-            layer._disable_adapters = name is None
-            if name is not None:
-                layer._active_adapter = [name]
+            layer._disable_adapters = True
         try:
             yield
         finally:
-            for layer, (active, disabled) in zip(layers, previous, strict=True):
-                layer._active_adapter, layer._disable_adapters = active, disabled
+            for layer, disabled in zip(layers, previous, strict=True):
+                layer._disable_adapters = disabled
 
     def forward(self, x: torch.Tensor) -> ModelOutput:
         features = self.features(x)
