@@ -78,6 +78,13 @@ def default_backbone(modality: Modality, algorithm: Algorithm) -> str:
     return modality_spec(modality).default_backbone(algorithm.prefers_batch_norm())
 
 
+def resolved_backbone(config: TrainConfig, modality: Modality, algorithm: Algorithm) -> str:
+    """The run's backbone: ``config.backbone``, or the modality's default for ``auto``."""
+    if config.backbone != "auto":
+        return config.backbone
+    return default_backbone(modality, algorithm)
+
+
 def initial_model(spec: ModelSpec, algorithm: Algorithm, seed: int, setup: DeviceSetup) -> FedModel:
     """The model every site starts from: the same weights wherever it is built."""
     torch.manual_seed(derive_seed(seed, 0))
@@ -162,9 +169,7 @@ class Coordinator:
         )
         first = sites[0]
         self.spec = ModelSpec(
-            backbone=config.backbone
-            if config.backbone != "auto"
-            else default_backbone(self.modality, algorithm),
+            backbone=resolved_backbone(config, self.modality, algorithm),
             in_channels=int(first.input_shape[0]),
             n_classes=first.n_classes,
             n_sites=len(sites),

@@ -34,6 +34,9 @@ from torch import nn
 
 from medfed.errors import ConfigError, RunDirError
 from medfed.models.fedmodel import NORM_TYPES, SUBMODULES, FedModel
+from medfed.runs import RunDir
+from medfed.runs.checkpoints import ROUND_DIR, CheckpointStore
+from medfed.runs.weights import check_finite
 
 # The input normalization torchvision's ImageNet weights expect (the values of
 # ``ResNet18_Weights.IMAGENET1K_V1.transforms()``; a test checks them against torchvision, and
@@ -86,6 +89,7 @@ class InitSource:
     given: str  # the text the user gave
     kind: str  # one of KINDS
     path: Path  # the file read (for "run": the run directory)
+    file: Path  # the weights file read (for "run": its last checkpoint's global.safetensors)
 
 
 def resolve_init(text: str) -> InitSource:
@@ -96,14 +100,14 @@ def resolve_init(text: str) -> InitSource:
     if not text:
         raise ConfigError(f"--init: no starting weights given; pass {INIT_ACCEPTS}")
     if text.lower().startswith("torchvision:"):
-        return InitSource(given, "torchvision", _torchvision_file(text))
+        file = _torchvision_file(text)
+        return InitSource(given, "torchvision", file, file)
     path = Path(text).expanduser()
     if path.is_dir():
-        _check_finished_run(path)
-        return InitSource(given, "run", path)
+        return InitSource(given, "run", path, _check_finished_run(path) / "global.safetensors")
     if path.is_file():
         kind = "safetensors" if path.suffix.lower() == ".safetensors" else "state_dict"
-        return InitSource(given, kind, path)
+        return InitSource(given, kind, path, path)
     if path.exists():
         raise ConfigError(f"--init {path}: not a regular file or folder; pass {INIT_ACCEPTS}")
     raise ConfigError(f"--init {path}: no such file or folder; pass {INIT_ACCEPTS}")
@@ -151,9 +155,6 @@ def _torchvision_file(text: str) -> Path:
 
 def _check_finished_run(path: Path) -> Path:
     """The newest checkpoint folder of a finished run at ``path``; refuses anything else."""
-    from medfed.runs import RunDir
-    from medfed.runs.checkpoints import ROUND_DIR, CheckpointStore
-
     run = RunDir(path).require()
     pick = "pick another run"
     reason = run.failed()
@@ -194,7 +195,7 @@ def _check_finished_run(path: Path) -> Path:
 def read_init(source: InitSource) -> tuple[State, str]:
     """The source's tensors (on the CPU, under the names the file gives them) and its format."""
     if source.kind == "run":
-        return _read_run(source.path), "medfed"
+        return _read_run(source), "medfed"
     if source.kind == "safetensors":
         state = _read_safetensors(source.path)
     elif source.kind in ("state_dict", "torchvision"):
@@ -203,21 +204,13 @@ def read_init(source: InitSource) -> tuple[State, str]:
         raise ValueError(f"unknown init source kind {source.kind!r}; one of {KINDS}")
     if not state:
         raise ConfigError(f"--init {source.path}: holds no tensors; {SAVE_HINT}")
-    _check_finite(source.path, state)
+    fix = "these weights cannot start training; pick another file"
+    check_finite(f"--init {source.path}", state, fix, ConfigError)
     return state, detect_format(state)
 
 
-def init_file(source: InitSource) -> Path:
-    """The weights file a source reads (a run's: the global weights of its last checkpoint)."""
-    if source.kind == "run":
-        return _check_finished_run(source.path) / "global.safetensors"
-    return source.path
-
-
-def _read_run(path: Path) -> State:
-    from medfed.runs.checkpoints import CheckpointStore
-
-    folder = _check_finished_run(path)
+def _read_run(source: InitSource) -> State:
+    path, folder = source.path, source.file.parent
     states, _ = CheckpointStore(folder.parent, keep=1).load(folder)
     state = states.get("global")
     if state is None:
@@ -287,16 +280,6 @@ def _tensor_dict(path: Path, data: Any) -> State:
                 f"{SAVE_HINT}"
             )
     return dict(data)
-
-
-def _check_finite(path: Path, state: Mapping[str, torch.Tensor]) -> None:
-    for key, value in state.items():
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            bad = "NaN" if bool(torch.isnan(value).any()) else "infinite values"
-            raise ConfigError(
-                f"--init {path}: tensor {key!r} holds {bad}; these weights cannot start "
-                "training; pick another file"
-            )
 
 
 def detect_format(state: Mapping[str, torch.Tensor]) -> str:
@@ -638,7 +621,7 @@ def apply_init(model: FedModel, source: InitSource, *, strict: bool = False) -> 
     tensor of the source has the wrong shape. Nothing changes in the model when it refuses.
     """
     state, fmt = read_init(source)
-    file = init_file(source)
+    file = source.file
     plan = _plan(model, state, fmt)
     own = model.state_dict()
     if strict:

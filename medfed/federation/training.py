@@ -14,7 +14,7 @@ from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.overview import write_site_overview
 from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError
-from medfed.federation.coordinator import default_backbone
+from medfed.federation.coordinator import resolved_backbone
 from medfed.federation.engine import Engine
 from medfed.runs import RunDir, Summary
 
@@ -77,9 +77,7 @@ def warmup_base(
             f"{config.algorithm}: --init {config.init} and --param warmup_rounds={rounds} both "
             "give the starting weights; pass one of them"
         )
-    backbone = config.backbone
-    if backbone == "auto":
-        backbone = default_backbone(Modality(str(sites[0].manifest.modality)), algorithm)
+    backbone = resolved_backbone(config, Modality(str(sites[0].manifest.modality)), algorithm)
     warmup = dataclasses.replace(
         config,
         algorithm="fedavg",

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from medfed.errors import RunDirError
+from medfed.errors import MedfedError, RunDirError
 from medfed.runs.rundir import (
     FILES,
     MODEL_FIX,
@@ -85,11 +85,18 @@ def load_state(path: Path, fix: str = "the file may be damaged") -> State:
     return state
 
 
-def check_finite(path: Path, state: Mapping[str, torch.Tensor], fix: str) -> None:
+def check_finite(
+    path: Path | str,
+    state: Mapping[str, torch.Tensor],
+    fix: str,
+    error: type[MedfedError] = RunDirError,
+) -> None:
+    """Refuse NaN or infinite weights, naming ``path`` (a file, or how the user gave it) and
+    the tensor."""
     for key, value in state.items():
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             bad = "NaN" if bool(torch.isnan(value).any()) else "infinite values"
-            raise RunDirError(f"{path}: tensor {key!r} holds {bad}; {fix}")
+            raise error(f"{path}: tensor {key!r} holds {bad}; {fix}")
 
 
 def describe_state(state: Mapping[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
