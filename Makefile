@@ -17,8 +17,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# MODALITY: fundus (the default), ct or all (make demo MODALITY=ct).
+MODALITY ?= fundus
 demo: $(STAMP)
-	$(BIN)/medfed demo --out demo_out
+	$(BIN)/medfed demo --out demo_out --modality $(MODALITY)
 
 # RUNS: run directories or folders of them (make dashboard RUNS="runs/a runs/b"); PORT likewise.
 RUNS ?= demo_out
@@ -31,7 +33,7 @@ bench: $(STAMP)
 
 # Everything (what CI runs): slow tests, a real Flower deployment, the dashboard in Chromium.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q || $(PYTEST_FAILED)
+	$(BIN)/python -m pytest -q --durations=25 || $(PYTEST_FAILED)
 
 # The quick loop while editing: leaves out the slow, Flower and browser tests.
 test-fast: $(STAMP)

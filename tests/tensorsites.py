@@ -54,7 +54,6 @@ def tensor_site(
     return SiteData(
         manifest=manifest,
         raw={s: x[sl].clone() for s, sl in parts.items()},
-        x={s: x[sl].clone() for s, sl in parts.items()},
         y={s: y[sl].clone() for s, sl in parts.items()},
         records=records,
         normalization=Normalization.identity(3),

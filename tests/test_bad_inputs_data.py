@@ -302,6 +302,32 @@ def _nifti_data(data: np.ndarray):
     return edit
 
 
+def _zero_orientation(root: Path) -> None:
+    import pydicom
+
+    for path in (root / "P1").glob("*.dcm"):
+        ds = pydicom.dcmread(path)
+        ds.ImageOrientationPatient = [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+        ds.save_as(path, enforce_file_format=True)
+
+
+def _nifti_flat_sform(root: Path) -> None:
+    import nibabel as nib
+
+    image = nib.Nifti1Image(np.ones((8, 8, 4), np.float32), None)
+    image.set_sform(np.diag([0.8, 0.0, 2.5, 1.0]), code=1)  # the y axis points nowhere
+    nib.save(image, root / "P1.nii.gz")
+
+
+def _nifti_without_orientation(root: Path) -> None:
+    import nibabel as nib
+
+    image = nib.Nifti1Image(np.ones((8, 8, 4), np.float32), np.diag([0.8, 0.8, 2.5, 1.0]))
+    image.set_qform(None, code=0)
+    image.set_sform(None, code=0)
+    nib.save(image, root / "P1.nii.gz")
+
+
 def _gzip_truncated(root: Path) -> None:
     path = root / "P1.nii.gz"
     path.write_bytes(path.read_bytes()[:-60])
@@ -562,6 +588,9 @@ CASES = [
          ("P3", "has another series")),
     Case("DICOM slice with truncated pixel data", _dicom_site(_truncated_pixels), 1,
          ("P0/s1.dcm", "pixel data cannot be decoded")),
+    Case("DICOM series whose ImageOrientationPatient has a zero direction",
+         _dicom_site(_zero_orientation), 1,
+         ("P1/s", "ImageOrientationPatient", "parallel or zero axes")),
     Case("DICOM site without labels.csv", _dicom_site(lambda r: (r / "labels.csv").unlink()), 1,
          ("labels.csv", "label file not found")),
     Case("DICOM labels_file outside the site root",
@@ -577,6 +606,10 @@ CASES = [
     Case("NIfTI with four dimensions",
          _nifti_site(_nifti_data(np.zeros((8, 8, 4, 2), np.float32))), 1,
          ("P1.nii.gz", "must be 3-D")),
+    Case("NIfTI whose sform has an axis without direction", _nifti_site(_nifti_flat_sform), 1,
+         ("P1.nii.gz", "affine", "degenerate")),
+    Case("NIfTI without qform or sform", _nifti_site(_nifti_without_orientation), 0,
+         ("1 volume(s) have no orientation", "qform/sform")),
     Case("gzip-truncated .nii.gz", _nifti_site(_gzip_truncated), 1,
          ("P1.nii.gz", "not a readable NIfTI file")),
     Case("NIfTI label row pointing outside the root with ..", _nifti_site(_outside_file(False)), 1,

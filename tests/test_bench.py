@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from medfed.algorithms import ALGORITHMS
 from medfed.cli import app
+from medfed.data.modality import modality_spec
 from medfed.errors import ConfigError
 from medfed.experiments import bench
 from medfed.experiments.bench import (
@@ -31,13 +32,14 @@ from medfed.experiments.bench import (
 from medfed.experiments.demo import Budget, MethodSpec, run_demo
 from medfed.experiments.paired import FIGURES_BY_KEY, VERDICTS
 from medfed.metrics import Interval, verdict
+from medfed.models.fedmodel import FedModel, ModelSpec
 from medfed.runs import RunDir
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Tiny budgets: 12 fundus scans and 8 CT patients per site, 2 rounds of 1 local step.
 TINY = ["--fundus-budget", "12x2x1", "--ct-budget", "8x2x1", "--image-size", "48"]
-TINY += ["--speed-rounds", "2"]
+TINY += ["--speed-rounds", "2", "--backbone-rounds", "1", "--memory-patients", "6"]
 # A CI cell: the mean and its 95% interval, ``0.84 (0.78–0.90)``.
 CI_CELL = re.compile(r"\d\.\d\d \(\d\.\d\d\u2013\d\.\d\d\)")
 ALL_METHODS = list(bench.bench_methods())
@@ -211,6 +213,92 @@ def test_bench_speed_section_has_positive_side_by_side_figures(bench_run):
         assert figures["baseline_bytes_per_round"] > 0
         assert figures["methods"]["fedavg"]["ratio_to_baseline"] == 1.0
         assert figures["methods"]["local"]["bytes_per_round"] == 0
+
+
+def test_bench_times_fedavg_on_the_3d_and_the_25d_ct_backbones(bench_run):
+    found = _results(bench_run)["speed"]["ct_backbones"]
+    ct = modality_spec("ct")
+
+    assert found["auto"]["shared_norms"] == ct.default_backbone(False)
+    assert found["auto"]["private_norms"] == ct.default_backbone(True)
+    assert {"fedbn", "feddrm"} <= set(found["auto"]["private_norm_algorithms"])
+    assert "fedavg" not in found["auto"]["private_norm_algorithms"]
+    assert (found["algorithm"], found["rounds"], found["warmup_rounds"]) == ("fedavg", 1, 1)
+    rows = found["backbones"]
+    # The four backbones, then whichever `auto` picks when it is none of them, each once.
+    picked = [ct.default_backbone(False), ct.default_backbone(True)]
+    assert list(rows) == list(dict.fromkeys([*bench.CT_BACKBONES, *picked]))
+    assert {r["path"] for r in rows.values()} == {"3-D", "2.5-D"}
+    norms = {"monai3d-gn": "GroupNorm", "slices-cnn-gn": "GroupNorm"}
+    norms |= {"monai3d": "BatchNorm3d", "slices-cnn": "BatchNorm2d"}
+    channels = found["input_shape"][0]
+    for name, row in rows.items():
+        assert row["path"] == ("2.5-D" if name.startswith("slices-") else "3-D")
+        assert row["norm"] == norms.get(name, row["norm"])
+        assert len(row["round_seconds"]) == 1 and row["seconds_per_round"] > 0
+        spec = ModelSpec(backbone=name, in_channels=channels, n_sites=found["sites"])
+        assert row["parameters"] == sum(p.numel() for p in FedModel(spec).parameters())
+        assert 0 < row["backbone_parameters"] < row["parameters"]
+        # FedAvg in float32 sends every parameter down to and back from each site.
+        assert row["bytes_per_round"] >= 4 * row["parameters"]
+        run = bench_run["out"] / "speed" / "ct_backbones" / name
+        # The warm-up round and the timed one.
+        assert {r.round for r in RunDir(run).read_metrics()} == {1, 2}
+    # The 2.5-D small CNN holds fewer weights than the MONAI 3-D ResNet.
+    assert rows["slices-cnn-gn"]["parameters"] < rows["monai3d-gn"]["parameters"]
+
+
+def test_bench_measures_the_memory_of_loading_a_ct_site(bench_run):
+    memory = _results(bench_run)["memory"]
+
+    assert memory["patients"] == 6 and memory["storage_dtype"]
+    assert memory["cold"]["cache_misses"] == 6 and memory["warm"]["cache_misses"] == 0
+    assert memory["warm"]["mapped"] is True
+    for load in (memory["cold"], memory["warm"]):
+        assert load["peak_rss_bytes"] >= load["import_rss_bytes"] > 0
+        assert load["site_bytes"] > 0
+    assert memory["peak_rss_bytes"] == max(
+        memory["cold"]["peak_rss_bytes"], memory["warm"]["peak_rss_bytes"]
+    )
+    assert memory["limit_bytes"] == 2 * 10**9
+    assert memory["under_limit"] == (memory["peak_rss_bytes"] < memory["limit_bytes"])
+
+
+def test_bench_readme_shows_the_ct_backbones_and_the_memory(bench_run):
+    text = bench_run["readme"].read_text()
+    results = _results(bench_run)
+    ct = modality_spec("ct")
+
+    header = ["backbone", "path", "norm", "parameters", "MB/round", "s/round \\(median\\)"]
+    assert re.search(r"\|\s+" + r"\s+\|\s+".join(header) + r"\s+\|", text)
+    for name in results["speed"]["ct_backbones"]["backbones"]:
+        assert re.search(rf"\| {re.escape(name)}\s+\| (3-D|2\.5-D)\s+\| ", text), name
+    assert (
+        f"With `backbone = auto`, ct trains **{ct.default_backbone(False)}** where every layer "
+        f"is shared and **{ct.default_backbone(True)}** where normalization layers stay on "
+        "each site"
+    ) in text
+    assert "### Memory" in text and "Loading one CT site of 6 patients" in text
+    cell = r"\s+\|\s+"
+    for load, counts in (("cold", "0 / 6"), ("warm", "6 / 0")):
+        row = cell.join([load, r"\d+", r"\d+", r"\d+\.\d", "yes", counts, r"\d+\.\d"])
+        assert re.search(rf"\|\s+{row}\s+\|", text), load
+    limit = "under" if results["memory"]["under_limit"] else "OVER"
+    assert f"MB: {limit} the 2 GB limit." in text
+
+
+def test_bench_plan_refuses_a_memory_site_too_small_to_split():
+    with pytest.raises(ConfigError, match="--memory-patients must be at least 4"):
+        bench.BenchPlan.make(quick=True, memory_patients=3)
+    with pytest.raises(ConfigError, match="--backbone-rounds"):
+        bench.BenchPlan.make(quick=True, backbone_rounds=0)
+    plan = bench.BenchPlan.make(quick=True, memory_patients=6)
+    assert plan.memory_patients == 6 and "--memory-patients 6" in plan.command
+    assert (
+        bench.BenchPlan.make().memory_patients
+        == bench.BenchPlan.make(quick=True).memory_patients
+        == 500
+    )
 
 
 def test_bench_records_the_device(bench_run):

@@ -94,8 +94,7 @@ def mixture_site(site_id: str, index: int, shares: tuple[float, ...], seed: int)
     )
     site = SiteData(
         manifest=manifest,
-        raw={s: v.clone() for s, v in x.items()},
-        x=x,
+        raw=x,
         y=y,
         records=records,
         normalization=Normalization.identity(3),

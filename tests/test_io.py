@@ -90,8 +90,9 @@ def test_dicom_slices_are_ordered_by_position_not_by_file_name(tmp_path, write_c
     assert sorted(files) != files  # the names really were shuffled
 
 
-def test_dicom_order_follows_the_slice_normal(tmp_path, write_ct_slice):
-    # columns run towards -y, so the normal (row x column) points to -z: higher z comes first
+def test_dicom_order_follows_the_slice_normal_then_runs_foot_to_head(tmp_path, write_ct_slice):
+    # columns run towards -y, so the normal (row x column) points to -z: the slices are stacked
+    # head to foot, and reorienting to RAS+ turns the volume to run from foot (low z) to head
     orientation = (1, 0, 0, 0, -1, 0)
     for k, z in enumerate([0.0, 5.0, 10.0]):
         write_ct_slice(
@@ -104,7 +105,7 @@ def test_dicom_order_follows_the_slice_normal(tmp_path, write_ct_slice):
 
     volume = read_dicom_series(list(tmp_path.glob("*.dcm")))
 
-    assert volume.array[:, 0, 0].tolist() == [2, 1, 0]
+    assert volume.array[:, 0, 0].tolist() == [0, 1, 2]
     assert volume.spacing[0] == pytest.approx(5.0)
 
 
@@ -144,7 +145,9 @@ def test_dicom_single_real_slice_uses_slice_thickness(tmp_path):
     volume = read_dicom_series([source])
 
     assert volume.array.shape == (1, 128, 128)
-    assert np.array_equal(volume.array[0], stored.astype(np.float32) - 1024.0)
+    # an axial LPS slice: RAS+ runs its columns to the patient's right and its rows to the front
+    assert volume.orientation is not None and volume.orientation.source == ("L", "P", "S")
+    assert np.array_equal(volume.array[0], stored[::-1, ::-1].astype(np.float32) - 1024.0)
     assert volume.spacing == pytest.approx((5.0, 0.661468, 0.661468))
 
 

@@ -42,7 +42,8 @@ def test_lookup_accepts_names_and_rejects_unknown_modalities() -> None:
 def test_default_backbones_fit_the_spatial_dims_of_the_scans() -> None:
     fundus, ct = modality_spec(Modality.FUNDUS), modality_spec(Modality.CT)
     assert (fundus.default_backbone(False), fundus.default_backbone(True)) == ("cnn-gn", "cnn")
-    assert (ct.default_backbone(False), ct.default_backbone(True)) == ("monai3d-gn", "monai3d")
+    ct_defaults = (ct.default_backbone(False), ct.default_backbone(True))
+    assert ct_defaults == ("slices-cnn-gn", "slices-cnn")
     for spec in MODALITIES.values():
         for batch_norm in (False, True):
             assert spatial_dims(spec.default_backbone(batch_norm)) == spec.spatial_dims

@@ -27,10 +27,17 @@ FEAT_DIMS = {
     "resnet18-bn": 512,
     "monai3d": 128,
     "monai3d-gn": 128,
+    # 2.5-D: the 2-D network's features, max- and mean-pooled over the slices
+    "slices-cnn": 256,
+    "slices-cnn-gn": 256,
+    "slices-resnet18-gn": 1024,
+    "slices-resnet18-bn": 1024,
 }
 
 
 def _input(name: str, batch: int = 2) -> torch.Tensor:
+    if name.startswith("slices-resnet18"):  # a ResNet-18 pass per slice: keep them few
+        return torch.randn(batch, 1, 4, 32, 32)
     if name in BACKBONES_3D:
         return torch.randn(batch, 1, 16, 48, 48)
     size = 32 if name.startswith("resnet18") else 64

@@ -126,7 +126,7 @@ def test_second_load_never_decodes_and_edits_invalidate(
     assert len(decodes) == 16 and first.cache_misses == 16
     second = load_site(manifest, TensorCache(cache_dir))  # a new process: the disk cache
     assert len(decodes) == 16 and second.cache_hits == 16
-    assert torch.equal(first.x[Split.TRAIN], second.x[Split.TRAIN])
+    assert torch.equal(first.raw[Split.TRAIN], second.raw[Split.TRAIN])
 
     edited = root / "Im003_g_ACRIMA.jpg"
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(

@@ -275,7 +275,7 @@ def test_ct_volumes_decode_with_each_scanners_spacing(federation: Path) -> None:
             assert volume.array.min() < -900 and volume.array.max() > 400  # air and bone
 
 
-def test_dicom_series_reads_back_the_drawn_volume_in_order(federation: Path) -> None:
+def test_dicom_series_reads_back_the_drawn_volume_in_order_and_in_ras(federation: Path) -> None:
     site = synth.CT_SITES[0]
     labels = synth._ct_labels(site, N, seed=0)
     record = scan_site(_manifest(federation, site.id)).records[0]
@@ -284,7 +284,8 @@ def test_dicom_series_reads_back_the_drawn_volume_in_order(federation: Path) -> 
     drawn = synth._draw_ct_patient(site, index, labels[index], seed=0)
     volume = read_record(record, Modality.CT)
 
-    np.testing.assert_array_equal(volume.array, np.round(drawn.hu))
+    # drawn in LPS (columns to the left, rows to the back); read in RAS+, both flipped
+    np.testing.assert_array_equal(volume.array, np.round(drawn.hu)[:, ::-1, ::-1])
     by_name = sorted(record.files, key=lambda f: f.name)
     heights = [float(pydicom.dcmread(f).ImagePositionPatient[2]) for f in by_name]
     assert heights != sorted(heights)  # only the positions give the slice order
@@ -332,6 +333,34 @@ def test_lesion_is_darker_than_the_liver_around_it() -> None:
 
     assert hu[k, row, col] < body.liver_hu - 20
     assert hu[k, row, col] > body.liver_hu - 35
+
+
+def test_most_lesions_are_large_and_clear_and_about_one_in_ten_is_small_and_faint() -> None:
+    lesions = [
+        _phantoms.sample_body(np.random.default_rng(seed), True, 60.0).lesion for seed in range(400)
+    ]
+    faint = [les for les in lesions if les.radius < _phantoms.LESION_RADIUS_MM[0]]
+
+    assert 0.05 < len(faint) / len(lesions) < 0.16
+    for lesion in lesions:
+        small = lesion in faint
+        radius = _phantoms.FAINT_RADIUS_MM if small else _phantoms.LESION_RADIUS_MM
+        contrast = _phantoms.FAINT_CONTRAST_HU if small else _phantoms.LESION_CONTRAST_HU
+        assert radius[0] <= lesion.radius <= radius[1]
+        assert contrast[0] <= -lesion.contrast_hu <= contrast[1]
+    assert all(
+        _phantoms.sample_body(np.random.default_rng(1), False, 60.0).lesion is None for _ in "ab"
+    )
+
+
+def test_ct_manifests_read_a_liver_window_and_describe_the_lesions(tmp_path: Path) -> None:
+    manifests = synthesize(tmp_path, "ct", n_per_site=4, seed=0)
+
+    for path in manifests:
+        manifest = load_manifest(path)
+        assert manifest.preprocess.hu_window == synth.CT_LIVER_WINDOW
+        assert "18-32 mm across" in manifest.known_shifts
+        assert "60-100 HU below the liver" in manifest.known_shifts
 
 
 # ---------------------------------------------------------------------- the output folder

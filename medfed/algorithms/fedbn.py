@@ -21,6 +21,7 @@ class FedBN(Algorithm):
         if not keys:
             raise ConfigError(
                 "fedbn keeps normalization layers local, but this model has none; "
-                "choose a backbone with BatchNorm (cnn, resnet18-bn, monai3d)"
+                "choose a backbone with BatchNorm (cnn, resnet18-bn, monai3d, slices-cnn, "
+                "slices-resnet18-bn)"
             )
         return keys

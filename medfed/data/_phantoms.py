@@ -301,6 +301,16 @@ def sample_body(rng: np.random.Generator, lesion: bool, extent_z: float) -> Body
     )
 
 
+# Hypodense liver lesions as portal-venous CT shows metastases: most 18-32 mm across and 60-100 HU
+# below the liver; about one in ten is small and faint (6-10 mm, 20-35 HU), which a 4 mm grid
+# mostly misses, so the classes overlap and no model finds every lesion.
+LESION_RADIUS_MM = (9.0, 16.0)
+LESION_CONTRAST_HU = (60.0, 100.0)
+FAINT_FRACTION = 0.1
+FAINT_RADIUS_MM = (3.0, 5.0)
+FAINT_CONTRAST_HU = (20.0, 35.0)
+
+
 def _sample_lesion(
     rng: np.random.Generator,
     liver_center: tuple[float, float],
@@ -308,18 +318,16 @@ def _sample_lesion(
     dome_z: float,
     extent_z: float,
 ) -> Lesion:
-    """A sphere well inside the liver; about one in five is small and easy to miss."""
-    radius = float(rng.uniform(3.0, 5.0) if rng.random() < 0.2 else rng.uniform(5.0, 11.0))
+    """A sphere well inside the liver; about one in ten is small, faint and easy to miss."""
+    faint = rng.random() < FAINT_FRACTION
+    radius = float(rng.uniform(*(FAINT_RADIUS_MM if faint else LESION_RADIUS_MM)))
+    contrast = float(rng.uniform(*(FAINT_CONTRAST_HU if faint else LESION_CONTRAST_HU)))
     angle = rng.uniform(0, 2 * np.pi)
     reach = rng.uniform(0.0, 0.45)
     x = liver_center[0] + reach * liver_axes[0] * np.cos(angle)
     y = liver_center[1] + reach * liver_axes[1] * np.sin(angle)
     z = rng.uniform(min(radius + 4.0, 0.3 * extent_z), max(dome_z - radius - 10.0, 0.35 * extent_z))
-    return Lesion(
-        center=(float(z), float(y), float(x)),
-        radius=radius,
-        contrast_hu=-float(rng.uniform(20.0, 35.0)),
-    )
+    return Lesion(center=(float(z), float(y), float(x)), radius=radius, contrast_hu=-contrast)
 
 
 def _inside_ellipse(

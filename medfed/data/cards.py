@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from medfed.config import SiteManifest
+from medfed.config import Modality, SiteManifest
 from medfed.data.checks import SiteReport
 from medfed.errors import ConfigError
 
@@ -60,6 +60,7 @@ def render_card(manifest: SiteManifest, report: SiteReport) -> str:
         "",
         f"- image sizes: {report.sizes or 'n/a'}",
         f"- intensity before preprocessing: {report.intensity or 'n/a'}",
+        *_orientation_lines(manifest, report),
         "",
         "## Preprocessing",
         "",
@@ -79,6 +80,28 @@ def render_card(manifest: SiteManifest, report: SiteReport) -> str:
     if report.problems:
         lines += ["## Open problems", ""] + [f"- {p}" for p in report.problems] + [""]
     return "\n".join(lines)
+
+
+def _orientation_lines(manifest: SiteManifest, report: SiteReport) -> list[str]:
+    """How the site's volumes were oriented when read, with counts when they differ."""
+    counts = report.orientation
+    if not counts:
+        if manifest.modality != Modality.CT:
+            return []
+        return ["- orientation: not recorded here (`medfed sites card` reads it from the files)"]
+    if len(counts) == 1:
+        ((how, n),) = counts.items()
+        lines = [f"- orientation: {how}, all {n} scan(s)"]
+    else:
+        lines = [
+            "- orientation: " + "; ".join(f"{how} for {n} scan(s)" for how, n in counts.items())
+        ]
+    if any("oblique" in how for how in counts):
+        lines.append(
+            "  (oblique volumes are turned to the nearest RAS axes by swaps and flips only; "
+            "their tilt is kept, not resampled away)"
+        )
+    return lines
 
 
 def check_card_dir(out_dir: Path) -> None:

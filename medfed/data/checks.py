@@ -47,6 +47,8 @@ class SiteReport:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # split -> class -> n
     sizes: dict[str, Any] = field(default_factory=dict)
     intensity: dict[str, Any] = field(default_factory=dict)
+    # CT: how the readable volumes were oriented ("RAS (from LPS DICOM)") -> number of scans
+    orientation: dict[str, int] = field(default_factory=dict)
     distances: dict[str, float] = field(default_factory=dict)
     features: np.ndarray | None = field(default=None, repr=False)
 
@@ -80,6 +82,7 @@ class SiteReport:
             "counts": self.counts,
             "sizes": self.sizes,
             "intensity": self.intensity,
+            "orientation": self.orientation,
             "distances": self.distances,
         }
 
@@ -155,6 +158,7 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
     shapes, spacings, moments, features = [], [], [], []
     readable, contents = [], []
     kinds: dict[tuple[str, str], list[Path]] = {}
+    orientations: Counter[str] = Counter()
     records = bar(scan.records, f"check {manifest.id}", unit="scan", total=len(scan.records))
     for record in records:
         try:
@@ -169,6 +173,8 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
             )
             continue
         shape, moment, spacing = _raw_stats(decoded)
+        if isinstance(decoded, Volume) and decoded.orientation is not None:
+            orientations[decoded.orientation.describe()] += 1
         shapes.append(tuple(int(s) for s in shape))
         spacings.append(spacing)
         moments.append(moment)
@@ -177,6 +183,14 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
         contents.append(content)
     report.n_readable = len(readable)
     report.sizes = _summarize_sizes(shapes, spacings)
+    report.orientation = dict(orientations.most_common())
+    unknown = sum(n for how, n in orientations.items() if how.startswith("unknown"))
+    if unknown:
+        report.warnings.append(
+            f"{unknown} volume(s) have no orientation in their headers, so their left and "
+            "right may not match the other volumes' (see the card's orientation); export them with "
+            "ImageOrientationPatient (DICOM) or a qform/sform (NIfTI)"
+        )
     if moments:
         m = np.stack(moments)  # (n, channels, 2)
         report.intensity = {

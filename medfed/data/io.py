@@ -2,7 +2,8 @@
 
 Every failure is a :class:`DataError` naming the file and what is wrong; decoder libraries'
 own exceptions never reach the caller. Which decoder a modality uses is decided in one place,
-:mod:`medfed.data.modality`.
+:mod:`medfed.data.modality`. DICOM series and NIfTI files share one reorientation step, so one
+anatomy reads as one array, axes (z, y, x) of the closest canonical orientation (RAS+).
 """
 
 from __future__ import annotations
@@ -34,17 +35,60 @@ _DICOM_MAGIC_OFFSET = 128
 _SAME_POSITION_MM = 1e-3
 # Slice gaps may jitter by rounding in the headers; beyond this fraction a slice is missing.
 _SPACING_TOLERANCE = 0.1
+# Voxel axes tilted less than this against the patient's axes are taken as aligned (rounding
+# in ImageOrientationPatient, a table set up a hair off); beyond it the volume is "oblique".
+_OBLIQUE_DEGREES = 0.5
+# Spacings are rounded to this many decimals of a millimetre: NIfTI headers hold float32
+# (0.9 mm reads 0.89999998), DICOM holds decimal strings, and resampling may round a grid's size
+# differently on either side of such a hair; one geometry must give one spacing.
+_SPACING_DECIMALS = 6
+# Every CT volume leaves the readers in the closest canonical orientation, nibabel's RAS+:
+# array axes (slice, row, column) = (z, y, x) pointing to Superior, Anterior and Right.
+CANONICAL = "RAS"
 # No fundus camera comes near this many pixels; a bigger image is refused before it is decoded
 # (PIL's own decompression-bomb guard, Image.MAX_IMAGE_PIXELS, stays in force behind it).
 MAX_IMAGE_PIXELS = 100_000_000
 
 
 @dataclass(frozen=True)
+class Orientation:
+    """Which way a volume's stored voxel axes pointed, and what reading made of them."""
+
+    file_format: str  # "DICOM" or "NIfTI"
+    # Axis codes of the stored (column, row, slice) = (i, j, k) axes in nibabel's terms, each
+    # the patient direction the index grows towards: ("L", "P", "S") for an axial DICOM series.
+    # None when the file does not say (no ImageOrientationPatient, no qform or sform).
+    source: tuple[str, str, str] | None
+    oblique: bool = False  # tilted axes, put in the closest canonical orientation unrotated
+
+    @property
+    def result(self) -> str:
+        """The orientation of the volume as read: "RAS", or "unknown" when the file is silent."""
+        return CANONICAL if self.source is not None else "unknown"
+
+    def describe(self) -> str:
+        """One phrase for a data card, e.g. "RAS (from LPS DICOM)"."""
+        if self.source is None:
+            if self.file_format == "DICOM":
+                return "unknown (DICOM without ImageOrientationPatient, kept as stored)"
+            return "unknown (NIfTI without qform/sform, read with nibabel's default affine)"
+        codes = "".join(self.source)
+        if self.oblique:
+            return f"{CANONICAL} (closest canonical, from oblique {codes} {self.file_format})"
+        return f"{CANONICAL} (from {codes} {self.file_format})"
+
+
+@dataclass(frozen=True)
 class Volume:
-    """A CT volume in Hounsfield units, axes (slice, row, column), spacing in mm in that order."""
+    """A CT volume in Hounsfield units, axes (slice, row, column), spacing in mm in that order.
+
+    Read from a file, the axes are (z, y, x) of the closest canonical RAS+ orientation, whatever
+    the file stored (see ``orientation``); None for a volume built in memory.
+    """
 
     array: np.ndarray
     spacing: tuple[float, float, float]
+    orientation: Orientation | None = None
 
     def __post_init__(self) -> None:
         if self.array.ndim != 3:
@@ -213,7 +257,12 @@ def dicom_read_error(exc: Exception) -> str:
 
 
 def read_dicom_series(files: Sequence[Path]) -> Volume:
-    """Decode the slices of one series to a HU volume ordered along the slice normal."""
+    """Decode the slices of one series to a HU volume in the closest canonical orientation.
+
+    Slices are stacked along the slice normal, then the volume is reoriented to RAS+ like a
+    NIfTI file (:func:`read_nifti`), so that one anatomy reads the same from either format.
+    A single slice without ImageOrientationPatient is kept as stored, its orientation unknown.
+    """
     if not files:
         raise DataError("a DICOM series needs at least one slice file; none was given")
     slices = [_read_slice(Path(f)) for f in files]
@@ -223,7 +272,85 @@ def read_dicom_series(files: Sequence[Path]) -> Volume:
     depth = _slice_spacing(slices, normal)
     array = np.stack([s.hu for s in slices]).astype(np.float32, copy=False)
     row_mm, col_mm = slices[0].pixel_spacing
-    return Volume(array=array, spacing=(depth, row_mm, col_mm))
+    if slices[0].orientation is None:
+        unknown = Orientation(file_format="DICOM", source=None)
+        spacing = (_mm(depth), _mm(row_mm), _mm(col_mm))
+        return Volume(array=array, spacing=spacing, orientation=unknown)
+    affine = _dicom_affine(slices[0], slices[0].orientation, normal, depth)
+    # (slice, row, column) -> (column, row, slice): the (i, j, k) voxel order of the affine
+    array, spacing, orientation = _canonical(array.transpose(2, 1, 0), affine, "DICOM")
+    return Volume(array=array, spacing=spacing, orientation=orientation)
+
+
+def _dicom_affine(
+    first: _Slice, orientation: np.ndarray, normal: np.ndarray, depth: float
+) -> np.ndarray:
+    """The RAS+ affine of voxels (column, row, slice): the usual DICOM-to-NIfTI affine.
+
+    DICOM positions are LPS+ (x to the patient's left, y to the back); RAS+ negates x and y.
+    """
+    along_row, along_column = (_unit(v, first.path) for v in np.split(orientation, 2))
+    row_mm, col_mm = first.pixel_spacing  # DICOM PixelSpacing: between rows, between columns
+    lps = np.eye(4)
+    lps[:3, 0] = along_row * col_mm  # the next column lies along the row direction
+    lps[:3, 1] = along_column * row_mm
+    lps[:3, 2] = normal * depth  # slices are sorted along the normal
+    lps[:3, 3] = first.position if first.position is not None else 0.0
+    return np.diag([-1.0, -1.0, 1.0, 1.0]) @ lps
+
+
+def _unit(vector: np.ndarray, path: Path) -> np.ndarray:
+    length = float(np.linalg.norm(vector))
+    if not np.isfinite(length) or length < 1e-6:
+        raise DataError(
+            f"{path}: ImageOrientationPatient has a zero direction {vector.tolist()}; "
+            "each half must be a unit vector (fix the header or export the series as NIfTI)"
+        )
+    return vector / length
+
+
+def _canonical(
+    data: np.ndarray, affine: np.ndarray, file_format: str, known: bool = True
+) -> tuple[np.ndarray, tuple[float, float, float], Orientation]:
+    """Voxels (i, j, k) mapped to RAS+ mm by ``affine``, reoriented to the closest canonical
+    orientation: the (z, y, x) array, its spacing in that order, and where it came from.
+
+    The one path of both readers. Only axis swaps and flips are made, never a resampling: an
+    oblique volume keeps its tilt (the card says so). ``known``: the affine comes from the
+    file's orientation tags, not from a default.
+    """
+    from nibabel import orientations
+    from nibabel.affines import voxel_sizes
+
+    ornt = orientations.io_orientation(affine)
+    if np.isnan(ornt).any():
+        raise DataError(
+            f"the {file_format} affine {np.round(affine[:3], 4).tolist()} is degenerate (an axis "
+            "has no direction); fix the orientation in the header or re-export the volume"
+        )
+    i_code, j_code, k_code = (str(c) for c in orientations.ornt2axcodes(ornt))
+    to_ras = orientations.ornt_transform(ornt, orientations.axcodes2ornt(CANONICAL))
+    reoriented = orientations.apply_orientation(data, to_ras)
+    ras_affine = affine @ orientations.inv_ornt_aff(to_ras, data.shape)
+    x_mm, y_mm, z_mm = (_mm(v) for v in voxel_sizes(ras_affine))
+    orientation = Orientation(
+        file_format=file_format,
+        source=(i_code, j_code, k_code) if known else None,
+        oblique=known and _is_oblique(affine),
+    )
+    array = np.ascontiguousarray(reoriented.transpose(2, 1, 0), dtype=np.float32)
+    return array, (z_mm, y_mm, x_mm), orientation
+
+
+def _mm(value: float) -> float:
+    return round(float(value), _SPACING_DECIMALS)
+
+
+def _is_oblique(affine: np.ndarray) -> bool:
+    """True when some voxel axis is tilted beyond _OBLIQUE_DEGREES from every patient axis."""
+    axes = affine[:3, :3] / np.linalg.norm(affine[:3, :3], axis=0)
+    closest = np.abs(axes).max(axis=0)  # cosine of each axis to its nearest patient axis
+    return bool(closest.min() < np.cos(np.deg2rad(_OBLIQUE_DEGREES)))
 
 
 @dataclass(frozen=True)
@@ -343,7 +470,9 @@ def _slice_normal(slices: list[_Slice]) -> np.ndarray:
     """The unit normal of the slice planes, from ImageOrientationPatient (row x column)."""
     if len(slices) == 1:
         orientation = slices[0].orientation
-        return _normal(orientation) if orientation is not None else np.array([0.0, 0.0, 1.0])
+        if orientation is None:
+            return np.array([0.0, 0.0, 1.0])
+        return _normal(orientation, slices[0].path)
     for s in slices:
         if s.position is None or s.orientation is None:
             raise DataError(
@@ -355,14 +484,17 @@ def _slice_normal(slices: list[_Slice]) -> np.ndarray:
                 f"{s.path}: ImageOrientationPatient differs from {slices[0].path}; "
                 "the files are not one series (or the series is not a stack of parallel slices)"
             )
-    return _normal(slices[0].orientation)
+    return _normal(slices[0].orientation, slices[0].path)
 
 
-def _normal(orientation: np.ndarray) -> np.ndarray:
+def _normal(orientation: np.ndarray, path: Path) -> np.ndarray:
     normal = np.cross(orientation[:3], orientation[3:])
     length = float(np.linalg.norm(normal))
-    if length < 1e-6:
-        raise DataError(f"ImageOrientationPatient {orientation.tolist()} has parallel axes")
+    if not np.isfinite(length) or length < 1e-6:
+        raise DataError(
+            f"{path}: ImageOrientationPatient {orientation.tolist()} has parallel or zero axes, "
+            "so the slice direction is unknown; fix the header or export the series as NIfTI"
+        )
     return normal / length
 
 
@@ -392,7 +524,12 @@ def _slice_spacing(slices: list[_Slice], normal: np.ndarray) -> float:
 
 
 def read_nifti(path: Path) -> Volume:
-    """Decode a 3-D NIfTI file to a HU volume with axes (slice, row, column) = (z, y, x)."""
+    """Decode a 3-D NIfTI file to a HU volume with axes (slice, row, column) = (z, y, x).
+
+    The volume is reoriented to the closest canonical orientation (RAS+), as DICOM series are.
+    A file with neither qform nor sform is read with nibabel's default affine, and its
+    orientation is recorded as unknown.
+    """
     import nibabel as nib
 
     path = Path(path)
@@ -409,24 +546,32 @@ def read_nifti(path: Path) -> Volume:
                 f"{path}: image has shape {image.shape}; a CT volume must be 3-D "
                 "(split 4-D files into one volume per file)"
             )
-        # closest canonical orientation (RAS+), so every site's volumes share axis directions
-        image = nib.as_closest_canonical(image)
         data = image.get_fdata(dtype=np.float32)
-        # from the reoriented affine, which (unlike the header's pixdim) follows the new axes
-        zooms = tuple(float(z) for z in nib.affines.voxel_sizes(image.affine))
+        affine = image.affine
+        known = int(image.header["qform_code"]) > 0 or int(image.header["sform_code"]) > 0
     except DataError:
         raise
     except Exception as exc:  # nibabel and gzip raise many types on damaged files
         raise DataError(f"{path}: not a readable NIfTI file ({exc})") from exc
+    if not np.isfinite(affine).all():
+        raise DataError(
+            f"{path}: the header's qform/sform affine has non-finite entries; "
+            "fix the orientation in the header or re-export the volume"
+        )
+    try:
+        # closest canonical orientation (RAS+), so every site's volumes share axis directions;
+        # the spacing comes from the reoriented affine, which follows the new axes
+        array, zooms, orientation = _canonical(data, affine, "NIfTI", known=known)
+    except DataError as exc:
+        raise DataError(f"{path}: {exc}") from exc
     if not all(z > 0 for z in zooms):
         raise DataError(f"{path}: voxel sizes {zooms} must be positive (fix the header's pixdim)")
-    if not np.isfinite(data).all():
+    if not np.isfinite(array).all():
         raise DataError(
-            f"{path}: {int((~np.isfinite(data)).sum())} voxel(s) are NaN or infinite; "
+            f"{path}: {int((~np.isfinite(array)).sum())} voxel(s) are NaN or infinite; "
             "re-export the volume with finite HU values"
         )
-    array = np.ascontiguousarray(data.transpose(2, 1, 0))
-    return Volume(array=array, spacing=(zooms[2], zooms[1], zooms[0]))
+    return Volume(array=array, spacing=zooms, orientation=orientation)
 
 
 def nifti_header_problem(path: Path) -> str | None:

@@ -65,23 +65,21 @@ def class_ratio(counts: dict[str, dict[str, int]]) -> dict[str, float]:
     return {name: (n / total if total else 0.0) for name, n in totals.items()}
 
 
-def _all_raw(site: SiteData) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every preprocessed scan of the site (before normalization) and its labels."""
-    x = torch.cat([site.raw[s] for s in Split if site.raw[s].shape[0]])
-    y = torch.cat([site.y[s] for s in Split if site.raw[s].shape[0]])
-    return x, y
+def _labels(site: SiteData) -> torch.Tensor:
+    """The label of every scan of the site, split after split."""
+    return torch.cat([site.y[s] for s in Split])
 
 
 def _features(site: SiteData) -> np.ndarray | None:
-    """Appearance features of every scan of the site (see medfed.data.distances)."""
-    x, _ = _all_raw(site)
-    return np.stack([scan_features(t) for t in x]) if x.shape[0] else None
+    """Appearance features of every scan of the site (see medfed.data.distances), read scan
+    by scan from the stored splits (no copy of the site is made)."""
+    feats = [scan_features(t) for s in Split for t in site.raw[s]]
+    return np.stack(feats) if feats else None
 
 
 def _card_report(site: SiteData, distances: dict[str, float]) -> SiteReport:
     """What the run knows of a site, in the form its data card is rendered from."""
-    x, _ = _all_raw(site)
-    n = int(x.shape[0])
+    n = sum(site.n(s) for s in Split)
     counts = split_counts(site)
     return SiteReport(
         manifest=str(site.manifest.manifest_path or site.id),
@@ -92,7 +90,7 @@ def _card_report(site: SiteData, distances: dict[str, float]) -> SiteReport:
         n_records=n,
         n_readable=n,
         counts=counts,
-        sizes={"after preprocessing": list(x.shape[1:])} if n else {},
+        sizes={"after preprocessing": list(site.raw[Split.TRAIN].shape[1:])} if n else {},
         distances=distances,
         warnings=split_warnings(counts, site.manifest.class_names()),
     )
@@ -105,7 +103,7 @@ def embedding(sites: list[SiteData], features: list[np.ndarray | None]) -> dict[
     for site, feats in zip(sites, features, strict=True):
         if feats is None:
             continue
-        _, y = _all_raw(site)
+        y = _labels(site)
         keep = np.arange(len(feats))
         if keep.size > MAX_EMBEDDED_PER_SITE:
             keep = np.sort(rng.choice(keep, MAX_EMBEDDED_PER_SITE, replace=False))

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from medfed.config import SiteManifest
-from medfed.data.cache import TensorCache, cache_key, content_hash
+from medfed.data.cache import TensorCache, cache_key, content_hash, scan_key, stack_key
 from medfed.data.layouts import scan_site
 from medfed.data.modality import read_record
-from medfed.data.preprocess import Normalization, apply_pipeline, pipeline_fingerprint
+from medfed.data.preprocess import (
+    Normalization,
+    NormalizedView,
+    apply_pipeline,
+    pipeline_fingerprint,
+    storage_dtype,
+)
 from medfed.data.records import Problem, Record, Split
 from medfed.data.splits import assign_splits
 from medfed.data.transforms import NoCameraField
@@ -24,14 +31,15 @@ _SHOWN = 5
 class SiteData:
     """A site's preprocessed tensors per split, ready for training and evaluation.
 
-    ``raw`` is the output of the deterministic stage (before site normalization) and ``x`` the
-    normalized tensors the site trains on; routing compares a scan under each candidate site's
-    own normalization, so it needs ``raw``.
+    ``raw`` holds each split once, as the deterministic stage left it (before site
+    normalization), in the cache's storage dtype and memory-mapped from the cache when it came
+    from one. ``x`` is the same scans as the model reads them: a :class:`NormalizedView` per
+    split that normalizes batch by batch, never a second copy. Routing compares a scan under
+    each candidate site's own normalization (:meth:`as_seen_by`).
     """
 
     manifest: SiteManifest
     raw: dict[Split, torch.Tensor]
-    x: dict[Split, torch.Tensor]
     y: dict[Split, torch.Tensor]
     records: dict[Split, list[Record]]
     normalization: Normalization
@@ -43,13 +51,18 @@ class SiteData:
     def id(self) -> str:
         return self.manifest.id
 
-    def as_seen_by(self, other: SiteData, split: Split) -> torch.Tensor:
+    @property
+    def x(self) -> Mapping[Split, NormalizedView]:
+        """Each split under the site's normalization, normalized as it is read."""
+        return {s: self.normalization.view(t) for s, t in self.raw.items()}
+
+    def as_seen_by(self, other: SiteData, split: Split) -> NormalizedView:
         """This site's scans of ``split`` under ``other`` site's normalization."""
-        return other.normalization.apply(self.raw[split])
+        return other.normalization.view(self.raw[split])
 
     def renormalized(self, norm: Normalization) -> SiteData:
         """This site with ``norm`` in place of its own statistics (a federation-wide one)."""
-        return replace(self, x={s: norm.apply(t) for s, t in self.raw.items()}, normalization=norm)
+        return replace(self, normalization=norm)
 
     def n(self, split: Split) -> int:
         return int(self.y[split].shape[0])
@@ -57,6 +70,10 @@ class SiteData:
     def class_counts(self, split: Split) -> dict[int, int]:
         labels, counts = torch.unique(self.y[split], return_counts=True)
         return {int(k): int(v) for k, v in zip(labels, counts, strict=True)}
+
+    def nbytes(self) -> int:
+        """Bytes of the site's scan tensors (each split once, as stored)."""
+        return sum(t.numel() * t.element_size() for t in self.raw.values())
 
 
 def _refuse(site: SiteManifest, what: str, items: list[str]) -> DataError:
@@ -72,11 +89,18 @@ def _refuse(site: SiteManifest, what: str, items: list[str]) -> DataError:
 def preprocess_record(
     site: SiteManifest, record: Record, cache: TensorCache, decoded: object | None = None
 ) -> torch.Tensor:
-    """Decode and run the deterministic pipeline on one record, through the cache.
+    """Decode and run the deterministic pipeline on one record, through the cache; the tensor
+    comes back in the modality's storage dtype.
 
     ``decoded`` skips the decode when the caller already holds the decoded scan.
     """
     key = cache_key(record.content_files, pipeline_fingerprint(site))
+    return _preprocess(site, record, key, cache, decoded)
+
+
+def _preprocess(
+    site: SiteManifest, record: Record, key: str, cache: TensorCache, decoded: object | None
+) -> torch.Tensor:
     tensor = cache.get(key) if decoded is None else None
     if tensor is None:
         if decoded is None:
@@ -92,12 +116,17 @@ def preprocess_record(
                 f"{record.path}: preprocessing failed ({exc.__cause__ or exc}); "
                 "check the image, or the site's [preprocess] settings"
             ) from exc
+        tensor = tensor.to(storage_dtype(site.modality)).contiguous()
         cache.put(key, tensor)
     return tensor
 
 
 def load_site(site: SiteManifest, cache: TensorCache, *, progress: bool = False) -> SiteData:
-    """Everything a site contributes to training; refuses data with problems, naming them."""
+    """Everything a site contributes to training; refuses data with problems, naming them.
+
+    Each split is held once: memory-mapped from its stacked cache file when one matches its
+    scans, otherwise built from the per-scan cache (decoding what is missing) and written.
+    """
     scan = scan_site(site)
     if scan.problems:
         raise _refuse(site, "problem(s) in the site's files", [str(p) for p in scan.problems])
@@ -105,43 +134,53 @@ def load_site(site: SiteManifest, cache: TensorCache, *, progress: bool = False)
         raise DataError(f"site {site.id!r}: no scans found under {site.root}")
     hits, misses = cache.stats.hits, cache.stats.misses
 
-    tensors: list[torch.Tensor] = []
+    fingerprint = pipeline_fingerprint(site)
+    contents: list[str] = []
     failures: list[Problem] = []
-    for record in bar(scan.records, f"preprocess {site.id}", show=progress, unit="scan"):
+    for record in scan.records:
         try:
-            tensors.append(preprocess_record(site, record, cache))
+            contents.append(content_hash(record.content_files))
         except MedfedError as exc:
             failures.append(Problem(str(record.path), str(exc)))
     if failures:
         raise _refuse(site, "unreadable scan(s)", [str(p) for p in failures])
+    keys = [scan_key(content, fingerprint) for content in contents]
     # byte-identical scans (one image saved under two names) stay in one split, like a patient
-    contents = [content_hash(r.content_files) for r in scan.records]
     splits = assign_splits(scan.records, site.split, contents=contents)
-
     by_split: dict[Split, list[int]] = {s: [] for s in Split}
     for index, split in enumerate(splits):
         by_split[split].append(index)
+
+    stored: dict[Split, torch.Tensor | None] = {}
+    for split, idx in by_split.items():
+        records = [scan.records[i] for i in idx]
+        stored[split] = _split_tensor(
+            site, cache, records, [keys[i] for i in idx], failures, progress
+        )
+    if failures:
+        raise _refuse(site, "unreadable scan(s)", [str(p) for p in failures])
     for split in (Split.TRAIN, Split.TEST):
         if not by_split[split]:
             raise DataError(
                 f"site {site.id!r}: the {split} split is empty; adjust [split] in "
                 f"{site.manifest_path or 'the manifest'} (fractions, or add scans)"
             )
-    x_raw = {s: _stack([tensors[i] for i in idx], tensors[0]) for s, idx in by_split.items()}
+    like = next(t for t in stored.values() if t is not None)
+    raw = {
+        s: t if t is not None else like.new_empty((0, *like.shape[1:])) for s, t in stored.items()
+    }
     y = {
         s: torch.tensor([scan.records[i].label for i in idx], dtype=torch.long)
         for s, idx in by_split.items()
     }
-    channels = tensors[0].shape[0]
     norm = (
-        Normalization.fit(x_raw[Split.TRAIN])
+        Normalization.fit(raw[Split.TRAIN])
         if site.preprocess.normalize
-        else Normalization.identity(channels)
+        else Normalization.identity(like.shape[1])
     )
     return SiteData(
         manifest=site,
-        raw=x_raw,
-        x={s: norm.apply(t) for s, t in x_raw.items()},
+        raw=raw,
         y=y,
         records={s: [scan.records[i] for i in idx] for s, idx in by_split.items()},
         normalization=norm,
@@ -150,10 +189,45 @@ def load_site(site: SiteManifest, cache: TensorCache, *, progress: bool = False)
     )
 
 
-def _stack(items: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    if not items:
-        return torch.empty((0, *like.shape), dtype=like.dtype)
-    return torch.stack(items)
+def _split_tensor(
+    site: SiteManifest,
+    cache: TensorCache,
+    records: list[Record],
+    keys: list[str],
+    failures: list[Problem],
+    progress: bool,
+) -> torch.Tensor | None:
+    """One split's scans stacked in storage dtype: the cache's mapped file when it has a sound
+    one, else built scan by scan into one buffer and written (None for an empty split, or when
+    a scan failed: ``failures`` names it)."""
+    if not records:
+        return None
+    dtype = storage_dtype(site.modality)
+    key = stack_key(keys)
+    mapped = cache.get_stack(key, len(records), dtype)
+    if mapped is not None:
+        return mapped
+    buffer: torch.Tensor | None = None
+    failed = len(failures)
+    scans = zip(records, keys, strict=True)
+    shown = bar(scans, f"preprocess {site.id}", show=progress, total=len(records), unit="scan")
+    for row, (record, key_of_scan) in enumerate(shown):
+        try:
+            tensor = _preprocess(site, record, key_of_scan, cache, None)
+        except MedfedError as exc:
+            failures.append(Problem(str(record.path), str(exc)))
+            continue
+        if buffer is None:
+            buffer = torch.empty((len(records), *tensor.shape), dtype=dtype)
+        if tensor.shape != buffer.shape[1:]:
+            raise DataError(
+                f"{record.path}: preprocessed to shape {tuple(tensor.shape)}, unlike the "
+                f"site's other scans {tuple(buffer.shape[1:])}; check its [preprocess] settings"
+            )
+        buffer[row] = tensor
+    if buffer is None or len(failures) > failed:
+        return None
+    return cache.put_stack(key, buffer)
 
 
 def no_validation_warning(site: SiteData, operating_point: str) -> str | None:

@@ -35,6 +35,11 @@ from PIL import Image
 
 from medfed.config import Modality
 from medfed.data._phantoms import (
+    FAINT_CONTRAST_HU,
+    FAINT_FRACTION,
+    FAINT_RADIUS_MM,
+    LESION_CONTRAST_HU,
+    LESION_RADIUS_MM,
     BodyAnatomy,
     Camera,
     FundusAnatomy,
@@ -47,12 +52,15 @@ from medfed.data._phantoms import (
 from medfed.errors import MedfedError
 
 GENERATOR = "medfed.data.synth"
+# The CT sites' manifests read a liver window (width 200 HU, level 60): a lesion 60 HU below the
+# liver spans almost a third of it, where the soft-tissue window [-160, 240] gives it a seventh.
+CT_LIVER_WINDOW = (-40.0, 160.0)
 FORMAT_VERSION = 1
 META_FILE = "synth_meta.json"
 MANIFEST_DIR = "sites"
 ALL = "all"
 MODALITIES = (*(str(m) for m in Modality), ALL)
-DEFAULT_N_PER_SITE = {Modality.FUNDUS: 240, Modality.CT: 48}
+DEFAULT_N_PER_SITE = {Modality.FUNDUS: 240, Modality.CT: 200}
 MIN_N_PER_SITE = {Modality.FUNDUS: 12, Modality.CT: 4}
 LICENCE = "synthetic, no restrictions"
 ETHICS = "synthetic data, no patients"
@@ -234,7 +242,7 @@ def synthesize(
 ) -> list[Path]:
     """Write a synthetic federation under ``out``; return the manifest paths written.
 
-    ``n_per_site``: images per fundus site and patients per CT site (defaults 240 and 48).
+    ``n_per_site``: images per fundus site and patients per CT site (defaults 240 and 200).
     ``image_size``: native height in pixels of the largest fundus camera (default 224); the
     other cameras keep their relative sizes, so the resolution shift between sites remains.
     ``out`` must be new, empty, or a previous output of this function (then it is replaced).
@@ -693,6 +701,30 @@ def _ct_item(patient: _Patient, site: CTSite, files: list[str]) -> dict[str, Any
     }
 
 
+# DICOM patient coordinates are LPS+ (x to the patient's left, y to the back), NIfTI's RAS+:
+# the change negates x and y (and is its own inverse).
+_RAS_FROM_LPS = np.diag([-1.0, -1.0, 1.0, 1.0])
+_TABLE_Z = -200.0  # table position (mm) of the bottom of every scan
+
+
+def _phantom_lps_affine(s: Scanner) -> np.ndarray:
+    """Where a drawn volume's voxels (column, row, slice) lie in LPS+ patient millimetres.
+
+    ``render_ct`` draws columns towards the patient's left, rows towards the back and slice 0
+    lowest, centred in-plane. Both CT writers take their geometry from here, so a patient's
+    DICOM series and NIfTI file hold one anatomy and read back in one orientation.
+    """
+    half = (s.matrix - 1) / 2.0 * s.pixel_spacing
+    return np.array(
+        [
+            [s.pixel_spacing, 0.0, 0.0, -half],
+            [0.0, s.pixel_spacing, 0.0, -half],
+            [0.0, 0.0, s.slice_thickness, 0.5 * s.slice_thickness + _TABLE_Z],
+            [0.0, 0.0, 0.0, 1.0],
+        ]
+    )
+
+
 def _stored_int16(hu: np.ndarray, intercept: float) -> np.ndarray:
     # Round in HU first, so that decoding gives back the rounded HU whatever the intercept.
     return np.clip(np.round(hu) - intercept, -32768, 32767).astype(np.int16)
@@ -747,11 +779,12 @@ def _ct_slice(
     ds.StudyID, ds.SeriesNumber, ds.InstanceNumber = "1", 1, instance
     ds.ImageType = ["ORIGINAL", "PRIMARY", "AXIAL"]
     ds.ConvolutionKernel, ds.KVP = s.kernel_name, 120
-    half = (s.matrix - 1) / 2.0 * s.pixel_spacing
-    z = (k + 0.5) * s.slice_thickness - 200.0  # table position of the scan's lowest slice
-    ds.ImagePositionPatient = [_r(-half), _r(-half), _r(z)]
+    # The first pixel's centre in LPS+; rows run along +x and columns along +y, as the
+    # phantom's affine says (its first two columns are +x and +y times the pixel spacing).
+    position = _phantom_lps_affine(s) @ np.array([0.0, 0.0, k, 1.0])
+    ds.ImagePositionPatient = [_r(v) for v in position[:3]]
     ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
-    ds.SliceLocation = _r(z)
+    ds.SliceLocation = _r(position[2])
     ds.PixelSpacing = [s.pixel_spacing, s.pixel_spacing]
     ds.SliceThickness = s.slice_thickness
     ds.Rows, ds.Columns = pixels.shape
@@ -764,22 +797,15 @@ def _ct_slice(
 
 
 def _write_nifti(root: Path, site: CTSite, patient: _Patient) -> str:
-    """A gzipped NIfTI-1 file whose affine maps voxels to RAS millimetres."""
+    """A gzipped NIfTI-1 file whose affine maps voxels to RAS millimetres.
+
+    The affine is the one a DICOM-to-NIfTI conversion gives the same patient's DICOM series:
+    voxels stored as drawn, LPS (columns to the patient's left, rows to the back).
+    """
     import nibabel as nib
 
-    s = site.scanner
-    half = (s.matrix - 1) / 2.0 * s.pixel_spacing
-    # Columns run to the patient's left and rows to the back (as on a DICOM screen): in RAS
-    # both axes point the negative way.
-    affine = np.array(
-        [
-            [-s.pixel_spacing, 0.0, 0.0, half],
-            [0.0, -s.pixel_spacing, 0.0, half],
-            [0.0, 0.0, s.slice_thickness, 0.5 * s.slice_thickness - 200.0],
-            [0.0, 0.0, 0.0, 1.0],
-        ]
-    )
-    data = _stored_int16(patient.hu, 0.0).transpose(2, 1, 0)  # NIfTI axes: (x, y, z)
+    affine = _RAS_FROM_LPS @ _phantom_lps_affine(site.scanner)
+    data = _stored_int16(patient.hu, 0.0).transpose(2, 1, 0)  # NIfTI voxels: (i, j, k)
     image = nib.Nifti1Image(data, affine)
     image.header.set_xyzt_units("mm")
     image.header["descrip"] = b"medfed synthetic CT"
@@ -859,7 +885,7 @@ def _ct_manifest(site: CTSite, seed: int) -> dict[str, Any]:
         "root": f"../{site.folder}",
         "description": (
             "Synthetic abdominal CT phantoms: body, fat, lungs, spine and liver; 'lesion' "
-            f"patients have a low-contrast sphere in the liver. {files}, labels in labels.csv."
+            f"patients have a hypodense sphere in the liver. {files}, labels in labels.csv."
         ),
         "source": f"generated by {GENERATOR} (seed {seed}); no real scans",
         "acquisition": (
@@ -869,19 +895,29 @@ def _ct_manifest(site: CTSite, seed: int) -> dict[str, Any]:
         "known_shifts": (
             f"simulated scanner: HU offset {s.hu_offset:+.0f}, noise {s.noise_hu:.0f} HU, "
             f"slice thickness {s.slice_thickness} mm, pixel spacing {s.pixel_spacing} mm, "
-            f"kernel blur sigma {s.kernel_sigma} px; lesions 20-35 HU below the liver, "
-            "radius 3-11 mm"
+            f"kernel blur sigma {s.kernel_sigma} px; {_lesions_text()}"
         ),
         "licence": LICENCE,
         "ethics": ETHICS,
         "labels": {"normal": 0, "lesion": 1},
         "preprocess": {
-            "hu_window": [-160.0, 240.0],
+            "hu_window": list(CT_LIVER_WINDOW),
             "spacing": [4.0, 4.0, 4.0],
             "shape": [16, 48, 48],
         },
         "split": {"seed": seed},
     }
+
+
+def _lesions_text() -> str:
+    def span(pair: tuple[float, float], scale: float = 1.0) -> str:
+        return f"{pair[0] * scale:g}-{pair[1] * scale:g}"
+
+    return (
+        f"lesions {span(LESION_CONTRAST_HU)} HU below the liver, {span(LESION_RADIUS_MM, 2)} mm "
+        f"across; {FAINT_FRACTION:.0%} small and faint ({span(FAINT_CONTRAST_HU)} HU, "
+        f"{span(FAINT_RADIUS_MM, 2)} mm), mostly missed on a 4 mm grid"
+    )
 
 
 def _write_manifest(out: Path, site_id: str, data: dict[str, Any]) -> Path:

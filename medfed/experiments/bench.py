@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 import shutil
 import statistics
 import time
@@ -24,11 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from medfed.algorithms import ALGORITHMS
+from medfed.algorithms import ALGORITHMS, make_algorithm
 from medfed.config import TrainConfig
+from medfed.data.modality import modality_spec
 from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
 from medfed.experiments.demo import (
+    CT_FULL,
     FULL,
     QUICK,
     REFERENCE,
@@ -39,6 +42,7 @@ from medfed.experiments.demo import (
     comparisons_markdown,
     with_normalization,
 )
+from medfed.experiments.memory import site_memory
 from medfed.experiments.paired import (
     ORIGIN_KNOWN,
     ORIGIN_UNKNOWN,
@@ -51,6 +55,7 @@ from medfed.experiments.paired import (
     verdict_lines,
 )
 from medfed.experiments.speed import (
+    backbone_speed,
     bytes_ratios,
     data_path,
     device_info,
@@ -70,15 +75,22 @@ RESULTS_VERSION = 3
 MARKER = "bench-table"
 MODALITIES = ("fundus", "ct")
 BUDGETS = {
-    # CT volumes cost ~10x a fundus photo per step: a smaller budget keeps the bench short.
-    "full": {"fundus": FULL, "ct": Budget(n_per_site=48, rounds=20, local_steps=3)},
-    # Quick CT only shows the 3D path end to end (speed, bytes); its AUCs are noise at 2 rounds.
+    # The CT lesion task is learned after about 100 local steps (see demo.CT_FULL).
+    "full": {"fundus": FULL, "ct": CT_FULL},
+    # Quick CT only shows the CT path end to end (speed, bytes); its AUCs are noise at 2 rounds.
     "quick": {"fundus": QUICK, "ct": Budget(n_per_site=24, rounds=2, local_steps=3)},
 }
 SEEDS = {"full": 3, "quick": 2}
 SPEED_ROUNDS = {"full": 20, "quick": 10}
 # Bootstrap resamples of every interval (per-method figures and paired differences).
 N_BOOT = {"full": 2000, "quick": 1000}
+# CT seconds per round on the 3-D and the 2.5-D path, GroupNorm then BatchNorm forms (the
+# backbones `auto` picks are timed too, whichever they are): timed rounds after one warm-up.
+CT_BACKBONES = ("monai3d-gn", "slices-cnn-gn", "monai3d", "slices-cnn")
+BACKBONE_ROUNDS = 3
+# Peak memory of loading one CT site of this many patients, against the limit it must stay under.
+MEMORY_PATIENTS = 500
+MEMORY_LIMIT_BYTES = 2 * 10**9
 
 
 @dataclass(frozen=True)
@@ -161,6 +173,8 @@ class BenchPlan:
     image_size: int | None = None  # native fundus size; None: the generator's default
     speed_rounds: int = SPEED_ROUNDS["full"]
     speed_repeats: int = 2
+    backbone_rounds: int = BACKBONE_ROUNDS  # timed CT rounds per backbone
+    memory_patients: int = MEMORY_PATIENTS  # of the CT site whose loading memory is measured
     n_boot: int = N_BOOT["full"]
     command: str = "medfed bench"
 
@@ -177,6 +191,13 @@ class BenchPlan:
             raise ConfigError("the bench needs fedavg: bytes are compared with FedAvg float32")
         if self.speed_rounds < 1 or self.speed_repeats < 1:
             raise ConfigError("speed rounds and repeats must be at least 1")
+        if self.backbone_rounds < 1:
+            raise ConfigError(f"--backbone-rounds must be at least 1, got {self.backbone_rounds}")
+        if self.memory_patients < 4:
+            raise ConfigError(
+                f"--memory-patients must be at least 4 (a training and a test scan of each "
+                f"class), got {self.memory_patients}"
+            )
         if self.n_boot < 1:
             raise ConfigError(f"bootstrap resamples must be at least 1, got {self.n_boot}")
 
@@ -191,6 +212,8 @@ class BenchPlan:
         ct_budget: str | None = None,
         image_size: int | None = None,
         speed_rounds: int | None = None,
+        backbone_rounds: int | None = None,
+        memory_patients: int | None = None,
         n_boot: int | None = None,
     ) -> BenchPlan:
         """The quick or full plan, with any budget overridden (``SCANSxROUNDSxSTEPS``)."""
@@ -209,6 +232,8 @@ class BenchPlan:
             budgets={m: budgets[m] for m in MODALITIES if m in modalities},
             image_size=image_size,
             speed_rounds=speed_rounds or SPEED_ROUNDS[size],
+            backbone_rounds=BACKBONE_ROUNDS if backbone_rounds is None else backbone_rounds,
+            memory_patients=MEMORY_PATIENTS if memory_patients is None else memory_patients,
             n_boot=n_boot or N_BOOT[size],
             command=_command(
                 quick=quick,
@@ -218,6 +243,8 @@ class BenchPlan:
                 ct_budget=ct_budget,
                 image_size=image_size,
                 speed_rounds=speed_rounds,
+                backbone_rounds=backbone_rounds,
+                memory_patients=memory_patients,
                 n_boot=n_boot,
             ),
         )
@@ -426,7 +453,62 @@ def measure_speed(
                 for m, seed_runs in runs.runs.items()
             }
         )
+    if "ct" in all_runs:
+        speed["ct_backbones"] = ct_backbone_speed(out, all_runs["ct"], plan, echo)
     return speed
+
+
+def auto_backbones(modality: str) -> dict[str, Any]:
+    """What ``backbone = auto`` trains on ``modality`` for algorithms that share every layer,
+    and for those that keep normalization layers on each site (named, at their defaults)."""
+    spec = modality_spec(modality)
+    return {
+        "shared_norms": spec.default_backbone(False),
+        "private_norms": spec.default_backbone(True),
+        "private_norm_algorithms": [
+            name for name in ALGORITHMS if make_algorithm(name).prefers_batch_norm()
+        ],
+    }
+
+
+def ct_backbone_speed(
+    out: Path, runs: FederationRuns, plan: BenchPlan, echo: Callable[[str], Any]
+) -> dict[str, Any]:
+    """FedAvg's seconds per round, parameters and bytes per round on the 3-D and the 2.5-D CT
+    backbones (and whichever `auto` picks), on the first seed's CT sites at the CT budget."""
+    auto = auto_backbones(runs.modality)
+    picked = (auto["shared_norms"], auto["private_norms"])
+    backbones = tuple(dict.fromkeys([*CT_BACKBONES, *picked]))
+    echo(
+        f"[speed] {runs.modality} backbones: fedavg, 1 warm-up + {plan.backbone_rounds} timed "
+        f"round(s) on each of {', '.join(backbones)}"
+    )
+    config = MethodSpec.parse("fedavg").config(runs.budget, 0)
+    return {
+        "federation": runs.modality,
+        "auto": auto,
+        **backbone_speed(
+            runs.first_seed_sites,
+            config,
+            backbones,
+            out / "speed" / f"{runs.modality}_backbones",
+            rounds=plan.backbone_rounds,
+        ),
+    }
+
+
+def measure_memory(plan: BenchPlan, echo: Callable[[str], Any]) -> dict[str, Any]:
+    """Peak RSS of loading one synthetic CT site of ``plan.memory_patients``, cold and warm
+    cache, each in a fresh process, against :data:`MEMORY_LIMIT_BYTES`."""
+    echo(f"[memory] loading a {plan.memory_patients}-patient CT site, cold then warm cache")
+    figures = site_memory(plan.memory_patients, seed=0).to_dict()
+    peak = max(figures["cold"]["peak_rss_bytes"], figures["warm"]["peak_rss_bytes"])
+    return {
+        **figures,
+        "limit_bytes": MEMORY_LIMIT_BYTES,
+        "peak_rss_bytes": peak,
+        "under_limit": peak < MEMORY_LIMIT_BYTES,
+    }
 
 
 def run_bench(
@@ -462,6 +544,7 @@ def run_bench(
         echo(f"[{modality}] 95% CIs and paired comparisons ({plan.n_boot} bootstrap resamples)")
         results["federations"][modality] = federation_results(runs, plan.n_boot)
     results["speed"] = measure_speed(out, all_runs, plan, echo)
+    results["memory"] = measure_memory(plan, echo) if "ct" in plan.budgets else None
     results["seconds_total"] = time.perf_counter() - start
     # Speed figures depend on what else the machine was doing; 1, 5 and 15 minute averages.
     results["load_average"] = {"start": load_at_start, "end": load_average()}
@@ -665,7 +748,106 @@ def speed_markdown(speed: dict[str, Any]) -> str:
             for m, r in speed["routing_latency"].items()
         ],
     )
-    return "\n\n".join([engine, data, routing, bytes_markdown(speed["bytes"])])
+    parts = [engine, data, routing, bytes_markdown(speed["bytes"])]
+    if speed.get("ct_backbones"):
+        parts.append(backbones_markdown(speed["ct_backbones"]))
+    return "\n\n".join(parts)
+
+
+def _norm_family(norm: str) -> str:
+    """BatchNorm2d and BatchNorm3d are one kind of norm layer for comparing paths."""
+    return re.sub(r"[123]d$", "", norm)
+
+
+def backbones_markdown(found: dict[str, Any]) -> str:
+    """Seconds per round, parameters and bytes per round of each CT backbone, each against the
+    3-D backbone with the same kind of norm layers, and what `auto` picks."""
+    rows = found["backbones"]
+    three_d = {
+        _norm_family(r["norm"]): r["seconds_per_round"] for r in rows.values() if r["path"] == "3-D"
+    }
+    auto = found["auto"]
+    picks = {auto["shared_norms"]: "shared norms", auto["private_norms"]: "private norms"}
+    if auto["shared_norms"] == auto["private_norms"]:
+        picks = {auto["shared_norms"]: "always"}
+    table = markdown_table(
+        [
+            "backbone",
+            "path",
+            "norm",
+            "parameters",
+            "MB/round",
+            "s/round (median)",
+            "vs 3-D, same norm",
+            "`auto` picks it",
+        ],
+        [
+            [
+                name,
+                r["path"],
+                r["norm"],
+                f"{r['parameters']:,}",
+                f"{r['bytes_per_round'] / 1e6:.3f}",
+                _fmt(r["seconds_per_round"], 3),
+                _ratio(r["seconds_per_round"], three_d.get(_norm_family(r["norm"]))),
+                picks.get(name, ""),
+            ]
+            for name, r in rows.items()
+        ],
+    )
+    private = ", ".join(auto.get("private_norm_algorithms", [])) or "none"
+    return (
+        f"{table}\n\n{found['federation']} backbones ({found['algorithm']}, {found['sites']} "
+        f"sites, input {'x'.join(map(str, found['input_shape']))}, {found['local_steps']} local "
+        f"steps of batch {found['batch_size']}, {found['device']}): "
+        f"{found['definition']}, over {found['rounds']} timed round(s). With `backbone = auto`, "
+        f"{found['federation']} trains **{auto['shared_norms']}** where every layer is shared "
+        f"and **{auto['private_norms']}** where normalization layers stay on each site "
+        f"(so, at their default parameters: {private})."
+    )
+
+
+def _ratio(value: float | None, reference: float | None) -> str:
+    if value is None or not reference:
+        return "n/a"
+    return f"{value / reference:.2f}x"
+
+
+def memory_markdown(memory: dict[str, Any]) -> str:
+    """Peak RSS of loading one CT site with a cold and a warm cache, against the limit."""
+    mb = 1e6
+    table = markdown_table(
+        [
+            "cache",
+            "peak RSS (MB)",
+            "after imports (MB)",
+            "site tensors (MB)",
+            "memory-mapped",
+            "cache hits / misses",
+            "seconds",
+        ],
+        [
+            [
+                name,
+                f"{load['peak_rss_bytes'] / mb:.0f}",
+                f"{load['import_rss_bytes'] / mb:.0f}",
+                f"{load['site_bytes'] / mb:.1f}",
+                "yes" if load["mapped"] else "no",
+                f"{load['cache_hits']} / {load['cache_misses']}",
+                f"{load['seconds']:.1f}",
+            ]
+            for name, load in (("cold", memory["cold"]), ("warm", memory["warm"]))
+        ],
+    )
+    limit = f"{memory['limit_bytes'] / 1e9:g} GB"
+    verdict_ = "under" if memory["under_limit"] else "OVER"
+    return (
+        f"Loading one CT site of {memory['patients']} patients (each "
+        f"{'x'.join(map(str, memory['input_shape']))}, stored as {memory['storage_dtype']}; one "
+        f"float32 copy would be {memory['float32_bytes'] / mb:.1f} MB), each load in a fresh "
+        f"process that then reads every scan once:\n\n{table}\n\nPeak RSS "
+        f"{memory['peak_rss_bytes'] / mb:.0f} MB: {verdict_} the {limit} limit."
+    )
 
 
 def bytes_markdown(by_federation: dict[str, Any]) -> str:
@@ -769,6 +951,9 @@ def results_markdown(
         parts.append(warmup_markdown(fed, modality, h))
     parts.append(f"{h} Speed")
     parts.append(speed_markdown(results["speed"]))
+    if results.get("memory"):
+        parts.append(f"{h} Memory")
+        parts.append(memory_markdown(results["memory"]))
     parts.append("\n".join(f"![{name[:-4]}]({image_prefix}{name})" for name in results["plots"]))
     parts.append(caption(results))
     return "\n\n".join(p for p in parts if p)

@@ -6,16 +6,19 @@
 - routing: per-scan latency of each trained federation's router (FedDRM's density ratio: one
   pass per site model, or one batched pass when only the target heads differ; majority vote:
   one pass per site);
-- bytes per round of each method against FedAvg in float32.
+- bytes per round of each method against FedAvg in float32;
+- CT backbones: seconds per round, parameters and bytes per round of one algorithm on the 3-D
+  and the 2.5-D backbones, on the same sites, budget and device.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +30,13 @@ from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig, load_manifests
 from medfed.data.cache import TensorCache
 from medfed.data.modality import modality_spec
+from medfed.data.preprocess import NormalizedView
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
 from medfed.federation.coordinator import default_backbone, initial_model
 from medfed.federation.site import cosine_lr, derive_seed
 from medfed.federation.training import train
+from medfed.models.backbones import SLICE_BACKBONES
 from medfed.models.device import DeviceSetup, resolve_device
 from medfed.models.fedmodel import ModelSpec
 from medfed.runs import RunDir
@@ -183,9 +188,10 @@ def data_path(manifests: list[Path], cache_dir: Path, *, repeats: int = 2) -> di
     """Images per second: decoding every epoch, the on-disk cache, and the in-memory tensors.
 
     Both loading paths are the full ``load_site`` (scan the layout, split, preprocess or read
-    the cache, normalize); the cache path hashes every file's bytes to find its entry. The
-    in-memory figure is one epoch of minibatch indexing over the loaded training tensors,
-    which is what every epoch after loading costs the engine.
+    the cache, fit the normalization); the cache path hashes every file's bytes to find its
+    entries. The in-memory figure is one epoch of minibatches read from the loaded training
+    splits (indexed and normalized, as the engine reads them), which is what every epoch
+    after loading costs the engine.
     """
     sites = load_manifests(manifests)
     loaded = [load_site(s, TensorCache(cache_dir)) for s in sites]  # fills the cache if cold
@@ -218,7 +224,7 @@ def data_path(manifests: list[Path], cache_dir: Path, *, repeats: int = 2) -> di
     }
 
 
-def _one_epoch(tensors: list[torch.Tensor], batch_size: int = 32) -> None:
+def _one_epoch(tensors: list[NormalizedView], batch_size: int = 32) -> None:
     for x in tensors:
         order = torch.randperm(x.shape[0])
         for start in range(0, x.shape[0], batch_size):
@@ -266,6 +272,78 @@ def _router_summary(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "majority_vote_ms_per_scan": vote_ms,
         "majority_vote_over_density_ratio": vote_ms / density if density and vote_ms else None,
     }
+
+
+# ---------------------------------------------------------------------------- CT backbones
+BACKBONE_SPEED_DEFINITION = (
+    "median seconds of one round's training (as the engine overhead counts it) over the timed "
+    "rounds, after one warm-up round that is left out (first allocations and kernel choices); "
+    "the same algorithm, budget, sites and device for every backbone"
+)
+
+
+def backbone_speed(
+    sites: list[SiteData],
+    config: TrainConfig,
+    backbones: Sequence[str],
+    work_dir: Path,
+    *,
+    rounds: int = 3,
+) -> dict[str, Any]:
+    """Seconds per round, parameters and bytes per round of ``config`` on each backbone.
+
+    Each backbone trains one warm-up round and ``rounds`` timed rounds of ``config`` (its
+    algorithm, local steps, batch size and device) into ``work_dir/<backbone>``.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    rows: dict[str, Any] = {}
+    device = None
+    for name in dict.fromkeys(backbones):  # each once, in the order given
+        run_dir = work_dir / name
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        summary = train(
+            sites, dataclasses.replace(config, backbone=name, rounds=rounds + 1), run_dir
+        )
+        timed = recorded_round_seconds(run_dir)[1:]
+        device = summary.device
+        rows[name] = {
+            "path": "2.5-D" if name in SLICE_BACKBONES else "3-D",
+            **_model_size(run_dir),
+            "bytes_per_round": summary.bytes_per_round,
+            "seconds_per_round": statistics.median(timed) if timed else None,
+            "round_seconds": timed,
+        }
+    return {
+        "definition": BACKBONE_SPEED_DEFINITION,
+        "algorithm": config.algorithm,
+        "sites": len(sites),
+        "scans_per_site": [s.n(Split.TRAIN) for s in sites],
+        "input_shape": [int(d) for d in sites[0].x[Split.TRAIN].shape[1:]],
+        "local_steps": config.local_steps,
+        "batch_size": config.batch_size,
+        "warmup_rounds": 1,
+        "rounds": rounds,
+        "device": device,
+        "backbones": rows,
+    }
+
+
+def _model_size(run_dir: Path) -> dict[str, Any]:
+    """Parameters of a run's final model (all of it, and its backbone) and its norm layers."""
+    model = TrainedFederation.load(run_dir, "cpu").models[0]
+    norms = {type(m).__name__ for m in model.backbone.modules() if _is_norm(m)}
+    return {
+        "norm": ", ".join(sorted(norms)) or "none",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "backbone_parameters": sum(p.numel() for p in model.backbone.parameters()),
+    }
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    batch_norm = torch.nn.modules.batchnorm._BatchNorm
+    return isinstance(module, batch_norm | torch.nn.GroupNorm | torch.nn.LayerNorm)
 
 
 # ---------------------------------------------------------------------------- bytes

@@ -31,7 +31,7 @@ from medfed.federation.site import clone_state, cosine_lr, derive_seed
 from medfed.federation.validate import validate_update
 from medfed.federation.wire import WireFormat
 from medfed.fileio import check_out_folder
-from medfed.models.backbones import spatial_dims
+from medfed.models.backbones import BACKBONES, spatial_dims
 from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model
 from medfed.runs import RunDir
@@ -79,10 +79,19 @@ def default_backbone(modality: Modality, algorithm: Algorithm) -> str:
 
 
 def resolved_backbone(config: TrainConfig, modality: Modality, algorithm: Algorithm) -> str:
-    """The run's backbone: ``config.backbone``, or the modality's default for ``auto``."""
-    if config.backbone != "auto":
-        return config.backbone
-    return default_backbone(modality, algorithm)
+    """The run's backbone: ``config.backbone``, or the modality's default for ``auto``; refuses
+    a backbone made for the other modality's scans before anything trains."""
+    if config.backbone == "auto":
+        return default_backbone(modality, algorithm)
+    dims = modality_spec(modality).spatial_dims
+    if spatial_dims(config.backbone) != dims:
+        fits = [name for name in BACKBONES if spatial_dims(name) == dims]
+        raise ConfigError(
+            f"training setting: backbone (--backbone) {config.backbone!r} takes "
+            f"{spatial_dims(config.backbone)}-D scans, but these sites hold {modality} scans "
+            f"({dims}-D); choose auto or one of {', '.join(fits)}"
+        )
+    return config.backbone
 
 
 def initial_model(spec: ModelSpec, algorithm: Algorithm, seed: int, setup: DeviceSetup) -> FedModel:

@@ -56,7 +56,13 @@ FORMAT_NAMES = {
 TORCHVISION_WEIGHTS = {"resnet18": ("ResNet18_Weights", "IMAGENET1K_V1")}
 # Which medfed backbones a foreign format can start.
 FORMAT_BACKBONES = {
-    "torchvision-resnet": ("resnet18-bn", "resnet18-gn"),
+    # The 2.5-D ones hold the same ResNet-18 under the same names, applied to every CT slice.
+    "torchvision-resnet": (
+        "resnet18-bn",
+        "resnet18-gn",
+        "slices-resnet18-bn",
+        "slices-resnet18-gn",
+    ),
     "medicalnet": ("monai3d", "monai3d-gn"),
 }
 MEDFED_PREFIXES = tuple(f"{name}." for name in (*SUBMODULES, "vaes"))

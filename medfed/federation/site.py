@@ -148,6 +148,8 @@ class SiteWorker:
     final_state: State | None = None
 
     def __post_init__(self) -> None:
+        # A NormalizedView: the stored split (moved to the GPU once, in its storage dtype),
+        # normalized batch by batch as training reads it.
         self.x_train = self.setup.put(self.data.x[Split.TRAIN])
         self.y_train = self.setup.put(self.data.y[Split.TRAIN])
         self.wire = WireFormat(self.config.wire_precision, self.config.wire_delta)

@@ -2,6 +2,10 @@
 
 All backbones start from random weights (no pretrained downloads) with Kaiming initialisation.
 2D backbones take (N, C, H, W) fundus batches; 3D backbones take (N, C, D, H, W) CT volumes.
+The 2.5-D ``slices-*`` backbones also take CT volumes: a 2-D network sees every slice together
+with its two neighbours as 3C channels, and its feature maps are pooled over slices and positions.
+They hold the same layers, under the same names, as their 2-D counterparts, so 2-D weights (a
+fundus run's, torchvision's ImageNet ResNet-18) start them.
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ from torch import nn
 from medfed.errors import ConfigError
 
 BACKBONES_2D: tuple[str, ...] = ("cnn", "cnn-gn", "resnet18-gn", "resnet18-bn")
-BACKBONES_3D: tuple[str, ...] = ("monai3d", "monai3d-gn")
+# 2.5-D: a 2-D network on every slice of a volume (see on_slices); -> its 2-D counterpart.
+SLICE_BACKBONES: dict[str, str] = {
+    "slices-cnn": "cnn",
+    "slices-cnn-gn": "cnn-gn",
+    "slices-resnet18-gn": "resnet18-gn",
+    "slices-resnet18-bn": "resnet18-bn",
+}
+BACKBONES_3D: tuple[str, ...] = ("monai3d", "monai3d-gn", *SLICE_BACKBONES)
 BACKBONES: tuple[str, ...] = BACKBONES_2D + BACKBONES_3D
 # One line per backbone, shown by the CLI's help.
 BACKBONE_SUMMARIES: dict[str, str] = {
@@ -25,6 +36,10 @@ BACKBONE_SUMMARIES: dict[str, str] = {
     "resnet18-bn": "ResNet-18 with BatchNorm, for 32-128 pixel images (2-D, fundus)",
     "monai3d": "MONAI 3-D ResNet with BatchNorm (3-D, CT volumes)",
     "monai3d-gn": "MONAI 3-D ResNet with GroupNorm (3-D, CT volumes)",
+    "slices-cnn": "small CNN with BatchNorm on each slice + neighbours (2.5-D, CT volumes)",
+    "slices-cnn-gn": "small CNN with GroupNorm on each slice + neighbours (2.5-D, CT volumes)",
+    "slices-resnet18-gn": "ResNet-18 with GroupNorm on each slice + neighbours (2.5-D, CT volumes)",
+    "slices-resnet18-bn": "ResNet-18 with BatchNorm on each slice + neighbours (2.5-D, CT volumes)",
 }
 
 CNN_WIDTHS = (16, 32, 64, 128)
@@ -34,6 +49,11 @@ MONAI3D_WIDTHS = (16, 32, 64, 128)
 CNN_GROUPS = 8
 RESNET_GROUPS = 16
 MONAI3D_GROUPS = 8
+# A slice is given with the slice before and after it (the edge slices repeated), so a 2-D
+# network made for RGB photos takes it; its feature maps are pooled over slices and positions by
+# their maximum (a lesion shows at a few places of a few slices only) and their mean, concatenated.
+SLICE_CONTEXT = 3
+SLICE_POOLS = 2
 
 NormFactory = Callable[[int], nn.Module]
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
@@ -54,14 +74,19 @@ def build_backbone(name: str, in_channels: int) -> tuple[nn.Module, int]:
     _check_name(name)
     if in_channels < 1:
         raise ModelConfigError(f"backbone {name!r}: in_channels must be >= 1, got {in_channels}")
-    if name in ("cnn", "cnn-gn"):
-        norm = _batch_norm_2d if name == "cnn" else _group_norm(CNN_GROUPS)
-        module, feat = SmallCNN(in_channels, norm), CNN_WIDTHS[-1]
-    elif name in ("resnet18-gn", "resnet18-bn"):
-        norm = _batch_norm_2d if name == "resnet18-bn" else _group_norm(RESNET_GROUPS)
-        module, feat = ResNet18(in_channels, norm), RESNET18_WIDTHS[-1]
+    sliced = name in SLICE_BACKBONES
+    flat = SLICE_BACKBONES.get(name, name)  # a 2.5-D backbone's 2-D network
+    channels = in_channels * SLICE_CONTEXT if sliced else in_channels
+    if flat in ("cnn", "cnn-gn"):
+        norm = _batch_norm_2d if flat == "cnn" else _group_norm(CNN_GROUPS)
+        module, feat = (SliceCNN if sliced else SmallCNN)(channels, norm), CNN_WIDTHS[-1]
+    elif flat in ("resnet18-gn", "resnet18-bn"):
+        norm = _batch_norm_2d if flat == "resnet18-bn" else _group_norm(RESNET_GROUPS)
+        module, feat = (SliceResNet18 if sliced else ResNet18)(channels, norm), RESNET18_WIDTHS[-1]
     else:
         module, feat = _monai_resnet3d(in_channels, group_norm=name == "monai3d-gn")
+    if sliced:
+        feat *= SLICE_POOLS
     kaiming_init(module)
     if isinstance(module, ResNet18):
         module.zero_init_residual_norms()
@@ -176,6 +201,61 @@ class ResNet18(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.flatten(self.pool(self.stages(self.stem(x))), 1)
+
+
+def neighbour_slices(x: torch.Tensor) -> torch.Tensor:
+    """(N, C, D, H, W) volumes -> (N*D, 3C, H, W): slice k as channels [k-1, k, k+1] (C each).
+
+    The first and last slices stand in for their missing neighbour (edge slices repeated).
+    """
+    if x.dim() != 5:
+        raise ModelConfigError(
+            f"a slices backbone takes CT volumes, batches of 5 axes (N, C, D, H, W), but got "
+            f"shape {tuple(x.shape)}"
+        )
+    n, c, d, h, w = x.shape
+    padded = torch.cat([x[:, :, :1], x, x[:, :, -1:]], dim=2)
+    context = torch.cat([padded[:, :, i : i + d] for i in range(SLICE_CONTEXT)], dim=1)
+    slices = context.transpose(1, 2).reshape(n * d, SLICE_CONTEXT * c, h, w)
+    if slices.is_cuda:
+        # cuDNN's fast 2-D kernels want channels-last; the volume itself is (N, C, D, H, W).
+        slices = slices.contiguous(memory_format=torch.channels_last)
+    return slices
+
+
+def pool_slices(features: torch.Tensor, n: int) -> torch.Tensor:
+    """(N*D, F, ...) per-slice feature maps -> (N, 2F): the maximum over each volume's slices
+    and positions, then the mean.
+
+    A small lesion lights up a few positions of a few slices: averaging a slice's map first
+    would dilute it a hundredfold, so the maximum is taken over positions too (on the synthetic
+    CT federation, per-slice averages learned the lesion task about half as well per step).
+    """
+    f = features.shape[1]
+    per_volume = features.reshape(n, -1, f, *features.shape[2:]).transpose(1, 2).reshape(n, f, -1)
+    return torch.cat([per_volume.amax(dim=2), per_volume.mean(dim=2)], dim=1)
+
+
+def on_slices(net: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Run the 2-D feature-map network ``net`` on every slice of the volumes ``x`` (with its
+    neighbours); pool the maps."""
+    return pool_slices(net(neighbour_slices(x)), x.shape[0])
+
+
+class SliceCNN(SmallCNN):
+    """SmallCNN's convolutions on every slice of a CT volume and its two neighbours, max- and
+    mean-pooled over slices and positions."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return on_slices(self.features, x)
+
+
+class SliceResNet18(ResNet18):
+    """ResNet18's convolutions on every slice of a CT volume and its two neighbours, max- and
+    mean-pooled over slices and positions."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return on_slices(lambda t: self.stages(self.stem(t)), x)
 
 
 def _monai_resnet3d(in_channels: int, group_norm: bool) -> tuple[nn.Module, int]:

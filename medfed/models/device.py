@@ -5,12 +5,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from medfed.config import DEVICES
 from medfed.errors import ConfigError
+
+if TYPE_CHECKING:
+    from medfed.data.preprocess import NormalizedView
+
+T = TypeVar("T", torch.Tensor, "NormalizedView")
 
 
 @dataclass(frozen=True)
@@ -27,8 +32,12 @@ class DeviceSetup:
             return contextlib.nullcontext
         return lambda: torch.autocast("cuda", dtype=self.autocast_dtype)
 
-    def put(self, x: torch.Tensor) -> torch.Tensor:
-        """Move a data tensor to the device once (through pinned memory on CUDA)."""
+    def put(self, x: T) -> T:
+        """Move a data tensor to the device once (through pinned memory on CUDA).
+
+        A :class:`~medfed.data.preprocess.NormalizedView` moves its stored tensor, in its
+        storage dtype; it is then normalized on the device, batch by batch.
+        """
         if not self.is_cuda:
             return x
         return x.pin_memory().to(self.device, non_blocking=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from medfed.data.preprocess import NormalizedView
 from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel
 
@@ -13,17 +14,18 @@ BATCH = 256
 
 @torch.no_grad()
 def run_model(
-    model: FedModel, x: torch.Tensor, setup: DeviceSetup, heads: list | None
+    model: FedModel, x: torch.Tensor | NormalizedView, setup: DeviceSetup, heads: list | None
 ) -> tuple[np.ndarray, np.ndarray | None, torch.Tensor]:
     """Class probabilities, client logits and backbone features of ``model`` on ``x``.
 
-    With ``heads``, ``x`` holds len(heads) equal-sized blocks and block i uses head i.
+    With ``heads``, ``x`` holds len(heads) equal-sized blocks and block i uses head i. A
+    :class:`NormalizedView` is normalized batch by batch, on the device.
     """
     model.eval()
     probs, clients, feats = [], [], []
     block = x.shape[0] // len(heads) if heads else x.shape[0]
     for start in range(0, x.shape[0], BATCH):
-        xb = x[start : start + BATCH].to(setup.device)
+        xb = _batch(x, start, start + BATCH, setup.device)
         with setup.autocast()():
             f = model.features(xb)
             hidden = model.target_branch(f)
@@ -42,3 +44,11 @@ def run_model(
     p = torch.cat(probs).numpy().astype(np.float64)
     c = torch.cat(clients).numpy().astype(np.float64) if clients else None
     return p, c, torch.cat(feats)
+
+
+def _batch(x: torch.Tensor | NormalizedView, start: int, stop: int, device: torch.device):
+    """Rows ``start:stop`` of ``x`` on ``device``; a view's rows travel in their storage dtype
+    and are normalized there."""
+    if isinstance(x, NormalizedView):
+        return x.normalization.apply(x.stored[start:stop].to(device))
+    return x[start:stop].to(device)

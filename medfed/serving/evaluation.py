@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from medfed.data.preprocess import Normalization
+from medfed.data.preprocess import Normalization, NormalizedView
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.metrics import (
@@ -54,22 +54,24 @@ LATENCY_SCANS = 16  # per router, spread over the sites
 Z95 = 1.959964  # the standard normal's 97.5% quantile
 
 
-def views_of(sites: list[SiteData], origin: SiteData, split: Split) -> list[torch.Tensor]:
+def views_of(sites: list[SiteData], origin: SiteData, split: Split) -> list[NormalizedView]:
     """``origin``'s scans of ``split`` as each site sees them (under its normalization)."""
     return [origin.as_seen_by(mine, split) for mine in sites]
 
 
-def pooled_views(sites: list[SiteData], split: Split) -> list[torch.Tensor]:
-    """Every site's scans of ``split`` pooled, as each site sees them."""
-    return [torch.cat([origin.as_seen_by(mine, split) for origin in sites]) for mine in sites]
+def pooled_views(sites: list[SiteData], split: Split) -> list[NormalizedView]:
+    """Every site's scans of ``split`` pooled (once, as stored), as each site sees them."""
+    pooled = torch.cat([origin.raw[split] for origin in sites])
+    return [mine.normalization.view(pooled) for mine in sites]
 
 
-def _latency_ms(router: Router, fed: TrainedFederation, views: list[torch.Tensor], n: int):
+def _latency_ms(router: Router, fed: TrainedFederation, views: list[NormalizedView], n: int):
     """Milliseconds to route each of the first ``n`` scans on its own (batch of one)."""
     times = []
     for k in range(min(n, views[0].shape[0])):
+        one = [v[k : k + 1] for v in views]
         start = time.perf_counter()
-        router.route(fed, [v[k : k + 1] for v in views])
+        router.route(fed, one)
         times.append((time.perf_counter() - start) * 1000)
     return times
 
@@ -162,8 +164,8 @@ def site_evaluation(
     """
     y = site.y[split].numpy()
     raw = site.raw[split]
-    views = {
-        "origin_unknown": [norm.apply(raw) for norm in normalizations],
+    views = {  # normalized batch by batch as the models read them
+        "origin_unknown": [norm.view(raw) for norm in normalizations],
         "origin_known": [site.x[split]] * len(normalizations),
     }
     outputs: dict[str, SiteOutputs] = {p: fed.outputs(v) for p, v in views.items()}
