@@ -205,7 +205,7 @@ def synth(
     modality: Annotated[str, typer.Option(help="fundus, ct or all.")] = "all",
     n_per_site: Annotated[
         int | None,
-        typer.Option(help="Scans (fundus) or patients (CT) per site (default: 240 and 48)."),
+        typer.Option(help="Scans (fundus) or patients (CT) per site (default: 240 and 200)."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same files.")] = 0,
 ) -> None:
@@ -426,7 +426,10 @@ def train(
     ] = None,
     lr: Annotated[
         float | None,
-        typer.Option(help=f"Initial learning rate, cosine decay {_default('lr')}."),
+        typer.Option(
+            help="Initial learning rate, cosine decay (default: the modality's, 0.002 for "
+            "fundus, 0.0003 for CT)."
+        ),
     ] = None,
     client_fraction: Annotated[
         float | None,
@@ -571,8 +574,12 @@ def train(
     import math
     import time
 
+    from medfed.data.modality import modality_spec
     from medfed.data.sitedata import no_validation_warning
     from medfed.runs import RunDir
+
+    if "lr" not in given and "lr" not in (stored.train if stored else {}):
+        config = dataclasses.replace(config, lr=modality_spec(loaded[0].manifest.modality).lr)
 
     for site in loaded:
         words = no_validation_warning(site, config.operating_point)
@@ -627,16 +634,101 @@ def report(
 ) -> None:
     """Write one self-contained HTML report for the study's clinicians: sites and data, AUCs
     with CIs, operating points, calibration, cross-site matrix, routing, traffic. It loads
-    nothing from a network and opens from a USB stick."""
+    nothing from a network and opens from a USB stick. Runs whose routed scans clinicians have
+    read ('medfed review') get a prospective review section."""
     from medfed.runs.study import write_study_report
+    from medfed.serving.review import prospective_rows
 
     if not out.is_dir():  # (a folder is refused by the report, with its own words)
         check_out_folder(out.parent, f"--out {out}: its folder")
-    written = write_study_report(runs, out, title=title)  # each run's model/ checked too
+    prospective = {run: rows for run in runs if (rows := prospective_rows(run))}
+    # each run's model/ checked too
+    written = write_study_report(runs, out, title=title, prospective=prospective)
     typer.echo(
         f"wrote {written.path}: {len(written.methods)} method(s) "
         f"({', '.join(written.methods)}) on {len(written.sites)} site(s)"
     )
+
+
+@app.command()
+@friendly
+def review(
+    run: Annotated[Path, typer.Argument(help="A run directory scans were routed with.")],
+    export: Annotated[
+        Path | None,
+        typer.Option(
+            "--export",
+            help="Write the reads to this CSV (scan_id, routed_time, file, sha256, status, "
+            "chosen_site, prediction, prediction_prob, reader, read, note, time): every read, "
+            "then a blank row per scan nobody has read, to fill in reader, read (a class of the "
+            "run or 'ungradable'), note and time.",
+        ),
+    ] = None,
+    import_: Annotated[
+        Path | None,
+        typer.Option(
+            "--import",
+            help="Add the reads of this CSV (columns scan_id, reader, read; optional note, time "
+            "in ISO 8601, UTC when no offset). Every row is checked first: one bad row refuses "
+            "the whole file. Blank rows and reads already recorded are skipped.",
+        ),
+    ] = None,
+    figures: Annotated[
+        Path | None, typer.Option("--figures", help="Also write the figures to this CSV.")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Window start, inclusive (ISO 8601, e.g. 2026-11-01; UTC by default)."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Window end, exclusive (ISO 8601; default: now).")
+    ] = None,
+    by: Annotated[
+        str,
+        typer.Option(
+            help="Window on the reads' time ('read') or on the scans' routing time ('routed')."
+        ),
+    ] = "read",
+) -> None:
+    """Clinician review of routed scans: print the prospective figures (per site and for the
+    system, each with its 95% CI and n) and the scans whose readers disagree; exchange reads
+    with sites that read outside the dashboard (--export, --import)."""
+    from medfed.runs import RunDir
+    from medfed.runs.report import PROSPECTIVE_LEGEND, prospective_table
+    from medfed.serving.review import Review, Window, write_figures_csv
+
+    if export is not None and import_ is not None:
+        raise ConfigError("give --export or --import, not both: export after the import instead")
+    RunDir(run).require()
+    window = Window(since, until, by)  # type: ignore[arg-type]  (checked by Window)
+    work = Review(run)
+    labels = work.labels
+    if export is not None:
+        check_out_folder(export.parent, f"--export {export}: its folder")
+        written = work.export_reads(export)
+        typer.echo(f"wrote {export}: {written} row(s); fill in reader and read, then --import it")
+        return
+    if import_ is not None:
+        done = work.import_reads(import_)
+        typer.echo(f"imported {done.added} read(s) from {import_}; {done.skipped} row(s) skipped")
+    result = work.figures(window)
+    typer.echo(
+        f"prospective review of {run} ({window.describe()}): {result.n_reads} read(s) of "
+        f"{result.n_scans} scan(s); classes {', '.join(labels.classes)}"
+        + (f", positive {labels.positive}" if labels.positive else "")
+    )
+    if not work.log.path.is_file():
+        typer.echo(f"no scan has been routed with {run} yet; route scans with 'medfed route'")
+    else:
+        typer.echo(prospective_table(result.rows()))
+        typer.echo(PROSPECTIVE_LEGEND)
+    for d in work.disagreements(window):
+        reads = ", ".join(f"{who}: {what}" for who, what in d.reads.items())
+        typer.echo(f"readers disagree on scan {d.scan_id} ({d.file}): {reads}")
+    if figures is not None:
+        check_out_folder(figures.parent, f"--figures {figures}: its folder")
+        write_figures_csv(result, figures)
+        typer.echo(f"wrote {figures}")
 
 
 @app.command(cls=_with_registries("routers"))
@@ -714,16 +806,23 @@ def demo(
     ] = Path("demo_out"),
     quick: Annotated[bool, typer.Option(help="A smaller budget (under 3 minutes).")] = False,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    modality: Annotated[
+        str,
+        typer.Option(
+            help="fundus (three sites), ct (two CT sites) or all (each into OUT/fundus, OUT/ct)."
+        ),
+    ] = "fundus",
     update_readme: Annotated[
         Path | None, typer.Option(help="Write the table into this README's demo section.")
     ] = None,
 ) -> None:
-    """Synthesize three fundus sites, train FedDRM and baselines, print the comparison."""
-    _check_readme(update_readme, "demo-table")
-    check_out_folder(out)
-    from medfed.experiments.demo import run_demo
+    """Synthesize a federation, train FedDRM and baselines, print the comparison."""
+    from medfed.experiments.demo import DEMO_MARKERS, demo_modalities, run_demos
 
-    run_demo(out, quick=quick, seed=seed, echo=typer.echo, readme=update_readme)
+    for chosen in demo_modalities(modality):
+        _check_readme(update_readme, DEMO_MARKERS[chosen])
+    check_out_folder(out)
+    run_demos(out, modality, quick=quick, seed=seed, echo=typer.echo, readme=update_readme)
 
 
 @app.command()
@@ -827,6 +926,13 @@ def bench(
     speed_rounds: Annotated[
         int | None, typer.Option(hidden=True, help="Rounds of the engine-overhead runs.")
     ] = None,
+    backbone_rounds: Annotated[
+        int | None, typer.Option(hidden=True, help="Timed rounds per CT backbone (default 3).")
+    ] = None,
+    memory_patients: Annotated[
+        int | None,
+        typer.Option(help="Patients of the CT site whose loading memory is measured (500)."),
+    ] = None,
 ) -> None:
     """Every method on the synthetic fundus and CT federations over several seeds, with speed
     figures; writes OUT/results.json, OUT/results.md and PNG plots."""
@@ -842,6 +948,8 @@ def bench(
         ct_budget=ct_budget,
         image_size=image_size,
         speed_rounds=speed_rounds,
+        backbone_rounds=backbone_rounds,
+        memory_patients=memory_patients,
     )
     echo = functools.partial(typer.echo, err=as_json)
     results = run_bench(out, plan, echo=echo, readme=update_readme)
@@ -857,12 +965,21 @@ def dashboard(
         typer.Argument(help="Run directories, or folders holding them (default: demo_out)."),
     ] = None,
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1.", min=1, max=65535)] = 8501,
+    reviewer_header: Annotated[
+        str | None,
+        typer.Option(
+            "--reviewer-header",
+            help="Request header the Review page takes the reader's name from, as set by a "
+            "sign-in proxy in front of the dashboard ('' : none, the page asks for the name). "
+            "Default: $MEDFED_REVIEWER_HEADER, else X-Forwarded-User.",
+        ),
+    ] = None,
 ) -> None:
     """Open the clinician dashboard (Streamlit, on 127.0.0.1 only) over run directories."""
     require_extra("streamlit", "dashboard", "medfed dashboard")
     from medfed.dashboard.launch import launch
 
-    launch(runs or [Path("demo_out")], port, echo=typer.echo)
+    launch(runs or [Path("demo_out")], port, echo=typer.echo, reviewer=reviewer_header)
 
 
 deploy_app = typer.Typer(

@@ -317,6 +317,12 @@ def _same_manifest_twice(tmp: Path, s: Shared) -> list:
 
 
 TRAIN_CASES = [
+    Case(
+        "backbone made for CT volumes on fundus sites",
+        _train("--algorithm", "fedavg", "--backbone", "slices-cnn-gn"),
+        2,
+        ("--backbone", "slices-cnn-gn", "fundus", "cnn-gn"),
+    ),
     Case("rounds is zero", _train("--algorithm", "fedavg", "--rounds", "0"), 2, ("--rounds",)),
     Case(
         "local steps is zero",
@@ -606,6 +612,12 @@ def _readme_without_markers(command: str):
     return make
 
 
+def _fundus_demo_readme_only(tmp: Path, s: Shared) -> list:
+    readme = tmp / "README.md"
+    readme.write_text("<!-- demo-table:start -->\n<!-- demo-table:end -->\n", encoding="utf-8")
+    return ["demo", "--out", tmp / "d", "--modality", "ct", "--update-readme", readme]
+
+
 OTHER_CASES = [
     Case("synth into an existing file", _existing_file, 2, ("taken.txt", "is a file")),
     Case(
@@ -688,6 +700,18 @@ OTHER_CASES = [
         ("--update-readme", "README.md", "compare-table:start"),
     ),
     Case(
+        "demo of an unknown modality",
+        lambda tmp, s: ["demo", "--out", tmp / "d", "--modality", "xray"],
+        2,
+        ("--modality", "xray", "fundus, ct, all"),
+    ),
+    Case(
+        "CT demo into a README without the CT demo section",
+        _fundus_demo_readme_only,
+        2,
+        ("--update-readme", "demo-ct-table:start"),
+    ),
+    Case(
         "demo into a README that does not exist",
         lambda tmp, s: ["demo", "--out", tmp / "d", "--update-readme", tmp / "NOPE.md"],
         2,
@@ -704,6 +728,12 @@ OTHER_CASES = [
         lambda tmp, s: ["bench", "--seeds", "0", "--out", tmp / "b"],
         2,
         ("--seeds",),
+    ),
+    Case(
+        "bench measuring the memory of a CT site too small to split",
+        lambda tmp, s: ["bench", "--memory-patients", "3", "--out", tmp / "b"],
+        2,
+        ("--memory-patients", "at least 4"),
     ),
     Case(
         "bench of an unknown modality",

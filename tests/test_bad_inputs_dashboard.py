@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +22,10 @@ from streamlit import config as streamlit_config
 from streamlit.testing.v1 import AppTest
 
 from medfed.dashboard import APP, RUNS_ENV
+from medfed.serving.audit import AUDIT_SCHEMA_VERSION
 from tests.dashboard_runs import DashboardRuns, dashboard_runs  # noqa: F401 - session fixture
 
-PAGES = ("federation", "training", "sites", "routing", "communication")
+PAGES = ("federation", "training", "sites", "routing", "review", "communication")
 EVERY_PAGE = PAGES
 TIMEOUT = 120
 DAMAGED, GOOD = "fedavg", "feddrm"
@@ -39,6 +41,7 @@ class Damage:
     damage: Callable[[Path], None]  # (the file's path) -> None
     words: tuple[str, ...]  # each must be in the warning (besides the run's name)
     pages: tuple[str, ...] = EVERY_PAGE  # the pages that must warn
+    absent: tuple[str, ...] = ()  # words the warning must not hold
 
     def __str__(self) -> str:
         return self.name
@@ -94,6 +97,13 @@ def remove(path: Path) -> None:
 
 def sqlite_garbage(path: Path) -> None:
     path.write_bytes(b"this is not an SQLite database " * 100)
+
+
+def from_newer_medfed(path: Path) -> None:
+    """An audit log as a later medfed writes it: its schema version one ahead."""
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version = {AUDIT_SCHEMA_VERSION + 1}")
+    db.close()
 
 
 def first_card(run: Path) -> Path:
@@ -202,6 +212,13 @@ CASES = [
         "audit.sqlite",
         sqlite_garbage,
         ("audit.sqlite",),
+    ),
+    Damage(
+        "audit.sqlite was written by a newer medfed",
+        "audit.sqlite",
+        from_newer_medfed,
+        ("audit.sqlite", "newer medfed", "upgrade medfed"),
+        absent=("the file is damaged", "retrain"),
     ),
     Damage(
         "the model folder is a file",
@@ -313,9 +330,9 @@ def test_a_damaged_run_is_named_and_left_out_on_every_page(
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
     for page in PAGES:
         at.switch_page(f"views/{page}.py").run()
-        if page in case.pages and page == "routing":
+        if page in case.pages and page in ("routing", "review"):
             # the run is picked on this page: pick the damaged one
-            box = next((s for s in at.selectbox if s.key == "routing_run"), None)
+            box = next((s for s in at.selectbox if s.key == f"{page}_run"), None)
             if box is not None and DAMAGED in box.options:
                 box.set_value(DAMAGED).run()
         assert not at.exception, (page, [e.value for e in at.exception])
@@ -324,6 +341,8 @@ def test_a_damaged_run_is_named_and_left_out_on_every_page(
             assert DAMAGED in warning, (page, warning)
             for word in case.words:
                 assert word.lower() in warning.lower(), (page, word, warning)
+            for word in case.absent:
+                assert word.lower() not in warning.lower(), (page, word, warning)
         assert GOOD in everything(at), (page, "the good run is no longer shown")
 
 

@@ -647,7 +647,7 @@ def test_communication_page_shows_bytes_per_round_per_site_and_method(monkeypatc
     assert f"({bar_unit})" in title_of(bars)
 
 
-PAGES = ["federation", "training", "sites", "routing", "communication"]
+PAGES = ["federation", "training", "sites", "routing", "review", "communication"]
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -756,6 +756,43 @@ def test_dashboard_command_serves_on_loopback_and_names_a_missing_folder(tmp_pat
     assert f"{tmp_path / 'nowhere'}: no such run directory or folder" in result.output
     result = CliRunner().invoke(app, ["dashboard", str(tmp_path), "--port", "0"])
     assert result.exit_code == 2 and "--port" in result.output and "0" in result.output
+
+
+def launched_env(monkeypatch, args: list[str]) -> tuple[int, str, dict[str, str] | None]:
+    """Run 'medfed dashboard ARGS' in-process with Streamlit's start caught: (exit code,
+    output, the environment Streamlit would have been started with)."""
+    import medfed.dashboard.launch as launch_module
+
+    started: dict[str, dict[str, str]] = {}
+
+    def execve(path, argv, env) -> None:  # the launcher's last step, caught
+        started["env"] = dict(env)
+
+    monkeypatch.setattr(launch_module.os, "execve", execve)
+    result = CliRunner().invoke(app, ["dashboard", *args])
+    return result.exit_code, result.output, started.get("env")
+
+
+def test_dashboard_reviewer_header_reaches_the_review_page_through_the_environment(
+    monkeypatch, tmp_path
+) -> None:
+    from medfed.dashboard.rundata import REVIEWER_HEADER_ENV, reviewer_header
+
+    monkeypatch.setenv(REVIEWER_HEADER_ENV, "X-Set-Before")
+    code, _, env = launched_env(monkeypatch, [str(tmp_path), "--reviewer-header", "X-Remote-User"])
+    assert code == 0 and env is not None
+    assert env[REVIEWER_HEADER_ENV] == "X-Remote-User" and env[RUNS_ENV] == str(tmp_path)
+    assert reviewer_header(env) == "X-Remote-User"  # as the page reads it
+    code, _, env = launched_env(monkeypatch, [str(tmp_path), "--reviewer-header", ""])
+    assert code == 0 and reviewer_header(env) is None  # the page asks for the name
+    code, _, env = launched_env(monkeypatch, [str(tmp_path)])
+    assert code == 0 and env[REVIEWER_HEADER_ENV] == "X-Set-Before"  # left as it was
+
+
+def test_dashboard_refuses_a_reviewer_header_that_is_no_header_name(monkeypatch, tmp_path):
+    code, output, env = launched_env(monkeypatch, [str(tmp_path), "--reviewer-header", "X User:"])
+    assert code == 2 and env is None  # nothing started
+    assert "--reviewer-header 'X User:': not an HTTP header name" in " ".join(output.split())
 
 
 # ---------------------------------------------------------------------------------- polish

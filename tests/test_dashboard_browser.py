@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +18,11 @@ from pathlib import Path
 import pytest
 
 from medfed.dashboard.charts import CROSS_SITE_TITLE
+from medfed.dashboard.rundata import REVIEWER_HEADER_ENV
 from medfed.serving.audit import AuditLog
+from medfed.serving.bundle import TrainedFederation
+from medfed.serving.routers import make_router
+from medfed.serving.service import route_one
 from tests.dashboard_runs import DashboardRuns, build
 
 # A Streamlit server and Chromium: make test-fast leaves them out.
@@ -156,3 +161,64 @@ def test_browser_shows_per_site_auc_and_routes_an_uploaded_scan(runs, tmp_path) 
     assert (entries[0].chosen_site or "abstain") in shown  # the page showed what was logged
     for shot in ("federation.png", "routing.png"):
         assert (tmp_path / shot).stat().st_size > 10_000
+
+
+def test_browser_records_a_read_and_it_lands_in_the_audit_log(runs, tmp_path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    run = tmp_path / "runs" / "feddrm"  # a copy: the test above reads the shared runs' logs
+    shutil.copytree(runs.feddrm, run, ignore=shutil.ignore_patterns("checkpoints", "audit.*"))
+    fed = TrainedFederation.load(run, "cpu")
+    photo = runs.fundus_photo()
+    AuditLog(run).append([route_one(fed, make_router("auto", fed), photo)])  # as medfed route
+    read = fed.class_names()[1]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "dashboard.log"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop(REVIEWER_HEADER_ENV, None)  # no sign-in proxy sends it here: the name is typed
+    command = [sys.executable, "-m", "medfed.cli", "dashboard", str(run), "--port", str(port)]
+    with open(log, "w") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_until_serving(url, server, log)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM))
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 2200})
+                page.set_default_timeout(60_000)
+                expect.set_options(timeout=60_000)
+                page.goto(url)
+                page.get_by_role("link", name="Review").click()
+
+                expect(page.get_by_role("heading", name="Review", exact=True)).to_be_visible()
+                name = page.get_by_role("textbox", name="Your name (recorded with every read)")
+                name.fill("dr.browser")
+                name.press("Enter")
+                expect(page.get_by_text("Give your name above")).to_have_count(0)  # rerun done
+                expect(page.get_by_text(f"Scan 1: {photo}")).to_be_visible()
+                thumbnail = page.locator('[data-testid="stImage"] img').first
+                expect(thumbnail).to_be_visible()  # the scan as routed, from its file here
+                page.wait_for_function(
+                    "img => img.complete && img.naturalWidth > 0", arg=thumbnail.element_handle()
+                )
+                form = page.locator('[data-testid="stForm"]').first
+                form.locator('[data-testid="stRadio"]').get_by_text(read, exact=True).click()
+                form.get_by_role("textbox", name="Note (optional)").fill("read in the browser")
+                form.get_by_role("button", name="Record read").click()
+
+                expect(
+                    page.get_by_text(f"Recorded: scan 1 read as {read} by dr.browser")
+                ).to_be_visible()
+                expect(page.get_by_text("No scan left to read")).to_be_visible()
+                page.screenshot(path=str(tmp_path / "review.png"), full_page=True)
+            finally:
+                browser.close()
+    finally:
+        stop(server)
+
+    reads = AuditLog(run).reads()
+    assert [(r.routed_id, r.reader, r.read, r.note, r.source) for r in reads] == [
+        (1, "dr.browser", read, "read in the browser", "dashboard")
+    ]
+    assert (tmp_path / "review.png").stat().st_size > 10_000

@@ -32,6 +32,7 @@ from medfed.runs.report import (
     site_table,
 )
 from medfed.runs.schema import Summary
+from medfed.serving.audit import AuditLog
 from tests.badinput import Shared
 from tests.oldruns import before_intervals
 from tests.test_schema import make_summary, router, site_figures, summary_dict
@@ -246,3 +247,89 @@ def test_medfed_evaluate_prints_the_tables_and_json_prints_every_field(
     data = json.loads(as_json.output)
     assert data["sites"]["b"]["unreliable"] == "fewer than 10 positives (4)"
     assert data["routers_origin_known"]["majority_vote"]["rates"]["system_accuracy"]["k"] == 120
+
+
+# ---------------------------------------------------------------------------- prospective review
+def _reviewed_run(tmp_path: Path) -> Path:
+    """A finished run (config and summary) whose audit log holds four routed scans, three read
+    (two of them by two readers) and one abstained."""
+    from medfed.serving.review import Review
+    from tests.test_review import at, entry, make_run
+
+    run = make_run(
+        tmp_path / "run",
+        [
+            entry(at(1), prediction="glaucoma"),
+            entry(at(1), site="refuge", prediction="normal"),
+            entry(at(1), prediction="glaucoma"),
+            entry(at(1), status="abstained", prediction="normal"),
+        ],
+    )
+    RunDir(run).write_summary(summary_dict())
+    review = Review(run)
+    review.record(1, "Dr Ames", "glaucoma", time=at(2))
+    review.record(1, "Dr Baker", "glaucoma", time=at(2))
+    review.record(2, "Dr Ames", "glaucoma", time=at(2))
+    review.record(2, "Dr Baker", "normal", time=at(2))
+    review.record(3, "Dr Ames", "ungradable", time=at(2))
+    return run
+
+
+def test_prospective_table_shows_each_scope_with_its_ci_counts_and_notes(tmp_path) -> None:
+    from medfed.runs.report import prospective_table
+    from medfed.serving.review import Review
+
+    figures = Review(_reviewed_run(tmp_path)).figures()
+    text = prospective_table(figures.rows())
+    lines = text.splitlines()
+    assert [c.strip() for c in lines[0].split("|")[1:-1]] == [
+        "scope", "sensitivity", "specificity", "agreement with reader", "kappa between readers",
+        "ungradable rate", "abstain rate",
+    ]  # fmt: skip
+    system = next(line for line in lines if line.startswith("| system"))
+    sens = figures.scope("system").operating.sensitivity
+    assert f"{sens.text()} {UNRELIABLE_MARK}" in system  # 2 positives: flagged
+    assert wilson(1, 4).text() in system  # abstain rate: 1 of the 4 routed scans
+    assert "0.333 (0.061\u20130.792) 1/3" in system  # ungradable: scan 3 of the 3 read
+    assert f"{UNRELIABLE_MARK} unreliable at system (sensitivity): fewer than 10" in text
+    assert "specificity: no scans (acrima, refuge, system)" in text  # every read says glaucoma
+    assert "abstain rate: abstentions have no site; see the system row (acrima, refuge)" in text
+
+
+def test_the_study_report_shows_the_prospective_review_only_with_reads(tmp_path) -> None:
+    from medfed.runs.study import load_study, render_study
+    from medfed.serving.review import prospective_rows
+
+    run = _reviewed_run(tmp_path)
+    rows = prospective_rows(run)
+    text = render_study(load_study([run]), prospective={run: rows})
+    section = text.split('<section id="review">')[1].split("</section>")[0]
+    assert "<h2>Prospective review</h2>" in section and 'href="#review"' in text
+    assert '<th scope="row">system</th>' in section and "kappa between readers" in section
+    plain = render_study(load_study([run]))
+    assert 'id="review"' not in plain and "Prospective review" not in plain
+    assert prospective_rows(tmp_path / "elsewhere") == []  # no audit log: no section
+
+
+def test_medfed_report_adds_the_prospective_review_of_a_run_with_reads(
+    tmp_path: Path, shared: Shared
+) -> None:
+    from medfed.serving.review import Review
+    from tests.test_review import at, entry
+
+    run = shared.copy_run(tmp_path)
+    (run / "audit.sqlite").unlink(missing_ok=True)
+    runner = CliRunner()
+    plain = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "plain.html")])
+    assert plain.exit_code == 0, plain.output
+    assert 'id="review"' not in (tmp_path / "plain.html").read_text(encoding="utf-8")
+    classes = Review(run).labels.classes
+    AuditLog(run).append([entry(at(1), prediction=classes[1]), entry(at(1), prediction=classes[0])])
+    Review(run).record(1, "Dr Ames", classes[1], time=at(2))
+    Review(run).record(2, "Dr Ames", classes[1], time=at(2))
+    made = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "report.html")])
+    assert made.exit_code == 0, made.output
+    text = (tmp_path / "report.html").read_text(encoding="utf-8")
+    section = text.split('<section id="review">')[1].split("</section>")[0]
+    assert "<h2>Prospective review</h2>" in section
+    assert "0.500 (0.095\u20130.905) 1/2" in section  # sensitivity: one of two positives called

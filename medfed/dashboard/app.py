@@ -23,6 +23,7 @@ page = st.navigation(
         st.Page(VIEWS / "training.py", title="Training"),
         st.Page(VIEWS / "sites.py", title="Sites"),
         st.Page(VIEWS / "routing.py", title="Routing"),
+        st.Page(VIEWS / "review.py", title="Review"),
         st.Page(VIEWS / "communication.py", title="Communication"),
     ]
 )

@@ -20,9 +20,8 @@ from medfed.data.overview import OVERVIEW_FILE, overview_dir, read_site_overview
 from medfed.errors import MedfedError, RunDirError
 from medfed.runs import RunDir
 from medfed.runs.schema import RoundRecord, Summary
-from medfed.serving.audit import AuditEntry, AuditLog
+from medfed.serving.audit import AUDIT_FILE, AuditEntry, AuditError, AuditLog
 
-AUDIT_FILE = "audit.sqlite"
 AUDIT_LIMIT = 5000  # the newest decisions the Routing page lists (and this module checks)
 
 
@@ -139,7 +138,12 @@ def card_path(folder: Path, info: Mapping[str, Any]) -> Path | None:
 
 def read_audit(path: Path, limit: int = AUDIT_LIMIT) -> list[AuditEntry]:
     where = path / AUDIT_FILE
-    entries = _guard(where, lambda: AuditLog(path).read(limit=limit))
+    try:
+        entries = AuditLog(path).read(limit=limit)
+    except AuditError as exc:  # its own words, naming the log: a newer medfed's log is not damaged
+        raise RunDirError(str(exc)) from exc
+    except Exception as exc:  # noqa: BLE001 - the loading boundary: damaged files end here
+        raise damaged(where, exc) from exc
     for entry in entries:
         if not isinstance(entry.site_probs, dict) or not all(
             _is_number(p) for p in entry.site_probs.values()

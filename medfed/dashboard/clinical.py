@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from medfed.metrics import Interval, Proportion
+from medfed.metrics import Interval, Proportion, unreliable
 from medfed.runs.report import fmt
 from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
 
@@ -383,3 +383,59 @@ def roc_overlay_frame(summaries: Summaries, site: str) -> tuple[pd.DataFrame, di
 def sites_of(summaries: Summaries) -> list[str]:
     """Every site of the runs, in the order the runs list them."""
     return _sites(summaries)
+
+
+# ---------------------------------------------------------------------------- prospective review
+REVIEW_FIGURES = {
+    "sensitivity": "sensitivity",
+    "specificity": "specificity",
+    "agreement": "agreement with the reader",
+    "kappa": "Cohen's kappa (two readers)",
+    "ungradable_rate": "ungradable rate",
+    "abstain_rate": "abstain rate",
+}
+"""The Review page's figures (keys as :data:`medfed.serving.review.FIGURE_NAMES`) as headed."""
+SCANS_READ = "scans read"
+_NOT_SHOWN = {
+    "sensitivity": "two-class runs only",
+    "specificity": "two-class runs only",
+    "abstain_rate": "system only: an abstained scan has no site",
+}
+
+
+def kappa_text(kappa: Any) -> str:
+    """``0.600 (0.200–1.000) n=12``; ``1.000 (CI n/a: why) n=3`` without a standard error;
+    ``n/a (why; n=3)`` when kappa is undefined."""
+    if kappa.interval is not None:
+        return f"{with_ci(kappa.interval)} n={kappa.n}"
+    why = kappa.reason or "undefined"
+    if kappa.value is None:
+        return f"{NA} ({why}; n={kappa.n})"
+    return f"{kappa.value:.3f} ({NO_CI}: {why}) n={kappa.n}"
+
+
+def prospective_table(figures: Any) -> pd.DataFrame:
+    """The prospective figures of a review (``medfed.serving.review.Prospective``): one row per
+    site and one for the system, each figure with its 95% CI and counts, and the reliability
+    marker of sensitivity and specificity (fewer than 10 positive or negative reads)."""
+    columns = [SCANS_READ, *REVIEW_FIGURES.values(), RELIABILITY]
+    rows, index = [], []
+    for scope in figures.scopes:
+        rates = scope.rates()
+        row = {SCANS_READ: str(scope.ungradable.n)}
+        for name, label in REVIEW_FIGURES.items():
+            rate = rates.get(name)
+            if name == "kappa":
+                row[label] = kappa_text(rate)
+            elif rate is None:
+                row[label] = f"{NA} ({_NOT_SHOWN.get(name, 'not measured')})"
+            else:
+                row[label] = rate_text(rate)
+        op = scope.operating
+        counted = op is not None and op.tp + op.fn + op.tn + op.fp > 0
+        row[RELIABILITY] = (
+            unreliable_marker(unreliable(op.tp + op.fn, op.tn + op.fp)) if counted else ""
+        )
+        rows.append(row)
+        index.append(scope.scope)
+    return pd.DataFrame(rows, columns=columns, index=pd.Index(index, name="scope"))

@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from medfed.dashboard import APP, MAX_UPLOAD_MB, RUNS_ENV
-from medfed.dashboard.rundata import find_runs
+from medfed.dashboard.rundata import (
+    DEFAULT_REVIEWER_HEADER,
+    REVIEWER_HEADER_ENV,
+    find_runs,
+    reviewer_header,
+)
 from medfed.errors import ConfigError
 
 ADDRESS = "127.0.0.1"  # loopback only: the pages show patient-level results
@@ -49,10 +54,27 @@ def check_roots(roots: Sequence[Path]) -> list[Path]:
     return [root.resolve() for root in roots]
 
 
-def launch(roots: Sequence[Path], port: int, echo: Callable[[str], Any] = print) -> None:
-    """Replace this process with the Streamlit server over ``roots`` (returns only on error)."""
+def launch(
+    roots: Sequence[Path],
+    port: int,
+    echo: Callable[[str], Any] = print,
+    reviewer: str | None = None,
+) -> None:
+    """Replace this process with the Streamlit server over ``roots`` (returns only on error).
+
+    ``reviewer``: the request header the Review page takes the reader's name from (empty: none,
+    the page asks); None keeps MEDFED_REVIEWER_HEADER as the environment has it."""
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port {port}: choose a port between 1 and 65535")
+    if reviewer is not None:
+        try:
+            reviewer_header({REVIEWER_HEADER_ENV: reviewer})
+        except ConfigError as exc:
+            raise ConfigError(
+                f"--reviewer-header {reviewer!r}: not an HTTP header name; give the header your "
+                f"sign-in proxy sends (such as {DEFAULT_REVIEWER_HEADER}), or '' to type the "
+                "reader's name on the page"
+            ) from exc
     folders = check_roots(roots)
     runs = find_runs(folders)
     if runs:
@@ -66,6 +88,8 @@ def launch(roots: Sequence[Path], port: int, echo: Callable[[str], Any] = print)
     echo(f"dashboard: http://{ADDRESS}:{port}  (Ctrl+C to stop)")
     env = dict(os.environ)
     env[RUNS_ENV] = os.pathsep.join(map(str, folders))
+    if reviewer is not None:
+        env[REVIEWER_HEADER_ENV] = reviewer.strip()
     env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
     sys.stdout.flush()
     os.execve(sys.executable, streamlit_command(port), env)

@@ -5,7 +5,9 @@ directories (several methods trained on the same sites).
 
 It shows the sites and their data, each site's AUC with its 95% CI (a table, and a forest plot
 per method), the operating points, calibration (reliability diagrams), the cross-site matrix,
-routing under both protocols, and what each method sent over the network. The plots are inline
+routing under both protocols, what each method sent over the network, and the prospective review
+of a run whose routed scans clinicians have read (figures the caller passes in; this module does
+not read the audit log, which belongs to serving). The plots are inline
 SVG drawn here; the file loads nothing (no script, stylesheet, font or image from elsewhere, and
 its content security policy forbids it), so it opens from a USB stick. Every string read from a
 run's files is escaped.
@@ -33,12 +35,15 @@ from medfed.metrics import Pooled, Proportion
 from medfed.runs.report import (
     ORIGIN_KNOWN,
     ORIGIN_UNKNOWN,
+    PROSPECTIVE_LEGEND,
     PROTOCOLS,
     UNRELIABLE_MARK,
     auc_text,
     ci_text,
     class_counts,
     fmt,
+    prospective_grid,
+    prospective_notes,
     rate_text,
     system_by_site_rows,
 )
@@ -953,7 +958,13 @@ INTRO = {
         "What each method exchanged between the sites and the coordinator: model updates only, "
         "never scans. Per round, sent plus received, averaged over the rounds."
     ),
+    "review": (
+        "New patients' scans routed after training and read by the sites' clinicians (each "
+        f"run's audit log, every read so far). {PROSPECTIVE_LEGEND}"
+    ),
 }
+REVIEW_SECTION = ("review", "Prospective review")
+"""Shown after the others, only for runs whose scans clinicians have read."""
 
 
 def default_title(runs: Sequence[StudyRun]) -> str:
@@ -962,8 +973,32 @@ def default_title(runs: Sequence[StudyRun]) -> str:
     return f"Study report: {run_modality(runs)}, {len(sites)} sites, methods {methods}"
 
 
-def render_study(runs: Sequence[StudyRun], title: str | None = None) -> str:
-    """The report's HTML text (one document, nothing loaded from elsewhere)."""
+def _review_section(
+    runs: Sequence[StudyRun], prospective: Mapping[Path, Sequence[Mapping[str, Any]]]
+) -> list[Html]:
+    """Each run's prospective figures (rows of ``medfed.serving.review``), when it has reads."""
+    figures = {Path(path).resolve(): rows for path, rows in prospective.items()}
+    parts: list[Html] = []
+    for run in runs:
+        rows = figures.get(run.path.resolve())
+        if rows:
+            header, grid = prospective_grid(rows)
+            notes = [tag("li", note) for note in prospective_notes(rows)]
+            parts += [tag("h3", run.label), table(header, grid)]
+            parts += [tag("ul", join(notes), class_="notes")] if notes else []
+    return parts
+
+
+def render_study(
+    runs: Sequence[StudyRun],
+    title: str | None = None,
+    prospective: Mapping[Path, Sequence[Mapping[str, Any]]] | None = None,
+) -> str:
+    """The report's HTML text (one document, nothing loaded from elsewhere).
+
+    ``prospective``: each run's prospective review figures by run path (the rows of
+    ``medfed.serving.review.Prospective.rows``); a "Prospective review" section shows them.
+    """
     if not runs:
         raise ConfigError("the study report needs at least one run directory")
     title = title or default_title(runs)
@@ -982,9 +1017,14 @@ def render_study(runs: Sequence[StudyRun], title: str | None = None) -> str:
     notes = _unreliable_list(runs, sites)
     if notes:
         bodies["discrimination"].insert(1, notes)
+    shown = list(SECTIONS)
+    review = _review_section(runs, prospective or {})
+    if review:
+        bodies["review"] = review
+        shown.append(REVIEW_SECTION)
     nav = tag(
         "nav",
-        tag("ol", join(tag("li", tag("a", name, href=f"#{key}")) for key, name in SECTIONS)),
+        tag("ol", join(tag("li", tag("a", name, href=f"#{key}")) for key, name in shown)),
     )
     sections = [
         tag(
@@ -992,7 +1032,7 @@ def render_study(runs: Sequence[StudyRun], title: str | None = None) -> str:
             join([tag("h2", name), tag("p", INTRO[key]), *bodies[key]]),
             id=key,
         )
-        for key, name in SECTIONS
+        for key, name in shown
     ]
     lead = (
         f"{len(runs)} method(s) on {len(sites)} site(s): {', '.join(sites)}. Every figure is on "
@@ -1038,12 +1078,17 @@ class WrittenReport:
 
 
 def write_study_report(
-    paths: Sequence[str | Path], out: str | Path, *, title: str | None = None
+    paths: Sequence[str | Path],
+    out: str | Path,
+    *,
+    title: str | None = None,
+    prospective: Mapping[Path, Sequence[Mapping[str, Any]]] | None = None,
 ) -> WrittenReport:
-    """Read the runs, render the report and write it to ``out`` atomically."""
+    """Read the runs, render the report and write it to ``out`` atomically (``prospective``:
+    see :func:`render_study`)."""
     runs = load_study(paths, models=True)
     out = Path(out)
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give the HTML file to write")
-    atomic_write(out, render_study(runs, title))
+    atomic_write(out, render_study(runs, title, prospective))
     return WrittenReport(out, [r.label for r in runs], _sites_of(runs))

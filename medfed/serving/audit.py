@@ -1,7 +1,16 @@
-"""The routing audit log: every routed scan, in SQLite inside the run directory.
+"""The routing audit log: every routed scan, in SQLite inside the run directory, and the
+clinicians' reads of those scans next to it.
 
-Clinicians review past decisions from it (the dashboard's Routing page reads it); it stores a
-hash of each file, never the image.
+Clinicians review past decisions from it (the dashboard's Routing and Review pages read it); it
+stores a hash of each file, never the image.
+
+Tables: ``routed`` (one row per routing decision) and ``reads`` (one row per clinician's read of
+a routed scan: who, when, what; a read is never changed or deleted, a second read is a new row).
+The database carries its schema version in ``PRAGMA user_version`` (:data:`AUDIT_SCHEMA_VERSION`):
+a log written before reads existed (version 0, ``routed`` only) gains the new tables when first
+opened; a log from a newer medfed is refused. The log runs in WAL mode, and every write is one
+transaction, so several processes (``medfed route``, the dashboard, ``medfed review --import``)
+can write to it at once without losing a row.
 """
 
 from __future__ import annotations
@@ -9,6 +18,8 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import time
+from collections.abc import Sequence
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,10 +28,22 @@ from typing import Any
 from medfed.errors import MedfedError
 from medfed.names import printable
 
-__all__ = ["AUDIT_FILE", "AuditEntry", "AuditError", "AuditLog", "printable"]
+__all__ = [
+    "AUDIT_FILE",
+    "AUDIT_SCHEMA_VERSION",
+    "AuditEntry",
+    "AuditError",
+    "AuditLog",
+    "ReadEntry",
+    "printable",
+]
 
 AUDIT_FILE = "audit.sqlite"
+AUDIT_SCHEMA_VERSION = 1
+"""The audit database's schema (``PRAGMA user_version``): 0 routed scans only, 1 adds reads."""
 _NOT_A_DATABASE = "not a database"  # in SQLite's message for a file that is no database
+_READ_ONLY = "readonly"  # in SQLite's message for a write to a read-only file
+_TIMEOUT = 30.0  # seconds a statement waits for another writer before giving up
 
 
 class AuditError(MedfedError):
@@ -43,6 +66,34 @@ CREATE TABLE IF NOT EXISTS routed (
     reason TEXT
 )
 """
+
+# Version 1: the clinicians' reads. ``time``: when the read was made; ``recorded``: when it was
+# written here (they differ for reads imported from a CSV); ``source``: how it came in.
+# The triggers make reads append-only in the database itself, whoever opens it.
+_READS_SCHEMA = (
+    """
+    CREATE TABLE IF NOT EXISTS reads (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        routed_id INTEGER NOT NULL REFERENCES routed(id),
+        reader TEXT NOT NULL CHECK (length(trim(reader)) > 0),
+        read TEXT NOT NULL CHECK (length(trim(read)) > 0),
+        note TEXT,
+        time TEXT NOT NULL,
+        recorded TEXT NOT NULL,
+        source TEXT NOT NULL
+    )
+    """,
+    "CREATE INDEX IF NOT EXISTS reads_by_scan ON reads (routed_id)",
+    """
+    CREATE TRIGGER IF NOT EXISTS reads_are_never_changed BEFORE UPDATE ON reads
+    BEGIN SELECT RAISE(ABORT, 'a read is never changed; record a new read instead'); END
+    """,
+    """
+    CREATE TRIGGER IF NOT EXISTS reads_are_never_deleted BEFORE DELETE ON reads
+    BEGIN SELECT RAISE(ABORT, 'a read is never deleted; record a new read instead'); END
+    """,
+)
+_READ_COLUMNS = "id, routed_id, reader, read, note, time, recorded, source"
 
 
 @dataclass(frozen=True)
@@ -74,27 +125,117 @@ def _finite(value: float | None) -> float | None:
     return value if value is None or math.isfinite(value) else None
 
 
+@dataclass(frozen=True)
+class ReadEntry:
+    """One clinician's read of one routed scan (``routed_id``: the scan's row in ``routed``).
+
+    ``time``: when the read was made (ISO 8601, UTC); ``recorded``: when it was written to the
+    log; ``source``: how it came in (``dashboard``, ``import``, ...). ``id`` is ``None`` until
+    the read is written.
+    """
+
+    routed_id: int
+    reader: str
+    read: str
+    note: str | None
+    time: str
+    recorded: str
+    source: str
+    id: int | None = None
+
+
+def _entry_of(row: Sequence[Any]) -> AuditEntry:
+    """An entry from a ``routed`` row's columns time .. reason."""
+    return AuditEntry(*row[:6], json.loads(row[6]), *row[7:])  # type: ignore[arg-type]
+
+
 class AuditLog:
-    """Append-only log of routing decisions in ``RUN/audit.sqlite``."""
+    """Append-only log of routing decisions and clinicians' reads in ``RUN/audit.sqlite``."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.path = Path(run_dir) / AUDIT_FILE
 
     def _connect(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(self.path, timeout=30)
-        connection.execute(_SCHEMA)
+        """A connection to the log, migrated to :data:`AUDIT_SCHEMA_VERSION` (refused when newer).
+
+        A log that cannot be written (a read-only file or folder) and is older is left as it is:
+        it can still be read (with no reads), and writing to it fails with SQLite's words.
+        """
+        connection = self._open()
+        try:
+            connection.execute("PRAGMA foreign_keys = ON")
+            if self._version(connection) < AUDIT_SCHEMA_VERSION:
+                self._migrate(connection)
+        except BaseException:
+            connection.close()
+            raise
         return connection
 
-    def _failed(self, exc: Exception, doing: str) -> AuditError:
-        """The error for a log that cannot be ``doing`` ("recorded" or "read")."""
-        skip = ", or pass --no-audit to route without a record" if doing == "recorded" else ""
+    def _open(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=_TIMEOUT)
+
+    def _version(self, db: sqlite3.Connection) -> int:
+        version = int(db.execute("PRAGMA user_version").fetchone()[0])
+        if version > AUDIT_SCHEMA_VERSION:
+            raise AuditError(
+                f"{self.path}: written by a newer medfed (audit schema version {version}; this "
+                f"medfed reads up to {AUDIT_SCHEMA_VERSION}); upgrade medfed (pip install -U "
+                "medfed) to read or write this log, and do not open it with this version"
+            )
+        return version
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        """Bring an older (or new, empty) log to the current schema in one transaction.
+
+        WAL is set first (it cannot change inside a transaction and stays set in the file); the
+        version is read again inside the transaction, since another process may have migrated
+        the log in between.
+        """
+        try:
+            _set_wal(db)
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if self._version(db) < AUDIT_SCHEMA_VERSION:
+                    db.execute(_SCHEMA)
+                    for statement in _READS_SCHEMA:
+                        db.execute(statement)
+                    db.execute(f"PRAGMA user_version = {AUDIT_SCHEMA_VERSION}")
+                db.commit()
+            except BaseException:
+                db.rollback()
+                raise
+        except sqlite3.OperationalError as exc:
+            if _READ_ONLY not in str(exc):
+                raise
+            # read-only: readable as it is (without reads); a write will say why it fails
+
+    def version(self) -> int:
+        """The log's schema version once opened (0 for a log that does not exist yet)."""
+        if not self.path.is_file():
+            return 0
+        try:
+            with closing(self._connect()) as db:
+                return self._version(db)
+        except (sqlite3.Error, OSError) as exc:
+            raise self._failed(exc, "read") from exc
+
+    def _failed(self, exc: Exception, doing: str, what: str = "routing decisions") -> AuditError:
+        """The error for a log whose ``what`` cannot be ``doing`` ("recorded" or "read")."""
+        routing = doing == "recorded" and what == "routing decisions"
+        skip = ", or pass --no-audit to route without a record" if routing else ""
         if _NOT_A_DATABASE in str(exc):
             return AuditError(
-                f"{self.path}: is not a SQLite database (damaged or overwritten), so routing "
-                f"decisions cannot be {doing}; move the file aside to start a new log{skip}"
+                f"{self.path}: is not a SQLite database (damaged or overwritten), so {what} "
+                f"cannot be {doing}; move the file aside to start a new log{skip}"
+            )
+        if "locked" in str(exc):
+            return AuditError(
+                f"{self.path}: {what} cannot be {doing}: another process kept the log locked "
+                f"for over {_TIMEOUT:.0f} s; try again, and check that no stuck process holds "
+                f"it (the log must be on a local disk, not a network share){skip}"
             )
         return AuditError(
-            f"{self.path}: routing decisions cannot be {doing} ({exc}); make the file and the "
+            f"{self.path}: {what} cannot be {doing} ({exc}); make the file and the "
             f"run directory readable and writable{skip}"
         )
 
@@ -167,7 +308,119 @@ class AuditLog:
                 rows = db.execute(query, args).fetchall()
         except (sqlite3.Error, OSError) as exc:
             raise self._failed(exc, "read") from exc
+        return [_entry_of(row) for row in rows]
+
+    def records(self) -> list[tuple[int, AuditEntry]]:
+        """Every routing decision with its row id (the scan id reads refer to), oldest first."""
+        if not self.path.is_file():
+            return []
+        query = "SELECT id, time, file, sha256, router, status, chosen_site, site_probs,"
+        query += " prediction, prediction_prob, ood_score, reason FROM routed ORDER BY id"
+        try:
+            with closing(self._connect()) as db:
+                rows = db.execute(query).fetchall()
+        except (sqlite3.Error, OSError) as exc:
+            raise self._failed(exc, "read") from exc
+        return [(int(row[0]), _entry_of(row[1:])) for row in rows]
+
+    def add_reads(self, reads: Sequence[ReadEntry]) -> list[ReadEntry]:
+        """Write ``reads`` in one transaction (all or none) and return them with their ids.
+
+        Every ``routed_id`` must name a routed scan (AuditError otherwise, nothing written).
+        """
+        try:
+            return self._add_reads(reads)
+        except (sqlite3.Error, OSError) as exc:
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise AuditError(
+                    f"{self.path}: the reads were not recorded ({exc}); every read must name a "
+                    "routed scan by its id and give a reader and a read"
+                ) from exc
+            raise self._failed(exc, "recorded", what="reads") from exc
+
+    def _add_reads(self, reads: Sequence[ReadEntry]) -> list[ReadEntry]:
+        written: list[ReadEntry] = []
+        with closing(self._connect()) as db:
+            if not _has_table(db, "reads"):  # an old log that could not be migrated
+                raise AuditError(
+                    f"{self.path}: reads cannot be recorded: the log predates reads and cannot "
+                    "be written to add them (read-only); make the file and the run directory "
+                    "readable and writable"
+                )
+            db.execute("BEGIN IMMEDIATE")  # take the write lock before reading: no lost update
+            try:
+                for r in reads:
+                    cursor = db.execute(
+                        f"INSERT INTO reads ({_READ_COLUMNS.removeprefix('id, ')})"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            int(r.routed_id),
+                            printable(r.reader),
+                            printable(r.read),
+                            None if r.note is None else printable(r.note),
+                            r.time,
+                            r.recorded,
+                            r.source,
+                        ),
+                    )
+                    written.append(_with_id(r, cursor.lastrowid))
+                db.commit()
+            except BaseException:
+                db.rollback()
+                raise
+        return written
+
+    def reads(self, routed_id: int | None = None) -> list[ReadEntry]:
+        """Every read (of one scan when ``routed_id`` is given), in the order recorded."""
+        if not self.path.is_file():
+            return []
+        query = f"SELECT {_READ_COLUMNS} FROM reads"
+        args: list[Any] = []
+        if routed_id is not None:
+            query += " WHERE routed_id = ?"
+            args.append(int(routed_id))
+        query += " ORDER BY id"
+        try:
+            with closing(self._connect()) as db:
+                if not _has_table(db, "reads"):  # an old log that could not be migrated
+                    return []
+                rows = db.execute(query, args).fetchall()
+        except (sqlite3.Error, OSError) as exc:
+            raise self._failed(exc, "read", what="reads") from exc
         return [
-            AuditEntry(*row[:6], json.loads(row[6]), *row[7:])  # type: ignore[arg-type]
+            ReadEntry(
+                routed_id=int(row[1]),
+                reader=row[2],
+                read=row[3],
+                note=row[4],
+                time=row[5],
+                recorded=row[6],
+                source=row[7],
+                id=int(row[0]),
+            )
             for row in rows
         ]
+
+
+def _with_id(read: ReadEntry, row_id: int | None) -> ReadEntry:
+    return ReadEntry(**{**asdict(read), "id": row_id})
+
+
+def _set_wal(db: sqlite3.Connection) -> None:
+    """Switch the log to WAL. The switch needs the database to itself and, unlike other
+    statements, does not wait for it: another process opening the log at the same moment makes
+    it fail at once, so it is tried again for as long as any statement would wait."""
+    deadline = time.monotonic() + _TIMEOUT
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    query = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+    return db.execute(query, (name,)).fetchone() is not None

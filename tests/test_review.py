@@ -1,0 +1,555 @@
+"""Clinician review: the queue, reads that are never overwritten, disagreements, prospective
+figures equal to the clinical-evaluation functions, time windows, the audit database's schema
+version and migration, concurrent writers, and reads exchanged as CSV (``medfed review``)."""
+
+from __future__ import annotations
+
+import csv
+import multiprocessing
+import sqlite3
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+from statsmodels.stats.inter_rater import cohens_kappa as sm_kappa
+from typer.testing import CliRunner
+
+from medfed.cli import app
+from medfed.metrics import operating_point, wilson
+from medfed.runs import RunDir
+from medfed.serving.audit import AUDIT_SCHEMA_VERSION, AuditEntry, AuditError, AuditLog, ReadEntry
+from medfed.serving.review import (
+    FIGURE_COLUMNS,
+    OPERATING_RULE,
+    SYSTEM,
+    UNGRADABLE,
+    Review,
+    ReviewError,
+    Window,
+    cohens_kappa,
+    write_figures_csv,
+)
+
+runner = CliRunner()
+LABELS = {"normal": 0, "glaucoma": 1}
+SITES = ("acrima", "refuge")
+
+# The routed table as medfed wrote it before reads existed (audit schema version 0).
+OLD_SCHEMA = """
+CREATE TABLE IF NOT EXISTS routed (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    time TEXT NOT NULL,
+    file TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    router TEXT NOT NULL,
+    status TEXT NOT NULL,
+    chosen_site TEXT,
+    site_probs TEXT NOT NULL,
+    prediction TEXT,
+    prediction_prob REAL,
+    ood_score REAL,
+    reason TEXT
+)
+"""
+
+
+def at(day: int, hour: int = 10) -> str:
+    return datetime(2026, 11, day, hour, tzinfo=UTC).isoformat(timespec="seconds")
+
+
+def entry(
+    time: str,
+    status: str = "routed",
+    site: str | None = "acrima",
+    probs: dict[str, float] | None = None,
+    prediction: str | None = "glaucoma",
+    name: str | None = None,
+) -> AuditEntry:
+    probs = probs or {"acrima": 0.9, "refuge": 0.1}
+    digest = f"{abs(hash((time, name))) % 10**12:064d}"
+    return AuditEntry(
+        time, name or f"scan_{time}.jpg", digest, "density_ratio", status,
+        site if status == "routed" else None, probs, prediction, 0.8, 1.0,
+    )  # fmt: skip
+
+
+def make_run(path: Path, entries: list[AuditEntry], labels: dict[str, int] = LABELS) -> Path:
+    """A run directory with a config naming the sites and labels, and routed scans."""
+    path.mkdir(parents=True, exist_ok=True)
+    sites = [{"id": s, "labels": dict(labels)} for s in SITES]
+    RunDir(path).write_config({"train": {"rounds": 1}, "sites": sites})
+    if entries:
+        AuditLog(path).append(entries)
+    return path
+
+
+# ---------------------------------------------------------------------------- the queue
+def test_queue_puts_abstained_then_low_margin_scans_first_then_oldest(tmp_path) -> None:
+    run = make_run(
+        tmp_path / "run",
+        [
+            entry(at(3)),  # 1: routine, newest
+            entry(at(1)),  # 2: routine, oldest
+            entry(at(4), probs={"acrima": 0.55, "refuge": 0.45}),  # 3: low margin
+            entry(at(5), status="abstained", probs={"acrima": 0.5, "refuge": 0.5}),  # 4
+            entry(at(2), status="error", site=None, prediction=None),  # 5: no answer, no review
+            entry(at(2), probs={"acrima": 0.3, "refuge": 0.7}),  # 6: routine (margin 0.4)
+        ],
+    )
+    queue = Review(run).queue()
+    assert [i.scan_id for i in queue] == [4, 3, 2, 6, 1]
+    assert [i.priority for i in queue] == ["abstained", "low margin", *["routine"] * 3]
+    first = queue[1]
+    assert first.margin == pytest.approx(0.1)
+    assert (first.time, first.prediction, first.prediction_prob) == (at(4), "glaucoma", 0.8)
+    assert first.site_probs == {"acrima": 0.55, "refuge": 0.45} and len(first.sha256) == 64
+
+
+def test_queue_leaves_out_read_scans_but_not_for_a_second_reader(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1)), entry(at(2))])
+    review = Review(run)
+    review.record(1, "Dr Ames", "glaucoma", time=at(6))
+    assert [i.scan_id for i in review.queue()] == [2]
+    assert [i.scan_id for i in review.queue(reader="Dr Ames")] == [2]
+    assert [i.scan_id for i in review.queue(reader="Dr Baker")] == [1, 2]
+    assert [len(i.reads) for i in review.queue(include_read=True)] == [1, 0]
+
+
+# ---------------------------------------------------------------------------- reads
+def test_a_second_read_is_a_new_row_and_reads_are_never_changed(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1))])
+    review = Review(run)
+    first = review.record(1, " Dr Ames ", "GLAUCOMA", "cup enlarged", time=at(2))
+    second = review.record(1, "Dr Ames", "normal", time=at(3))
+    reads = Review(run).reads(1)  # a new instance: what the database holds
+    assert [(r.reader, r.read, r.note, r.time) for r in reads] == [
+        ("Dr Ames", "glaucoma", "cup enlarged", at(2)),
+        ("Dr Ames", "normal", None, at(3)),
+    ]
+    assert [r.id for r in reads] == [first.id, second.id] and first.id != second.id
+    with sqlite3.connect(run / "audit.sqlite") as db, pytest.raises(sqlite3.DatabaseError):
+        db.execute("UPDATE reads SET read = 'normal' WHERE id = ?", (first.id,))
+    with sqlite3.connect(run / "audit.sqlite") as db, pytest.raises(sqlite3.DatabaseError):
+        db.execute("DELETE FROM reads")
+    assert len(Review(run).reads()) == 2
+
+
+@pytest.mark.parametrize(
+    ("scan", "reader", "read", "time", "words"),
+    [
+        (9, "Dr Ames", "normal", None, "no routed scan has id 9"),
+        (1, "  ", "normal", None, "reader's name is empty"),
+        (1, "Dr Ames", "cataract", None, "normal, glaucoma, ungradable"),
+        (1, "Dr Ames", "normal", "yesterday", "ISO 8601"),
+        (1, "Dr Ames", "normal", "2026-10-01", "before scan 1 was routed"),
+        (1, "Dr Ames", "normal", "2999-01-01", "in the future"),
+    ],
+)
+def test_a_bad_read_is_refused_and_nothing_written(tmp_path, scan, reader, read, time, words):
+    run = make_run(tmp_path / "run", [entry(at(1))])
+    with pytest.raises(ReviewError, match=words):
+        Review(run).record(scan, reader, read, time=time)
+    assert Review(run).reads() == []
+
+
+def test_disagreements_name_each_readers_latest_read(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1)), entry(at(1)), entry(at(1))])
+    review = Review(run)
+    review.record(1, "Dr Ames", "normal", time=at(2))
+    review.record(1, "Dr Baker", "glaucoma", time=at(3))
+    review.record(2, "Dr Ames", "normal", time=at(2))
+    review.record(2, "Dr Baker", "glaucoma", time=at(3))
+    review.record(2, "Dr Ames", "glaucoma", time=at(4))  # changes her mind: now they agree
+    review.record(3, "Dr Ames", "normal", time=at(2))
+    (only,) = review.disagreements()
+    assert only.scan_id == 1 and only.reads == {"Dr Ames": "normal", "Dr Baker": "glaucoma"}
+
+
+# ---------------------------------------------------------------------------- figures
+def _scenario(tmp_path: Path) -> tuple[Path, dict]:
+    """24 routed scans over two sites with known reads, 2 abstained, 1 ungradable."""
+    rng = np.random.default_rng(3)
+    truth = rng.integers(0, 2, 24)
+    called = np.where(rng.random(24) < 0.75, truth, 1 - truth)
+    names = ("normal", "glaucoma")
+    entries = [
+        entry(at(1, h % 24), site=SITES[h % 2], prediction=names[called[h]]) for h in range(24)
+    ]
+    entries += [entry(at(1, 5), status="abstained", prediction="normal")] * 2
+    run = make_run(tmp_path / "run", entries)
+    review = Review(run)
+    second = []
+    for i in range(24):
+        review.record(i + 1, "Dr Ames", names[truth[i]], time=at(2))
+        if i % 3 == 0:  # a second reader on every third scan, disagreeing on some
+            other = names[truth[i]] if i % 2 == 0 else names[1 - truth[i]]
+            review.record(i + 1, "Dr Baker", other, time=at(3))
+            second.append((names[truth[i]], other))
+    review.record(25, "Dr Ames", UNGRADABLE, time=at(2))
+    return run, {"truth": truth, "called": called, "second": second}
+
+
+def test_figures_equal_the_clinical_evaluation_functions_on_the_same_labels(tmp_path) -> None:
+    run, known = _scenario(tmp_path)
+    truth, called = known["truth"], known["called"]
+    result = Review(run).figures()
+    system = result.scope(SYSTEM)
+    expected = operating_point(truth, called.astype(float), 0.5, OPERATING_RULE)
+    assert system.operating == expected
+    assert system.agreement == wilson(int((truth == called).sum()), 24)
+    assert system.ungradable == wilson(1, 25)  # scan 25 (abstained) read as ungradable
+    assert system.abstain == wilson(2, 26)
+    first, second = zip(*known["second"], strict=True)
+    cats = ["normal", "glaucoma", UNGRADABLE]
+    table = np.zeros((3, 3))
+    for a, b in known["second"]:
+        table[cats.index(a), cats.index(b)] += 1
+    kappa = sm_kappa(table)
+    assert system.kappa.n == len(first) == 8
+    assert system.kappa.value == pytest.approx(kappa.kappa)
+    assert system.kappa.interval.low == pytest.approx(max(-1, kappa.kappa_low))
+    for k, site in enumerate(SITES):
+        mine = np.arange(24) % 2 == k
+        op = operating_point(truth[mine], called[mine].astype(float), 0.5, OPERATING_RULE)
+        assert result.scope(site).operating == op
+        assert result.scope(site).abstain is None
+    rows = result.rows()
+    assert {r["figure"] for r in rows} == {
+        "sensitivity", "specificity", "agreement", "kappa", "ungradable_rate", "abstain_rate"
+    }  # fmt: skip
+    sens = next(r for r in rows if r["scope"] == SYSTEM and r["figure"] == "sensitivity")
+    assert (sens["k"], sens["n"]) == (expected.tp, expected.tp + expected.fn)
+    assert sens["ci_low"] == expected.sensitivity.interval.low
+
+
+def test_the_reference_read_is_the_first_gradable_one(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1), prediction="glaucoma")])
+    review = Review(run)
+    review.record(1, "Dr Ames", UNGRADABLE, time=at(2))
+    review.record(1, "Dr Baker", "glaucoma", time=at(3))
+    review.record(1, "Dr Cole", "normal", time=at(4))
+    system = review.figures().scope(SYSTEM)
+    assert system.operating.tp == 1 and system.operating.fn == 0
+    assert system.ungradable == wilson(0, 1)
+
+
+G, N = "glaucoma", "normal"
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt:RuntimeWarning")
+@pytest.mark.parametrize(
+    ("pairs", "value", "words"),
+    [
+        ([(G, G), (G, N)], 0.0, "every scan's first read was 'glaucoma'"),
+        ([(N, G), (G, G), (G, G)], 0.0, "every scan's second read was 'glaucoma'"),
+        ([(G, G), (N, N), (G, G)], 1.0, "the readers agreed on every scan"),
+        ([(G, N), (N, G)], -1.0, "the readers disagreed on every scan"),
+    ],
+)
+def test_kappa_without_a_standard_error_says_why(pairs, value, words) -> None:
+    first, second = (list(r) for r in zip(*pairs, strict=True))
+    table = np.zeros((2, 2))
+    for a, b in pairs:
+        table[[G, N].index(a), [G, N].index(b)] += 1
+    assert not sm_kappa(table).std_kappa > 1e-7  # 0 up to round-off (NaN when just below)
+    kappa = cohens_kappa(first, second, [N, G])
+    assert kappa.value == pytest.approx(value) and kappa.interval is None
+    assert kappa.reason.startswith(f"no standard error on {len(pairs)} scan(s) (")
+    assert words in kappa.reason and kappa.reason.endswith(": no CI")
+    assert ("readers agreed" in kappa.reason) == all(a == b for a, b in pairs)
+
+
+def test_kappa_with_disagreements_and_a_spread_has_an_interval() -> None:
+    first, second = [G, G, N], [N, N, G]  # disagree on every scan, yet a spread: a CI
+    kappa = cohens_kappa(first, second, [N, G])
+    expected = sm_kappa(np.array([[0.0, 1.0], [2.0, 0.0]]))
+    assert expected.std_kappa > 0.1 and kappa.reason is None
+    assert kappa.value == pytest.approx(expected.kappa)
+    assert kappa.interval.low == pytest.approx(max(-1.0, expected.kappa_low))
+
+
+def test_a_window_by_read_time_or_routing_time_keeps_the_right_reads(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1)), entry(at(5)), entry(at(5), "abstained")])
+    review = Review(run)
+    review.record(1, "Dr Ames", "glaucoma", time=at(6))  # routed day 1, read day 6
+    review.record(2, "Dr Ames", "normal", time=at(7))  # routed day 5, read day 7
+    by_read = review.figures(Window(at(6), at(7), "read"))
+    assert (by_read.n_reads, by_read.scope(SYSTEM).operating.tp) == (1, 1)
+    assert by_read.scope(SYSTEM).abstain == wilson(0, 0)  # none was routed from day 6 to 7
+    wider = review.figures(Window(at(5), at(8), "read"))
+    assert wider.n_reads == 2 and wider.scope(SYSTEM).abstain == wilson(1, 2)  # routing time
+    by_routing = review.figures(Window(at(4), None, "routed"))
+    assert by_routing.n_reads == 1 and by_routing.scope(SYSTEM).operating.fp == 1
+    assert by_routing.scope(SYSTEM).abstain == wilson(1, 2)
+    assert review.figures().n_reads == 2
+    with pytest.raises(ReviewError, match="not before its end"):
+        Window(at(7), at(6))
+
+
+def test_more_than_two_classes_give_agreement_but_no_sensitivity(tmp_path) -> None:
+    labels = {"none": 0, "mild": 1, "severe": 2}
+    run = make_run(tmp_path / "run", [entry(at(1), prediction="mild")], labels)
+    review = Review(run)
+    review.record(1, "Dr Ames", "Mild", time=at(2))
+    system = review.figures().scope(SYSTEM)
+    assert system.operating is None and system.agreement == wilson(1, 1)
+    assert review.labels.choices() == ["none", "mild", "severe", UNGRADABLE]
+
+
+# ---------------------------------------------------------------------------- the database
+def _old_log(run: Path) -> None:
+    with sqlite3.connect(run / "audit.sqlite") as db:
+        db.execute(OLD_SCHEMA)
+        db.execute(
+            "INSERT INTO routed (time, file, sha256, router, status, chosen_site, site_probs,"
+            " prediction, prediction_prob, ood_score) VALUES (?, 'old.jpg', ?, 'density_ratio',"
+            " 'routed', 'acrima', '{\"acrima\": 0.9, \"refuge\": 0.1}', 'glaucoma', 0.8, 1.0)",
+            (at(1), "a" * 64),
+        )
+    db.close()
+
+
+def test_an_old_audit_log_gains_the_review_tables_and_keeps_its_scans(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [])
+    _old_log(run)
+    with sqlite3.connect(run / "audit.sqlite") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 0
+    db.close()
+    assert AuditLog(run).read()[0].file == "old.jpg"  # the routing page's read still works
+    assert AuditLog(run).version() == AUDIT_SCHEMA_VERSION
+    Review(run).record(1, "Dr Ames", "glaucoma", time=at(2))
+    AuditLog(run).append([entry(at(3))])  # routing still appends
+    with sqlite3.connect(run / "audit.sqlite") as db:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"routed", "reads"} <= tables
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.close()
+    again = Review(run)  # reopened: the reads survive
+    assert [(r.routed_id, r.read) for r in again.reads()] == [(1, "glaucoma")]
+    assert [i.scan_id for i in again.queue()] == [2]
+
+
+def test_an_audit_log_from_a_newer_medfed_is_refused(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1))])
+    with sqlite3.connect(run / "audit.sqlite") as db:
+        db.execute(f"PRAGMA user_version = {AUDIT_SCHEMA_VERSION + 1}")
+    db.close()
+    for action in (AuditLog(run).read, Review(run).queue, lambda: AuditLog(run).check()):
+        with pytest.raises(AuditError, match="newer medfed") as info:
+            action()
+        assert str(run / "audit.sqlite") in str(info.value) and "upgrade medfed" in str(info.value)
+
+
+def test_a_read_only_old_log_is_still_read_and_a_read_refused_with_the_reason(
+    tmp_path, monkeypatch
+) -> None:
+    # Root writes read-only files, so the log is opened read-only the way SQLite does it for a
+    # file without write permission.
+    run = make_run(tmp_path / "run", [])
+    _old_log(run)
+    read_only = f"file:{run / 'audit.sqlite'}?mode=ro"
+    monkeypatch.setattr(AuditLog, "_open", lambda self: sqlite3.connect(read_only, uri=True))
+    assert [e.file for e in AuditLog(run).read()] == ["old.jpg"]
+    assert [i.scan_id for i in Review(run).queue()] == [1] and Review(run).reads() == []
+    with pytest.raises(AuditError, match="reads cannot be recorded") as info:
+        Review(run).record(1, "Dr Ames", "normal")
+    assert "read-only" in str(info.value) and "writable" in str(info.value)
+
+
+def test_a_log_whose_time_is_not_a_time_is_named_as_damaged(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1)), entry("yesterday")])
+    with pytest.raises(ReviewError, match="scan 2 was logged with the time 'yesterday'") as info:
+        Review(run).queue()
+    assert str(run / "audit.sqlite") in str(info.value)
+
+
+def test_a_read_that_is_no_answer_of_the_run_is_named_not_counted(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1))])
+    AuditLog(run).add_reads([ReadEntry(1, "Dr Ames", "cataract", None, at(2), at(2), "test")])
+    with pytest.raises(ReviewError, match="read 1 \\(scan 1, Dr Ames\\) says 'cataract'"):
+        Review(run).figures()
+
+
+def test_a_log_held_by_another_process_is_named_with_what_to_do(tmp_path, monkeypatch) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1))])
+    monkeypatch.setattr("medfed.serving.audit._TIMEOUT", 0.1)
+    holder = sqlite3.connect(run / "audit.sqlite")
+    holder.execute("BEGIN EXCLUSIVE")  # another writer, mid-transaction
+    try:
+        with pytest.raises(AuditError, match="another process kept the log locked") as info:
+            Review(run).record(1, "Dr Ames", "normal")
+    finally:
+        holder.rollback()
+        holder.close()
+    assert str(run / "audit.sqlite") in str(info.value) and "try again" in str(info.value)
+    assert Review(run).record(1, "Dr Ames", "normal").id == 1  # released: the read goes in
+
+
+N_READS = 40
+
+
+def _write_reads(run: str, reader: str, start=None) -> None:
+    """``N_READS`` reads by ``reader``, each in a transaction of its own, on its own connection."""
+    if start is not None:
+        start.wait()
+    for i in range(N_READS):
+        read = ReadEntry(1, reader, "normal", f"read {i}", at(2), at(2), "test")
+        AuditLog(run).add_reads([read])
+
+
+def test_two_threads_writing_reads_at_once_lose_none(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1))])
+    start = threading.Barrier(2)
+    threads = [
+        threading.Thread(target=_write_reads, args=(str(run), who, start)) for who in ("A", "B")
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    reads = Review(run).reads()
+    assert len(reads) == 2 * N_READS
+    assert {(r.reader, r.note) for r in reads} == {
+        (who, f"read {i}") for who in ("A", "B") for i in range(N_READS)
+    }
+
+
+def test_two_processes_writing_reads_at_once_lose_none(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [])
+    _old_log(run)  # both writers also race to migrate it
+    # fork: the writers start at once, without re-importing the test session's modules
+    context = multiprocessing.get_context("fork")
+    start = context.Barrier(2)
+    workers = [context.Process(target=_write_reads, args=(str(run), w, start)) for w in ("A", "B")]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert [w.exitcode for w in workers] == [0, 0]
+    reads = AuditLog(run).reads()
+    assert len(reads) == 2 * N_READS
+    assert sorted(r.reader for r in reads) == ["A"] * N_READS + ["B"] * N_READS
+
+
+# ---------------------------------------------------------------------------- CSV
+def test_export_then_import_round_trips_every_read(tmp_path) -> None:
+    entries = [entry(at(1)), entry(at(2)), entry(at(3), "abstained")]
+    source = make_run(tmp_path / "a", entries)
+    review = Review(source)
+    review.record(1, "Dr Ames", "glaucoma", 'cup, rim; "notched"', time=at(4))
+    review.record(1, "Dr Baker", "normal", time=at(5))
+    sheet = tmp_path / "reads.csv"
+    assert review.export_reads(sheet) == 4  # two reads, then the two unread scans
+    rows = list(csv.DictReader(sheet.open(encoding="utf-8")))
+    assert [r["scan_id"] for r in rows] == ["1", "1", "3", "2"]  # unread: queue order
+    target = make_run(tmp_path / "b", entries)
+    done = Review(target).import_reads(sheet)
+    assert (done.added, done.skipped) == (2, 2)  # the blank rows are skipped
+
+    def key(r: ReadEntry) -> tuple:
+        return (r.routed_id, r.reader, r.read, r.note, r.time)
+
+    assert [key(r) for r in Review(target).reads()] == [key(r) for r in review.reads()]
+    assert {r.source for r in Review(target).reads()} == {"import"}
+    again = Review(target).import_reads(sheet)  # the same file twice adds nothing
+    assert (again.added, again.skipped) == (0, 4)
+
+
+def test_a_filled_in_worksheet_adds_reads_with_or_without_a_time(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1)), entry(at(2))])
+    sheet = tmp_path / "reads.csv"
+    sheet.write_text(
+        "scan_id,reader,read,note\n1,Dr Ames,Glaucoma,\n2,Dr Ames,ungradable,blurred\n",
+        encoding="utf-8",
+    )
+    assert Review(run).import_reads(sheet).added == 2
+    reads = Review(run).reads()
+    assert [(r.read, r.note) for r in reads] == [("glaucoma", None), (UNGRADABLE, "blurred")]
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("scan_id,reader,read\n1,A,normal\n7,A,normal\n", "line 3: unknown scan_id 7"),
+        ("scan_id,reader,read\n1,A,normal\n2,A,cataract\n", "line 3: read 'cataract'"),
+        ("scan_id,reader,read\n1,A,normal\n1,A,normal\n", "line 3: the same read as line 2"),
+        ("scan_id,read\n1,normal\n", "line 1: missing column(s) reader"),
+        ("scan_id,reader,read\n1,A,normal\n2,,normal\n", "line 3: the reader's name is empty"),
+        ("scan_id,reader,read,time\n1,A,normal,\n2,A,normal,noon\n", "line 3: read time 'noon'"),
+        ("scan_id,reader,read,Notes\n1,A,normal,x\n", "unknown column(s) 'Notes'"),
+        ("scan_id,reader,read\nfirst,A,normal\n", "line 2: scan_id 'first' is not a number"),
+        ("scan_id,reader,read,sha256\n1,A,normal,abc\n", "line 2: scan 1's sha256"),
+        ("scan_id,reader,read\n1,A,normal,extra\n", "line 2: more cells than the header"),
+        ("", "empty file"),
+    ],
+)
+def test_a_bad_row_refuses_the_whole_file(tmp_path, text, words) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1)), entry(at(2))])
+    sheet = tmp_path / "reads.csv"
+    sheet.write_text(text, encoding="utf-8")
+    with pytest.raises(ReviewError) as info:
+        Review(run).import_reads(sheet)
+    assert words in str(info.value) and str(sheet) in str(info.value)
+    assert "nothing was imported" in str(info.value) or "empty" in str(info.value)
+    assert Review(run).reads() == []
+
+
+def test_figures_csv_has_a_row_per_scope_and_figure(tmp_path) -> None:
+    run, _ = _scenario(tmp_path)
+    result = Review(run).figures()
+    out = tmp_path / "figures.csv"
+    assert write_figures_csv(result, out) == 3 * 6
+    rows = list(csv.DictReader(out.open(encoding="utf-8")))
+    assert list(rows[0]) == list(FIGURE_COLUMNS)
+    agreement = next(r for r in rows if (r["scope"], r["figure"]) == (SYSTEM, "agreement"))
+    assert int(agreement["n"]) == result.scope(SYSTEM).agreement.n
+
+
+# ---------------------------------------------------------------------------- the CLI
+def test_medfed_review_prints_the_figures_and_the_disagreements(tmp_path) -> None:
+    run, _ = _scenario(tmp_path)
+    out = tmp_path / "figures.csv"
+    result = runner.invoke(app, ["review", str(run), "--figures", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "33 read(s) of 25 scan(s)" in result.output
+    assert "positive glaucoma" in result.output and "kappa between readers" in result.output
+    assert "readers disagree on scan 4" in result.output  # i = 3: odd, disagrees
+    lines = [line for line in result.output.splitlines() if line.startswith("| ")]
+    assert [line.split("|")[1].strip() for line in lines[2:]] == [*SITES, SYSTEM]
+    assert out.is_file()
+
+
+def test_medfed_review_exports_and_imports_reads(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1)), entry(at(2))])
+    sheet = tmp_path / "out" / "reads.csv"
+    exported = runner.invoke(app, ["review", str(run), "--export", str(sheet)])
+    assert exported.exit_code == 0, exported.output
+    rows = list(csv.DictReader(sheet.open(encoding="utf-8")))
+    for row in rows:
+        row |= {"reader": "Dr Ames", "read": "normal", "time": at(3)}
+    with sheet.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    imported = runner.invoke(app, ["review", str(run), "--import", str(sheet)])
+    assert imported.exit_code == 0, imported.output
+    assert "imported 2 read(s)" in imported.output and "2 read(s) of 2 scan(s)" in imported.output
+    windowed = runner.invoke(app, ["review", str(run), "--since", at(4)])
+    assert windowed.exit_code == 0 and "0 read(s) of 0 scan(s)" in windowed.output
+
+
+def test_medfed_review_refuses_a_bad_window_and_both_directions(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1))])
+    both = runner.invoke(app, ["review", str(run), "--export", "a.csv", "--import", "b.csv"])
+    assert both.exit_code == 2 and "not both" in both.output
+    bad = runner.invoke(app, ["review", str(run), "--by", "scan"])
+    assert bad.exit_code == 2 and "'read' or 'routed'" in bad.output
+
+
+def test_medfed_review_of_a_run_nothing_was_routed_with_says_how_to_route(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [])
+    result = runner.invoke(app, ["review", str(run)])
+    assert result.exit_code == 0 and "no scan has been routed" in result.output
+    assert "medfed route" in result.output and not (run / "audit.sqlite").exists()
