@@ -300,12 +300,18 @@ def _dicom_affine(
 
 
 def _unit(vector: np.ndarray, path: Path) -> np.ndarray:
+    return _normalized(
+        vector,
+        f"{path}: ImageOrientationPatient has a zero direction {vector.tolist()}; "
+        "each half must be a unit vector (fix the header or export the series as NIfTI)",
+    )
+
+
+def _normalized(vector: np.ndarray, problem: str) -> np.ndarray:
+    """``vector`` scaled to length 1; DataError ``problem`` when it has no direction."""
     length = float(np.linalg.norm(vector))
     if not np.isfinite(length) or length < 1e-6:
-        raise DataError(
-            f"{path}: ImageOrientationPatient has a zero direction {vector.tolist()}; "
-            "each half must be a unit vector (fix the header or export the series as NIfTI)"
-        )
+        raise DataError(problem)
     return vector / length
 
 
@@ -488,14 +494,11 @@ def _slice_normal(slices: list[_Slice]) -> np.ndarray:
 
 
 def _normal(orientation: np.ndarray, path: Path) -> np.ndarray:
-    normal = np.cross(orientation[:3], orientation[3:])
-    length = float(np.linalg.norm(normal))
-    if not np.isfinite(length) or length < 1e-6:
-        raise DataError(
-            f"{path}: ImageOrientationPatient {orientation.tolist()} has parallel or zero axes, "
-            "so the slice direction is unknown; fix the header or export the series as NIfTI"
-        )
-    return normal / length
+    return _normalized(
+        np.cross(orientation[:3], orientation[3:]),
+        f"{path}: ImageOrientationPatient {orientation.tolist()} has parallel or zero axes, "
+        "so the slice direction is unknown; fix the header or export the series as NIfTI",
+    )
 
 
 def _slice_spacing(slices: list[_Slice], normal: np.ndarray) -> float:
