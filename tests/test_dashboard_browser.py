@@ -196,7 +196,9 @@ def test_browser_records_a_read_and_it_lands_in_the_audit_log(runs, tmp_path) ->
                 name.fill("dr.browser")
                 name.press("Enter")
                 expect(page.get_by_text("Give your name above")).to_have_count(0)  # rerun done
-                expect(page.get_by_text(f"Scan 1: {photo}")).to_be_visible()
+                card = page.get_by_text(f"Scan 1: {photo}")
+                expect(card).to_have_count(1)  # no stale copy left from before the rerun
+                expect(card).to_be_visible()
                 thumbnail = page.locator('[data-testid="stImage"] img').first
                 expect(thumbnail).to_be_visible()  # the scan as routed, from its file here
                 page.wait_for_function(

@@ -119,11 +119,14 @@ def priority_words(item: QueueItem) -> str:
 def queue_section(review: Review, labels: Labels, reader: str | None) -> None:
     st.subheader("Queue")
     show = st.radio("Show", [MINE, NOBODY, EVERY], horizontal=True, key="review_show")
+    # Fixed slots: a hint that comes and goes must not shift the scan cards below it, or a
+    # rerun briefly shows each card twice (the old one stale until the script ends).
+    hint, recorded = st.empty(), st.empty()
     if show == MINE and reader is None:
-        st.caption("Give your name above to see the scans you have not read yet.")
+        hint.caption("Give your name above to see the scans you have not read yet.")
     items = review.queue(reader=reader if show == MINE else None, include_read=show == EVERY)
     if RECORDED in st.session_state:
-        st.success(st.session_state.pop(RECORDED))
+        recorded.success(st.session_state.pop(RECORDED))
     if not items:
         st.info(f"No scan left to read ({show}).")
         return
