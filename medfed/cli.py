@@ -494,6 +494,35 @@ def train(
             "(each site's own; the default); sets --normalization."
         ),
     ] = None,
+    dp_epsilon: Annotated[
+        float | None,
+        typer.Option(
+            help="Differential privacy: each site's budget epsilon (DP-SGD through Opacus; the "
+            "noise is set to spend it over the planned run, and a site stops before it "
+            "would overspend)."
+        ),
+    ] = None,
+    dp_delta: Annotated[
+        float | None,
+        typer.Option(help="Differential privacy: delta (default: 0.1 / each site's n train)."),
+    ] = None,
+    dp_clip: Annotated[
+        float | None,
+        typer.Option(
+            help=f"Differential privacy: per-scan gradient norm bound {_default('dp_clip')}."
+        ),
+    ] = None,
+    dp_noise: Annotated[
+        float | None,
+        typer.Option(
+            help="Differential privacy: noise multiplier sigma (default: from --dp-epsilon); "
+            "with --dp-epsilon too, sites stop once their budget is spent."
+        ),
+    ] = None,
+    dp_accountant: Annotated[
+        str | None,
+        typer.Option(help=f"Differential privacy: rdp or prv {_default('dp_accountant')}."),
+    ] = None,
     param: Annotated[
         list[str] | None,
         typer.Option(
@@ -549,6 +578,11 @@ def train(
         faults=tuple(inject_fault) if inject_fault else None,
         init=_init_source(init),
         init_strict=init_strict,
+        dp_epsilon=dp_epsilon,
+        dp_delta=dp_delta,
+        dp_clip=dp_clip,
+        dp_noise=dp_noise,
+        dp_accountant=dp_accountant,
     )
     where = str(stored.path) if stored else None
     config = merge_train_settings(stored.train if stored else {}, given, where=where)

@@ -487,6 +487,53 @@ class Fault:
 
 # Upper bounds of the training budget: far above any real run, low enough that a mistyped
 # number is refused at once instead of running for years (or overflowing a counter).
+DP_ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
+DP_DELTA_PER_SCAN = 0.1
+"""delta defaults to this over the site's number of training scans (below 1/n)."""
+
+
+@dataclass(frozen=True)
+class DPSettings:
+    """A run's privacy settings (``medfed train --dp-*``); ``enabled`` once a budget or a noise
+    multiplier is given."""
+
+    epsilon: float = 0.0  # the budget per site; 0: none (then noise must be given)
+    delta: float = 0.0  # 0: DELTA_PER_SCAN / n at each site
+    clip: float = 1.0  # per-scan gradient norm bound C
+    noise: float = 0.0  # sigma; 0: the smallest that keeps the planned run within epsilon
+    accountant: str = "rdp"
+
+    @property
+    def enabled(self) -> bool:
+        return self.epsilon > 0 or self.noise > 0
+
+    def delta_for(self, n_train: int) -> float:
+        """The delta of a site with ``n_train`` training scans."""
+        return self.delta or DP_DELTA_PER_SCAN / n_train
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings, in words (empty when they are usable)."""
+        out = []
+        if not 0 <= self.epsilon < math.inf:
+            out.append(f"dp_epsilon (--dp-epsilon) must be a number > 0, got {self.epsilon}")
+        if not 0 <= self.delta < 1:
+            out.append(f"dp_delta (--dp-delta) must be in (0, 1), got {self.delta}")
+        if not 0 < self.clip < math.inf:
+            out.append(f"dp_clip (--dp-clip) must be a gradient norm > 0, got {self.clip}")
+        if not 0 <= self.noise < math.inf:
+            out.append(f"dp_noise (--dp-noise) must be a noise multiplier > 0, got {self.noise}")
+        if self.accountant not in DP_ACCOUNTANTS:
+            out.append(
+                f"dp_accountant must be one of {list(DP_ACCOUNTANTS)}, got {self.accountant!r}"
+            )
+        if not self.enabled and (self.delta or self.accountant != "rdp" or self.clip != 1.0):
+            out.append(
+                "dp_delta, dp_clip and dp_accountant need --dp-epsilon or --dp-noise; without "
+                "either, training is not differentially private"
+            )
+        return out
+
+
 MAX_ROUNDS = 100_000
 MAX_LOCAL_STEPS = 1_000_000
 MAX_BATCH_SIZE = 65_536
@@ -530,6 +577,19 @@ class TrainConfig:
     # torchvision:resnet18 from the local hub cache; "" starts from seeded random weights.
     init: str = ""
     init_strict: bool = False  # refuse any backbone tensor the init does not provide
+    # Sample-level differential privacy at every site (DP-SGD; see DPSettings): a budget
+    # epsilon per site and/or a noise multiplier; 0 leaves training as it is.
+    dp_epsilon: float = 0.0
+    dp_delta: float = 0.0
+    dp_clip: float = 1.0
+    dp_noise: float = 0.0
+    dp_accountant: str = "rdp"
+
+    @property
+    def dp(self) -> DPSettings:
+        return DPSettings(
+            self.dp_epsilon, self.dp_delta, self.dp_clip, self.dp_noise, self.dp_accountant
+        )
 
     def __post_init__(self) -> None:
         # Comparisons are false for NaN, so a NaN fails each range check below.
@@ -578,6 +638,7 @@ class TrainConfig:
                 f"normalization must be one of {list(NORMALIZATIONS)} (--normalization)",
             ),
         ]
+        checks += [(False, problem) for problem in self.dp.problems()]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(f"training setting: {message}")

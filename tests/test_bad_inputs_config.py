@@ -505,6 +505,60 @@ TRAIN_CASES = [
         2,
         ("--cache-dir", "is empty"),
     ),
+    Case(
+        "privacy budget is negative",
+        _train("--algorithm", "fedavg", "--dp-epsilon", "-1"),
+        2,
+        ("--dp-epsilon", "> 0"),
+    ),
+    Case(
+        "privacy budget is NaN",
+        _train("--algorithm", "fedavg", "--dp-epsilon", "nan"),
+        2,
+        ("--dp-epsilon", "nan"),
+    ),
+    Case(
+        "privacy clip is zero",
+        _train("--algorithm", "fedavg", "--dp-epsilon", "3", "--dp-clip", "0"),
+        2,
+        ("--dp-clip", "> 0"),
+    ),
+    Case(
+        "privacy delta of one",
+        _train("--algorithm", "fedavg", "--dp-epsilon", "3", "--dp-delta", "1"),
+        2,
+        ("--dp-delta", "(0, 1)"),
+    ),
+    Case(
+        "privacy delta without a budget or noise",
+        _train("--algorithm", "fedavg", "--dp-delta", "1e-5"),
+        2,
+        ("--dp-epsilon", "--dp-noise", "not differentially private"),
+    ),
+    Case(
+        "privacy accountant unknown",
+        _train("--algorithm", "fedavg", "--dp-epsilon", "3", "--dp-accountant", "gdp"),
+        2,
+        ("dp_accountant", "rdp", "prv", "gdp"),
+    ),
+    Case(
+        "privacy noise that spends the budget in the first round",
+        _train("--algorithm", "fedavg", "--dp-epsilon", "1", "--dp-noise", "0.3"),
+        2,
+        ("first round", "--dp-noise", "--dp-epsilon 1"),
+    ),
+    Case(
+        "privacy with a BatchNorm backbone",
+        _train("--algorithm", "fedavg", "--dp-epsilon", "3", "--backbone", "cnn"),
+        2,
+        ("differential privacy", "'cnn'", "BatchNorm", "--backbone cnn-gn"),
+    ),
+    Case(
+        "privacy with an algorithm that has no per-scan gradient",
+        _train("--algorithm", "fedprox", "--dp-epsilon", "3"),
+        2,
+        ("fedprox", "differential privacy", "proximal", "feddrm"),
+    ),
 ]
 
 

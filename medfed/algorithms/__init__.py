@@ -29,6 +29,11 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 }
 
 
+def dp_algorithms() -> list[str]:
+    """The algorithms that train under differential privacy (fedals, over any of them)."""
+    return sorted(n for n, c in ALGORITHMS.items() if not c.dp_refusal and n != FedALS.name)
+
+
 def make_algorithm(name: str, params: dict[str, Any] | None = None) -> Algorithm:
     """Build an algorithm by name with validated hyper-parameters.
 

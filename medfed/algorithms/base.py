@@ -15,6 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medfed.algorithms.privacy import (
+    SitePrivacy,
+    count_steps,
+    dp_optimizer,
+    noise_only,
+    per_sample_gradients,
+    poisson_batches,
+    steps_taken,
+)
 from medfed.algorithms.schedule import EveryRound, Schedule
 from medfed.errors import ConfigError
 from medfed.models.fedmodel import HEAD_PREFIX, FedModel, ModelSpec, keys_with_prefix
@@ -47,6 +56,11 @@ class Batches:
             self._pos = 0
         index = self._order[self._pos : self._pos + size]
         self._pos += size
+        return self.take(index)
+
+    def take(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scans at ``index`` (flipped at random where set), as one batch."""
+        size = int(index.numel())
         xb, yb = self.x[index.to(self.x.device)], self.y[index.to(self.y.device)]
         if self.augment_flip:
             # Left and right eyes are mirror images: a horizontal flip is a label-preserving view.
@@ -91,6 +105,7 @@ class LocalTask:
     extra: State  # algorithm-private state that persists on the site (e.g. Ditto's personal model)
     autocast: Callable[[], Any]
     check_deadline: Callable[[], None] = lambda: None
+    privacy: SitePrivacy | None = None  # DP-SGD's settings for this site (None: plain SGD)
 
 
 Stats = dict[str, list[float]]
@@ -170,6 +185,10 @@ class Algorithm:
     params_class: ClassVar[type[Params]] = Params
     needs_client_branch: ClassVar[bool] = False
     communicates: ClassVar[bool] = True
+    # Why this algorithm cannot train under differential privacy ("": it can). DP-SGD clips
+    # each scan's gradient of a loss that is a mean over scans; a term that is not (a proximal
+    # pull toward other weights, a generative model's own objective) has no per-scan gradient.
+    dp_refusal: ClassVar[str] = ""
 
     def __init__(self, params: Params | None = None, schedule: Schedule | None = None) -> None:
         self.params = params if params is not None else self.params_class()
@@ -240,6 +259,10 @@ class Algorithm:
     def loss(self, task: LocalTask, model: FedModel, x: torch.Tensor, y: torch.Tensor):
         return F.cross_entropy(model(x).target_logits.float(), y)
 
+    def steps_per_round(self, local_steps: int) -> int:
+        """Optimizer steps one round of local training takes (what DP-SGD accounts for)."""
+        return local_steps
+
     def finetune_steps(self, local_steps: int) -> int:
         """Local steps each site runs on its own data after the last round (0: none)."""
         return 0
@@ -286,11 +309,14 @@ def supervised_steps(
     loss_fn: Callable[[LocalTask, FedModel, torch.Tensor, torch.Tensor], torch.Tensor],
     steps: int | None = None,
 ) -> LocalResult:
-    """Run SGD steps of ``loss_fn`` on ``params``; returns the mean loss."""
+    """Run SGD steps of ``loss_fn`` on ``params`` (DP-SGD where the task says); returns the
+    mean loss."""
+    n = steps if steps is not None else task.steps
+    if task.privacy is not None:
+        return private_steps(task, model, params, loss_fn, n)
     model.train()
     optimizer = task.optim.make(params)
     total = 0.0
-    n = steps if steps is not None else task.steps
     for _ in range(n):
         task.check_deadline()
         x, y = task.batches.next()
@@ -301,6 +327,42 @@ def supervised_steps(
         optimizer.step()
         total += float(loss.detach())
     return LocalResult(loss=total / max(1, n))
+
+
+def private_steps(
+    task: LocalTask,
+    model: FedModel,
+    params: Iterator[nn.Parameter] | list,
+    loss_fn: Callable[[LocalTask, FedModel, torch.Tensor, torch.Tensor], torch.Tensor],
+    steps: int,
+) -> LocalResult:
+    """``steps`` DP-SGD steps of ``loss_fn`` (see :mod:`medfed.algorithms.privacy`): Poisson
+    batches, each scan's gradient clipped, Gaussian noise, all seeded by the task's generator;
+    the site's step count grows in ``task.extra``. Refuses steps past the site's budget."""
+    privacy = task.privacy
+    assert privacy is not None
+    before = steps_taken(task.extra)
+    privacy.check_affordable(before, steps)
+    params = [p for p in params if p.requires_grad]
+    n_train, generator = int(task.batches.x.shape[0]), task.batches.generator
+    model.train()
+    total, counted = 0.0, 0
+    with per_sample_gradients(model):
+        optimizer = dp_optimizer(task.optim.make(params), privacy, n_train, generator)
+        for index in poisson_batches(privacy, n_train, steps, generator):
+            task.check_deadline()
+            optimizer.zero_grad(set_to_none=True)
+            if index.numel():
+                x, y = task.batches.take(index)
+                with task.autocast():
+                    loss = loss_fn(task, model, x, y)
+                loss.backward()
+                total, counted = total + float(loss.detach()), counted + 1
+            else:
+                noise_only(params)
+            optimizer.step()
+    count_steps(task.extra, before + steps)
+    return LocalResult(loss=total / counted if counted else 0.0)
 
 
 def proximal_loss(model: FedModel, x: torch.Tensor, y: torch.Tensor, anchor: State, weight: float):

@@ -32,6 +32,10 @@ class DittoParams(Params):
 class Ditto(Algorithm):
     name = "ditto"
     summary = "global FedAvg model plus a regularized personal model on each site"
+    dp_refusal = (
+        "its personal model's objective has a proximal term toward the global model, a gradient"
+        " no scan owns, which per-scan clipping would drop"
+    )
     params_class = DittoParams
 
     def init_extra(self, model: FedModel) -> State:

@@ -102,6 +102,10 @@ class FedGMIParams(Params):
 class FedGMI(Algorithm):
     name = "fedgmi"
     summary = "VAE mixture of shared distributions; one expert each; per-site mixture coefficients"
+    dp_refusal = (
+        "its sites report how many scans fall in each distribution and train VAEs on their own "
+        "objective; neither goes through DP-SGD"
+    )
     params_class = FedGMIParams
 
     def adapt_spec(self, spec: ModelSpec, site_ids: list[str]) -> ModelSpec:

@@ -22,6 +22,10 @@ class FedProxParams(Params):
 class FedProx(Algorithm):
     name = "fedprox"
     summary = "FedAvg with a proximal term keeping local weights near the global model"
+    dp_refusal = (
+        "its proximal term pulls the weights toward the global model, a gradient no scan owns, "
+        "which per-scan clipping would drop"
+    )
     params_class = FedProxParams
 
     def loss(self, task: LocalTask, model: FedModel, x: torch.Tensor, y: torch.Tensor):

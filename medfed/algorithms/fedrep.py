@@ -34,12 +34,19 @@ class FedRep(Algorithm):
     def private_keys(self, model: nn.Module) -> set[str]:
         return head_keys(model)
 
+    def split_steps(self, local_steps: int) -> tuple[int, int]:
+        """Head steps, then body steps, of one round."""
+        head_steps = max(1, int(round(local_steps * self.params.head_fraction)))
+        return head_steps, max(1, local_steps - head_steps)
+
+    def steps_per_round(self, local_steps: int) -> int:
+        return sum(self.split_steps(local_steps))
+
     def local_train(self, task: LocalTask) -> LocalResult:
         model = task.model
         head = [p for n, p in model.named_parameters() if n.startswith(HEAD_PREFIX)]
         body = [p for n, p in model.named_parameters() if not n.startswith(HEAD_PREFIX)]
-        head_steps = max(1, int(round(task.steps * self.params.head_fraction)))
-        body_steps = max(1, task.steps - head_steps)
+        head_steps, body_steps = self.split_steps(task.steps)
         # Frozen parts skip their gradients; always thawed again, since the model object is shared
         # by every site and a failure here must not leave the next site half frozen.
         try:

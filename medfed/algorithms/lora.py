@@ -93,6 +93,10 @@ def is_adapter_key(key: str) -> bool:
 class LoRA(Algorithm):
     name = "lora"
     summary = "PEFT LoRA adapters per site (or one shared) on a trained frozen base; routes"
+    dp_refusal = (
+        "its sites send their training scans' feature means and covariances in the clear for "
+        "routing, which DP-SGD does not cover"
+    )
     params_class = LoRAParams
     needs_client_branch = True
 

@@ -61,6 +61,10 @@ class PFedMeParams(Params):
 class PFedMe(Algorithm):
     name = "pfedme"
     summary = "bi-level: personalized models on a Moreau envelope of the global model (pFedMe)"
+    dp_refusal = (
+        "its personalized models solve a Moreau-envelope problem around the global model, whose"
+        " gradient no scan owns"
+    )
     params_class = PFedMeParams
 
     def init_extra(self, model: FedModel) -> State:

@@ -183,6 +183,34 @@ def federation_table(summaries: Summaries) -> pd.DataFrame:
     return pd.DataFrame(data, index=pd.Index([name for name, _ in FEDERATION_ROWS], name="figure"))
 
 
+def privacy_frame(summaries: Summaries) -> pd.DataFrame:
+    """What each site of each differentially private run spent (one row per run and site);
+    empty when no run trained with differential privacy."""
+    rows = []
+    for label, summary in summaries.items():
+        for site, p in (summary.privacy or {}).items():
+            stopped = "no"
+            if p.stopped_round is not None:
+                late = p.stopped_round > summary.rounds
+                stopped = "before fine-tuning" if late else f"in round {p.stopped_round}"
+            rows.append(
+                {
+                    "method": label,
+                    "site": site,
+                    "epsilon spent": f"{p.epsilon:.2f}",
+                    "budget": "none" if p.budget is None else f"{p.budget:g}",
+                    "delta": f"{p.delta:.1e}",
+                    "noise multiplier": f"{p.noise_multiplier:.2f}",
+                    "sampling rate": f"{p.sample_rate:.3f}",
+                    "clip": f"{p.clip:g}",
+                    "steps": f"{p.steps} of {p.planned_steps}",
+                    "accountant": p.accountant.upper(),
+                    "stopped (budget spent)": stopped,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
 def roc_frame(summary: Summary) -> tuple[pd.DataFrame, dict[str, str]]:
     """ROC points of every site (site, curve label, fpr, tpr) and, per site without a curve,
     the reason."""
@@ -209,6 +237,7 @@ CURVES = {
     "val_auc": "validation AUC",
     "val_accuracy": "validation accuracy",
     "val_client_accuracy": "validation site-recognition accuracy",
+    "train_dp_epsilon": "privacy spent (epsilon, differential privacy)",
 }
 
 

@@ -48,9 +48,15 @@ class ModalitySpec:
     # are a few hot spots in a mostly empty volume: at fundus' 2e-3 the 2.5-D and 3-D networks
     # stayed at chance on the synthetic CT federation, at 3e-4 they learned it.
     lr: float
+    # Under differential privacy: a backbone whose every layer sees one scan at a time (no
+    # BatchNorm, no slices batched together), so that each scan has a gradient of its own.
+    dp_backbone: str
 
-    def default_backbone(self, batch_norm: bool) -> str:
-        """The backbone to train when none is chosen; ``batch_norm``: norms stay private."""
+    def default_backbone(self, batch_norm: bool, private: bool = False) -> str:
+        """The backbone to train when none is chosen; ``batch_norm``: norms stay private;
+        ``private``: differentially private training."""
+        if private:
+            return self.dp_backbone
         return self.batch_norm_backbone if batch_norm else self.backbone
 
 
@@ -67,6 +73,7 @@ FUNDUS = ModalitySpec(
     backbone="cnn-gn",
     batch_norm_backbone="cnn",
     lr=0.002,
+    dp_backbone="cnn-gn",
 )
 
 CT = ModalitySpec(
@@ -84,6 +91,7 @@ CT = ModalitySpec(
     backbone="slices-cnn-gn",
     batch_norm_backbone="slices-cnn",
     lr=3e-4,
+    dp_backbone="monai3d-gn",
 )
 
 MODALITIES: Mapping[Modality, ModalitySpec] = MappingProxyType(

@@ -18,8 +18,9 @@ import tomli_w
 import torch
 
 from medfed import __version__
-from medfed.algorithms import make_algorithm
+from medfed.algorithms import dp_algorithms, make_algorithm
 from medfed.algorithms.base import Algorithm, State, Update
+from medfed.algorithms.privacy import check_model as check_dp_model
 from medfed.config import Modality, TrainConfig
 from medfed.data.modality import modality_spec
 from medfed.data.records import Split
@@ -36,7 +37,7 @@ from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import CheckpointStore, damaged_fix
-from medfed.runs.schema import Evaluation, RunCosts, Summary, WireSettings
+from medfed.runs.schema import Evaluation, PrivacySpent, RunCosts, Summary, WireSettings
 from medfed.runs.weights import check_tensors
 
 
@@ -82,6 +83,8 @@ def resolved_backbone(config: TrainConfig, modality: Modality, algorithm: Algori
     """The run's backbone: ``config.backbone``, or the modality's default for ``auto``; refuses
     a backbone made for the other modality's scans before anything trains."""
     if config.backbone == "auto":
+        if config.dp.enabled:
+            return modality_spec(modality).default_backbone(False, private=True)
         return default_backbone(modality, algorithm)
     dims = modality_spec(modality).spatial_dims
     if spatial_dims(config.backbone) != dims:
@@ -92,6 +95,16 @@ def resolved_backbone(config: TrainConfig, modality: Modality, algorithm: Algori
             f"({dims}-D); choose auto or one of {', '.join(fits)}"
         )
     return config.backbone
+
+
+def refuse_private(algorithm: Algorithm, config: TrainConfig) -> None:
+    """Refuse, before anything trains, differential privacy for an algorithm that cannot have
+    it."""
+    if config.dp.enabled and algorithm.dp_refusal:
+        raise ConfigError(
+            f"{algorithm.run_name} cannot train under differential privacy (--dp-epsilon, "
+            f"--dp-noise): {algorithm.dp_refusal}. Choose one of {dp_algorithms()}"
+        )
 
 
 def initial_model(spec: ModelSpec, algorithm: Algorithm, seed: int, setup: DeviceSetup) -> FedModel:
@@ -186,9 +199,12 @@ class Coordinator:
         )
         self.spec = algorithm.adapt_spec(self.spec, [s.id for s in sites])
         source = init or config.init
+        refuse_private(algorithm, config)
         algorithm.check_start(bool(source))
         self.model = initial_model(self.spec, algorithm, config.seed, setup)
         algorithm.check(self.model)
+        if config.dp.enabled:
+            check_dp_model(self.model, self.spec.backbone)
         # Starting weights (--init): loaded here, on the server, and sent to every site.
         self.init_report: InitReport | None = None
         if source:
@@ -410,9 +426,11 @@ class Coordinator:
         *,
         engine: str | None = None,
         lost_sites: dict[str, str] | None = None,
+        privacy: dict[str, PrivacySpent] | None = None,
     ) -> Summary:
         """summary.json: the evaluation, the run's settings and what its rounds cost (from
-        metrics.jsonl). ``engine`` and ``lost_sites``: a Flower deployment's."""
+        metrics.jsonl). ``engine`` and ``lost_sites``: a Flower deployment's; ``privacy``: what
+        each site spent of its differential privacy budget."""
         return Summary.build(
             evaluation,
             RunCosts.of(self.run.read_metrics(), [site.id for site in self.sites]),
@@ -432,4 +450,5 @@ class Coordinator:
             normalization=self.config.normalization,
             augment=self.config.augment,
             operating_rule=self.config.operating_point,
+            privacy=privacy,
         )

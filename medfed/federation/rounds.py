@@ -222,7 +222,8 @@ class RoundLoop:
         calibrate(fed.abstention, self.link.abstention_scores(fed))
         parts = self.link.test(fed)
         evaluation = combine_evaluation(fed, parts)
-        summary = server.summary(evaluation, **self.link.summary_extra())
+        privacy = {p.entry.id: p.privacy for p in published if p.privacy is not None}
+        summary = server.summary(evaluation, privacy=privacy or None, **self.link.summary_extra())
         self.run.write_predictions(prediction_rows(parts))
         self.run.write_summary(summary)
         fed.save(self.run, {"n_train": {s.id: s.n_train for s in server.sites}})

@@ -27,17 +27,26 @@ from medfed.algorithms.base import (
     State,
     supervised_steps,
 )
+from medfed.algorithms.privacy import (
+    BudgetSpent,
+    SitePrivacy,
+    count_steps,
+    mark_stopped,
+    steps_taken,
+    stopped_round,
+)
 from medfed.config import Modality, TrainConfig
 from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import MedfedError
+from medfed.errors import ConfigError, MedfedError
 from medfed.federation import wire
 from medfed.federation.wire import WireFormat
 from medfed.metrics import OperatingRule, choose_threshold, site_metrics
 from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel
 from medfed.models.forward import run_model
+from medfed.runs.schema import PrivacySpent
 from medfed.serving.abstention import FeatureGaussian, site_gaussian
 from medfed.serving.bundle import OperatingChoice, SiteEntry
 
@@ -125,6 +134,7 @@ class Published:
     n_train: int
     state: State
     gaussian: FeatureGaussian
+    privacy: PrivacySpent | None = None
 
 
 @dataclass
@@ -153,6 +163,23 @@ class SiteWorker:
         self.x_train = self.setup.put(self.data.x[Split.TRAIN])
         self.y_train = self.setup.put(self.data.y[Split.TRAIN])
         self.wire = WireFormat(self.config.wire_precision, self.config.wire_delta)
+        self.privacy: SitePrivacy | None = None
+        if self.config.dp.enabled:
+            local = self.config.local_steps
+            planned = self.config.rounds * self.algorithm.steps_per_round(local)
+            planned += self.algorithm.finetune_steps(local)
+            self.privacy = SitePrivacy.plan(
+                self.config.dp, self.id, self.n_train, self.config.batch_size, planned
+            )
+            first = self.algorithm.steps_per_round(local)
+            if not self.privacy.affordable(first):
+                raise ConfigError(
+                    f"site {self.id!r}: its first round alone would spend epsilon "
+                    f"{self.privacy.epsilon(first):.2f}, past its budget (--dp-epsilon "
+                    f"{self.config.dp_epsilon:g}) at noise multiplier {self.privacy.noise:g} "
+                    "(--dp-noise); raise --dp-noise or the budget, or leave --dp-noise out to "
+                    "have it set from the budget"
+                )
 
     @property
     def id(self) -> str:
@@ -204,6 +231,7 @@ class SiteWorker:
             extra=clone_state(self.extra),
             autocast=self.setup.autocast(),
             check_deadline=check_deadline,
+            privacy=self.privacy,
         )
 
     def receive(self, payload: bytes, dtypes: State) -> State:
@@ -234,7 +262,20 @@ class SiteWorker:
         task = self.task(round_, lr, global_in, fault=fault)
         if fault == "raise":
             raise RuntimeError(f"site {self.id!r} failed during local training (injected)")
+        if self.privacy is not None:  # a round that would overspend is not started
+            steps = self.algorithm.steps_per_round(self.config.local_steps)
+            try:
+                self.privacy.check_affordable(steps_taken(self.extra), steps)
+            except BudgetSpent:
+                mark_stopped(self.extra, round_)
+                raise
         result = self.algorithm.local_train(task)
+        if self.privacy is not None:
+            # Spent once the update leaves, whether or not the server then takes it.
+            spent = steps_taken(task.extra)
+            count_steps(self.extra, spent)
+            result.metrics["dp_epsilon"] = self.privacy.epsilon(spent)
+            result.metrics["dp_steps"] = float(spent)
         if not math.isfinite(result.loss):
             raise SiteDropped(f"site {self.id!r}: training loss became {result.loss}")
         new_state = clone_state(self.model.state_dict())
@@ -319,18 +360,37 @@ class SiteWorker:
             norms = private_batch_norms(self.model, self.algorithm.private_keys(self.model))
             if steps > 0 or norms:
                 self.load(self.eval_state(global_state))
-                if steps > 0:
+                if steps > 0 and self.fine_tuning_affordable(steps):
                     # Fine-tuning happens on the site after the federation: no deadline.
                     task = self.task(
                         self.config.rounds + 1, finetune_lr(self.config), {}, limited=False
                     )
                     params = self.model.parameters()
                     supervised_steps(task, self.model, params, self.algorithm.loss, steps)
+                    if self.privacy is not None:
+                        count_steps(self.extra, steps_taken(task.extra))
                 if norms:
                     batch = self.config.batch_size
                     recompute_batch_norm_stats(self.model, norms, self.x_train, batch)
                 self.final_state = clone_state(self.model.state_dict())
         return {k: v.cpu() for k, v in self.eval_state(global_state).items()}
+
+    def fine_tuning_affordable(self, steps: int) -> bool:
+        """Whether the site's privacy budget (if any) leaves room for ``steps`` fine-tuning
+        steps; a site that cannot afford them answers with the model it has."""
+        if self.privacy is None:
+            return True
+        if self.privacy.affordable(steps_taken(self.extra) + steps):
+            return True
+        mark_stopped(self.extra, self.config.rounds + 1)
+        return False
+
+    def privacy_spent(self) -> PrivacySpent | None:
+        """The privacy this site has spent so far (None: it trains without DP)."""
+        if self.privacy is None:
+            return None
+        spent = self.privacy.to_dict(steps_taken(self.extra), stopped_round(self.extra))
+        return PrivacySpent.from_dict(spent)
 
     def publish(self, global_state: State) -> Published:
         """The final model and the Gaussian of its features on this site's training scans
@@ -346,4 +406,4 @@ class SiteWorker:
             self.data.manifest,
             self.operating_choice(),
         )
-        return Published(entry, self.n_train, state, gaussian)
+        return Published(entry, self.n_train, state, gaussian, self.privacy_spent())

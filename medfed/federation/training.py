@@ -14,7 +14,7 @@ from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.overview import write_site_overview
 from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError
-from medfed.federation.coordinator import resolved_backbone
+from medfed.federation.coordinator import refuse_private, resolved_backbone
 from medfed.federation.engine import Engine
 from medfed.runs import RunDir, Summary
 
@@ -45,6 +45,7 @@ def train(
     ``out/warmup`` and starts from its weights; ``echo`` hears what the starting weights were.
     """
     algorithm = make_algorithm(config.algorithm, config.params)
+    refuse_private(algorithm, config)  # before a warm-up base trains
     base = warmup_base(sites, config, algorithm, Path(out), resume, progress, echo)
     engine = Engine(sites, algorithm, config, RunDir(out), progress=progress, init=base)
     report = engine.server.init_report

@@ -132,7 +132,11 @@ def finish(message: Message, context: Context) -> Message:
                 "weights": state_record(published.state),
                 "features": state_record({"mean": gaussian.mean, "precision": gaussian.precision}),
                 "site": json_record(
-                    {"entry": published.entry.to_dict(), "n_train": published.n_train}
+                    {
+                        "entry": published.entry.to_dict(),
+                        "n_train": published.n_train,
+                        "privacy": published.privacy and published.privacy.to_dict(),
+                    }
                 ),
             }
         )

@@ -45,6 +45,7 @@ from medfed.flower.records import (
 )
 from medfed.models.device import resolve_device
 from medfed.runs import RunDir
+from medfed.runs.schema import PrivacySpent
 from medfed.serving.abstention import FeatureGaussian
 from medfed.serving.bundle import SiteEntry, TrainedFederation
 
@@ -382,11 +383,15 @@ class FlowerRun:
                     raise ValueError(f"published n_train {n_train!r}; expected a count >= 1")
                 features = state_of(reply, "features")
                 gaussian = FeatureGaussian(features["mean"], features["precision"])
-            except (KeyError, TypeError, ValueError) as exc:
+                privacy = info.get("privacy")
+                if privacy is not None:
+                    privacy = PrivacySpent.from_dict(privacy, f"site {site}'s final model")
+            except (KeyError, TypeError, ValueError, MedfedError) as exc:
                 self.lost[site] = str(exc)
                 out[index] = SiteFailure(str(exc))
                 continue
-            out[index] = Published(entry, n_train, state_of(reply, "weights"), gaussian)
+            weights = state_of(reply, "weights")
+            out[index] = Published(entry, n_train, weights, gaussian, privacy)
         return out
 
     def abstention_scores(self, fed: TrainedFederation) -> list[np.ndarray]:

@@ -11,6 +11,7 @@ fundus run's, torchvision's ImageNet ResNet-18) start them.
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Callable
 
 import torch
@@ -272,11 +273,32 @@ def _monai_resnet3d(in_channels: int, group_norm: bool) -> tuple[nn.Module, int]
         conv1_t_stride=1,
         feed_forward=False,
     )
+    for module in net.modules():
+        if type(module).__name__ == "ResNetBlock":
+            module.forward = types.MethodType(_residual_block_forward, module)
     if group_norm:
         # MONAI 1.6.1's ResNet applies its `norm` argument to the stem only (residual blocks and
         # shortcuts always get BatchNorm), so every BatchNorm is swapped here instead.
         _replace_batch_norm(net, _group_norm(MONAI3D_GROUPS))
     return net, MONAI3D_WIDTHS[-1]
+
+
+def _residual_block_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """MONAI's basic residual block with the shortcut added out of place (MONAI adds it in
+    place, which autograd refuses once DP-SGD's per-scan hooks wrap the norm's output); the
+    arithmetic is the same."""
+    out = self.act(self.bn1(self.conv1(x)))
+    out = self.bn2(self.conv2(out))
+    residual = x if self.downsample is None else self.downsample(x)
+    return self.act(out + residual)
+
+
+def group_norm_twin(name: str) -> str | None:
+    """The GroupNorm backbone of the same architecture as ``name`` (None: there is none)."""
+    if name in BACKBONES and name.endswith("-gn"):
+        return name
+    twin = {"cnn": "cnn-gn", "resnet18-bn": "resnet18-gn", "monai3d": "monai3d-gn"}
+    return twin.get(name)
 
 
 def _replace_batch_norm(module: nn.Module, make: NormFactory) -> None:

@@ -193,8 +193,30 @@ def federation_lines(summary: Summary) -> list[str]:
         ("dropouts", summary.dropouts),
     ]
     lines = [f"{name}: {fmt(value)}" for name, value in pairs]
+    lines += privacy_lines(summary)
     if any(m.unreliable for m in summary.sites.values()):
         lines += unreliable_notes(summary)
+    return lines
+
+
+def privacy_lines(summary: Summary) -> list[str]:
+    """One line per site of a differentially private run: epsilon spent (of its budget) at its
+    delta, the mechanism, and whether the site stopped early; none for other runs."""
+    if not summary.privacy:
+        return []
+    lines = []
+    for site, p in summary.privacy.items():
+        budget = f" of budget {p.budget:g}" if p.budget is not None else ""
+        stopped = ""
+        if p.stopped_round is not None and p.stopped_round > summary.rounds:
+            stopped = "; skipped its fine-tuning (budget spent)"
+        elif p.stopped_round is not None:
+            stopped = f"; stopped training in round {p.stopped_round} (budget spent)"
+        lines.append(
+            f"differential privacy, {site}: epsilon {p.epsilon:.2f}{budget} at delta "
+            f"{p.delta:.1e} ({p.accountant.upper()}; noise multiplier {p.noise_multiplier:.2f}, "
+            f"sampling rate {p.sample_rate:.3f}, clip {p.clip:g}, {p.steps} steps){stopped}"
+        )
     return lines
 
 

@@ -448,6 +448,55 @@ class SiteTraffic(_JsonView):
 
 
 @dataclass(frozen=True)
+class PrivacySpent(_JsonView):
+    """One site's differential privacy: the epsilon it spent at its delta over ``steps`` DP-SGD
+    steps, and the mechanism (noise multiplier, Poisson sampling rate, clip, accountant)."""
+
+    epsilon: float
+    delta: float
+    budget: float | None
+    noise_multiplier: float
+    sample_rate: float
+    clip: float
+    steps: int
+    planned_steps: int
+    accountant: str
+    # The round in which the site stopped training because its budget was spent (rounds + 1:
+    # it skipped its fine-tuning); None: it never stopped.
+    stopped_round: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "budget": self.budget,
+            "noise_multiplier": self.noise_multiplier,
+            "sample_rate": self.sample_rate,
+            "clip": self.clip,
+            "steps": self.steps,
+            "planned_steps": self.planned_steps,
+            "accountant": self.accountant,
+            "stopped_round": self.stopped_round,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "summary.json", prefix: str = "") -> PrivacySpent:
+        f = _Fields(data, where, prefix)
+        return cls(
+            epsilon=f.number("epsilon", kind=AMOUNT),
+            delta=f.number("delta", kind=RATE),
+            budget=f.opt_number("budget", None, AMOUNT),
+            noise_multiplier=f.number("noise_multiplier", kind=AMOUNT),
+            sample_rate=f.number("sample_rate", kind=RATE),
+            clip=f.number("clip", kind=AMOUNT),
+            steps=f.integer("steps", kind=COUNT),
+            planned_steps=f.integer("planned_steps", kind=COUNT),
+            accountant=f.text("accountant"),
+            stopped_round=f.opt_integer("stopped_round", None, COUNT),
+        )
+
+
+@dataclass(frozen=True)
 class WireSettings(_JsonView):
     """How updates were encoded on the wire."""
 
@@ -880,6 +929,7 @@ class Summary(Evaluation):
     normalization: str = "site"
     augment: str = "flip"
     operating_rule: str | None = None
+    privacy: dict[str, PrivacySpent] | None = None  # per site, for a differentially private run
 
     @property
     def protocol(self) -> str:
@@ -930,6 +980,8 @@ class Summary(Evaluation):
             data["engine"] = self.engine
         if self.lost_sites is not None:
             data["lost_sites"] = dict(self.lost_sites)
+        if self.privacy is not None:
+            data["privacy"] = {site: p.to_dict() for site, p in self.privacy.items()}
         return data
 
     @classmethod
@@ -942,6 +994,9 @@ class Summary(Evaluation):
         if not all(COUNT.accepts(r) for r in skipped):
             raise f.bad("skipped_rounds", "a list of round numbers", skipped)
         lost = f.data.get("lost_sites")
+        privacy = f.data.get("privacy")
+        if privacy is not None and not isinstance(privacy, dict):
+            raise f.bad("privacy", "an object of sites", privacy)
         return cls(
             **_evaluation_fields(f),
             algorithm=f.text("algorithm"),
@@ -967,6 +1022,12 @@ class Summary(Evaluation):
             normalization=f.text("normalization", "site"),
             augment=f.text("augment", "flip"),
             operating_rule=f.opt_text("operating_rule"),
+            privacy=None
+            if privacy is None
+            else {
+                site: PrivacySpent.from_dict(item, where, f"privacy.{site}.")
+                for site, item in privacy.items()
+            },
         )
 
     def __or__(self, other: Mapping[str, Any]) -> Summary:

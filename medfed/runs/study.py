@@ -829,6 +829,38 @@ def _routing_section(runs: Sequence[StudyRun]) -> list[Html]:
     return out
 
 
+def _privacy_section(runs: Sequence[StudyRun]) -> list[Html]:
+    out = []
+    for run in runs:
+        spent = run.summary.privacy
+        if not spent:
+            continue
+        rows = []
+        for site, p in spent.items():
+            stopped = "no"
+            if p.stopped_round is not None:
+                late = p.stopped_round > run.summary.rounds
+                stopped = "before fine-tuning" if late else f"in round {p.stopped_round}"
+            rows.append(
+                [
+                    site,
+                    fig(f"{p.epsilon:.2f}"),
+                    "none" if p.budget is None else f"{p.budget:g}",
+                    f"{p.delta:.1e}",
+                    f"{p.noise_multiplier:.2f}",
+                    f"{p.sample_rate:.3f}",
+                    f"{p.clip:g}",
+                    f"{p.steps} of {p.planned_steps}",
+                    p.accountant.upper(),
+                    stopped,
+                ]
+            )
+        header = ["site", "epsilon spent", "budget", "delta", "noise multiplier"]
+        header += ["sampling rate", "clip", "steps", "accountant", "stopped"]
+        out.append(table(header, rows, caption=run.label))
+    return out
+
+
 def _network_section(runs: Sequence[StudyRun], sites: list[str]) -> list[Html]:
     rows = []
     for run in runs:
@@ -958,6 +990,13 @@ INTRO = {
         "What each method exchanged between the sites and the coordinator: model updates only, "
         "never scans. Per round, sent plus received, averaged over the rounds."
     ),
+    "privacy": (
+        "Runs trained with DP-SGD at every site: each scan's gradient clipped, Gaussian noise "
+        "added, batches Poisson-sampled. Epsilon is what each site spent at its delta (smaller "
+        "is more private); it bounds what the weights a site trained reveal about any one of "
+        "its patients. It does not cover the figures sites report (AUCs) nor the feature "
+        "statistics they publish for abstention. A site that reached its budget stopped training."
+    ),
     "review": (
         "New patients' scans routed after training and read by the sites' clinicians (each "
         f"run's audit log, every read so far). {PROSPECTIVE_LEGEND}"
@@ -965,6 +1004,8 @@ INTRO = {
 }
 REVIEW_SECTION = ("review", "Prospective review")
 """Shown after the others, only for runs whose scans clinicians have read."""
+PRIVACY_SECTION = ("privacy", "Differential privacy")
+"""Shown only when a run trained with differential privacy."""
 
 
 def default_title(runs: Sequence[StudyRun]) -> str:
@@ -1018,6 +1059,10 @@ def render_study(
     if notes:
         bodies["discrimination"].insert(1, notes)
     shown = list(SECTIONS)
+    privacy = _privacy_section(runs)
+    if privacy:
+        bodies["privacy"] = privacy
+        shown.append(PRIVACY_SECTION)
     review = _review_section(runs, prospective or {})
     if review:
         bodies["review"] = review

@@ -193,6 +193,21 @@ def protocols(label: str, summary: Summary) -> None:
     )
 
 
+def privacy(summaries: dict[str, Summary]) -> None:
+    """Each differentially private run's epsilon per site (nothing for other runs)."""
+    frame = rundata.privacy_frame(summaries)
+    if frame.empty:
+        return
+    st.subheader("Differential privacy")
+    st.dataframe(frame, hide_index=True)
+    st.caption(
+        "Epsilon each site spent at its delta (DP-SGD: each scan's gradient clipped, Gaussian "
+        "noise added; smaller is more private). It bounds what the site's trained weights "
+        "reveal about any one patient; it does not cover reported figures or the feature "
+        "statistics published for abstention. A site that reached its budget stopped training."
+    )
+
+
 def settings(runs: list[rundata.Run]) -> None:
     """What each run trained with, side by side (one column per run)."""
     configs = {r.label: common.read_config(r) for r in runs}
@@ -231,6 +246,7 @@ def main() -> None:
         "(routed to one site, or a majority vote of the site models). Spread and Gini measure "
         "how unequal the sites' AUCs are (0: all equal)."
     )
+    privacy(summaries)
     settings(runs)
     roc_by_method(summaries)
 

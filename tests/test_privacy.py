@@ -1,0 +1,202 @@
+"""Differential privacy: DP-SGD through Opacus at every site, its accounting and its budget."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from opacus.accountants import PRVAccountant, RDPAccountant
+from torch import nn
+
+from medfed.algorithms import ALGORITHMS, dp_algorithms, make_algorithm
+from medfed.algorithms.base import Batches, LocalTask, Optim, supervised_steps
+from medfed.algorithms.privacy import SitePrivacy, check_model, per_sample_gradients
+from medfed.config import DPSettings, Modality, TrainConfig
+from medfed.errors import ConfigError
+from medfed.federation.training import train
+from medfed.models.backbones import BACKBONES
+from medfed.models.fedmodel import FedModel, ModelSpec
+from medfed.runs import RunDir
+from medfed.runs.report import federation_lines
+from tests.tensorsites import tensor_sites
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def config(algorithm: str = "fedavg", **kw) -> TrainConfig:
+    base = dict(algorithm=algorithm, rounds=3, local_steps=3, batch_size=8, device="cpu")
+    base |= dict(optimizer="sgd", lr=0.05, dp_epsilon=3.0)
+    return TrainConfig(**(base | kw))
+
+
+@pytest.fixture(scope="module")
+def private_run(tmp_path_factory):
+    """A FedDRM run at epsilon 3 (shared by the tests that read it)."""
+    out = tmp_path_factory.mktemp("dp") / "run"
+    summary = train(tensor_sites(3), config("feddrm"), out)
+    return summary, RunDir(out)
+
+
+def opacus_epsilon(kind: str, noise: float, rate: float, steps: int, delta: float) -> float:
+    """Opacus' own accountant, stepped once per DP-SGD step as its optimizer hook does."""
+    accountant = RDPAccountant() if kind == "rdp" else PRVAccountant()
+    for _ in range(steps):
+        accountant.step(noise_multiplier=noise, sample_rate=rate)
+    return accountant.get_epsilon(delta=delta)
+
+
+def test_the_epsilon_each_round_records_is_opacus_own(private_run) -> None:
+    summary, run = private_run
+    n_train = 24  # tensor_site: 48 scans, half of them for training
+    for site, spent in summary.privacy.items():
+        assert spent.sample_rate == pytest.approx(8 / n_train)
+        assert spent.delta == pytest.approx(0.1 / n_train)
+        assert spent.steps == spent.planned_steps == 3 * 3
+        assert spent.stopped_round is None
+        records = [r for r in run.read_metrics() if r.site == site]
+        for record in records:
+            steps = int(record.extra["train_dp_steps"])
+            assert steps == 3 * record.round
+            expected = opacus_epsilon(
+                "rdp", spent.noise_multiplier, 8 / n_train, steps, spent.delta
+            )
+            assert record.extra["train_dp_epsilon"] == pytest.approx(expected, rel=1e-9)
+        # The noise was chosen to spend the budget over the planned run, not more.
+        assert 2.9 < spent.epsilon <= 3.0
+    lines = "\n".join(federation_lines(summary))
+    assert "differential privacy, site0: epsilon" in lines and "of budget 3" in lines
+
+
+def test_the_prv_accountant_agrees_with_opacus_too() -> None:
+    plan = SitePrivacy.plan(DPSettings(epsilon=2.0, accountant="prv"), "a", 200, 16, 40)
+    expected = opacus_epsilon("prv", plan.noise, 16 / 200, 40, 0.1 / 200)
+    assert plan.epsilon(40) == pytest.approx(expected, rel=1e-6)
+    assert plan.epsilon(40) <= 2.0 and plan.epsilon(20) < plan.epsilon(40)
+
+
+def test_each_scans_gradient_is_clipped_to_the_bound() -> None:
+    """Identical scans, no noise, plain SGD at lr 1: the step is exactly one clipped gradient
+    (norm C), while the raw gradient is far larger."""
+    torch.manual_seed(0)
+    model = FedModel(ModelSpec("cnn-gn", 3, 2, 1))
+    x = torch.randn(1, 3, 16, 16).repeat(6, 1, 1, 1) * 50
+    y = torch.ones(6, dtype=torch.long)
+    before = [p.detach().clone() for p in model.parameters()]
+    raw = torch.autograd.grad(
+        nn.functional.cross_entropy(model(x[:1]).target_logits, y[:1]), list(model.parameters())
+    )
+    raw_norm = torch.sqrt(sum(g.pow(2).sum() for g in raw)).item()
+    clip = 0.01
+    privacy = SitePrivacy("a", 0.0, 1.0, clip, 1e-3, None, "rdp", 1)
+    task = LocalTask(
+        model=model,
+        global_state={},
+        batches=Batches(x, y, 6, torch.Generator().manual_seed(0)),
+        steps=1,
+        optim=Optim(lr=1.0, momentum=0.0, weight_decay=0.0, kind="sgd"),
+        site_index=0,
+        n_sites=1,
+        site_id="a",
+        extra={},
+        autocast=contextlib.nullcontext,
+        privacy=privacy,
+    )
+    supervised_steps(task, model, model.parameters(), _target_loss)
+    step = torch.sqrt(
+        sum((p.detach() - b).pow(2).sum() for p, b in zip(model.parameters(), before, strict=True))
+    )
+    assert raw_norm > 100 * clip
+    assert step.item() == pytest.approx(clip, rel=1e-4)
+    # The model is shared scratch space: nothing of Opacus is left on it.
+    assert all(not hasattr(p, "grad_sample") for p in model.parameters())
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def _target_loss(task, model, x, y):
+    return nn.functional.cross_entropy(model(x).target_logits.float(), y)
+
+
+def test_the_same_seed_trains_the_same_private_models(private_run, tmp_path) -> None:
+    summary, run = private_run
+    again = train(tensor_sites(3), config("feddrm"), tmp_path / "again")
+    assert again.privacy == summary.privacy
+    for site in summary.sites:
+        assert again.sites[site].auc == summary.sites[site].auc
+    first = {k: v for k, v in run.read_metrics()[-1].extra.items()}
+    assert RunDir(tmp_path / "again").read_metrics()[-1].extra == first
+    # and another seed draws other batches and other noise
+    other = train(tensor_sites(3), config("feddrm", seed=1), tmp_path / "other")
+    assert [other.sites[s].auc for s in other.sites] != [summary.sites[s].auc for s in other.sites]
+
+
+def test_a_site_never_spends_more_than_its_budget(tmp_path) -> None:
+    """A noise multiplier that spends the budget early: each site stops, with a reason, before
+    the round that would overspend; the run finishes with what the sites had."""
+    cfg = config("fedavg", rounds=6, dp_epsilon=2.0, dp_noise=1.6)  # stops in round 3
+    summary = train(tensor_sites(3), cfg, tmp_path / "run")
+    run = RunDir(tmp_path / "run")
+    for site, spent in summary.privacy.items():
+        assert spent.epsilon <= 2.0
+        assert spent.stopped_round == 3
+        assert spent.steps == 3 * (spent.stopped_round - 1)
+        records = [r for r in run.read_metrics() if r.site == site]
+        spent_by_round = [r.extra["train_dp_epsilon"] for r in records if r.status == "ok"]
+        assert spent_by_round == sorted(spent_by_round) and max(spent_by_round) <= 2.0
+        stopped = [r for r in records if r.round >= spent.stopped_round]
+        assert stopped and all(r.status == "dropped" for r in stopped)
+        assert "past its budget 2" in stopped[0].reason and "stopped training" in stopped[0].reason
+    assert "stopped training in round" in "\n".join(federation_lines(summary))
+
+
+def test_fine_tuning_is_planned_into_the_budget(tmp_path) -> None:
+    summary = train(tensor_sites(2), config("fedavgft", rounds=2), tmp_path / "run")
+    for spent in summary.privacy.values():
+        assert spent.planned_steps == 2 * 3 + 2 * 3  # rounds, then two rounds' worth of tuning
+        assert spent.steps == spent.planned_steps and spent.epsilon <= 3.0
+
+
+def test_dp_picks_a_group_norm_backbone_and_refuses_what_cannot_be_private(tmp_path) -> None:
+    summary = train(tensor_sites(2), config("fedbn", rounds=1), tmp_path / "fedbn")
+    assert summary.backbone == "cnn-gn"  # FedBN keeps its GroupNorm layers on each site
+    with pytest.raises(ConfigError, match=r"BatchNorm.*--backbone resnet18-gn"):
+        train(tensor_sites(2), config(backbone="resnet18-bn"), tmp_path / "bn")
+    for name in sorted(set(ALGORITHMS) - set(dp_algorithms()) - {"fedals"}):
+        reason = make_algorithm(name).dp_refusal
+        assert reason
+        with pytest.raises(ConfigError, match="cannot train under differential privacy"):
+            train(tensor_sites(2), config(name, rounds=1), tmp_path / name)
+    assert {"fedavg", "feddrm", "fedbn", "fedrep", "fedavgft", "local"} <= set(dp_algorithms())
+
+
+@pytest.mark.parametrize("backbone", [b for b in BACKBONES if b.startswith("slices-")])
+def test_slice_backbones_are_refused_for_their_per_slice_gradients(backbone) -> None:
+    model = FedModel(ModelSpec(backbone, 1, 2, 2))
+    with pytest.raises(ConfigError, match=r"slice's, not a scan's.*monai3d-gn"):
+        check_model(model, backbone)
+
+
+def test_the_3d_backbone_trains_under_dp() -> None:
+    """CT's DP backbone: its residual blocks must take Opacus' per-scan hooks."""
+    from medfed.federation.coordinator import resolved_backbone
+
+    cfg = config()
+    assert resolved_backbone(cfg, Modality.CT, make_algorithm("feddrm")) == "monai3d-gn"
+    model = FedModel(ModelSpec("monai3d-gn", 1, 2, 2, client_branch=True))
+    check_model(model, "monai3d-gn")
+    x, y = torch.randn(3, 1, 12, 12, 12), torch.tensor([0, 1, 1])
+    with per_sample_gradients(model):
+        out = model(x)
+        (F.cross_entropy(out.target_logits, y) + F.cross_entropy(out.client_logits, y)).backward()
+        shapes = {p.grad_sample.shape[0] for p in model.parameters() if p.requires_grad}
+    assert shapes == {3}  # one gradient per scan for every weight
+
+
+def test_a_private_run_resumes_from_the_privacy_it_had_spent(tmp_path, monkeypatch) -> None:
+    from tests.test_engine import kill_and_resume, stable
+
+    whole, resumed = kill_and_resume(config("feddrm", rounds=4), tmp_path, monkeypatch)
+    assert stable(resumed) == stable(whole)
+    assert resumed.privacy == whole.privacy and not math.isnan(whole.privacy["site0"].epsilon)
