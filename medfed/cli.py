@@ -932,6 +932,30 @@ def transfer(
     run_transfer(out, quick=quick, echo=typer.echo, readme=update_readme)
 
 
+@app.command("privacy-curve")
+@friendly
+def privacy_curve(
+    out: Annotated[
+        Path,
+        typer.Option(help="Folder for the data, the runs and the results.", callback=named_folder),
+    ] = Path("privacy_out"),
+    quick: Annotated[
+        bool, typer.Option(help="A smaller budget, one seed (about 10 minutes on 2 cores).")
+    ] = False,
+    update_readme: Annotated[
+        Path | None,
+        typer.Option(help="Write the results into this README's privacy section, with the plot."),
+    ] = None,
+) -> None:
+    """What differential privacy costs: FedAvg and FedDRM at epsilon 1, 3, 8 and without DP,
+    worst-site AUC with 95% CIs and paired differences (OUT/privacy.md, OUT/privacy.png)."""
+    _check_readme(update_readme, "privacy")
+    check_out_folder(out)
+    from medfed.experiments.privacy_curve import run_privacy_curve
+
+    run_privacy_curve(out, quick=quick, echo=typer.echo, readme=update_readme)
+
+
 @app.command()
 @friendly
 def bench(

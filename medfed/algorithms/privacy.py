@@ -188,7 +188,10 @@ def per_sample_gradients(model: nn.Module) -> Iterator[None]:
     with _quiet():
         wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean")
     try:
-        yield
+        with warnings.catch_warnings():
+            # Opacus' hooks fire on module outputs; the scans themselves need no gradient.
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            yield
     finally:
         wrapped._close()
         for p in model.parameters():
