@@ -179,7 +179,10 @@ def test_a_killed_supernode_is_counted_and_the_run_finishes(tiny_sites, tmp_path
 def test_a_deployed_run_resumes_from_the_server_checkpoint(tiny_sites, tmp_path) -> None:
     manifests, cache = tiny_sites
     run_dir = tmp_path / "run"
-    config = TrainConfig(algorithm="feddrm", rounds=3, local_steps=1, batch_size=8, seed=2)
+    # Under differential privacy: each node's count of DP-SGD steps must survive the restart.
+    config = TrainConfig(
+        algorithm="feddrm", rounds=3, local_steps=1, batch_size=8, seed=2, dp_epsilon=8.0
+    )
     write_app(tmp_path / "app", config, SITES, str(run_dir), wait_s=180, reply_timeout_s=240)
     fed = LoopbackFederation(tmp_path)
     try:
@@ -223,6 +226,10 @@ def test_a_deployed_run_resumes_from_the_server_checkpoint(tiny_sites, tmp_path)
     here = {(r["round"], r["site"]): r for r in RunDir(tmp_path / "local").read_metrics()}
     for r in records:
         assert r["val_loss"] == pytest.approx(here[(r["round"], r["site"])]["val_loss"], abs=1e-5)
+        assert r["train_dp_steps"] == r["round"]  # one DP-SGD step a round, counted once
+        expected = here[(r["round"], r["site"])]["train_dp_epsilon"]
+        assert r["train_dp_epsilon"] == pytest.approx(expected, rel=1e-9)
+    assert resumed["privacy"] == local["privacy"] and set(resumed["privacy"]) == set(SITES)
 
 
 def test_a_deployed_lora_run_starts_from_the_weights_the_server_sends(tiny_sites, tmp_path) -> None:

@@ -24,6 +24,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 
 from medfed.algorithms.base import State
+from medfed.algorithms.privacy import BudgetSpent
 from medfed.data.records import Split
 from medfed.federation import wire
 from medfed.federation.site import SiteWorker, failure_reason
@@ -83,14 +84,18 @@ def train(message: Message, context: Context) -> Message:
         start = time.perf_counter()
         worker = node.worker(round_ - 1)
         dtypes = {k: worker.state[k] for k in step["keys"]}
-        done = worker.train_round(
-            round_,
-            float(step["lr"]),
-            payload_of(message.content),
-            list(step["keys"]),
-            dtypes,
-            step.get("fault"),
-        )
+        try:
+            done = worker.train_round(
+                round_,
+                float(step["lr"]),
+                payload_of(message.content),
+                list(step["keys"]),
+                dtypes,
+                step.get("fault"),
+            )
+        except BudgetSpent:
+            node.save(round_, worker)  # the site remembers that its privacy budget stopped it
+            raise
         worker.keep(done)
         node.save(round_, worker)
         return RecordDict(
