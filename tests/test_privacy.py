@@ -200,3 +200,19 @@ def test_a_private_run_resumes_from_the_privacy_it_had_spent(tmp_path, monkeypat
     whole, resumed = kill_and_resume(config("feddrm", rounds=4), tmp_path, monkeypatch)
     assert stable(resumed) == stable(whole)
     assert resumed.privacy == whole.privacy and not math.isnan(whole.privacy["site0"].epsilon)
+
+
+def test_the_report_and_the_dashboard_show_what_each_site_spent(private_run) -> None:
+    from medfed.dashboard.rundata import privacy_frame
+    from medfed.runs.study import load_study, render_study
+
+    summary, run = private_run
+    frame = privacy_frame({"feddrm": summary})
+    assert list(frame["site"]) == list(summary.privacy)
+    spent = summary.privacy["site0"]
+    assert frame.iloc[0]["epsilon spent"] == f"{spent.epsilon:.2f}"
+    assert frame.iloc[0]["budget"] == "3" and frame.iloc[0]["steps"] == "9 of 9"
+    html = render_study(load_study([run.path]))
+    assert 'id="privacy"' in html and "Differential privacy" in html
+    assert f"{spent.epsilon:.2f}" in html
+    assert privacy_frame({"plain": summary | {"privacy": None}}).empty

@@ -65,7 +65,7 @@ class PrivacyBudget:
                 raise ConfigError(f"privacy-curve budget: {name} must be at least 1")
 
 
-FULL = PrivacyBudget(n_per_site=240, rounds=20, seeds=3)
+FULL = PrivacyBudget(n_per_site=240, rounds=20, seeds=2)
 QUICK = PrivacyBudget(n_per_site=120, rounds=10, seeds=1)
 N_BOOT = {"full": 2000, "quick": 1000}
 
