@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # itself then exits 2, so callers only see that the tests failed).
 PYTEST_FAILED = { rc=$$?; [ $$rc -ne 5 ] || echo "pytest collected no tests" >&2; exit $$rc; }
 
-.PHONY: demo bench dashboard test test-fast lint clean
+.PHONY: demo bench gpu-check gpu-wheels dashboard test test-fast lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,21 @@ dashboard: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/medfed bench --out bench_out
 
+# The GPU path end to end (README, "GPU check"); on a machine without CUDA it checks the CPU's
+# bf16 autocast instead. On a machine with its own Python and torch: python3 -m medfed gpu-check.
+gpu-check: $(STAMP)
+	$(BIN)/medfed gpu-check --out gpu_check_out
+
+# Wheels for a GPU machine that has Python 3.12, torch, numpy, scipy, scikit-learn,
+# scikit-image, pandas, typer and safetensors but not the rest of medfed's needs; they go to
+# .whl/ (ignored by git). There: pip install --no-index --no-deps --target /tmp/site .whl/*.whl
+GPU_WHEELS := monai==1.6.1 pydicom==3.0.2 nibabel==5.4.2 tomli-w==1.2.0 opacus==1.6.0 \
+	opt-einsum==3.4.0 defusedxml==0.7.1 openpyxl==3.1.5 et-xmlfile==2.0.0
+gpu-wheels: $(STAMP)
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl $(GPU_WHEELS)
+
 # Everything (what CI runs): slow tests, a real Flower deployment, the dashboard in Chromium.
 # The Flower tests spend most of their time waiting on their own processes, so they run
 # alongside the rest (their own temporary folder and log, printed after); both must pass.
@@ -54,4 +69,4 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check medfed tests
 
 clean:
-	rm -rf demo_out bench_out .pytest_cache .ruff_cache
+	rm -rf demo_out bench_out gpu_check_out .pytest_cache .ruff_cache

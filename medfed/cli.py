@@ -932,6 +932,53 @@ def transfer(
     run_transfer(out, quick=quick, echo=typer.echo, readme=update_readme)
 
 
+@app.command("gpu-check")
+@friendly
+def gpu_check(
+    out: Annotated[
+        Path, typer.Option(help="Folder for the data, runs and results.", callback=named_folder)
+    ] = Path("gpu_check_out"),
+    short: Annotated[
+        bool,
+        typer.Option(help="Tiny data, no bench: checks the check itself (a minute on a CPU)."),
+    ] = False,
+    bench: Annotated[
+        bool | None,
+        typer.Option(help="Run the bench's quick table too (default: yes, unless --short)."),
+    ] = None,
+    algorithm: Annotated[
+        list[str] | None,
+        typer.Option(help="Check only this algorithm (repeatable; default: every one)."),
+    ] = None,
+    modality: Annotated[
+        list[str] | None, typer.Option(help="fundus and/or ct (repeatable; default: both).")
+    ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(help="The device to check against the CPU (default: cuda, else cpu-bf16)."),
+    ] = None,
+) -> None:
+    """Check the GPU path end to end: every algorithm on the GPU against the CPU (same seed,
+    figures within tolerance), images per second per backbone, peak GPU memory, the bench's
+    quick table; OUT/gpu_check.json and OUT/gpu_check.md. Exits 1 when anything failed."""
+    check_out_folder(out)
+    from medfed.experiments.gpucheck import FULL, MODALITIES, SHORT, run_gpu_check
+
+    budget = SHORT if short else FULL
+    if bench is not None:
+        budget = dataclasses.replace(budget, bench=bench)
+    results = run_gpu_check(
+        out,
+        budget=budget,
+        algorithms=algorithm or None,
+        modalities=tuple(modality or MODALITIES),
+        device=device,
+        echo=typer.echo,
+    )
+    if not results["ok"]:
+        raise typer.Exit(1)
+
+
 @app.command("privacy-curve")
 @friendly
 def privacy_curve(

@@ -438,7 +438,9 @@ def load_manifests(paths: list[str | Path]) -> list[SiteManifest]:
     return manifests
 
 
-DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+# cpu-bf16: the CPU with the GPU path's numerics (bf16 autocast, channels-last), for checking
+# that path on a machine without a GPU (medfed gpu-check); slower than cpu on most CPUs.
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "cpu-bf16")
 FAULT_KINDS: tuple[str, ...] = ("raise", "nan", "shape", "timeout", "drop")
 # How updates are encoded on the wire (medfed.federation.wire), with the line help shows.
 WIRE_PRECISION_NOTES: dict[str, str] = {

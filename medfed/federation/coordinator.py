@@ -112,7 +112,7 @@ def initial_model(spec: ModelSpec, algorithm: Algorithm, seed: int, setup: Devic
     torch.manual_seed(derive_seed(seed, 0))
     model = build_model(spec).to(setup.device)
     algorithm.initialize(model, seed)
-    if setup.is_cuda and spatial_dims(spec.backbone) == 2:
+    if setup.channels_last and spatial_dims(spec.backbone) == 2:
         model = model.to(memory_format=torch.channels_last)
     return model
 

@@ -22,6 +22,7 @@ T = TypeVar("T", torch.Tensor, "NormalizedView")
 class DeviceSetup:
     device: torch.device
     autocast_dtype: torch.dtype | None
+    channels_last: bool = False  # 2-D models and batches in channels-last memory format
 
     @property
     def is_cuda(self) -> bool:
@@ -30,7 +31,8 @@ class DeviceSetup:
     def autocast(self) -> Callable[[], Any]:
         if self.autocast_dtype is None:
             return contextlib.nullcontext
-        return lambda: torch.autocast("cuda", dtype=self.autocast_dtype)
+        kind, dtype = self.device.type, self.autocast_dtype
+        return lambda: torch.autocast(kind, dtype=dtype)
 
     def put(self, x: T) -> T:
         """Move a data tensor to the device once (through pinned memory on CUDA).
@@ -45,6 +47,8 @@ class DeviceSetup:
     def describe(self) -> str:
         if self.is_cuda:
             return f"cuda ({torch.cuda.get_device_name(self.device)}, bf16 autocast)"
+        if self.autocast_dtype is not None:
+            return f"cpu ({torch.get_num_threads()} threads, bf16 autocast, channels-last)"
         return f"cpu ({torch.get_num_threads()} threads)"
 
 
@@ -54,6 +58,23 @@ def resolve_device(name: str) -> DeviceSetup:
         raise ConfigError(f"--device {name!r}: choose one of {', '.join(DEVICES)}")
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda was asked for, but no CUDA device is visible; use auto")
+    if name == "cpu-bf16":
+        if not cpu_bf16_supported():
+            raise ConfigError(
+                "--device cpu-bf16: this CPU (or this torch build) cannot run bf16 autocast; "
+                "use --device cpu"
+            )
+        return DeviceSetup(torch.device("cpu"), torch.bfloat16, channels_last=True)
     if name == "cpu" or not torch.cuda.is_available():
         return DeviceSetup(torch.device("cpu"), None)
-    return DeviceSetup(torch.device("cuda"), torch.bfloat16)
+    return DeviceSetup(torch.device("cuda"), torch.bfloat16, channels_last=True)
+
+
+def cpu_bf16_supported() -> bool:
+    """Whether a convolution runs under CPU bf16 autocast here (torch builds and CPUs vary)."""
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = torch.nn.functional.conv2d(torch.ones(1, 1, 4, 4), torch.ones(1, 1, 3, 3))
+        return bool(torch.isfinite(out.float()).all())
+    except (RuntimeError, TypeError):
+        return False
