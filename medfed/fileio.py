@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -59,3 +60,11 @@ def check_out_folder(path: Path, option: str = "--out") -> None:
             f"{option} {path}: the folder cannot be written ({exc.strerror or exc}); "
             "choose a folder this user can write to"
         ) from None
+
+
+def fresh_folder(folder: Path) -> Path:
+    """``folder``, emptied of what an earlier run of an experiment left there (it is created
+    by whoever writes into it)."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    return folder

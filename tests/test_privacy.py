@@ -147,7 +147,7 @@ def test_a_site_never_spends_more_than_its_budget(tmp_path) -> None:
         stopped = [r for r in records if r.round >= spent.stopped_round]
         assert stopped and all(r.status == "dropped" for r in stopped)
         assert "past its budget 2" in stopped[0].reason and "stopped training" in stopped[0].reason
-    assert "stopped training in round" in "\n".join(federation_lines(summary))
+    assert "stopped in round 3 (budget spent)" in "\n".join(federation_lines(summary))
 
 
 def test_fine_tuning_is_planned_into_the_budget(tmp_path) -> None:

@@ -24,7 +24,7 @@ from medfed.data.cards import TO_FILL
 from medfed.errors import ConfigError
 from medfed.names import printable
 from medfed.runs import RunDir
-from medfed.runs.report import fmt
+from medfed.runs.report import PRIVACY_COLUMNS, fmt, privacy_cells
 from medfed.runs.schema import DROPPED, OK, RoundRecord, Summary
 from medfed.serving.audit import AuditEntry
 from medfed.units import human_bytes
@@ -186,28 +186,15 @@ def federation_table(summaries: Summaries) -> pd.DataFrame:
 def privacy_frame(summaries: Summaries) -> pd.DataFrame:
     """What each site of each differentially private run spent (one row per run and site);
     empty when no run trained with differential privacy."""
-    rows = []
-    for label, summary in summaries.items():
-        for site, p in (summary.privacy or {}).items():
-            stopped = "no"
-            if p.stopped_round is not None:
-                late = p.stopped_round > summary.rounds
-                stopped = "before fine-tuning" if late else f"in round {p.stopped_round}"
-            rows.append(
-                {
-                    "method": label,
-                    "site": site,
-                    "epsilon spent": f"{p.epsilon:.2f}",
-                    "budget": "none" if p.budget is None else f"{p.budget:g}",
-                    "delta": f"{p.delta:.1e}",
-                    "noise multiplier": f"{p.noise_multiplier:.2f}",
-                    "sampling rate": f"{p.sample_rate:.3f}",
-                    "clip": f"{p.clip:g}",
-                    "steps": f"{p.steps} of {p.planned_steps}",
-                    "accountant": p.accountant.upper(),
-                    "stopped (budget spent)": stopped,
-                }
-            )
+    rows = [
+        {
+            "method": label,
+            "site": site,
+            **dict(zip(PRIVACY_COLUMNS, privacy_cells(p, summary.rounds), strict=True)),
+        }
+        for label, summary in summaries.items()
+        for site, p in (summary.privacy or {}).items()
+    ]
     return pd.DataFrame(rows)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
 from medfed.federation.site import failure_reason
 from medfed.federation.training import load_sites, train
+from medfed.fileio import fresh_folder
 from medfed.models.backbones import BACKBONES, spatial_dims
 from medfed.models.device import DeviceSetup, cpu_bf16_supported, resolve_device
 from medfed.models.fedmodel import ModelSpec, build_model
@@ -159,8 +159,7 @@ def _peak_bytes(setup: DeviceSetup) -> int | None:
 def _train_once(
     sites: list[SiteData], config: TrainConfig, run: Path, setup: DeviceSetup
 ) -> dict[str, Any]:
-    if run.exists():
-        shutil.rmtree(run)
+    fresh_folder(run)
     _peak_reset(setup)
     start = time.perf_counter()
     try:

@@ -14,7 +14,6 @@ between a method's runs is the privacy; FedDRM keeps its GroupNorm layers on eac
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -36,6 +35,7 @@ from medfed.experiments.paired import (
     verdict_lines,
 )
 from medfed.federation.training import load_sites, train
+from medfed.fileio import fresh_folder
 from medfed.runs.report import markdown_table, update_readme_section, write_results
 
 MARKER = "privacy"
@@ -81,12 +81,6 @@ def run_label(method: str, epsilon: float) -> str:
     return f"{method} (epsilon {epsilon_label(epsilon)})"
 
 
-def _fresh(folder: Path) -> Path:
-    if folder.exists():
-        shutil.rmtree(folder)
-    return folder
-
-
 def run_privacy_curve(
     out: Path,
     *,
@@ -129,7 +123,9 @@ def run_privacy_curve(
         for method in METHODS:
             for epsilon in epsilons:
                 label = run_label(method, epsilon)
-                run = _fresh(out / "runs" / f"seed{seed}" / f"{method}_eps{epsilon_label(epsilon)}")
+                run = fresh_folder(
+                    out / "runs" / f"seed{seed}" / f"{method}_eps{epsilon_label(epsilon)}"
+                )
                 echo(f"training {label}, seed {seed}, {budget.rounds} rounds")
                 config = TrainConfig(
                     algorithm=method,

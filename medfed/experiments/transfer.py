@@ -18,7 +18,6 @@ LoRA refuses a frozen base of random weights, so its random start trains the bas
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -40,6 +39,7 @@ from medfed.experiments.paired import (
     verdict_lines,
 )
 from medfed.federation.training import load_sites, train
+from medfed.fileio import fresh_folder
 from medfed.runs import RunDir
 from medfed.runs.report import markdown_table, update_readme_section, write_results
 
@@ -184,12 +184,6 @@ def target_seeds(budget: TransferBudget) -> list[int]:
     return [TARGET_SEED + k for k in range(budget.seeds)]
 
 
-def _fresh(folder: Path) -> Path:
-    if folder.exists():
-        shutil.rmtree(folder)
-    return folder
-
-
 def run_transfer(
     out: Path,
     *,
@@ -239,7 +233,7 @@ def run_transfer(
         )
 
     source = federation("source", SOURCE_SEED)
-    base = _fresh(out / "runs" / "base").resolve()
+    base = fresh_folder(out / "runs" / "base").resolve()
     echo(f"training the base: fedavg on federation A, {budget.base_rounds} rounds, into {base}")
     base_summary = train(source, config("fedavg", budget.base_rounds, SOURCE_SEED), base)
 
@@ -254,7 +248,7 @@ def run_transfer(
             init = str(base) if arm.pretrained else None
             extra = {"init": init} if init else {}
             for rounds, suffix in ((budget.early_rounds, "_early"), (budget.rounds, "")):
-                run = _fresh(out / "runs" / f"seed{seed}" / f"{arm.dirname}{suffix}")
+                run = fresh_folder(out / "runs" / f"seed{seed}" / f"{arm.dirname}{suffix}")
                 echo(f"training {arm.label} on federation B seed {seed}, {rounds} rounds")
                 params = dict(arm.params)
                 summary = train(

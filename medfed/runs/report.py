@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from medfed.metrics import Interval, Pooled, Proportion
-from medfed.runs.schema import Evaluation, RouterFigures, SiteFigures, Summary
+from medfed.runs.schema import Evaluation, PrivacySpent, RouterFigures, SiteFigures, Summary
 from medfed.units import human_bytes
 
 
@@ -199,6 +199,36 @@ def federation_lines(summary: Summary) -> list[str]:
     return lines
 
 
+PRIVACY_COLUMNS: tuple[str, ...] = (
+    "epsilon spent", "budget", "delta", "noise multiplier", "sampling rate", "clip", "steps",
+    "accountant", "stopped (budget spent)",
+)  # fmt: skip
+
+
+def stopped_text(spent: PrivacySpent, rounds: int) -> str | None:
+    """When a site's budget stopped it: ``in round 3``, ``before fine-tuning``; None: never."""
+    if spent.stopped_round is None:
+        return None
+    if spent.stopped_round > rounds:
+        return "before fine-tuning"
+    return f"in round {spent.stopped_round}"
+
+
+def privacy_cells(spent: PrivacySpent, rounds: int) -> list[str]:
+    """One site's row of the privacy tables, in the order of PRIVACY_COLUMNS."""
+    return [
+        f"{spent.epsilon:.2f}",
+        "none" if spent.budget is None else f"{spent.budget:g}",
+        f"{spent.delta:.1e}",
+        f"{spent.noise_multiplier:.2f}",
+        f"{spent.sample_rate:.3f}",
+        f"{spent.clip:g}",
+        f"{spent.steps} of {spent.planned_steps}",
+        spent.accountant.upper(),
+        stopped_text(spent, rounds) or "no",
+    ]
+
+
 def privacy_lines(summary: Summary) -> list[str]:
     """One line per site of a differentially private run: epsilon spent (of its budget) at its
     delta, the mechanism, and whether the site stopped early; none for other runs."""
@@ -207,11 +237,8 @@ def privacy_lines(summary: Summary) -> list[str]:
     lines = []
     for site, p in summary.privacy.items():
         budget = f" of budget {p.budget:g}" if p.budget is not None else ""
-        stopped = ""
-        if p.stopped_round is not None and p.stopped_round > summary.rounds:
-            stopped = "; skipped its fine-tuning (budget spent)"
-        elif p.stopped_round is not None:
-            stopped = f"; stopped training in round {p.stopped_round} (budget spent)"
+        when = stopped_text(p, summary.rounds)
+        stopped = f"; stopped {when} (budget spent)" if when else ""
         lines.append(
             f"differential privacy, {site}: epsilon {p.epsilon:.2f}{budget} at delta "
             f"{p.delta:.1e} ({p.accountant.upper()}; noise multiplier {p.noise_multiplier:.2f}, "

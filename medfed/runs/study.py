@@ -35,6 +35,7 @@ from medfed.metrics import Pooled, Proportion
 from medfed.runs.report import (
     ORIGIN_KNOWN,
     ORIGIN_UNKNOWN,
+    PRIVACY_COLUMNS,
     PROSPECTIVE_LEGEND,
     PROTOCOLS,
     UNRELIABLE_MARK,
@@ -42,6 +43,7 @@ from medfed.runs.report import (
     ci_text,
     class_counts,
     fmt,
+    privacy_cells,
     prospective_grid,
     prospective_notes,
     rate_text,
@@ -835,28 +837,8 @@ def _privacy_section(runs: Sequence[StudyRun]) -> list[Html]:
         spent = run.summary.privacy
         if not spent:
             continue
-        rows = []
-        for site, p in spent.items():
-            stopped = "no"
-            if p.stopped_round is not None:
-                late = p.stopped_round > run.summary.rounds
-                stopped = "before fine-tuning" if late else f"in round {p.stopped_round}"
-            rows.append(
-                [
-                    site,
-                    fig(f"{p.epsilon:.2f}"),
-                    "none" if p.budget is None else f"{p.budget:g}",
-                    f"{p.delta:.1e}",
-                    f"{p.noise_multiplier:.2f}",
-                    f"{p.sample_rate:.3f}",
-                    f"{p.clip:g}",
-                    f"{p.steps} of {p.planned_steps}",
-                    p.accountant.upper(),
-                    stopped,
-                ]
-            )
-        header = ["site", "epsilon spent", "budget", "delta", "noise multiplier"]
-        header += ["sampling rate", "clip", "steps", "accountant", "stopped"]
+        rows = [[site, *privacy_cells(p, run.summary.rounds)] for site, p in spent.items()]
+        header = ["site", *PRIVACY_COLUMNS]
         out.append(table(header, rows, caption=run.label))
     return out
 
