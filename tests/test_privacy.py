@@ -146,8 +146,12 @@ def test_a_site_never_spends_more_than_its_budget(tmp_path) -> None:
         assert spent_by_round == sorted(spent_by_round) and max(spent_by_round) <= 2.0
         stopped = [r for r in records if r.round >= spent.stopped_round]
         assert stopped and all(r.status == "dropped" for r in stopped)
-        assert "past its budget 2" in stopped[0].reason and "stopped training" in stopped[0].reason
+        assert "past its budget 2" in stopped[0].reason and "budget is spent" in stopped[0].reason
     assert "stopped in round 3 (budget spent)" in "\n".join(federation_lines(summary))
+    events = [e for e in run.read_events() if e["event"] == "privacy_budget_spent"]
+    assert sorted((e["site"], e["round"]) for e in events) == [
+        (s, 3) for s in sorted(summary.privacy)
+    ]
 
 
 def test_fine_tuning_is_planned_into_the_budget(tmp_path) -> None:

@@ -28,6 +28,8 @@ from medfed.errors import ConfigError
 
 STEPS_KEY = "dp.steps"
 """The key of a site's private state that counts its DP-SGD steps so far."""
+BUDGET_SPENT = "its privacy budget is spent"
+"""Words in the reason of every round a site sits out because its budget is spent."""
 STOPPED_KEY = "dp.stopped"
 """The key of a site's private state that holds the round its budget stopped it in."""
 
@@ -96,7 +98,8 @@ class SitePrivacy:
         the site past its budget."""
         if not self.affordable(before + steps):
             raise BudgetSpent(
-                f"site {self.site!r} stopped training: {steps} more DP-SGD step(s) would take "
+                f"site {self.site!r} stopped training, {BUDGET_SPENT}: {steps} more DP-SGD "
+                "step(s) would take "
                 f"its privacy loss to epsilon {self.epsilon(before + steps):.2f}, past its "
                 f"budget {self.budget:g} (spent so far: {self.epsilon(before):.2f} in {before} "
                 "step(s)); it keeps its model as it stands"

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from medfed.algorithms.base import State, Stats, Update
+from medfed.algorithms.privacy import BUDGET_SPENT
 from medfed.errors import MedfedError
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan
 from medfed.federation.site import Published, SiteDropped, failure_reason
@@ -172,6 +173,10 @@ class RoundLoop:
                 reason = failure_reason(exc)
                 record |= {"status": "dropped", "reason": reason}
                 self.run.log_event("dropout", round=round_, site=site.id, reason=reason)
+                if BUDGET_SPENT in reason and not self.budget_event_logged(site.id):
+                    self.run.log_event(
+                        "privacy_budget_spent", round=round_, site=site.id, reason=reason
+                    )
             else:
                 self.link.commit(index)
                 server.accepted(index, downs[index])
@@ -197,6 +202,13 @@ class RoundLoop:
         self.run.append_metrics(records)
         server.checkpoint(round_, self.link.site_states())
         return records
+
+    def budget_event_logged(self, site: str) -> bool:
+        """Whether events.jsonl already says that ``site``'s privacy budget stopped it."""
+        return any(
+            e.get("event") == "privacy_budget_spent" and e.get("site") == site
+            for e in self.run.read_events()
+        )
 
     # ------------------------------------------------------------------ finishing
     def finish(self) -> Summary:
