@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
-from sklearn.metrics import roc_auc_score, roc_curve
 
 from medfed.metrics._common import (
     binary_scores,
@@ -259,6 +258,8 @@ def roc_points(y_true: ArrayLike, scores: ArrayLike, *, split: str = "test") -> 
     if present.size < 2:
         reason = _single_class_reason(split, int(present[0]), y.size)
         return {"fpr": None, "tpr": None, "thresholds": None, "reason": reason}
+    from sklearn.metrics import roc_curve  # here: scikit-learn takes seconds to import
+
     fpr, tpr, thresholds = roc_curve(y, s)
     return {
         "fpr": [float(v) for v in fpr],
@@ -271,6 +272,8 @@ def roc_points(y_true: ArrayLike, scores: ArrayLike, *, split: str = "test") -> 
 def _auc(
     y: np.ndarray, p: np.ndarray, counts: np.ndarray, split: str
 ) -> tuple[float | None, str | None]:
+    from sklearn.metrics import roc_auc_score  # here: scikit-learn takes seconds to import
+
     present = np.flatnonzero(counts)
     if present.size < 2:
         return None, _single_class_reason(split, int(present[0]), y.size)
