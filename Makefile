@@ -47,24 +47,24 @@ gpu-wheels: $(STAMP)
 		-d .whl $(GPU_WHEELS)
 
 # Everything (what CI runs): slow tests, a real Flower deployment, the dashboard in Chromium.
-# Two streams side by side, each with its own temporary folder, both must pass: the Flower
-# deployment tests (two at a time: they mostly wait on their own processes), then SIDE_TESTS
-# (long whole-command tests); and the rest. The side stream's output follows the main one's.
+# Three streams side by side, each with its own temporary folder and log, all must pass: the
+# Flower deployment tests (they mostly wait on their own processes), SIDE_TESTS (long
+# whole-command tests), and the rest. The first two streams' output follows the rest's.
 SIDE_TESTS := tests/test_bench.py tests/test_transfer.py
 test: $(STAMP)
 	@tmp=$$(mktemp -d); \
-	{ $(BIN)/python -m pytest -q -p no:cacheprovider -m flower -n 2 --durations=10 \
-		--basetemp="$$tmp/flower"; f1=$$?; \
-	  $(BIN)/python -m pytest -q -p no:cacheprovider -m "not flower" --durations=10 \
-		--basetemp="$$tmp/side" $(SIDE_TESTS); f2=$$?; \
-	  [ $$f1 -ne 0 ] && exit $$f1; exit $$f2; } > "$$tmp/side.log" 2>&1 & side=$$!; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m flower --durations=10 \
+		--basetemp="$$tmp/flower" > "$$tmp/flower.log" 2>&1 & flower=$$!; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not flower" --durations=10 \
+		--basetemp="$$tmp/side" $(SIDE_TESTS) > "$$tmp/side.log" 2>&1 & side=$$!; \
 	$(BIN)/python -m pytest -q -m "not flower" --durations=25 \
 		$(foreach t,$(SIDE_TESTS),--ignore=$(t)); rc=$$?; \
-	wait $$side; frc=$$?; \
-	echo "--- Flower deployment tests and $(SIDE_TESTS) (run alongside the others) ---"; \
-	cat "$$tmp/side.log"; rm -rf "$$tmp"; \
-	for code in $$rc $$frc; do [ $$code -ne 5 ] || echo "pytest collected no tests" >&2; done; \
-	[ $$rc -eq 0 ] && [ $$frc -eq 0 ]
+	wait $$flower; frc=$$?; wait $$side; src=$$?; \
+	echo "--- Flower deployment tests (run alongside the others) ---"; cat "$$tmp/flower.log"; \
+	echo "--- $(SIDE_TESTS) (run alongside the others) ---"; cat "$$tmp/side.log"; \
+	rm -rf "$$tmp"; \
+	for code in $$rc $$frc $$src; do [ $$code -ne 5 ] || echo "pytest collected no tests" >&2; done; \
+	[ $$rc -eq 0 ] && [ $$frc -eq 0 ] && [ $$src -eq 0 ]
 
 # The quick loop while editing: leaves out the slow, Flower and browser tests.
 test-fast: $(STAMP)
