@@ -226,3 +226,23 @@ def test_the_report_and_the_dashboard_show_what_each_site_spent(private_run) -> 
     assert 'id="privacy"' in html and "Differential privacy" in html
     assert f"{spent.epsilon:.2f}" in html
     assert privacy_frame({"plain": summary | {"privacy": None}}).empty
+
+
+def test_a_site_secret_replaces_the_run_seed_for_batches_and_noise(tmp_path) -> None:
+    """On a deployment each node seeds DP-SGD from its own secret: the server, which knows the
+    run's seed, cannot draw the same batches and noise again. Without DP the seed rules."""
+    from medfed.federation.engine import Engine
+
+    def first_draws(cfg: TrainConfig, secrets: list[int | None]) -> list[torch.Tensor]:
+        engine = Engine(tensor_sites(2), make_algorithm(cfg.algorithm), cfg, RunDir(tmp_path / "r"))
+        worker, out = engine.link.workers[0], []
+        for secret in secrets:
+            worker.secret = secret
+            out.append(torch.rand(4, generator=worker.task(1, 0.1, {}).batches.generator))
+        return out
+
+    seeded, again, mine, theirs = first_draws(config(), [None, None, 123, 124])
+    assert torch.equal(seeded, again)
+    assert not torch.equal(mine, seeded) and not torch.equal(mine, theirs)
+    plain, plain_with_secret = first_draws(config(dp_epsilon=0.0), [None, 123])
+    assert torch.equal(plain, plain_with_secret)

@@ -156,6 +156,10 @@ class SiteWorker:
     extra: State
     held: State = field(default_factory=dict)  # the global state this site last received
     final_state: State | None = None
+    # Under differential privacy on a real deployment: the site's own secret, which seeds its
+    # batches and its noise in place of the run's seed (the server knows that seed, and noise
+    # it could draw again would protect nothing). None: the run's seed (in one process).
+    secret: int | None = None
 
     def __post_init__(self) -> None:
         # A NormalizedView: the stored split (moved to the GPU once, in its storage dtype),
@@ -203,7 +207,9 @@ class SiteWorker:
         fault: str | None = None,
         limited: bool = True,
     ) -> LocalTask:
-        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, round_, self.index))
+        private = self.secret is not None and self.privacy is not None
+        base = self.secret if private else self.config.seed
+        generator = torch.Generator().manual_seed(derive_seed(base, round_, self.index))
         timeout = self.config.site_timeout_s
         deadline = time.monotonic() + timeout if timeout and limited else math.inf
         if fault == "timeout":

@@ -10,8 +10,10 @@ resumed run, continues from the last round it finished.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import secrets
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +34,10 @@ from medfed.models.device import resolve_device
 from medfed.models.fedmodel import ModelSpec
 from medfed.runs.checkpoints import CheckpointStore
 from medfed.runs.weights import load_state, save_state
+
+NOISE_KEY = "dp_noise.key"
+"""The file in a site's state folder that holds its secret for DP-SGD's batches and noise."""
+NOISE_KEY_BYTES = 32
 
 State = dict[str, torch.Tensor]
 
@@ -179,6 +185,7 @@ class SiteNode:
             state=init,
             extra=self.algorithm.init_extra(model),
             held={k: init[k].cpu().clone() for k in shared},
+            secret=self.noise_secret(),
         )
         saved = self.store.latest(upto_round)
         if saved is not None:
@@ -193,6 +200,30 @@ class SiteNode:
             worker.extra = {k: v.to(device) for k, v in states.get("extra", {}).items()}
             worker.held.update(states.get("held", {}))
         return worker
+
+    @property
+    def noise_key_path(self) -> Path:
+        return self.dir / NOISE_KEY
+
+    def noise_secret(self) -> int | None:
+        """This site's secret seed for DP-SGD's batches and noise, drawn once from the
+        operating system and kept on the node only (None: the run is not private)."""
+        if not self.run.config.dp.enabled:
+            return None
+        path = self.noise_key_path
+        if not path.is_file():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):  # another message's process was first
+                handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                with os.fdopen(handle, "wb") as out:
+                    out.write(secrets.token_bytes(NOISE_KEY_BYTES))
+        key = path.read_bytes()
+        if len(key) != NOISE_KEY_BYTES:
+            raise RunDirError(
+                f"{path}: {len(key)} bytes, not the {NOISE_KEY_BYTES} of a noise key; delete it "
+                "(the site then draws a new one) and resume"
+            )
+        return int.from_bytes(key, "big")
 
     def save(self, round_: int, worker: SiteWorker) -> None:
         """Checkpoint the site after ``round_`` (atomically; older rounds are pruned)."""
