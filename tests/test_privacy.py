@@ -110,6 +110,13 @@ def _distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return torch.sqrt(sum((p - q).pow(2).sum() for p, q in zip(a, b, strict=True))).item()
 
 
+def test_a_budget_no_noise_can_keep_is_refused_and_epsilon_is_never_negative() -> None:
+    with pytest.raises(ConfigError, match=r"no noise multiplier keeps 9 DP-SGD steps.*--dp-eps"):
+        SitePrivacy.plan(DPSettings(epsilon=1e-6), "a", 24, 8, 9)
+    drowned = SitePrivacy("a", 1e4, 0.3, 1.0, 0.02, None, "rdp", 10)  # RDP bound: -0.02
+    assert drowned.epsilon(10) == 0.0 and drowned.epsilon(0) == 0.0
+
+
 def test_each_scans_gradient_is_clipped_to_the_bound() -> None:
     """No noise: the step is exactly one clipped gradient (norm C), while the raw gradient of
     a scan is far larger."""

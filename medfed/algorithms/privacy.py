@@ -14,12 +14,14 @@ abstention (see the README's threat model).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -64,30 +66,20 @@ class SitePrivacy:
         budget = settings.epsilon or None
         noise = settings.noise
         if not noise:
-            from opacus.accountants.utils import get_noise_multiplier
-
-            with _quiet():
-                noise = float(
-                    get_noise_multiplier(
-                        target_epsilon=settings.epsilon,
-                        target_delta=delta,
-                        sample_rate=rate,
-                        steps=steps,
-                        accountant=settings.accountant,
-                    )
-                )
+            accountant = settings.accountant
+            try:
+                noise = noise_for_budget(settings.epsilon, delta, rate, steps, accountant)
+            except ValueError as exc:  # Opacus: "The privacy budget is too low."
+                raise ConfigError(
+                    f"site {site!r}: no noise multiplier keeps {steps} DP-SGD steps at sampling "
+                    f"rate {rate:.3f} within epsilon {settings.epsilon:g} (delta {delta:.1e}): "
+                    f"{exc} Raise --dp-epsilon, or train fewer rounds or local steps"
+                ) from None
         return cls(site, noise, rate, settings.clip, delta, budget, settings.accountant, steps)
 
     def epsilon(self, steps: int) -> float:
         """The privacy loss after ``steps`` steps, by Opacus' accountant (0 before any)."""
-        if steps <= 0:
-            return 0.0
-        from opacus.accountants import create_accountant
-
-        accountant = create_accountant(self.accountant)
-        accountant.history = [(self.noise, self.sample_rate, int(steps))]
-        with _quiet():
-            return float(accountant.get_epsilon(delta=self.delta))
+        return spent_epsilon(self.noise, self.sample_rate, int(steps), self.delta, self.accountant)
 
     def affordable(self, steps: int) -> bool:
         """Whether ``steps`` steps in all stay within the budget."""
@@ -118,6 +110,64 @@ class SitePrivacy:
             "planned_steps": self.planned_steps,
             "accountant": self.accountant,
         }
+
+
+# Opacus' accountants are exact but slow (a second or more per call on a small CPU, most of it
+# in the RDP of fractional orders); a run asks the same questions many times, so the answers
+# are kept for the life of the process.
+@functools.lru_cache(maxsize=64)
+def noise_for_budget(
+    epsilon: float, delta: float, rate: float, steps: int, accountant: str
+) -> float:
+    """The smallest noise multiplier (to Opacus' tolerance) that keeps ``steps`` steps within
+    ``epsilon``: Opacus' own search, once per question in a process."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    with _quiet():
+        return float(
+            get_noise_multiplier(
+                target_epsilon=epsilon,
+                target_delta=delta,
+                sample_rate=rate,
+                steps=steps,
+                accountant=accountant,
+            )
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def _rdp_per_step(noise: float, rate: float) -> tuple[float, ...]:
+    """The Renyi DP of one step at each of the RDP accountant's orders (RDP adds up over
+    steps: ``steps`` steps cost ``steps`` times this, as Opacus' accountant computes it)."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    orders = RDPAccountant.DEFAULT_ALPHAS
+    return tuple(compute_rdp(q=rate, noise_multiplier=noise, steps=1, orders=orders))
+
+
+@functools.lru_cache(maxsize=1024)
+def spent_epsilon(noise: float, rate: float, steps: int, delta: float, accountant: str) -> float:
+    """Epsilon after ``steps`` steps of noise ``noise`` at sampling rate ``rate`` (0 before any):
+    the RDP accountant's conversion of its orders, or Opacus' PRV accountant."""
+    if steps <= 0:
+        return 0.0
+    if accountant == "rdp":
+        from opacus.accountants import RDPAccountant
+        from opacus.accountants.analysis.rdp import get_privacy_spent
+
+        rdp = np.asarray(_rdp_per_step(noise, rate)) * steps
+        orders = RDPAccountant.DEFAULT_ALPHAS
+        with _quiet():
+            eps = float(get_privacy_spent(orders=orders, rdp=rdp, delta=delta)[0])
+        # The conversion's bound dips below 0 under overwhelming noise; epsilon is then 0.
+        return max(0.0, eps)
+    from opacus.accountants import create_accountant
+
+    found = create_accountant(accountant)
+    found.history = [(noise, rate, steps)]
+    with _quiet():
+        return float(found.get_epsilon(delta=delta))
 
 
 def steps_taken(extra: dict[str, torch.Tensor]) -> int:
