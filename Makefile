@@ -49,8 +49,10 @@ gpu-wheels: $(STAMP)
 # Everything (what CI runs): slow tests, a real Flower deployment, the dashboard in Chromium.
 # Three streams side by side, each with its own temporary folder and log, all must pass: the
 # Flower deployment tests (they mostly wait on their own processes), SIDE_TESTS (long
-# whole-command tests), and the rest. The first two streams' output follows the rest's.
-SIDE_TESTS := tests/test_bench.py tests/test_transfer.py
+# whole-command and engine test files), and the rest. The first two streams' output follows
+# the rest's.
+SIDE_TESTS := tests/test_bench.py tests/test_transfer.py tests/test_pfedme.py tests/test_engine.py \
+	tests/test_gpu_check.py
 test: $(STAMP)
 	@tmp=$$(mktemp -d); \
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m flower --durations=10 \
