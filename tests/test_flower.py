@@ -13,7 +13,7 @@ from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
 from medfed.federation.training import load_sites, train
 from medfed.flower.deploy import write_app, write_pki
-from medfed.flower.node import NOISE_KEY
+from medfed.flower.node import NOISE_KEY, PLANNED_NOISE
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import CheckpointStore
 from medfed.serving.bundle import TrainedFederation
@@ -154,6 +154,9 @@ def test_tls_with_registered_supernodes_refuses_an_unknown_one(tiny_sites, tmp_p
     assert set(keys) == set(SITES[:2])  # one secret per site, on that site's node only
     assert all(p.stat().st_mode & 0o077 == 0 for p in keys.values())
     assert len({p.read_bytes() for p in keys.values()}) == 2
+    for site, key in keys.items():  # the noise the budget allows, searched once per node
+        planned = json.loads((key.parent / PLANNED_NOISE).read_text())
+        assert planned["noise"] == pytest.approx(summary["privacy"][site]["noise_multiplier"])
     records = RunDir(run_dir).read_metrics()
     assert {r["site"] for r in records if r.get("train_dp_epsilon")} == set(SITES[:2])
 

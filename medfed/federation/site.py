@@ -75,6 +75,13 @@ def finetune_lr(config: TrainConfig) -> float:
     return 0.1 * config.lr
 
 
+def planned_dp_steps(config: TrainConfig, algorithm: Algorithm) -> int:
+    """The DP-SGD steps a site takes over the whole run if it trains every round: the rounds'
+    local steps and the fine-tuning after them (what the noise is planned for)."""
+    local = config.local_steps
+    return config.rounds * algorithm.steps_per_round(local) + algorithm.finetune_steps(local)
+
+
 def clone_state(state: State) -> State:
     return {k: v.detach().clone() for k, v in state.items()}
 
@@ -169,13 +176,11 @@ class SiteWorker:
         self.wire = WireFormat(self.config.wire_precision, self.config.wire_delta)
         self.privacy: SitePrivacy | None = None
         if self.config.dp.enabled:
-            local = self.config.local_steps
-            planned = self.config.rounds * self.algorithm.steps_per_round(local)
-            planned += self.algorithm.finetune_steps(local)
+            planned = planned_dp_steps(self.config, self.algorithm)
             self.privacy = SitePrivacy.plan(
                 self.config.dp, self.id, self.n_train, self.config.batch_size, planned
             )
-            first = self.algorithm.steps_per_round(local)
+            first = self.algorithm.steps_per_round(self.config.local_steps)
             if not self.privacy.affordable(first):
                 raise ConfigError(
                     f"site {self.id!r}: its first round alone would spend epsilon "

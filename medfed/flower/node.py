@@ -11,6 +11,8 @@ resumed run, continues from the last round it finished.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import re
 import secrets
@@ -22,14 +24,17 @@ from typing import Any
 import torch
 
 from medfed.algorithms import make_algorithm
+from medfed.algorithms.privacy import SitePrivacy
 from medfed.config import TrainConfig, load_manifest
 from medfed.data.cache import TensorCache, default_cache_dir
+from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError, RunDirError
 from medfed.federation.coordinator import SiteInfo, initial_model
 from medfed.federation.engine import normalized
 from medfed.federation.pretrained import state_sha256
-from medfed.federation.site import SiteWorker, clone_state
+from medfed.federation.site import SiteWorker, clone_state, planned_dp_steps
+from medfed.fileio import atomic_write
 from medfed.models.device import resolve_device
 from medfed.models.fedmodel import ModelSpec
 from medfed.runs.checkpoints import CheckpointStore
@@ -38,6 +43,8 @@ from medfed.runs.weights import load_state, save_state
 NOISE_KEY = "dp_noise.key"
 """The file in a site's state folder that holds its secret for DP-SGD's batches and noise."""
 NOISE_KEY_BYTES = 32
+PLANNED_NOISE = "dp_noise.json"
+"""The noise multiplier the site's budget allows, with the question it answers."""
 
 State = dict[str, torch.Tensor]
 
@@ -179,7 +186,7 @@ class SiteNode:
             index=self.index,
             n_sites=len(self.run.sites),
             algorithm=self.algorithm,
-            config=self.run.config,
+            config=self.worker_config(),
             model=model,
             setup=self.setup,
             state=init,
@@ -200,6 +207,35 @@ class SiteNode:
             worker.extra = {k: v.to(device) for k, v in states.get("extra", {}).items()}
             worker.held.update(states.get("held", {}))
         return worker
+
+    def worker_config(self) -> TrainConfig:
+        """The run's settings as this node trains them: under a privacy budget with no noise
+        given, the noise that budget allows, searched once and kept in the node's state folder
+        (the search takes seconds, and every message starts a fresh process)."""
+        config = self.run.config
+        if not config.dp.enabled or config.dp_noise:
+            return config
+        n_train = int(self.data.y[Split.TRAIN].shape[0])
+        steps = planned_dp_steps(config, self.algorithm)
+        question = {
+            "epsilon": config.dp_epsilon,
+            "delta": config.dp.delta_for(n_train),
+            "rate": min(1.0, config.batch_size / n_train),
+            "steps": steps,
+            "accountant": config.dp_accountant,
+        }
+        path = self.dir / PLANNED_NOISE
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            saved = None
+        noise = saved.get("noise") if isinstance(saved, dict) else None
+        if saved is None or saved.get("question") != question or not isinstance(noise, float):
+            plan = SitePrivacy.plan(config.dp, self.data.id, n_train, config.batch_size, steps)
+            noise = plan.noise
+            self.dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps({"question": question, "noise": noise}))
+        return dataclasses.replace(config, dp_noise=noise)
 
     @property
     def noise_key_path(self) -> Path:
