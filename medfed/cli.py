@@ -417,6 +417,14 @@ def train(
     backbone: Annotated[
         str | None, typer.Option(help=f"Backbone (listed below) {_default('backbone')}.")
     ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            help="Sites trained at once in this process, the cores divided between them (CPU) "
+            "or on their own CUDA streams; 0: auto (every site of the round on CPU with 2+ "
+            "cores, one by one on a GPU); 1: one by one."
+        ),
+    ] = None,
     batch_size: Annotated[
         int | None, typer.Option(help=f"Local minibatch size {_default('batch_size')}.")
     ] = None,
@@ -567,6 +575,7 @@ def train(
         seed=seed,
         backbone=backbone,
         device=device,
+        concurrency=concurrency,
         client_fraction=client_fraction,
         min_sites=min_sites,
         site_timeout_s=site_timeout,
@@ -1007,7 +1016,7 @@ def privacy_curve(
 @friendly
 def bench(
     quick: Annotated[
-        bool, typer.Option(help="Smaller budgets and 2 seeds (about 13 minutes on 2 cores).")
+        bool, typer.Option(help="Smaller budgets and 2 seeds (about 19 minutes on 2 cores).")
     ] = False,
     seeds: Annotated[
         int | None, typer.Option(help="Seeds 0..N-1 (default 3, or 2 with --quick).")
@@ -1174,7 +1183,14 @@ def deploy_app_folder(
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}" if where else str(exc)) from None
     path = write_app(
-        out, config, site, run_dir, wait_s=wait, reply_timeout_s=reply_timeout, resume=resume
+        out,
+        config,
+        site,
+        run_dir,
+        wait_s=wait,
+        reply_timeout_s=reply_timeout,
+        resume=resume,
+        lr_from_modality="lr" not in stored,  # CT and fundus differ (see medfed train --lr)
     )
     typer.echo(f"wrote {path}")
     typer.echo(f"submit it with: flwr run {out} <connection> --stream")

@@ -539,6 +539,7 @@ class DPSettings:
 MAX_ROUNDS = 100_000
 MAX_LOCAL_STEPS = 1_000_000
 MAX_BATCH_SIZE = 65_536
+MAX_CONCURRENCY = 256
 
 
 @dataclass(frozen=True)
@@ -560,6 +561,9 @@ class TrainConfig:
     seed: int = 0
     backbone: str = "auto"  # GroupNorm cnn / monai3d (BatchNorm ones for FedBN, FedDRM)
     device: str = "auto"  # one of DEVICES
+    # Sites of a round trained at once in one process (0: auto; see medfed.federation.lanes).
+    # Results do not depend on it at equal threads per site.
+    concurrency: int = 0
     client_fraction: float = 1.0
     min_sites: int = 1
     site_timeout_s: float = 0.0  # 0: no limit on one site's local work
@@ -615,6 +619,11 @@ class TrainConfig:
             (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
             (0 <= self.weight_decay < math.inf, "weight_decay must be a number >= 0"),
             (self.device in DEVICES, f"device (--device) must be one of {list(DEVICES)}"),
+            (
+                0 <= self.concurrency <= MAX_CONCURRENCY,
+                f"concurrency (--concurrency) must be 0 (auto) or a number of sites from 1 to "
+                f"{MAX_CONCURRENCY}, got {self.concurrency}",
+            ),
             (
                 0 < self.client_fraction <= 1,
                 "client_fraction (--client-fraction) must be in (0, 1], "

@@ -506,6 +506,12 @@ TRAIN_CASES = [
         ("--cache-dir", "is empty"),
     ),
     Case(
+        "concurrency is negative",
+        _train("--algorithm", "fedavg", "--concurrency", "-1"),
+        2,
+        ("--concurrency", "0 (auto)", "got -1"),
+    ),
+    Case(
         "privacy budget is negative",
         _train("--algorithm", "fedavg", "--dp-epsilon", "-1"),
         2,

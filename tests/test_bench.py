@@ -22,6 +22,7 @@ from medfed.experiments import bench
 from medfed.experiments.bench import (
     FEDERATION_NORM,
     FIGURES,
+    LARGER_ROUND_STEPS,
     MARKER,
     PAPER_FEDDRM,
     RESULTS_VERSION,
@@ -195,11 +196,19 @@ def test_bench_compares_feddrm_with_every_method_by_paired_intervals(bench_run):
 def test_bench_speed_section_has_positive_side_by_side_figures(bench_run):
     speed = _results(bench_run)["speed"]
 
-    engine = speed["engine_overhead"]
-    assert engine["engine_seconds_per_round"] > 0 and engine["plain_seconds_per_round"] > 0
-    expected = engine["engine_seconds_per_round"] / engine["plain_seconds_per_round"]
-    assert engine["ratio"] == pytest.approx(expected)
-    assert "validation" in engine["definition"]
+    for key in ("engine_overhead", "engine_overhead_larger_rounds"):
+        engine = speed[key]
+        assert engine["engine_seconds_per_round"] > 0 and engine["plain_seconds_per_round"] > 0
+        expected = engine["engine_seconds_per_round"] / engine["plain_seconds_per_round"]
+        assert engine["ratio"] == pytest.approx(expected)
+        assert "validation" in engine["definition"]
+        # Every site at once, even on the one thread the tests give PyTorch.
+        concurrent = engine["concurrent"]
+        assert concurrent["workers"] == engine["sites"] and concurrent["threads_per_site"] == 1
+        expected = concurrent["seconds_per_round"] / engine["plain_seconds_per_round"]
+        assert concurrent["ratio"] == pytest.approx(expected)
+    assert speed["engine_overhead_larger_rounds"]["local_steps"] == LARGER_ROUND_STEPS
+    assert "every site at once" in (bench_run["out"] / "results.md").read_text(encoding="utf-8")
     for modality in ("fundus", "ct"):
         data = speed["data_path"][modality]
         assert data["cache_misses"] == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -233,7 +234,6 @@ def test_sigkill_mid_run_then_resume_matches_an_uninterrupted_run(tmp_path) -> N
 
 
 def test_settings_that_cannot_work_are_refused_up_front(tmp_path) -> None:
-    from dataclasses import replace
 
     with pytest.raises(ConfigError, match="min_sites=4"):
         train(tensor_sites(3), config("fedavg", min_sites=4), tmp_path / "a")
@@ -249,3 +249,38 @@ def test_fedrep_thaws_the_model_after_a_failing_site(tmp_path) -> None:
     cfg = config("fedrep", faults=("2:site0:timeout",))
     summary = train(tensor_sites(3), cfg, tmp_path / "run")
     assert summary["dropouts"] == 1  # only the failing site, not every site after it
+
+
+def final_weights(run_dir) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    weights = {}
+    for path in sorted((run_dir / "model").glob("*.safetensors")):
+        weights |= {f"{path.stem}/{k}": v for k, v in load_file(path).items()}
+    return weights
+
+
+# Every algorithm, and DP-SGD (Opacus' hooks on each site's own model copy).
+SIDE_BY_SIDE = [(name, {}) for name in sorted(ALGORITHMS)] + [("feddrm", {"dp_epsilon": 3.0})]
+
+
+@pytest.mark.parametrize(("algorithm", "extra"), SIDE_BY_SIDE)
+def test_sites_trained_side_by_side_equal_sites_trained_one_by_one(
+    algorithm, extra, tmp_path
+) -> None:
+    # Both at one intra-op thread per site (conftest): the lanes change only when work runs.
+    assert torch.get_num_threads() == 1
+    cfg = config(algorithm, rounds=2, **extra)
+    one = train(tensor_sites(3), replace(cfg, concurrency=1), tmp_path / "one")
+    side = train(tensor_sites(3), replace(cfg, concurrency=3), tmp_path / "side")
+    assert one["device"] == "cpu (1 threads)"
+    assert side["device"] == "cpu (1 threads); 3 sites at a time, each on 1 thread(s)"
+    assert stable({**side, "device": ""}) == stable({**one, "device": ""})
+    a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "side")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    per_site = [
+        [{k: v for k, v in r.items() if "seconds" not in k} for r in RunDir(d).read_metrics()]
+        for d in (tmp_path / "one", tmp_path / "side")
+    ]
+    assert per_site[0] == per_site[1]
+    assert torch.get_num_threads() == 1  # the lanes' thread settings stay in their threads

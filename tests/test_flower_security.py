@@ -156,6 +156,7 @@ def _run_config(**changes) -> dict:
         ({"sites": "acrima,acrima"}, "unique"),
         ({"sites": "acrima,../x"}, "unique"),
         ({"resume": "yes"}, "'resume' must be true or false"),
+        ({"lr-from-modality": 1}, "'lr-from-modality' must be true or false"),
         ({"wait-s": "soon"}, "'wait-s' must be a number"),
         ({"reply-timeout-s": 0.0}, "'reply-timeout-s' must be a number"),
         ({"wait-s": 1e300}, "'wait-s' must be a number of seconds > 0 and at most 604800"),
@@ -179,6 +180,35 @@ def test_a_good_run_config_is_read() -> None:
     deployment = Deployment.from_run_config(_run_config(resume=True, **{"wait-s": 5}))
     assert deployment.sites == ["acrima", "rimone"]
     assert deployment.resume is True and deployment.wait_s == 5.0
+
+
+@pytest.mark.parametrize(
+    ("modality", "from_modality", "lr"), [("ct", True, 3e-4), ("ct", False, 0.05)]
+)
+def test_a_run_without_a_learning_rate_takes_its_sites_modality(modality, from_modality, lr):
+    from medfed.federation.coordinator import SiteInfo
+    from medfed.flower import server_app
+
+    train = 'algorithm = "fedavg"\nrounds = 2\nlr = 0.05\n'
+    changes = {"train": train, "lr-from-modality": from_modality}
+    deployment = server_app.Deployment.from_run_config(_run_config(**changes))
+    run = server_app.FlowerRun(grid=None, deployment=deployment)
+    info = SiteInfo("acrima", modality, {"normal": 0, "lesion": 1}, (1, 16, 48, 48), 10, {})
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def coordinator(infos, algorithm, config, *rest):
+        seen.append(config.lr)
+        raise Stop
+
+    run._discover = lambda: [info]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(server_app, "Coordinator", coordinator)
+        with pytest.raises(Stop):
+            run.run()
+    assert seen == [lr] and run.d.config.lr == lr
 
 
 # --- the app folder and the pilot's keys ----------------------------------------------------------
@@ -312,3 +342,25 @@ def test_an_app_waits_a_bounded_time(tmp_path, wait) -> None:
         write_app(tmp_path / "app", config, ["a"], "/r", wait_s=wait)
     with pytest.raises(ConfigError, match="--reply-timeout must be"):
         write_app(tmp_path / "app", config, ["a"], "/r", reply_timeout_s=wait)
+
+
+def test_the_app_folder_says_whether_the_modality_sets_the_learning_rate(tmp_path) -> None:
+    pytest.importorskip("cryptography")
+    import tomllib
+
+    from typer.testing import CliRunner
+
+    from medfed.cli import app
+
+    def written(*extra: str) -> bool:
+        out = tmp_path / f"app{len(extra)}"
+        args = ["deploy", "app", str(out), "--site", "a", "--site", "b", "--run-dir", "/tmp/r"]
+        result = CliRunner().invoke(app, [*args, *extra])
+        assert result.exit_code == 0, result.output
+        pyproject = tomllib.loads((out / "pyproject.toml").read_text(encoding="utf-8"))
+        return pyproject["tool"]["flwr"]["app"]["config"]["lr-from-modality"]
+
+    chosen = tmp_path / "train.toml"
+    chosen.write_text('[train]\nalgorithm = "fedavg"\nlr = 0.01\n', encoding="utf-8")
+    assert written() is True
+    assert written("--train-config", str(chosen)) is False

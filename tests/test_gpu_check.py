@@ -49,8 +49,14 @@ def test_the_short_check_runs_both_modalities_on_both_devices(checked) -> None:
         assert loss["difference"] is not None and 0 < loss["difference"] <= 0.05
         speed = results["modalities"][modality]["throughput"]
         assert all(r["ok"] and r["images_per_second"] > 0 for r in speed.values())
+        # Every site at once on the device gives the one-at-a-time figures (the same threads
+        # per site here: the tests give PyTorch one).
+        at_once = results["modalities"][modality]["sites_at_once"]
+        assert at_once["one_by_one"]["ok"] and at_once["at_once"]["ok"]
+        assert all(c["difference"] == 0 for c in at_once["comparison"].values() if c["within"])
     markdown = (out / f"{STEM}.md").read_text(encoding="utf-8")
     assert "passed" in markdown and "images/s" in markdown and "ok" in markdown
+    assert "every site at once against one at a time" in markdown
 
 
 def test_a_figure_outside_its_tolerance_or_a_failed_run_fails_the_check(checked) -> None:
@@ -66,6 +72,9 @@ def test_a_figure_outside_its_tolerance_or_a_failed_run_fails_the_check(checked)
     assert not check_passed(broken)
     broken = json.loads(json.dumps(results))
     broken["modalities"]["ct"]["algorithms"]["fedavg"]["cpu-bf16"] = {"ok": False, "error": "x"}
+    assert not check_passed(broken)
+    broken = json.loads(json.dumps(results))
+    broken["modalities"]["ct"]["sites_at_once"]["at_once"] = {"ok": False, "error": "x"}
     assert not check_passed(broken)
 
 

@@ -15,6 +15,7 @@ abstention (see the README's threat model).
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -219,11 +220,20 @@ def check_model(model: nn.Module, backbone: str) -> None:
         )
 
 
+# catch_warnings swaps the process-wide filter list: sites training side by side (see
+# medfed.federation.lanes) take turns through it, or one could restore a list the other changed.
+_QUIET = threading.Lock()
+# Opacus' hooks fire on module outputs while the scans themselves need no gradient; PyTorch
+# says so at every backward. Set once, for that message only (a filter set around each
+# training call would race with other sites' calls).
+warnings.filterwarnings("ignore", message="Full backward hook is firing")
+
+
 @contextmanager
 def _quiet() -> Iterator[None]:
     # Opacus warns about secure RNG and about optimal alphas at the edge of its grid; the
     # figures are recorded with their settings, the warnings would only clutter the console.
-    with warnings.catch_warnings():
+    with _QUIET, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
 
@@ -241,10 +251,7 @@ def per_sample_gradients(model: nn.Module) -> Iterator[None]:
     with _quiet():
         wrapped = GradSampleModule(model, batch_first=True, loss_reduction="mean")
     try:
-        with warnings.catch_warnings():
-            # Opacus' hooks fire on module outputs; the scans themselves need no gradient.
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            yield
+        yield
     finally:
         wrapped._close()
         for p in model.parameters():

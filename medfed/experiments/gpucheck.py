@@ -214,6 +214,38 @@ def check_algorithms(
     return rows
 
 
+def check_sites_at_once(
+    sites: list[SiteData],
+    modality: str,
+    budget: CheckBudget,
+    device: str,
+    work: Path,
+    echo: Callable[[str], Any],
+) -> dict[str, Any]:
+    """FedAvg on ``device`` one site at a time and every site at once (CUDA: a stream per
+    site; CPU: the cores divided), same seed: the figures compared, the round times side by
+    side."""
+    setup = resolve_device(device)
+    config = TrainConfig(
+        algorithm="fedavg",
+        rounds=budget.rounds,
+        local_steps=budget.local_steps,
+        batch_size=budget.batch_size,
+        lr=modality_spec(modality).lr,
+        seed=0,
+        device=device,
+        concurrency=1,
+    )
+    echo(f"[{modality}] fedavg on {device}: one site at a time, then every site at once")
+    one = _train_once(sites, config, work / modality / "fedavg_one_by_one", setup)
+    at_once = dataclasses.replace(config, concurrency=len(sites))
+    both = _train_once(sites, at_once, work / modality / "fedavg_at_once", setup)
+    found: dict[str, Any] = {"one_by_one": one, "at_once": both}
+    if one["ok"] and both["ok"]:
+        found["comparison"] = compare_figures(both["figures"], one["figures"])
+    return found
+
+
 # ---------------------------------------------------------------------------- throughput
 def backbone_throughput(
     sites: list[SiteData], modality: str, budget: CheckBudget, setup: DeviceSetup
@@ -323,6 +355,9 @@ def run_gpu_check(
         echo(f"[{modality}] images per second of every backbone on {chosen}")
         results["modalities"][modality] = {
             "algorithms": runs,
+            "sites_at_once": check_sites_at_once(
+                sites, modality, budget, chosen, out / "runs", echo
+            ),
             "throughput": backbone_throughput(sites, modality, budget, setup),
         }
     if budget.bench:
@@ -359,7 +394,7 @@ def _quick_bench(out: Path, echo: Callable[[str], Any]) -> dict[str, Any]:
 def check_passed(results: dict[str, Any]) -> bool:
     """Every run finished, every backbone stepped, every judged figure within tolerance."""
     for found in results["modalities"].values():
-        for row in found["algorithms"].values():
+        for row in [*found["algorithms"].values(), found["sites_at_once"]]:
             runs = [v for k, v in row.items() if k != "comparison"]
             if not all(r["ok"] for r in runs):
                 return False
@@ -384,6 +419,24 @@ def _comparison_cell(found: dict[str, Any]) -> str:
 
 def _mib(value: int | None) -> str:
     return "n/a" if value is None else f"{value / 2**20:.0f}"
+
+
+def _sites_at_once_table(found: dict[str, Any]) -> str:
+    one, both = found["one_by_one"], found["at_once"]
+    failed = [f"failed: {r['error']}" for r in (one, both) if not r["ok"]]
+    if failed:
+        return "; ".join(failed)
+    c = found["comparison"]
+    return markdown_table(
+        ["s/round one at a time", "s/round every site at once", *TOLERANCES],
+        [
+            [
+                _num(one["seconds_per_round"], 2),
+                _num(both["seconds_per_round"], 2),
+                *(_comparison_cell(c[k]) for k in TOLERANCES),
+            ]
+        ],
+    )
 
 
 def gpu_check_markdown(results: dict[str, Any]) -> str:
@@ -434,6 +487,8 @@ def gpu_check_markdown(results: dict[str, Any]) -> str:
         ]
         parts.append(f"{modality}, every algorithm:")
         parts.append(markdown_table(header, rows))
+        parts.append(f"{modality}, fedavg on {device}, every site at once against one at a time:")
+        parts.append(_sites_at_once_table(found["sites_at_once"]))
         speed_rows = [
             [
                 name,

@@ -118,9 +118,14 @@ def speed_plot(results: dict[str, Any], path: Path) -> Path:
     fig, axes = plt.subplots(1, 4, figsize=(16, 4))
     e = speed["engine_overhead"]
     axes[0].bar(
-        ["engine", "plain loop"], [e["engine_seconds_per_round"], e["plain_seconds_per_round"]]
+        ["engine", "engine\nsites at once", "plain loop"],
+        [
+            e["engine_seconds_per_round"],
+            e["concurrent"]["seconds_per_round"],
+            e["plain_seconds_per_round"],
+        ],
     )
-    axes[0].set_title(f"s/round (overhead {e['ratio']:.3f})")
+    axes[0].set_title(f"s/round, {e['local_steps']} local steps (overhead {e['ratio']:.3f})")
     feds = list(speed["data_path"])
     width = 0.8 / 3
     for k, (key, label) in enumerate(

@@ -212,6 +212,8 @@ class Coordinator:
                 self.model, resolve_init(source), strict=config.init_strict
             )
         self.store = CheckpointStore(run.checkpoints, config.keep_checkpoints)
+        # What the run records as its device (the in-process engine adds how its sites share it).
+        self.device_text = setup.describe()
         self.initial_state = clone_state(self.model.state_dict())
         self.shared_keys = algorithm.shared_keys(self.model) if algorithm.communicates else []
         self.global_state: State = {k: self.initial_state[k].clone() for k in self.shared_keys}
@@ -282,7 +284,7 @@ class Coordinator:
             check_out_folder(self.run.path)
             self.run.path.mkdir(parents=True, exist_ok=True)
             self.run.write_config(config)
-            self.run.log_event("start", device=self.setup.describe(), **event)
+            self.run.log_event("start", device=self.device_text, **event)
             self._init_event()
             return 1, {}
         if not self.run.config_path.exists():
@@ -441,7 +443,7 @@ class Coordinator:
             seed=self.config.seed,
             backbone=self.spec.backbone,
             modality=str(self.modality),
-            device=self.setup.describe(),
+            device=self.device_text,
             priors={s.id: float(p) for s, p in zip(self.sites, self.priors, strict=True)},
             wire=WireSettings(self.wire.precision, self.wire.delta),
             resumes=sum(1 for e in self.run.read_events() if e.get("event") == "resume"),

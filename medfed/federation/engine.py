@@ -11,6 +11,7 @@ uninterrupted run would have done.
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError, RunDirError
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, SiteInfo
+from medfed.federation.lanes import Lanes
 from medfed.federation.pretrained import IMAGENET_MEAN, IMAGENET_STD
 from medfed.federation.rounds import RoundLoop, SiteFailure, SiteReply
 from medfed.federation.site import LocalRound, Published, SiteWorker, clone_state, failure_reason
@@ -42,6 +44,9 @@ class LocalLink:
     def __init__(self, server: Coordinator, sites: list[SiteData]) -> None:
         self.server = server
         init = server.initial_state
+        self.lanes = Lanes.plan(server.config.concurrency, len(sites), server.setup)
+        if self.lanes.concurrent:
+            server.device_text += f"; {self.lanes.describe()}"
         self.workers = [
             SiteWorker(
                 data=s,
@@ -49,7 +54,9 @@ class LocalLink:
                 n_sites=len(sites),
                 algorithm=server.algorithm,
                 config=server.config,
-                model=server.model,  # scratch space shared by the workers
+                # Scratch space: one model shared by the workers when they take turns, a copy
+                # each when several train at once.
+                model=copy.deepcopy(server.model) if self.lanes.concurrent else server.model,
                 setup=server.setup,
                 state=clone_state(init),
                 extra=server.algorithm.init_extra(server.model),
@@ -95,9 +102,10 @@ class LocalLink:
     def train(
         self, plan: RoundPlan, downs: dict[int, Downlink], faults: dict[int, str]
     ) -> dict[int, SiteReply | SiteFailure]:
-        replies: dict[int, SiteReply | SiteFailure] = {}
-        self.pending = {}
-        for index, down in downs.items():
+        def one(
+            item: tuple[int, Downlink],
+        ) -> tuple[int, LocalRound | None, SiteReply | SiteFailure]:
+            index, down = item
             worker = self.workers[index]
             start = time.perf_counter()
             try:
@@ -105,24 +113,31 @@ class LocalLink:
                     plan.round, plan.lr, down.payload, plan.keys, plan.dtypes, faults.get(index)
                 )
             except Exception as exc:  # the round loop records it against the site
-                replies[index] = SiteFailure(failure_reason(exc), time.perf_counter() - start)
-                continue
-            self.pending[index] = done
+                return index, None, SiteFailure(failure_reason(exc), time.perf_counter() - start)
             result = done.result
-            replies[index] = SiteReply(
+            reply = SiteReply(
                 done.payload_up,
                 result.loss,
                 result.metrics,
                 result.stats,
                 time.perf_counter() - start,
             )
+            return index, done, reply
+
+        replies: dict[int, SiteReply | SiteFailure] = {}
+        self.pending = {}
+        for index, done, reply in self.lanes.map(one, list(downs.items())):
+            replies[index] = reply
+            if done is not None:
+                self.pending[index] = done
         return replies
 
     def commit(self, index: int) -> None:
         self.workers[index].keep(self.pending.pop(index))
 
     def validate(self, round_: int, global_state: State) -> dict[int, dict[str, Any]]:
-        return {w.index: w.validate(global_state) for w in self.workers}
+        figures = self.lanes.map(lambda w: w.validate(global_state), self.workers)
+        return {w.index: f for w, f in zip(self.workers, figures, strict=True)}
 
     def site_states(self) -> dict[str, State]:
         states: dict[str, State] = {}
@@ -133,7 +148,8 @@ class LocalLink:
         return states
 
     def finish(self, global_state: State) -> dict[int, Published | SiteFailure]:
-        return {w.index: w.publish(global_state) for w in self.workers}
+        published = self.lanes.map(lambda w: w.publish(global_state), self.workers)
+        return {w.index: p for w, p in zip(self.workers, published, strict=True)}
 
     def abstention_scores(self, fed: TrainedFederation) -> list[np.ndarray]:
         return [fed.abstention_scores(w.data.raw[Split.VAL]) for w in self.workers]

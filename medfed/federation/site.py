@@ -43,7 +43,7 @@ from medfed.errors import ConfigError, MedfedError
 from medfed.federation import wire
 from medfed.federation.wire import WireFormat
 from medfed.metrics import OperatingRule, choose_threshold, site_metrics
-from medfed.models.device import DeviceSetup
+from medfed.models.device import DeviceSetup, keep_freed_memory
 from medfed.models.fedmodel import FedModel
 from medfed.models.forward import run_model
 from medfed.runs.schema import PrivacySpent
@@ -169,6 +169,8 @@ class SiteWorker:
     secret: int | None = None
 
     def __post_init__(self) -> None:
+        if not self.setup.is_cuda:
+            keep_freed_memory()
         # A NormalizedView: the stored split (moved to the GPU once, in its storage dtype),
         # normalized batch by batch as training reads it.
         self.x_train = self.setup.put(self.data.x[Split.TRAIN])

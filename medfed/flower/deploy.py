@@ -130,8 +130,12 @@ def write_app(
     wait_s: float = 300.0,
     reply_timeout_s: float = 600.0,
     resume: bool = False,
+    lr_from_modality: bool = False,
 ) -> Path:
-    """Write the Flower app folder for one run; returns its pyproject.toml."""
+    """Write the Flower app folder for one run; returns its pyproject.toml.
+
+    ``lr_from_modality``: ``config.lr`` was not chosen; the server sets the sites' modality's
+    learning rate once it knows the modality (as ``medfed train`` does)."""
     _check_sites(sites)
     refuse_unsupported(config)
     check_wait("--wait", wait_s)
@@ -172,6 +176,7 @@ def write_app(
                         "wait-s": float(wait_s),
                         "reply-timeout-s": float(reply_timeout_s),
                         "resume": bool(resume),
+                        "lr-from-modality": bool(lr_from_modality),
                     },
                 }
             },

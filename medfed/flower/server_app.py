@@ -27,6 +27,7 @@ from flwr.serverapp import Grid, ServerApp
 from medfed.algorithms import make_algorithm
 from medfed.algorithms.base import State
 from medfed.config import TrainConfig, valid_site_id
+from medfed.data.modality import modality_spec
 from medfed.errors import ConfigError, MedfedError
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, SiteInfo
 from medfed.federation.rounds import RoundLoop, SiteFailure, SiteReply
@@ -63,6 +64,9 @@ class Deployment:
     wait_s: float
     reply_timeout_s: float
     resume: bool
+    # No learning rate was given: the sites' modality decides it (as medfed train does), once
+    # the server knows the modality from the SuperNodes.
+    lr_from_modality: bool = False
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> Deployment:
@@ -87,9 +91,10 @@ class Deployment:
         refuse_unsupported(config)
         algorithm = make_algorithm(config.algorithm, config.params)
         config.check_faults(sites, communicates=algorithm.communicates)
-        resume = run_config.get("resume", False)
-        if not isinstance(resume, bool):
-            raise ConfigError(f"run config 'resume' must be true or false, got {resume!r}")
+        resume, modality_lr = (run_config.get(k, False) for k in ("resume", "lr-from-modality"))
+        for key, value in (("resume", resume), ("lr-from-modality", modality_lr)):
+            if not isinstance(value, bool):
+                raise ConfigError(f"run config {key!r} must be true or false, got {value!r}")
         return cls(
             config=config,
             sites=sites,
@@ -98,6 +103,7 @@ class Deployment:
             wait_s=_seconds(run_config, "wait-s", 300.0),
             reply_timeout_s=_seconds(run_config, "reply-timeout-s", 600.0),
             resume=resume,
+            lr_from_modality=modality_lr,
         )
 
 
@@ -276,6 +282,9 @@ class FlowerRun:
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
         infos = self._discover()
+        if self.d.lr_from_modality:
+            lr = modality_spec(infos[0].modality).lr  # mixed modalities: the Coordinator refuses
+            self.d = dataclasses.replace(self.d, config=dataclasses.replace(self.d.config, lr=lr))
         self.server = Coordinator(infos, self.algorithm, self.d.config, self.run_dir, self.setup)
         report = self.server.init_report
         settings = RunSettings(
