@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,9 @@ from medfed.algorithms.schedule import EveryRound, Schedule
 from medfed.errors import ConfigError
 from medfed.models.fedmodel import HEAD_PREFIX, FedModel, ModelSpec, keys_with_prefix
 
+if TYPE_CHECKING:
+    from medfed.data.preprocess import NormalizedView
+
 State = dict[str, torch.Tensor]
 
 
@@ -38,9 +41,10 @@ def head_keys(model: nn.Module) -> set[str]:
 
 @dataclass
 class Batches:
-    """Seeded minibatches over a site's training tensors, reshuffled at every pass."""
+    """Seeded minibatches over a site's training tensors, reshuffled at every pass (``x``: the
+    stored split behind its normalization, normalized batch by batch as it is indexed)."""
 
-    x: torch.Tensor
+    x: torch.Tensor | NormalizedView
     y: torch.Tensor
     batch_size: int
     generator: torch.Generator

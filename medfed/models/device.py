@@ -87,7 +87,7 @@ def cpu_bf16_supported() -> bool:
 # glibc's malloc: requests from this size up get their own mmap, and free memory above this
 # much at the heap's top goes back to the system. Its defaults (128 kB, adapting up to 32 MB)
 # send every large activation of a CPU training step to a fresh mmap, whose pages the kernel
-# zeroes again at every step: on CT that was 40% of the CPU time, in the kernel.
+# zeroes again at every step: on CT that was over a third of the CPU time, in the kernel.
 KEEP_FREED_BYTES = 256 * 2**20
 _MALLOPT = {"M_TRIM_THRESHOLD": -1, "M_MMAP_THRESHOLD": -3}
 _USER_SET = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
