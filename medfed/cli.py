@@ -421,8 +421,8 @@ def train(
         int | None,
         typer.Option(
             help="Sites trained at once in this process, the cores divided between them (CPU) "
-            "or on their own CUDA streams; 0: auto (every site of the round on CPU with 2+ "
-            "cores, one by one on a GPU); 1: one by one."
+            "or on their own CUDA streams; 0: auto (every site of the round at once for 2-D "
+            "scans on a CPU of 2+ cores; one by one for CT volumes and on a GPU); 1: one by one."
         ),
     ] = None,
     batch_size: Annotated[

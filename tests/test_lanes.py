@@ -35,6 +35,11 @@ def test_plan_divides_the_cores_between_the_sites(requested, sites, cores, worke
     assert ("at a time, each on" in lanes.describe()) == lanes.concurrent
 
 
+def test_auto_trains_volumes_one_by_one_unless_asked() -> None:
+    assert Lanes.plan(0, 2, CPU, cores=2, volumes=True) == Lanes(1, 2)
+    assert Lanes.plan(2, 2, CPU, cores=2, volumes=True) == Lanes(2, 1)
+
+
 def test_map_keeps_the_order_and_runs_each_lane_on_its_own_threads() -> None:
     lanes = Lanes(workers=3, threads=1)
     seen: dict[int, tuple[str, int]] = {}

@@ -20,6 +20,7 @@ import numpy as np
 
 from medfed.algorithms.base import Algorithm, State
 from medfed.config import TrainConfig
+from medfed.data.modality import modality_spec
 from medfed.data.preprocess import Normalization
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
@@ -44,7 +45,10 @@ class LocalLink:
     def __init__(self, server: Coordinator, sites: list[SiteData]) -> None:
         self.server = server
         init = server.initial_state
-        self.lanes = Lanes.plan(server.config.concurrency, len(sites), server.setup)
+        volumes = modality_spec(server.modality).spatial_dims == 3
+        self.lanes = Lanes.plan(
+            server.config.concurrency, len(sites), server.setup, volumes=volumes
+        )
         if self.lanes.concurrent:
             server.device_text += f"; {self.lanes.describe()}"
         self.workers = [

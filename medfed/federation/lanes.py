@@ -39,21 +39,29 @@ class Lanes:
 
     @classmethod
     def plan(
-        cls, requested: int, n_sites: int, setup: DeviceSetup, cores: int | None = None
+        cls,
+        requested: int,
+        n_sites: int,
+        setup: DeviceSetup,
+        cores: int | None = None,
+        *,
+        volumes: bool = False,
     ) -> Lanes:
         """The lanes for ``requested`` (0: auto) over ``n_sites`` on ``setup``.
 
         ``cores`` defaults to PyTorch's thread count in this thread (what one site would use
         alone, and what OMP_NUM_THREADS or ``torch.set_num_threads`` set). Auto trains every
-        site of the round at once on a CPU of two or more cores, up to twice the cores: more
-        lanes than cores keep the cores busy when sites finish at different times. On CUDA auto
-        stays one by one: streams only pay where one site leaves the GPU idle.
+        site of the round at once on a CPU of two or more cores, up to twice the cores (more
+        lanes than cores keep the cores busy when sites finish at different times), for 2-D
+        scans; one by one for volumes (``volumes``: CT), whose large activations ran slower
+        side by side on 2 cores (FedDRM, 8 local steps: about 10 s a round against 8 s), and
+        on CUDA, where streams only pay when one site leaves the GPU idle (not measured yet).
         """
         cores = max(1, cores if cores is not None else torch.get_num_threads())
         if setup.is_cuda:
             workers = 1 if requested == 0 else requested
         elif requested == 0:
-            workers = 1 if cores < 2 else 2 * cores
+            workers = 1 if cores < 2 or volumes else 2 * cores
         else:
             workers = requested
         workers = max(1, min(workers, n_sites))

@@ -16,6 +16,7 @@ from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError
 from medfed.federation.coordinator import refuse_private, resolved_backbone
 from medfed.federation.engine import Engine
+from medfed.models.device import keep_freed_memory
 from medfed.runs import RunDir, Summary
 
 WARMUP_DIR = "warmup"
@@ -25,7 +26,9 @@ WARMUP_DIR = "warmup"
 def load_sites(
     manifest_paths: list[str | Path], cache_dir: Path | None = None, *, progress: bool = False
 ) -> list[SiteData]:
-    """Load and preprocess every site (through the on-disk cache)."""
+    """Load and preprocess every site (through the on-disk cache), for training: the
+    allocator settings training wants are made first, before any thread has its own arena."""
+    keep_freed_memory()
     cache = TensorCache(cache_dir if cache_dir is not None else default_cache_dir())
     return [load_site(m, cache, progress=progress) for m in load_manifests(manifest_paths)]
 
