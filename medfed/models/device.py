@@ -102,8 +102,8 @@ def keep_freed_memory() -> bool:
     Best made before threads have allocated (``load_sites`` makes it first).
 
     Measured on the CT federation (FedDRM, 2.5-D backbone, 2 cores): 11 s a round before,
-    6 s after; the price is a higher peak resident memory (about 1.8 GB to 2.4 GB there),
-    since freed blocks stay with the process. Leaves the settings alone where the user chose
+    6-8 s after; the price is a higher peak resident memory (1.8 GB before, 2.3-2.5 GB after
+    there), since freed blocks stay with the process. Leaves the settings alone where the user chose
     them (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) or where the C library is not glibc;
     returns whether they were changed.
     """
