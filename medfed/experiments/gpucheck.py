@@ -176,6 +176,23 @@ def _train_once(
     }
 
 
+def check_config(
+    algorithm: str, modality: str, budget: CheckBudget, device: str, **more: Any
+) -> TrainConfig:
+    """The settings of one of the check's runs: the budget's, seed 0, the modality's rate."""
+    return TrainConfig(
+        algorithm=algorithm,
+        params=dict(NEEDS.get(algorithm, {})),
+        rounds=budget.rounds,
+        local_steps=budget.local_steps,
+        batch_size=budget.batch_size,
+        lr=modality_spec(modality).lr,
+        seed=0,
+        device=device,
+        **more,
+    )
+
+
 def check_algorithms(
     sites: list[SiteData],
     modality: str,
@@ -189,16 +206,7 @@ def check_algorithms(
     setup = resolve_device(device)
     rows = {}
     for name in algorithms:
-        config = TrainConfig(
-            algorithm=name,
-            params=dict(NEEDS.get(name, {})),
-            rounds=budget.rounds,
-            local_steps=budget.local_steps,
-            batch_size=budget.batch_size,
-            lr=modality_spec(modality).lr,
-            seed=0,
-            device=device,
-        )
+        config = check_config(name, modality, budget, device)
         echo(f"[{modality}] {name}: {budget.rounds} rounds on {device}, then on cpu (float32)")
         got = _train_once(sites, config, work / modality / f"{name}_{device}", setup)
         reference = _train_once(
@@ -226,16 +234,7 @@ def check_sites_at_once(
     site; CPU: the cores divided), same seed: the figures compared, the round times side by
     side."""
     setup = resolve_device(device)
-    config = TrainConfig(
-        algorithm="fedavg",
-        rounds=budget.rounds,
-        local_steps=budget.local_steps,
-        batch_size=budget.batch_size,
-        lr=modality_spec(modality).lr,
-        seed=0,
-        device=device,
-        concurrency=1,
-    )
+    config = check_config("fedavg", modality, budget, device, concurrency=1)
     echo(f"[{modality}] fedavg on {device}: one site at a time, then every site at once")
     one = _train_once(sites, config, work / modality / "fedavg_one_by_one", setup)
     at_once = dataclasses.replace(config, concurrency=len(sites))
