@@ -106,6 +106,8 @@ class Lanes:
         # tensors it reads; memory the caching allocator hands this stream again), and the
         # caller's default stream sees the lane's results once it has finished.
         stream.wait_stream(torch.cuda.default_stream(self.cuda))
-        with torch.cuda.stream(stream):
-            yield
-        stream.synchronize()
+        try:
+            with torch.cuda.stream(stream):
+                yield
+        finally:
+            stream.synchronize()
