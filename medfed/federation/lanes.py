@@ -53,9 +53,10 @@ class Lanes:
         alone, and what OMP_NUM_THREADS or ``torch.set_num_threads`` set). Auto trains every
         site of the round at once on a CPU of two or more cores, up to twice the cores (more
         lanes than cores keep the cores busy when sites finish at different times), for 2-D
-        scans; one by one for volumes (``volumes``: CT), whose large activations ran slower
-        side by side on 2 cores (FedDRM, 8 local steps: about 10 s a round against 8 s), and
-        on CUDA, where streams only pay when one site leaves the GPU idle (not measured yet).
+        scans; one by one for volumes (``volumes``: CT), which gained nothing side by side on
+        2 cores and peaked higher (FedDRM, 8 local steps: 7-10 s a round and 3.3 GB, against
+        8 s and 2.3 GB), and on CUDA, where streams only pay when one site leaves the GPU idle
+        (not measured yet).
         """
         cores = max(1, cores if cores is not None else torch.get_num_threads())
         if setup.is_cuda:
