@@ -708,12 +708,7 @@ def reading_note(results: dict[str, Any]) -> str:
 def speed_markdown(speed: dict[str, Any]) -> str:
     e = speed["engine_overhead"]
     measured = [
-        e,
-        *(
-            [speed["engine_overhead_larger_rounds"]]
-            if "engine_overhead_larger_rounds" in speed
-            else []
-        ),
+        speed[k] for k in ("engine_overhead", "engine_overhead_larger_rounds") if k in speed
     ]
     engine = markdown_table(
         [
