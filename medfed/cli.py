@@ -1138,6 +1138,20 @@ def deploy_app_folder(
         float, typer.Option(help="Seconds a round waits for a site's reply.")
     ] = 600,
     resume: Annotated[bool, typer.Option(help="Continue the run in --run-dir.")] = False,
+    secure_aggregation: Annotated[
+        bool,
+        typer.Option(
+            help="SecAgg+: the server learns only the weighted mean of each round's updates "
+            "(3 or more sites; README, 'Threat model')."
+        ),
+    ] = False,
+    secure_bound: Annotated[
+        float | None,
+        typer.Option(
+            help="With --secure-aggregation: how far one weight may move in a round before its "
+            "site clips the difference (counted in metrics.jsonl) [default: 1.0]."
+        ),
+    ] = None,
 ) -> None:
     """Write the Flower app folder of one run: medfed's ServerApp, ClientApp and settings."""
     from medfed.config import merge_train_settings
@@ -1149,6 +1163,11 @@ def deploy_app_folder(
 
     if str(out) in ("", "."):
         raise ConfigError("OUT is empty (or '.'): give the app folder by name, e.g. pilot_app")
+    if secure_bound is not None and not secure_aggregation:
+        raise ConfigError(
+            "--secure-bound sets secure aggregation's clipping; add --secure-aggregation, or "
+            "leave --secure-bound out"
+        )
     if algorithm is not None and not algorithm.strip():
         raise ConfigError("--algorithm is empty: name one (listed in --help), or leave it out")
     stored: dict[str, Any] = {}
@@ -1191,6 +1210,8 @@ def deploy_app_folder(
         reply_timeout_s=reply_timeout,
         resume=resume,
         lr_from_modality="lr" not in stored,  # CT and fundus differ (see medfed train --lr)
+        secure_aggregation=secure_aggregation,
+        **({"secure_bound": secure_bound} if secure_bound is not None else {}),
     )
     typer.echo(f"wrote {path}")
     typer.echo(f"submit it with: flwr run {out} <connection> --stream")
@@ -1215,6 +1236,39 @@ def deploy_pki(
     typer.echo(f"SuperLink certificate and key: {pki.server_cert}, {pki.server_key}")
     for name, (private, public) in pki.node_keys.items():
         typer.echo(f"site {name}: private key {private} (stays at the site), public key {public}")
+
+
+@deploy_app.command("worker")
+@friendly
+def deploy_worker(
+    socket_path: Annotated[
+        Path, typer.Argument(help="Unix socket to serve on (a folder only this account writes).")
+    ],
+) -> None:
+    """A hospital's resident worker: answers its SuperNode's training and evaluation messages
+    from one process, so PyTorch and the site's scans load once, not once per message. Start it
+    beside the SuperNode, under the same account, and add worker="SOCKET" to the SuperNode's
+    --node-config; stop it with Ctrl-C or SIGTERM."""
+    require_extra("flwr", "flower", "medfed deploy worker")
+    import signal
+
+    from medfed.flower import client_work  # noqa: F401  (PyTorch now, not at the first message)
+    from medfed.flower.worker import WorkerServer
+
+    server = WorkerServer(socket_path)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    typer.echo(f"medfed worker serving on {socket_path}")
+    typer.echo(f'add worker="{socket_path}" to the SuperNode\'s --node-config')
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        typer.echo("medfed worker stopped")
+    finally:
+        server.server_close()
 
 
 # --- checks made before long work starts -------------------------------------------------------

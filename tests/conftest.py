@@ -212,3 +212,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for key in SLOW_TESTS.keys() - found:
         if key.split("::")[0] in files:
             warnings.warn(f"conftest SLOW_TESTS names {key}, which no longer exists", stacklevel=1)
+
+
+@pytest.fixture(scope="module")
+def tiny_sites(tmp_path_factory) -> tuple[dict[str, Path], Path]:
+    """Three small fundus sites for the Flower deployment tests, decoded once into a cache."""
+    from medfed.data.synth import synthesize
+    from medfed.federation.training import load_sites
+
+    root = tmp_path_factory.mktemp("flower_sites")
+    manifests = synthesize(root / "data", "fundus", n_per_site=24, seed=0, image_size=48)
+    cache = root / "cache"
+    load_sites(manifests, cache)  # decode once: the SuperNodes read the same cache
+    return {p.stem: p for p in manifests}, cache

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from medfed.config import TrainConfig
+
 BIN = Path(sys.executable).parent
 
 
@@ -100,8 +102,11 @@ class LoopbackFederation:
         cache: Path,
         key: Path | None = None,
         retries: int | None = 3,
+        worker: Path | None = None,
     ) -> subprocess.Popen:
         config = f'manifest="{manifest}" state-dir="{self.root / "node_state"}" cache-dir="{cache}"'
+        if worker is not None:
+            config += f' worker="{worker}"'
         argv = [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}"]
         argv += ["--port", str(free_port()), "--node-config", config]
         if retries is not None:  # None: keep trying, as a hospital's node would
@@ -113,6 +118,19 @@ class LoopbackFederation:
         if key is not None:
             argv += ["--auth-supernode-private-key", str(key)]
         return self._start(f"node_{site}", argv)
+
+    def start_worker(self, site: str) -> Path:
+        """A site's resident worker (medfed deploy worker); its socket, once it serves."""
+        socket_path = self.root / f"worker_{site}.sock"
+        self._start(f"worker_{site}", [str(BIN / "medfed"), "deploy", "worker", str(socket_path)])
+        deadline = time.monotonic() + 120
+        while not socket_path.exists():
+            if time.monotonic() > deadline or self.procs[f"worker_{site}"].poll() is not None:
+                raise RuntimeError(
+                    f"the worker of {site} did not start:\n{self.log(f'worker_{site}')}"
+                )
+            time.sleep(0.2)
+        return socket_path
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -167,3 +185,16 @@ class LoopbackFederation:
     def close(self) -> None:
         for name in list(self.procs):
             self.kill(name)
+
+
+SITES = ["acrima", "rimone", "refuge"]
+CONFIG = TrainConfig(algorithm="feddrm", rounds=2, local_steps=2, batch_size=8, seed=3)
+
+
+def start_nodes(fed: LoopbackFederation, sites, names, keys=None, *, workers=False) -> None:
+    """A SuperNode for each site in ``names`` (with its resident worker where ``workers``)."""
+    manifests, cache = sites
+    for name in names:
+        worker = fed.start_worker(name) if workers else None
+        key = keys and keys.get(name)
+        fed.start_supernode(name, manifests[name], cache=cache, key=key, worker=worker)

@@ -49,6 +49,23 @@ def _app_settings_folder(tmp: Path, s: Shared) -> list:
     return _app("--train-config", str(tmp / "train.toml"))(tmp, s)
 
 
+def _train_file(tmp: Path, text: str = 'algorithm = "fedavg"\nwire_precision = "int8"\n') -> str:
+    path = tmp / "train.toml"
+    path.write_text(f"[train]\n{text}", encoding="utf-8")
+    return str(path)
+
+
+def _worker_on_a_file(tmp: Path, s: Shared) -> list:
+    (tmp / "w.sock").write_text("a file\n", encoding="utf-8")
+    return ["deploy", "worker", tmp / "w.sock"]
+
+
+def _worker_in_a_shared_folder(tmp: Path, s: Shared) -> list:
+    (tmp / "shared").mkdir()
+    (tmp / "shared").chmod(0o777)
+    return ["deploy", "worker", tmp / "shared" / "w.sock"]
+
+
 LONG_LABEL = "a" * 70
 
 CASES = [
@@ -184,6 +201,73 @@ CASES = [
         lambda tmp, s: _app("--train-config", str(tmp / "nosuch.toml"))(tmp, s),
         2,
         ("--train-config", "nosuch.toml", "no such file"),
+    ),
+    # --- deploy app --secure-aggregation: settings SecAgg+ cannot run ------------------------
+    Case(
+        "deploy app with secure aggregation of one site",
+        _app("--secure-aggregation", sites=("acrima",)),
+        2,
+        ("--secure-aggregation", "at least 2 sites"),
+    ),
+    Case(
+        "deploy app with secure aggregation of lora",
+        _app("--secure-aggregation", "--algorithm", "lora"),
+        2,
+        ("--secure-aggregation", "lora", "feature statistics"),
+    ),
+    Case(
+        "deploy app with secure aggregation of local training",
+        _app("--secure-aggregation", "--algorithm", "local"),
+        2,
+        ("--secure-aggregation", "nothing to aggregate"),
+    ),
+    Case(
+        "deploy app with secure aggregation of int8 updates",
+        lambda tmp, s: _app("--secure-aggregation", "--train-config", _train_file(tmp))(tmp, s),
+        2,
+        ("--secure-aggregation", "int8", "float32 wire"),
+    ),
+    Case(
+        "deploy app with secure aggregation sampling one site a round",
+        lambda tmp, s: _app(
+            "--secure-aggregation",
+            "--train-config",
+            _train_file(tmp, 'algorithm = "fedavg"\nclient_fraction = 0.3\n'),
+            sites=("acrima", "rimone", "refuge"),
+        )(tmp, s),
+        2,
+        ("--secure-aggregation", "samples 1", "--min-sites to 2"),
+    ),
+    Case(
+        "deploy app with a secure bound of zero",
+        _app("--secure-aggregation", "--secure-bound", "0"),
+        2,
+        ("--secure-bound", "> 0"),
+    ),
+    Case(
+        "deploy app with a secure bound but no secure aggregation",
+        _app("--secure-bound", "2"),
+        2,
+        ("--secure-bound", "--secure-aggregation"),
+    ),
+    # --- deploy worker: where its socket may go ----------------------------------------------
+    Case(
+        "deploy worker on a path that is a file",
+        _worker_on_a_file,
+        2,
+        ("worker socket", "not a socket"),
+    ),
+    Case(
+        "deploy worker in a folder that does not exist",
+        lambda tmp, s: ["deploy", "worker", tmp / "nofolder" / "w.sock"],
+        2,
+        ("worker socket", "nofolder", "does not exist"),
+    ),
+    Case(
+        "deploy worker in a folder everyone may write to",
+        _worker_in_a_shared_folder,
+        2,
+        ("worker socket", "others may write to"),
     ),
 ]
 

@@ -7,55 +7,55 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from medfed.config import TrainConfig
-from medfed.data.synth import synthesize
 from medfed.federation.training import load_sites, train
 from medfed.flower.deploy import write_app, write_pki
 from medfed.flower.node import NOISE_KEY, PLANNED_NOISE
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import CheckpointStore
 from medfed.serving.bundle import TrainedFederation
-from tests.flowerfed import LoopbackFederation
+from tests.flowerfed import CONFIG, SITES, LoopbackFederation, start_nodes
 
 # Real SuperLink and SuperNode processes: needs medfed[flower]; make test-fast leaves them out.
 pytestmark = pytest.mark.flower
 
-SITES = ["acrima", "rimone", "refuge"]
-CONFIG = TrainConfig(algorithm="feddrm", rounds=2, local_steps=2, batch_size=8, seed=3)
-
 
 @pytest.fixture(scope="module")
-def tiny_sites(tmp_path_factory) -> tuple[dict[str, Path], Path]:
-    root = tmp_path_factory.mktemp("flower_sites")
-    manifests = synthesize(root / "data", "fundus", n_per_site=24, seed=0, image_size=48)
-    cache = root / "cache"
-    load_sites(manifests, cache)  # decode once: the SuperNodes read the same cache
-    return {p.stem: p for p in manifests}, cache
-
-
-def _start_nodes(fed: LoopbackFederation, sites, names, keys=None) -> None:
-    manifests, cache = sites
-    for name in names:
-        fed.start_supernode(name, manifests[name], cache=cache, key=keys and keys.get(name))
-
-
-@pytest.fixture(scope="module")
-def deployed(tiny_sites, tmp_path_factory) -> Path:
-    """FedDRM, two rounds, three SuperNodes, insecure loopback."""
+def deployed_runs(tiny_sites, tmp_path_factory) -> tuple[Path, Path]:
+    """FedDRM, two rounds, three SuperNodes each with its resident worker (medfed deploy
+    worker), insecure loopback: a plain run, then its first round under secure aggregation
+    (SecAgg+) on the same SuperLink, SuperNodes and workers."""
     root = tmp_path_factory.mktemp("flower_insecure")
-    run_dir = root / "run"
+    run_dir, secure_dir = root / "run", root / "secure_run"
     write_app(root / "app", CONFIG, SITES, str(run_dir), wait_s=120, reply_timeout_s=300)
+    write_app(  # one round: SecAgg+ adds three message exchanges per round
+        root / "secure_app",
+        dataclasses.replace(CONFIG, rounds=1),
+        SITES,
+        str(secure_dir),
+        wait_s=120,
+        reply_timeout_s=300,
+        secure_aggregation=True,
+    )
     fed = LoopbackFederation(root)
     try:
         fed.start_superlink()
-        _start_nodes(fed, tiny_sites, SITES)
+        start_nodes(fed, tiny_sites, SITES, workers=True)
         fed.submit(root / "app")
         fed.wait_for_summary(run_dir)
+        fed.submit(root / "secure_app")
+        fed.wait_for_summary(secure_dir)
     finally:
         fed.close()
-    return run_dir
+    return run_dir, secure_dir
+
+
+@pytest.fixture(scope="module")
+def deployed(deployed_runs) -> Path:
+    return deployed_runs[0]
 
 
 def test_deployed_run_writes_the_run_directory(deployed: Path) -> None:
@@ -135,7 +135,7 @@ def test_tls_with_registered_supernodes_refuses_an_unknown_one(tiny_sites, tmp_p
         for site in SITES[:2]:  # only two hospitals are registered
             done = fed.flwr("supernode", "register", str(keys[site][1]), "pilot")
             assert done.returncode == 0, done.stdout + done.stderr
-        _start_nodes(fed, tiny_sites, SITES, {s: k[0] for s, k in keys.items()})
+        start_nodes(fed, tiny_sites, SITES, {s: k[0] for s, k in keys.items()})
         intruder = fed.procs["node_refuge"]
         assert intruder.wait(timeout=120) != 0
         assert "Failed to activate SuperNode" in fed.log("node_refuge")
@@ -168,7 +168,7 @@ def test_a_killed_supernode_is_counted_and_the_run_finishes(tiny_sites, tmp_path
     fed = LoopbackFederation(tmp_path)
     try:
         fed.start_superlink()
-        _start_nodes(fed, tiny_sites, SITES)
+        start_nodes(fed, tiny_sites, SITES)
         fed.submit(tmp_path / "app")
         metrics = run_dir / "metrics.jsonl"
         deadline = time.monotonic() + 300
@@ -190,80 +190,28 @@ def test_a_killed_supernode_is_counted_and_the_run_finishes(tiny_sites, tmp_path
     assert "dropout" in events and "site_lost" in events and events[-1] == "finish"
 
 
-def test_a_deployed_run_resumes_from_the_server_checkpoint(tiny_sites, tmp_path) -> None:
-    manifests, cache = tiny_sites
-    run_dir = tmp_path / "run"
-    config = TrainConfig(algorithm="feddrm", rounds=3, local_steps=1, batch_size=8, seed=2)
-    write_app(tmp_path / "app", config, SITES, str(run_dir), wait_s=180, reply_timeout_s=240)
-    fed = LoopbackFederation(tmp_path)
-    try:
-        fed.start_superlink()
-        for site in SITES:  # hospital nodes keep trying while the SuperLink is down
-            fed.start_supernode(site, manifests[site], cache=cache, retries=None)
-        fed.submit(tmp_path / "app")
-        first = run_dir / "checkpoints" / "round_0001"
-        deadline = time.monotonic() + 300
-        while not first.exists():
-            assert time.monotonic() < deadline, fed.log("superlink")[-3000:]
-            time.sleep(0.3)
-        fed.kill("superlink")  # the coordinator's machine goes down mid-run
-        stopped_at = len(CheckpointStore(RunDir(run_dir).checkpoints, 2).rounds())
-        assert not (run_dir / "summary.json").exists()
-        fed.start_superlink()
-        write_app(
-            tmp_path / "app",
-            config,
-            SITES,
-            str(run_dir),
-            wait_s=180,
-            reply_timeout_s=240,
-            resume=True,
-        )
-        fed.submit(tmp_path / "app")
-        resumed = fed.wait_for_summary(run_dir)
-    finally:
-        fed.close()
-    run = RunDir(run_dir)
-    events = [e for e in run.read_events() if e["event"] == "resume"]
-    assert [e["from_round"] for e in events] == [stopped_at] and resumed["resumes"] == 1
-    records = run.read_metrics()
-    assert sorted((r["round"], r["site"]) for r in records) == sorted(
-        (r, s) for r in (1, 2, 3) for s in SITES
-    )
-    # The resumed run is the run that was never interrupted.
-    local = train(load_sites([manifests[s] for s in SITES], cache), config, tmp_path / "local")
-    for site in SITES:
-        assert resumed["sites"][site]["auc"] == pytest.approx(local["sites"][site]["auc"], abs=1e-6)
-    here = {(r["round"], r["site"]): r for r in RunDir(tmp_path / "local").read_metrics()}
-    for r in records:
-        assert r["val_loss"] == pytest.approx(here[(r["round"], r["site"])]["val_loss"], abs=1e-5)
+def test_a_secure_deployed_run_matches_the_plain_one(deployed_runs) -> None:
+    """SecAgg+ across real SuperNode processes: the server's aggregate of round 1 (both runs
+    start from the same weights) is the plain run's within the protocol's quantization error
+    plus float32 rounding, and the run finishes like any other."""
+    from medfed.flower.secure import error_bound
+    from medfed.runs.weights import load_state
 
-
-def test_a_deployed_lora_run_starts_from_the_weights_the_server_sends(tiny_sites, tmp_path) -> None:
-    """The server loads --init, sends it with the first messages, each node checks its hash
-    and keeps it: the deployed run is the in-process run from the same weights."""
-    manifests, cache = tiny_sites
-    sites = load_sites([manifests[s] for s in SITES], cache)
-    base = TrainConfig(algorithm="fedavg", rounds=2, local_steps=1, batch_size=8, seed=4)
-    train(sites, dataclasses.replace(base, backbone="cnn-gn"), tmp_path / "base")
-    config = dataclasses.replace(
-        base, algorithm="lora", init=str(tmp_path / "base"), params={"rank": 2}
+    secured = deployed_runs[1]
+    summary = RunDir(secured).require().read_summary()
+    assert summary["engine"] == "flower" and summary["lost_sites"] == {}
+    weights = [float(s["n_train"]) for s in summary["sites"].values()]
+    allowed = error_bound(weights, 1.0)
+    plain, secure = (
+        load_state(r / "checkpoints" / "round_0001" / "global.safetensors") for r in deployed_runs
     )
-    run_dir = tmp_path / "run"
-    write_app(tmp_path / "app", config, SITES, str(run_dir), wait_s=120, reply_timeout_s=300)
-    fed = LoopbackFederation(tmp_path)
-    try:
-        fed.start_superlink()
-        _start_nodes(fed, tiny_sites, SITES)
-        fed.submit(tmp_path / "app")
-        remote = fed.wait_for_summary(run_dir)
-    finally:
-        fed.close()
-    local = train(sites, config, tmp_path / "local")
-    for site in SITES:
-        assert remote["sites"][site]["auc"] == pytest.approx(local["sites"][site]["auc"], abs=1e-6)
-    assert remote["routing_accuracy"] == pytest.approx(local["routing_accuracy"], abs=1e-6)
-    init = RunDir(run_dir).read_config()["init"]
-    assert init["sha256"] == RunDir(tmp_path / "local").read_config()["init"]["sha256"]
-    kept = sorted(p.parent.name for p in tmp_path.glob("node_state/*/*/init.safetensors"))
-    assert kept == sorted(SITES)
+    assert plain.keys() == secure.keys()
+    for key, a in plain.items():
+        b = secure[key]
+        rounding = 2.0**-23 * np.maximum(a.abs().numpy(), b.abs().numpy())
+        assert ((a - b).abs().numpy() <= allowed + rounding).all(), key
+    records = RunDir(secured).read_metrics()
+    assert len(records) == 3 and all(r["status"] == "ok" and r["aggregated"] for r in records)
+    assert all(r["secure_clipped"] == 0 and r["bytes_up"] > r["bytes_down"] for r in records)
+    assert RunDir(secured).read_events()[0]["secure_aggregation"] == "secagg+"
+    assert TrainedFederation.load(secured, device="cpu").abstention is not None

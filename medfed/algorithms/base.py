@@ -276,6 +276,14 @@ class Algorithm:
         return site_state
 
     # --- server-side ------------------------------------------------------------------------
+    def secure_refusal(self) -> str:
+        """Why this algorithm cannot train under secure aggregation ("": it can). The server then
+        gets one weighted mean of the sites' updates and nothing per site: no statistics beside
+        the update, no weighting of its own."""
+        if not self.communicates:
+            return f"{self.run_name} sends nothing to aggregate, so there is nothing to secure"
+        return ""
+
     def check_stats(self, stats: Stats) -> None:
         """Refuse a site's side-channel report (ValueError) before it reaches :meth:`aggregate`;
         the site is then dropped for the round, like a site whose weights are unusable."""

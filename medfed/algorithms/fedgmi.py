@@ -243,6 +243,15 @@ class FedGMI(Algorithm):
         return F.nll_loss(model(x).target_logits.float(), y)
 
     # --- server-side ------------------------------------------------------------------------
+    def secure_refusal(self) -> str:
+        if self.params.weighting == "component":
+            return (
+                f"{self.run_name} with weighting=component weights each distribution by every "
+                "site's count of scans in it, which secure aggregation hides; use "
+                "weighting=site"
+            )
+        return super().secure_refusal()
+
     def check_stats(self, stats: Stats) -> None:
         super().check_stats(stats)
         counts = stats.get(ASSIGNED)

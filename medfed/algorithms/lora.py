@@ -188,6 +188,12 @@ class LoRA(Algorithm):
         return F.cross_entropy(logits.float(), y)
 
     # --- server-side ------------------------------------------------------------------------
+    def secure_refusal(self) -> str:
+        return (
+            f"{self.run_name} fits its client head from each site's feature statistics, which "
+            "the server must read site by site; secure aggregation gives it only the sum"
+        )
+
     def check_stats(self, stats: Stats) -> None:
         super().check_stats(stats)
         if not stats:  # sent once, with a site's first update, when the base is frozen

@@ -29,7 +29,7 @@ from medfed.errors import ConfigError, RunDirError
 from medfed.federation import wire
 from medfed.federation.pretrained import InitReport, apply_init, resolve_init
 from medfed.federation.site import clone_state, cosine_lr, derive_seed
-from medfed.federation.validate import validate_update
+from medfed.federation.validate import UpdateRejected, validate_update
 from medfed.federation.wire import WireFormat
 from medfed.fileio import check_out_folder
 from medfed.models.backbones import BACKBONES, spatial_dims
@@ -419,6 +419,27 @@ class Coordinator:
         aggregated = self.algorithm.aggregate(updates)
         # A schedule (FedALS) may aggregate only part of the shared keys this round.
         self.global_state.update({k: v.to(self.setup.device) for k, v in aggregated.items()})
+        return True
+
+    def aggregate_secure(
+        self, round_: int, plan: RoundPlan, mean: State | None, contributors: int, reason: str
+    ) -> bool:
+        """Take a secure sum's weighted mean (``mean``: the new shared state) as the round's
+        aggregate, after checking it; ``reason``: why there is none."""
+        if mean is not None and contributors < self.config.min_sites:
+            reason = (
+                f"{contributors} update(s) in the secure sum, fewer than "
+                f"min_sites={self.config.min_sites}"
+            )
+        if mean is not None and not reason:
+            try:
+                validate_update("(the secure sum)", mean, plan.dtypes)
+            except UpdateRejected as exc:
+                reason = str(exc)
+        if mean is None or reason:
+            self.run.log_event("round_skipped", round=round_, reason=reason or "no secure sum")
+            return False
+        self.global_state.update({k: v.to(self.setup.device) for k, v in mean.items()})
         return True
 
     # ------------------------------------------------------------------ the summary

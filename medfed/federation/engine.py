@@ -162,6 +162,10 @@ class LocalLink:
         norms = [s.normalization for s in fed.sites]
         return [site_evaluation(fed, w.data, fed.position(w.id), norms) for w in self.workers]
 
+    def secure_sum(self) -> None:
+        """Updates are aggregated one by one here (secure aggregation is a deployment's)."""
+        return None
+
     def summary_extra(self) -> dict[str, Any]:
         return {}
 

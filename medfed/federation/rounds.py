@@ -35,13 +35,29 @@ def stats_bytes(stats: Stats) -> int:
 
 @dataclass
 class SiteReply:
-    """A site's answer to a training message."""
+    """A site's answer to a training message.
+
+    ``secure``: its update went into a secure sum (:class:`SecureSum`) and never reached the
+    server on its own; ``payload_up`` is then empty, and ``bytes_up`` what the site sent for the
+    protocol. ``record``: more fields for its metrics.jsonl record."""
 
     payload_up: bytes
     loss: float
     metrics: dict[str, float] = field(default_factory=dict)
     stats: Stats = field(default_factory=dict)
     seconds: float | None = None
+    secure: bool = False
+    bytes_up: int | None = None
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SecureSum:
+    """A round's updates as secure aggregation gives them to the server: only their weighted
+    mean (the new shared state), or why the protocol gave none."""
+
+    mean: State | None
+    reason: str = ""
 
 
 @dataclass
@@ -62,6 +78,9 @@ class SiteLink(Protocol):
         self, plan: RoundPlan, downs: dict[int, Downlink], faults: dict[int, str]
     ) -> dict[int, SiteReply | SiteFailure]:
         """Each sampled site's local round; nothing it keeps changes before :meth:`commit`."""
+
+    def secure_sum(self) -> SecureSum | None:
+        """The last :meth:`train`'s secure sum; None where updates arrive one by one."""
 
     def commit(self, index: int) -> None:
         """The server accepted site ``index``'s update: the site keeps its round."""
@@ -157,6 +176,7 @@ class RoundLoop:
         faults = {i: planned.get((round_, server.sites[i].id)) for i in sampled}
         faults = {i: kind for i, kind in faults.items() if kind}
         replies = self.link.train(plan, downs, faults)
+        secure = self.link.secure_sum()
         records, updates = [], []
         for index, site in enumerate(server.sites):
             record: dict[str, Any] = {"round": round_, "site": site.id, "lr": plan.lr}
@@ -167,7 +187,12 @@ class RoundLoop:
             try:
                 if isinstance(reply, SiteFailure):
                     raise SiteDropped(reply.reason)
-                received = server.receive(index, plan, downs[index], reply.payload_up)
+                # A secure update was checked on its site; the server sees only the sum.
+                received = (
+                    {}
+                    if reply.secure
+                    else server.receive(index, plan, downs[index], reply.payload_up)
+                )
                 server.algorithm.check_stats(reply.stats)
             except Exception as exc:  # any failure of one site drops that site, not the run
                 reason = failure_reason(exc)
@@ -186,14 +211,23 @@ class RoundLoop:
                     "status": "ok",
                     "train_loss": reply.loss,
                     **{f"train_{k}": v for k, v in reply.metrics.items()},
-                    "bytes_up": len(reply.payload_up) + stats_bytes(reply.stats),
+                    "bytes_up": (
+                        reply.bytes_up
+                        if reply.bytes_up is not None
+                        else len(reply.payload_up) + stats_bytes(reply.stats)
+                    ),
                     "bytes_down": len(downs[index].payload),
                     "keys_sent": len(plan.keys),
+                    **reply.record,
                 }
             if reply.seconds is not None:
                 record["seconds"] = reply.seconds
             records.append(record)
-        aggregated = server.aggregate(round_, updates)
+        if secure is not None:
+            ok = sum(1 for r in records if r.get("status") == "ok")
+            aggregated = server.aggregate_secure(round_, plan, secure.mean, ok, secure.reason)
+        else:
+            aggregated = server.aggregate(round_, updates)
         seconds = time.perf_counter() - start
         figures = self.link.validate(round_, server.global_state)
         for index, record in enumerate(records):

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tomli_w
 from cryptography import x509
@@ -24,6 +26,7 @@ from cryptography.x509.oid import NameOID
 from medfed.config import TrainConfig, valid_site_id
 from medfed.errors import ConfigError
 from medfed.fileio import check_out_folder
+from medfed.flower import secure
 
 # A site id names its key files and the comment of its public key: kept short enough for both.
 MAX_SITE_ID = 64
@@ -31,6 +34,9 @@ MAX_SITE_ID = 64
 MAX_WAIT_S = 7 * 24 * 3600.0
 # The longest validity of the pilot's certificates (--days): a hundred years.
 MAX_DAYS = 36500
+if TYPE_CHECKING:
+    from medfed.algorithms.base import Algorithm
+
 _DNS_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 
@@ -120,6 +126,23 @@ def refuse_unsupported(config: TrainConfig) -> None:
         )
 
 
+def refuse_insecure_settings(
+    config: TrainConfig, algorithm: Algorithm, n_sites: int, bound: float
+) -> None:
+    """Refuse, before the run starts, settings that cannot run under secure aggregation."""
+    per_round = max(config.min_sites, math.ceil(config.client_fraction * n_sites))
+    reason = secure.refusal(
+        n_sites=n_sites,
+        per_round=min(per_round, n_sites),
+        algorithm_reason=algorithm.secure_refusal(),
+        wire_precision=config.wire_precision,
+        wire_delta=config.wire_delta,
+        bound=bound,
+    )
+    if reason:
+        raise ConfigError(f"--secure-aggregation: {reason}")
+
+
 def write_app(
     out: Path,
     config: TrainConfig,
@@ -131,13 +154,22 @@ def write_app(
     reply_timeout_s: float = 600.0,
     resume: bool = False,
     lr_from_modality: bool = False,
+    secure_aggregation: bool = False,
+    secure_bound: float = secure.DEFAULT_BOUND,
 ) -> Path:
     """Write the Flower app folder for one run; returns its pyproject.toml.
 
     ``lr_from_modality``: ``config.lr`` was not chosen; the server sets the sites' modality's
-    learning rate once it knows the modality (as ``medfed train`` does)."""
+    learning rate once it knows the modality (as ``medfed train`` does).
+    ``secure_aggregation``: SecAgg+ (:mod:`medfed.flower.secure`), each update's differences
+    clipped to ``+-secure_bound``."""
     _check_sites(sites)
     refuse_unsupported(config)
+    if secure_aggregation:
+        from medfed.algorithms import make_algorithm
+
+        algorithm = make_algorithm(config.algorithm, config.params)
+        refuse_insecure_settings(config, algorithm, len(sites), secure_bound)
     check_wait("--wait", wait_s)
     check_wait("--reply-timeout", reply_timeout_s)
     run_dir = check_run_dir(run_dir)
@@ -177,6 +209,8 @@ def write_app(
                         "reply-timeout-s": float(reply_timeout_s),
                         "resume": bool(resume),
                         "lr-from-modality": bool(lr_from_modality),
+                        "secure-aggregation": bool(secure_aggregation),
+                        "secure-bound": float(secure_bound),
                     },
                 }
             },

@@ -8,7 +8,8 @@ random); the run's config names them in order, which fixes each site's index.
 Run config (``[tool.flwr.app.config]`` of the app folder ``medfed deploy app`` writes):
 ``train`` (TOML of the training settings), ``sites`` (comma-separated ids), ``run-dir``,
 ``run-name``, ``wait-s`` (how long to wait for every site to connect), ``reply-timeout-s`` (how
-long one round waits for replies) and ``resume``.
+long one round waits for replies), ``resume``, ``lr-from-modality``, and
+``secure-aggregation`` with ``secure-bound`` (SecAgg+, :mod:`medfed.flower.secure`).
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from medfed.config import TrainConfig, valid_site_id
 from medfed.data.modality import modality_spec
 from medfed.errors import ConfigError, MedfedError
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, SiteInfo
-from medfed.federation.rounds import RoundLoop, SiteFailure, SiteReply
+from medfed.federation.rounds import RoundLoop, SecureSum, SiteFailure, SiteReply
 from medfed.federation.site import Published
 from medfed.federation.wire import WireFormat, encode
-from medfed.flower.deploy import MAX_WAIT_S, refuse_unsupported
+from medfed.flower.deploy import MAX_WAIT_S, refuse_insecure_settings, refuse_unsupported
 from medfed.flower.node import RunSettings, train_config_from_toml
 from medfed.flower.records import (
     json_of,
@@ -44,6 +45,7 @@ from medfed.flower.records import (
     state_record,
     weights_records,
 )
+from medfed.flower.secure import DEFAULT_BOUND, mean_state, secure_round
 from medfed.models.device import resolve_device
 from medfed.runs import RunDir
 from medfed.runs.schema import PrivacySpent
@@ -67,6 +69,9 @@ class Deployment:
     # No learning rate was given: the sites' modality decides it (as medfed train does), once
     # the server knows the modality from the SuperNodes.
     lr_from_modality: bool = False
+    # SecAgg+: the server sees only the weighted mean of each round's updates.
+    secure_aggregation: bool = False
+    secure_bound: float = DEFAULT_BOUND
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> Deployment:
@@ -91,10 +96,16 @@ class Deployment:
         refuse_unsupported(config)
         algorithm = make_algorithm(config.algorithm, config.params)
         config.check_faults(sites, communicates=algorithm.communicates)
-        resume, modality_lr = (run_config.get(k, False) for k in ("resume", "lr-from-modality"))
-        for key, value in (("resume", resume), ("lr-from-modality", modality_lr)):
+        flags = ("resume", "lr-from-modality", "secure-aggregation")
+        resume, modality_lr, secure = (run_config.get(k, False) for k in flags)
+        for key, value in zip(flags, (resume, modality_lr, secure), strict=True):
             if not isinstance(value, bool):
                 raise ConfigError(f"run config {key!r} must be true or false, got {value!r}")
+        bound = run_config.get("secure-bound", DEFAULT_BOUND)
+        if isinstance(bound, bool) or not isinstance(bound, int | float):
+            raise ConfigError(f"run config 'secure-bound' must be a number > 0, got {bound!r}")
+        if secure:
+            refuse_insecure_settings(config, algorithm, len(sites), float(bound))
         return cls(
             config=config,
             sites=sites,
@@ -104,6 +115,8 @@ class Deployment:
             reply_timeout_s=_seconds(run_config, "reply-timeout-s", 600.0),
             resume=resume,
             lr_from_modality=modality_lr,
+            secure_aggregation=secure,
+            secure_bound=float(bound),
         )
 
 
@@ -171,6 +184,30 @@ def _with(content: RecordDict, name: str, record: ArrayRecord) -> RecordDict:
     return RecordDict({**dict(content.items()), name: record})
 
 
+def _secure_reply(result: dict[str, Any], bytes_up: int) -> SiteReply:
+    """A site's figures from a secure round (its update is only in the sum); figures that are
+    not numbers read as missing."""
+
+    def number(value: Any) -> float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return float(value) if ok else math.nan
+
+    metrics = result.get("metrics")
+    metrics = {str(k): number(v) for k, v in (metrics.items() if isinstance(metrics, dict) else [])}
+    seconds = number(result.get("seconds"))
+    clipped = result.get("secure_clipped")
+    return SiteReply(
+        b"",
+        number(result.get("loss")),
+        metrics,
+        {},
+        seconds if math.isfinite(seconds) else None,
+        secure=True,
+        bytes_up=bytes_up,
+        record={"secure_clipped": clipped if type(clipped) is int and clipped >= 0 else 0},
+    )
+
+
 def _reply(reply: Message) -> Message | str:
     """A site's reply, or the reason it failed."""
     if reply.has_error():
@@ -197,6 +234,8 @@ class FlowerRun:
         self.nodes: dict[str, int] = {}
         self.lost: dict[str, str] = {}  # site -> why it left the run
         self.eval_bytes = 0  # bytes of the global state sent with each evaluation message
+        self.secure: SecureSum | None = None  # the last round's secure sum
+        self.n_train: dict[str, int] = {}  # site -> training scans, as its SuperNode said
 
     # ------------------------------------------------------------------ messaging
     def _send(
@@ -282,6 +321,7 @@ class FlowerRun:
     # ------------------------------------------------------------------ the run
     def run(self) -> dict[str, Any]:
         infos = self._discover()
+        self.n_train = {info.id: info.n_train for info in infos}
         if self.d.lr_from_modality:
             lr = modality_spec(infos[0].modality).lr  # mixed modalities: the Coordinator refuses
             self.d = dataclasses.replace(self.d, config=dataclasses.replace(self.d.config, lr=lr))
@@ -296,7 +336,10 @@ class FlowerRun:
         )
         self.settings = json_record(settings.to_json())
         self.init_given: set[str] = set()  # sites that hold the starting weights
-        return RoundLoop(self.server, self).train(resume=self.d.resume, engine="flower")
+        event: dict[str, Any] = {"engine": "flower"}
+        if self.d.secure_aggregation:
+            event |= {"secure_aggregation": "secagg+", "secure_bound": self.d.secure_bound}
+        return RoundLoop(self.server, self).train(resume=self.d.resume, **event)
 
     def _content(self, step: dict[str, Any], payload: bytes = b"", **more: Any) -> RecordDict:
         return RecordDict(
@@ -338,11 +381,17 @@ class FlowerRun:
     def train(
         self, plan: RoundPlan, downs: dict[int, Downlink], faults: dict[int, str]
     ) -> dict[int, SiteReply | SiteFailure]:
+        secure = self.d.secure_aggregation and bool(plan.keys)
         contents = {}
         for index, down in downs.items():
             step = {"round": plan.round, "lr": plan.lr, "keys": plan.keys}
             step["fault"] = faults.get(index)
+            if secure:
+                step["secure_bound"] = self.d.secure_bound
             contents[self.d.sites[index]] = self._content(step, down.payload)
+        self.secure = None
+        if secure:
+            return self._train_secure(plan, contents)
         replies: dict[int, SiteReply | SiteFailure] = {}
         for site, answer in self._send_run(MessageType.TRAIN, contents).items():
             index = self.d.sites.index(site)
@@ -358,6 +407,66 @@ class FlowerRun:
                 float(result["seconds"]),
             )
         return replies
+
+    def _train_secure(
+        self, plan: RoundPlan, contents: dict[str, RecordDict]
+    ) -> dict[int, SiteReply | SiteFailure]:
+        """A round under SecAgg+: the sites' masked updates add up to their weighted mean, the
+        only update the server sees (:attr:`secure`)."""
+        online = set(self.grid.get_node_ids())
+        replies: dict[int, SiteReply | SiteFailure] = {}
+        ready = {}
+        for site, content in contents.items():
+            if site in self.lost:
+                replies[self.d.sites.index(site)] = SiteFailure(
+                    f"left the run earlier: {self.lost[site]}"
+                )
+            elif self.nodes[site] not in online:
+                replies[self.d.sites.index(site)] = SiteFailure("its SuperNode is not connected")
+            else:
+                ready[site] = content
+        if len(ready) < 2:
+            self.secure = SecureSum(
+                None, f"{len(ready)} site(s) reachable; SecAgg+ needs at least 2 for a sum"
+            )
+            return replies
+        by_node = {self.nodes[s]: s for s in ready}
+        result = secure_round(
+            self.grid,
+            plan.round,
+            {self.nodes[s]: c for s, c in self._with_init(ready).items()},
+            {self.nodes[s]: self.n_train[s] for s in ready},
+            self.d.reply_timeout_s,
+        )
+        for node, site in by_node.items():
+            index = self.d.sites.index(site)
+            if node not in result.results:
+                replies[index] = SiteFailure(result.missing.get(node, "not in the secure sum"))
+                continue
+            self.init_given.add(site)
+            replies[index] = _secure_reply(result.results[node], result.bytes_up.get(node, 0))
+            clipped = replies[index].record["secure_clipped"]
+            if clipped:
+                self.server.run.log_event(
+                    "secure_clipped",
+                    round=plan.round,
+                    site=site,
+                    values=clipped,
+                    bound=self.d.secure_bound,
+                    reason="values of the update moved further than --secure-bound in one "
+                    "round and were clipped on the site; raise --secure-bound",
+                )
+        mean = None
+        if result.vectors is not None:
+            try:
+                mean = mean_state(result.vectors, plan.keys, plan.outgoing, self.d.secure_bound)
+            except ValueError as exc:
+                result.halted = str(exc)
+        self.secure = SecureSum(mean, result.halted)
+        return replies
+
+    def secure_sum(self) -> SecureSum | None:
+        return self.secure
 
     def commit(self, index: int) -> None:
         """Nothing to do: a SuperNode keeps its round as soon as it has trained."""
