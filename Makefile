@@ -47,31 +47,35 @@ gpu-wheels: $(STAMP)
 		-d .whl $(GPU_WHEELS)
 
 # Everything (what CI runs): slow tests, a real Flower deployment, the dashboard in Chromium.
-# Four streams side by side, each with its own temporary folder and log, all must pass: two of
-# Flower deployment tests (they mostly wait on their own processes; FLOWER_MORE apart from the
-# rest), SIDE_TESTS (long whole-command and engine test files), and the rest. The first three
-# streams' output follows the rest's.
+# Four streams side by side, each with its own temporary folder and log, all must pass: the
+# Flower deployment tests but FLOWER_MORE (they mostly wait on their own processes); FLOWER_MORE
+# with MORE_TESTS (long tests that wait on a browser or a fresh interpreter); SIDE_TESTS (long
+# whole-command and engine test files); and the rest. The first three streams' output follows
+# the rest's.
 SIDE_TESTS := tests/test_bench.py tests/test_transfer.py tests/test_pfedme.py tests/test_engine.py \
 	tests/test_gpu_check.py
-FLOWER_MORE := tests/test_flower_resume.py
+FLOWER_MORE := tests/test_flower_resume.py tests/test_bench_deploy.py
+MORE_TESTS := tests/test_dashboard_browser.py tests/test_extras.py
 test: $(STAMP)
 	@tmp=$$(mktemp -d); \
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m flower --durations=10 \
-		--basetemp="$$tmp/flower" --ignore=$(FLOWER_MORE) > "$$tmp/flower.log" 2>&1 & flower=$$!; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m flower --durations=10 \
-		--basetemp="$$tmp/flower2" $(FLOWER_MORE) > "$$tmp/flower2.log" 2>&1 & flower2=$$!; \
+		--basetemp="$$tmp/flower" $(foreach t,$(FLOWER_MORE),--ignore=$(t)) \
+		> "$$tmp/flower.log" 2>&1 & flower=$$!; \
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 \
+		--basetemp="$$tmp/more" $(FLOWER_MORE) $(MORE_TESTS) > "$$tmp/more.log" 2>&1 & more=$$!; \
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not flower" --durations=10 \
 		--basetemp="$$tmp/side" $(SIDE_TESTS) > "$$tmp/side.log" 2>&1 & side=$$!; \
 	$(BIN)/python -m pytest -q -m "not flower" --durations=25 \
-		$(foreach t,$(SIDE_TESTS),--ignore=$(t)); rc=$$?; \
-	wait $$flower; frc=$$?; wait $$flower2; f2rc=$$?; wait $$side; src=$$?; \
+		$(foreach t,$(SIDE_TESTS) $(MORE_TESTS),--ignore=$(t)); rc=$$?; \
+	wait $$flower; frc=$$?; wait $$more; mrc=$$?; wait $$side; src=$$?; \
 	echo "--- Flower deployment tests (run alongside the others) ---"; cat "$$tmp/flower.log"; \
-	echo "--- $(FLOWER_MORE) (run alongside the others) ---"; cat "$$tmp/flower2.log"; \
+	echo "--- $(FLOWER_MORE) $(MORE_TESTS) (run alongside the others) ---"; \
+	cat "$$tmp/more.log"; \
 	echo "--- $(SIDE_TESTS) (run alongside the others) ---"; cat "$$tmp/side.log"; \
 	rm -rf "$$tmp"; \
-	for code in $$rc $$frc $$f2rc $$src; do \
+	for code in $$rc $$frc $$mrc $$src; do \
 		[ $$code -ne 5 ] || echo "pytest collected no tests" >&2; done; \
-	[ $$rc -eq 0 ] && [ $$frc -eq 0 ] && [ $$f2rc -eq 0 ] && [ $$src -eq 0 ]
+	[ $$rc -eq 0 ] && [ $$frc -eq 0 ] && [ $$mrc -eq 0 ] && [ $$src -eq 0 ]
 
 # The quick loop while editing: leaves out the slow, Flower and browser tests.
 test-fast: $(STAMP)

@@ -988,6 +988,55 @@ def gpu_check(
         raise typer.Exit(1)
 
 
+@app.command("bench-deploy")
+@friendly
+def bench_deploy(
+    out: Annotated[
+        Path, typer.Option(help="Folder for data, runs and results.", callback=named_folder)
+    ] = Path("bench_deploy_out"),
+    rounds: Annotated[int, typer.Option(help="Rounds of each run (the first is left out).")] = 4,
+    local_steps: Annotated[int, typer.Option(help="Local steps per round.")] = 10,
+    backbone: Annotated[str, typer.Option(help="The model (a fundus backbone).")] = "cnn-gn",
+    image_size: Annotated[int, typer.Option(help="Fundus input size in pixels.")] = 128,
+    without_workers: Annotated[
+        bool, typer.Option(help="Also measure the deployment without resident workers.")
+    ] = True,
+    update_readme: Annotated[
+        Path | None, typer.Option(help="Write the table into this README's deploy-bench section.")
+    ] = None,
+    n_per_site: Annotated[int, typer.Option(hidden=True, help="Scans per site (tests).")] = 64,
+) -> None:
+    """A deployed round on loopback (a SuperLink and a SuperNode per site, on Flower) against
+    the same round in one process, side by side; writes OUT/deploy-bench.json and .md."""
+    require_extra("flwr", "flower", "medfed bench-deploy")
+    _check_readme(update_readme, "deploy-bench")
+    check_out_folder(out)
+    if not 2 <= rounds <= 1000:
+        raise ConfigError(f"--rounds must be 2..1000 (the first round is left out), got {rounds}")
+    if not 32 <= image_size <= 1024:
+        raise ConfigError(f"--image-size must be 32..1024 pixels, got {image_size}")
+    from medfed.experiments.deploy_speed import MARKER, DeployBenchPlan, markdown, run_deploy_bench
+    from medfed.runs.report import replace_marked_section
+
+    plan = DeployBenchPlan(
+        n_per_site=n_per_site,
+        image_size=image_size,
+        backbone=backbone,
+        rounds=rounds,
+        local_steps=local_steps,
+        without_workers=without_workers,
+    )
+    plan.config()  # a bad backbone or budget is refused before anything starts
+    results = run_deploy_bench(out, plan)
+    typer.echo(markdown(results))
+    if update_readme is not None:
+        text = update_readme.read_text(encoding="utf-8")
+        update_readme.write_text(
+            replace_marked_section(text, MARKER, markdown(results)), encoding="utf-8"
+        )
+        typer.echo(f"updated the {MARKER} section of {update_readme}")
+
+
 @app.command("privacy-curve")
 @friendly
 def privacy_curve(

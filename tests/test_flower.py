@@ -168,7 +168,7 @@ def test_a_killed_supernode_is_counted_and_the_run_finishes(tiny_sites, tmp_path
     fed = LoopbackFederation(tmp_path)
     try:
         fed.start_superlink()
-        start_nodes(fed, tiny_sites, SITES)
+        start_nodes(fed, tiny_sites, SITES, workers=True)
         fed.submit(tmp_path / "app")
         metrics = run_dir / "metrics.jsonl"
         deadline = time.monotonic() + 300

@@ -27,7 +27,8 @@ def test_a_deployed_run_resumes_from_the_server_checkpoint(tiny_sites, tmp_path)
     try:
         fed.start_superlink()
         for site in SITES:  # hospital nodes keep trying while the SuperLink is down
-            fed.start_supernode(site, manifests[site], cache=cache, retries=None)
+            worker = fed.start_worker(site)
+            fed.start_supernode(site, manifests[site], cache=cache, retries=None, worker=worker)
         fed.submit(tmp_path / "app")
         first = run_dir / "checkpoints" / "round_0001"
         deadline = time.monotonic() + 300
@@ -82,7 +83,7 @@ def test_a_deployed_lora_run_starts_from_the_weights_the_server_sends(tiny_sites
     fed = LoopbackFederation(tmp_path)
     try:
         fed.start_superlink()
-        start_nodes(fed, tiny_sites, SITES)
+        start_nodes(fed, tiny_sites, SITES, workers=True)
         fed.submit(tmp_path / "app")
         remote = fed.wait_for_summary(run_dir)
     finally:

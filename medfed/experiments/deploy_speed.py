@@ -1,0 +1,236 @@
+"""``medfed bench-deploy``: a deployed round on loopback against the same round in one process.
+
+The same sites, model, budget and seed train three ways, one after the other on this machine:
+in-process (``medfed train``), deployed on Flower with each SuperNode's resident worker
+(``medfed deploy worker``), and deployed without workers (a fresh ClientApp process, importing
+PyTorch and reading the site, for every message). A round's time is the time between two rounds'
+checkpoints (the server writes one when a round's training, aggregation and validation are
+done), taken for every round after the first, whose loads and start-up differ; the median is
+reported. Each SuperNode, like each in-process site when sites train side by side, has one
+thread.
+
+What the deployed round adds, per message exchange (a round has two: train and validate): the
+SuperNode's wait for the message (Flower 1.42's SuperNode asks the SuperLink every 3 s when idle:
+1.5 s on average), the ClientApp's process start (measured here), the reply's pickup (polled
+every 0.5 s by the SuperNode and every 0.2 s by the ServerApp), and the weights' transfer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from medfed.config import TrainConfig
+from medfed.runs import RunDir
+from medfed.runs.checkpoints import CheckpointStore
+from medfed.runs.report import write_results
+
+MARKER = "deploy-bench"
+"""The README section ``--update-readme`` writes, and the stem of OUT's results files."""
+GOAL = 1.3
+"""A deployed round on loopback should take at most this times the in-process round."""
+EXCHANGES_PER_ROUND = 2  # train, validate
+SUPERNODE_IDLE_POLL_S = 3.0  # Flower 1.42's SuperNode, between pulls when no message waited
+
+
+@dataclasses.dataclass(frozen=True)
+class DeployBenchPlan:
+    """The round the bench measures: realistic by default (each site's local work about 5 s on
+    one thread of this 2-core machine: cnn-gn at 128 px, 10 steps of 32), tiny for tests."""
+
+    sites: int = 3
+    n_per_site: int = 64
+    image_size: int = 128
+    backbone: str = "cnn-gn"
+    rounds: int = 4
+    local_steps: int = 10
+    batch_size: int = 32
+    seed: int = 0
+    without_workers: bool = True  # also measure the deployment without resident workers
+
+    def config(self) -> TrainConfig:
+        return TrainConfig(
+            algorithm="fedavg",
+            backbone=self.backbone,
+            rounds=self.rounds,
+            local_steps=self.local_steps,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            keep_checkpoints=self.rounds,  # every round's checkpoint: they time the rounds
+        )
+
+
+def round_seconds(run: Path) -> list[float]:
+    """Seconds of each round after the first: from one round's checkpoint to the next."""
+    store = CheckpointStore(RunDir(run).checkpoints, keep=1)
+    times = [(p / "state.json").stat().st_mtime for _, p in store.rounds()]
+    return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+
+def site_seconds(run: Path) -> list[float]:
+    """Each round's (after the first) longest local training of a site, in seconds."""
+    by_round: dict[int, float] = {}
+    for r in RunDir(run).read_metrics():
+        if r.get("round", 0) > 1 and isinstance(r.get("seconds"), int | float):
+            by_round[r["round"]] = max(by_round.get(r["round"], 0.0), float(r["seconds"]))
+    return [by_round[k] for k in sorted(by_round)]
+
+
+def clientapp_start_seconds(repeats: int = 3) -> float:
+    """Wall seconds for a fresh Python process to load medfed's ClientApp (what a SuperNode's
+    ClientApp process does before it can answer), best of ``repeats``."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import flwr.supernode.runtime.run_clientapp, medfed.flower.client_app",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _sites(out: Path, plan: DeployBenchPlan) -> tuple[dict[str, Path], Path]:
+    from medfed.data.synth import synthesize
+    from medfed.federation.training import load_sites
+
+    manifests = synthesize(out / "data", "fundus", n_per_site=plan.n_per_site, seed=plan.seed)
+    manifests = manifests[: plan.sites]
+    for path in manifests:  # the round's input size: the manifests' preprocessing
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data.setdefault("preprocess", {})["image_size"] = plan.image_size
+        path.write_text(tomli_w.dumps(data), encoding="utf-8")
+    cache = out / "cache"
+    load_sites(manifests, cache)
+    return {p.stem: p for p in manifests}, cache
+
+
+def _deployed(
+    out: Path, manifests: dict[str, Path], cache: Path, config: TrainConfig, workers: bool
+) -> Path:
+    from medfed.flower.deploy import write_app
+    from medfed.flower.loopback import LoopbackFederation
+
+    out.mkdir(parents=True)
+    run_dir = out / "run"
+    sites = list(manifests)
+    write_app(out / "app", config, sites, str(run_dir), wait_s=600, reply_timeout_s=3600)
+    fed = LoopbackFederation(out)
+    try:
+        fed.start_superlink()
+        for site in sites:
+            worker = fed.start_worker(site) if workers else None
+            fed.start_supernode(site, manifests[site], cache=cache, worker=worker)
+        fed.submit(out / "app")
+        fed.wait_for_summary(run_dir, timeout=24 * 3600)
+    finally:
+        fed.close()
+    return run_dir
+
+
+def run_deploy_bench(out: Path, plan: DeployBenchPlan) -> dict[str, Any]:
+    """Train the plan's round in process, deployed with workers and (``without_workers``)
+    deployed without; their round times, side by side, in ``OUT/deploy-bench.json`` and
+    ``.md``."""
+    import torch
+
+    from medfed.experiments.speed import device_info
+    from medfed.federation.training import load_sites, train
+
+    out.mkdir(parents=True, exist_ok=True)
+    manifests, cache = _sites(out, plan)
+    config = plan.config()
+    runs: dict[str, Path] = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each SuperNode has; in-process sites then train side by side
+    try:
+        local = dataclasses.replace(config, concurrency=len(manifests))
+        train(load_sites(list(manifests.values()), cache), local, out / "inprocess")
+    finally:
+        torch.set_num_threads(threads)
+    runs["in-process"] = out / "inprocess"
+    runs["deployed, resident workers"] = _deployed(
+        out / "deployed_workers", manifests, cache, config, workers=True
+    )
+    if plan.without_workers:
+        runs["deployed, no workers"] = _deployed(
+            out / "deployed_plain", manifests, cache, config, workers=False
+        )
+    rows = {}
+    for name, run in runs.items():
+        rounds = round_seconds(run)
+        records = [r for r in RunDir(run).read_metrics() if r.get("round", 0) > 1]
+        rows[name] = {
+            "round_s": statistics.median(rounds),
+            "rounds_s": rounds,
+            "site_training_s": statistics.median(site_seconds(run)),
+            "bytes_per_site_round": statistics.median(
+                r.get("bytes_up", 0) + r.get("bytes_down", 0) + r.get("bytes_eval", 0)
+                for r in records
+            ),
+        }
+    base = rows["in-process"]["round_s"]
+    for row in rows.values():
+        row["ratio"] = row["round_s"] / base
+        row["overhead_s"] = row["round_s"] - base
+    results = {
+        "plan": dataclasses.asdict(plan),
+        "rows": rows,
+        "goal": GOAL,
+        "met": rows["deployed, resident workers"]["ratio"] <= GOAL,
+        "clientapp_start_s": clientapp_start_seconds(),
+        "exchanges_per_round": EXCHANGES_PER_ROUND,
+        "supernode_poll_s": SUPERNODE_IDLE_POLL_S,
+        "device": device_info(),
+    }
+    write_results(out, MARKER, results, markdown(results))
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The bench's table and what the deployed round's overhead is made of."""
+    plan = results["plan"]
+    lines = [
+        f"FedAvg, {plan['sites']} synthetic fundus sites of {plan['n_per_site']} scans, "
+        f"{plan['backbone']} at {plan['image_size']} px, {plan['local_steps']} local steps of "
+        f"batch {plan['batch_size']}, {plan['rounds']} rounds (the first left out); one thread "
+        f"per site; {results['device']['cpu']}, {results['device']['cpu_count']} cores.",
+        "",
+        "| run | seconds per round (median) | / in-process | overhead (s) | longest site's "
+        "local training (s) | bytes per site and round |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in results["rows"].items():
+        lines.append(
+            f"| {name} | {row['round_s']:.1f} | {row['ratio']:.2f} | {row['overhead_s']:+.1f} | "
+            f"{row['site_training_s']:.1f} | {row['bytes_per_site_round'] / 1e6:.1f} MB |"
+        )
+    worker = results["rows"]["deployed, resident workers"]
+    verdict = "met" if results["met"] else "not met"
+    poll = results["supernode_poll_s"]
+    lines += [
+        "",
+        f"Goal: a deployed round (with workers) at most {results['goal']}x the in-process round: "
+        f"{verdict} ({worker['ratio']:.2f}x).",
+        f"What a deployed round adds, per message exchange ({results['exchanges_per_round']} a "
+        f"round: train, validate): the SuperNode's wait for the message (it asks every {poll:g} "
+        f"s when idle, {poll / 2:g} s on average), its SuperExec's wait to start the task (it "
+        "looks every 1 s: FLWR_SUPEREXEC_TASK_POLL_INTERVAL), a fresh ClientApp process "
+        f"({results['clientapp_start_s']:.1f} s to start here), the reply's pickup (polled every "
+        "0.5 s by the SuperNode, 0.2 s by the ServerApp) and the transfer of the weights; "
+        "without workers, each message also imports PyTorch and reads the site again.",
+    ]
+    return "\n".join(lines) + "\n"
