@@ -47,28 +47,35 @@ gpu-wheels: $(STAMP)
 		-d .whl $(GPU_WHEELS)
 
 # Everything (what CI runs): slow tests, a real Flower deployment, the dashboard in Chromium.
-# Four streams side by side, each with its own temporary folder and log, all must pass: the
-# Flower deployment tests but FLOWER_MORE (they mostly wait on their own processes); FLOWER_MORE
-# with MORE_TESTS (long tests that wait on a browser or a fresh interpreter); SIDE_TESTS (long
-# whole-command and engine test files); and the rest. The first three streams' output follows
-# the rest's.
-SIDE_TESTS := tests/test_bench.py tests/test_transfer.py tests/test_pfedme.py tests/test_engine.py \
+# Four streams side by side, each with its own temporary folder and log, all must pass:
+# - the Flower deployment tests but FLOWER_MORE (they mostly wait on their own processes), then
+#   FLOWER_ALSO;
+# - FLOWER_MORE, then MORE_TESTS (long tests that wait on a browser or a fresh interpreter);
+# - SIDE_TESTS (long whole-command and engine test files);
+# - the rest.
+# The first three streams' output follows the rest's. The lists keep the four about as long.
+SIDE_TESTS := tests/test_bench.py tests/test_transfer.py tests/test_engine.py \
 	tests/test_gpu_check.py
 FLOWER_MORE := tests/test_flower_resume.py tests/test_bench_deploy.py
-MORE_TESTS := tests/test_dashboard_browser.py tests/test_extras.py
+MORE_TESTS := tests/test_dashboard_browser.py tests/test_extras.py tests/test_pfedme.py
+FLOWER_ALSO := tests/test_backbones_slices.py tests/test_bench_stats.py tests/test_fedgmi.py \
+	tests/test_memory.py
+PYTEST_ALONGSIDE := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=10
 test: $(STAMP)
 	@tmp=$$(mktemp -d); \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m flower --durations=10 \
-		--basetemp="$$tmp/flower" $(foreach t,$(FLOWER_MORE),--ignore=$(t)) \
-		> "$$tmp/flower.log" 2>&1 & flower=$$!; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=10 \
-		--basetemp="$$tmp/more" $(FLOWER_MORE) $(MORE_TESTS) > "$$tmp/more.log" 2>&1 & more=$$!; \
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not flower" --durations=10 \
-		--basetemp="$$tmp/side" $(SIDE_TESTS) > "$$tmp/side.log" 2>&1 & side=$$!; \
+	{ $(PYTEST_ALONGSIDE) -m flower --basetemp="$$tmp/flower" \
+		$(foreach t,$(FLOWER_MORE),--ignore=$(t)); a=$$?; \
+	  $(PYTEST_ALONGSIDE) -m "not flower" --basetemp="$$tmp/also" $(FLOWER_ALSO); b=$$?; \
+	  [ $$a -ne 0 ] && exit $$a; exit $$b; } > "$$tmp/flower.log" 2>&1 & flower=$$!; \
+	$(PYTEST_ALONGSIDE) --basetemp="$$tmp/more" $(FLOWER_MORE) $(MORE_TESTS) \
+		> "$$tmp/more.log" 2>&1 & more=$$!; \
+	$(PYTEST_ALONGSIDE) -m "not flower" --basetemp="$$tmp/side" $(SIDE_TESTS) \
+		> "$$tmp/side.log" 2>&1 & side=$$!; \
 	$(BIN)/python -m pytest -q -m "not flower" --durations=25 \
-		$(foreach t,$(SIDE_TESTS) $(MORE_TESTS),--ignore=$(t)); rc=$$?; \
+		$(foreach t,$(SIDE_TESTS) $(MORE_TESTS) $(FLOWER_ALSO),--ignore=$(t)); rc=$$?; \
 	wait $$flower; frc=$$?; wait $$more; mrc=$$?; wait $$side; src=$$?; \
-	echo "--- Flower deployment tests (run alongside the others) ---"; cat "$$tmp/flower.log"; \
+	echo "--- Flower deployment tests, then $(FLOWER_ALSO) (run alongside the others) ---"; \
+	cat "$$tmp/flower.log"; \
 	echo "--- $(FLOWER_MORE) $(MORE_TESTS) (run alongside the others) ---"; \
 	cat "$$tmp/more.log"; \
 	echo "--- $(SIDE_TESTS) (run alongside the others) ---"; cat "$$tmp/side.log"; \
