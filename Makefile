@@ -57,9 +57,9 @@ gpu-wheels: $(STAMP)
 SIDE_TESTS := tests/test_bench.py tests/test_transfer.py tests/test_engine.py \
 	tests/test_gpu_check.py
 FLOWER_MORE := tests/test_flower_resume.py tests/test_bench_deploy.py
-MORE_TESTS := tests/test_dashboard_browser.py tests/test_extras.py tests/test_pfedme.py
-FLOWER_ALSO := tests/test_backbones_slices.py tests/test_bench_stats.py tests/test_fedgmi.py \
-	tests/test_memory.py
+MORE_TESTS := tests/test_dashboard_browser.py tests/test_extras.py tests/test_pfedme.py \
+	tests/test_fedgmi.py
+FLOWER_ALSO := tests/test_backbones_slices.py
 PYTEST_ALONGSIDE := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=10
 test: $(STAMP)
 	@tmp=$$(mktemp -d); \

@@ -26,14 +26,21 @@ pytestmark = pytest.mark.flower
 @pytest.fixture(scope="module")
 def deployed_runs(tiny_sites, tmp_path_factory) -> tuple[Path, Path]:
     """FedDRM, two rounds, three SuperNodes each with its resident worker (medfed deploy
-    worker), insecure loopback: a plain run, then its first round under secure aggregation
-    (SecAgg+) on the same SuperLink, SuperNodes and workers."""
+    worker), insecure loopback: a plain run, then under secure aggregation (SecAgg+) on the
+    same SuperLink, SuperNodes and workers, its first round and two with drop drills (one site
+    leaves after the key exchange in round 2, two in round 3)."""
     root = tmp_path_factory.mktemp("flower_insecure")
     run_dir, secure_dir = root / "run", root / "secure_run"
     write_app(root / "app", CONFIG, SITES, str(run_dir), wait_s=120, reply_timeout_s=300)
-    write_app(  # one round: SecAgg+ adds three message exchanges per round
+    secure = dataclasses.replace(
+        CONFIG,
+        rounds=3,
+        keep_checkpoints=3,
+        faults=("2:rimone:drop", "3:rimone:drop", "3:refuge:drop"),
+    )
+    write_app(
         root / "secure_app",
-        dataclasses.replace(CONFIG, rounds=1),
+        secure,
         SITES,
         str(secure_dir),
         wait_s=120,
@@ -193,7 +200,8 @@ def test_a_killed_supernode_is_counted_and_the_run_finishes(tiny_sites, tmp_path
 def test_a_secure_deployed_run_matches_the_plain_one(deployed_runs) -> None:
     """SecAgg+ across real SuperNode processes: the server's aggregate of round 1 (both runs
     start from the same weights) is the plain run's within the protocol's quantization error
-    plus float32 rounding, and the run finishes like any other."""
+    plus float32 rounding; a site leaving after the key exchange is left out of the sum, two
+    leaving end the round with its reason, and the run finishes like any other."""
     from medfed.flower.secure import error_bound
     from medfed.runs.weights import load_state
 
@@ -210,8 +218,18 @@ def test_a_secure_deployed_run_matches_the_plain_one(deployed_runs) -> None:
         b = secure[key]
         rounding = 2.0**-23 * np.maximum(a.abs().numpy(), b.abs().numpy())
         assert ((a - b).abs().numpy() <= allowed + rounding).all(), key
-    records = RunDir(secured).read_metrics()
-    assert len(records) == 3 and all(r["status"] == "ok" and r["aggregated"] for r in records)
-    assert all(r["secure_clipped"] == 0 and r["bytes_up"] > r["bytes_down"] for r in records)
-    assert RunDir(secured).read_events()[0]["secure_aggregation"] == "secagg+"
+    records = {(r["round"], r["site"]): r for r in RunDir(secured).read_metrics()}
+    first = [records[(1, site)] for site in SITES]
+    assert all(r["status"] == "ok" and r["aggregated"] for r in first)
+    assert all(r["secure_clipped"] == 0 and r["bytes_up"] > r["bytes_down"] for r in first)
+    # Round 2: rimone left after the key exchange; the other two sites' sum went on.
+    assert records[(2, "rimone")]["status"] == "dropped"
+    assert "masked update collection" in records[(2, "rimone")]["reason"]
+    assert records[(2, "acrima")]["status"] == "ok" and records[(2, "acrima")]["aggregated"]
+    # Round 3: two left, SecAgg+ cannot unmask one site's update: the round is skipped, said why.
+    assert records[(3, "acrima")]["status"] == "ok" and not records[(3, "acrima")]["aggregated"]
+    events = RunDir(secured).read_events()
+    skipped = [e for e in events if e["event"] == "round_skipped"]
+    assert [e["round"] for e in skipped] == [3] and "SecAgg+ halted" in skipped[0]["reason"]
+    assert events[0]["secure_aggregation"] == "secagg+" and events[-1]["event"] == "finish"
     assert TrainedFederation.load(secured, device="cpu").abstention is not None

@@ -224,7 +224,8 @@ def content_bytes(content: RecordDict) -> int:
 @dataclass
 class SecureRound:
     """What one round of SecAgg+ gave the server: the mean of the updates it could unmask, the
-    sites whose updates it holds (with their figures), and why each other site is missing."""
+    sites whose masked updates it received (with their figures; when the protocol halts after
+    that, their updates are in no sum), and why each other site is missing."""
 
     vectors: list[np.ndarray] | None  # the weighted mean of the scaled updates; None: halted
     results: dict[int, dict[str, Any]] = field(default_factory=dict)  # node -> its figures
@@ -234,13 +235,15 @@ class SecureRound:
 
 
 class _Tally:
-    """The grid as SecAgg+ uses it, counting each node's bytes and noting why a node fell out
-    (its error, or no reply) at which stage."""
+    """The grid as SecAgg+ uses it, counting each node's bytes, keeping the figures each node
+    sent with its masked update, and noting why a node fell out (its error, or no reply) at
+    which stage."""
 
     def __init__(self, grid: Any) -> None:
         self.grid, self.stage = grid, 0
         self.bytes_up: dict[int, int] = {}
         self.missing: dict[int, str] = {}
+        self.results: dict[int, dict[str, Any]] = {}  # node -> figures sent with its update
         self.last_asked: set[int] = set()
 
     def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Any]:
@@ -258,10 +261,21 @@ class _Tally:
                 self.missing.setdefault(node, f"failed during SecAgg+ {stage}: {reason}")
             else:
                 self.bytes_up[node] = self.bytes_up.get(node, 0) + content_bytes(reply.content)
+                if stage == STAGES[2]:
+                    self.results[node] = _figures(reply.content)
         for node in asked - answered:
             self.missing.setdefault(node, f"no reply within {timeout:g} s during SecAgg+ {stage}")
         self.last_asked = asked
         return replies
+
+
+def _figures(content: RecordDict) -> dict[str, Any]:
+    """The figures (loss, metrics) a site sent beside its masked update; {} if unreadable."""
+    try:
+        result = json.loads(str(content.config_records["fitres.metrics"]["json"]))
+    except (KeyError, TypeError, ValueError):
+        return {}
+    return result if isinstance(result, dict) else {}
 
 
 def _error_text(reason: str) -> str:
@@ -322,20 +336,21 @@ def secure_round(
         workflow(tally, context)  # type: ignore[arg-type]
     except Exception as exc:  # a malformed reply must end the round, never the run
         halted = f"SecAgg+ failed: {type(exc).__name__}: {exc}"
-    out = SecureRound(None, missing=dict(tally.missing), bytes_up=dict(tally.bytes_up))
-    if strategy.vectors is None:
-        active = n - len(out.missing)
+    out = SecureRound(
+        strategy.vectors,
+        results={node: r for node, r in tally.results.items() if node in contents},
+        missing=dict(tally.missing),
+        bytes_up=dict(tally.bytes_up),
+    )
+    for node in contents:
+        if node not in out.results:
+            out.missing.setdefault(node, "left SecAgg+ before sending its masked update")
+    if out.vectors is None:
+        active = n - len(tally.missing)
         out.halted = halted or (
             f"SecAgg+ halted: {active} of {n} sampled site(s) took part to the end, and it needs "
             f"{threshold(n)} to unmask the sum; no update of this round reached the model"
         )
-        return out
-    out.vectors = strategy.vectors
-    for node, result in strategy.results.items():
-        out.results[node] = result
-    for node in contents:
-        if node not in out.results:
-            out.missing.setdefault(node, "left SecAgg+ before sending its masked update")
     return out
 
 
@@ -346,18 +361,11 @@ class _OneRound:
     def __init__(self, fitins: dict[Any, FitIns]) -> None:
         self.fitins = fitins
         self.vectors: list[np.ndarray] | None = None
-        self.results: dict[int, dict[str, Any]] = {}
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: Any):
         return list(self.fitins.items())
 
     def aggregate_fit(self, server_round: int, results: list, failures: list):
-        for proxy, fitres in results:
-            try:
-                result = json.loads(str(fitres.metrics["json"]))
-            except (KeyError, TypeError, ValueError):
-                result = None
-            self.results[proxy.node_id] = result if isinstance(result, dict) else {}
         if results:
             self.vectors = parameters_to_ndarrays(results[0][1].parameters)
         return None, {}
