@@ -19,10 +19,8 @@ from flwr.common.secure_aggregation.secaggplus_constants import (  # noqa: E402
 )
 
 from medfed.config import TrainConfig  # noqa: E402
-from medfed.data.synth import synthesize  # noqa: E402
 from medfed.errors import ConfigError  # noqa: E402
 from medfed.federation import wire  # noqa: E402
-from medfed.federation.training import load_sites  # noqa: E402
 from medfed.flower import secure  # noqa: E402
 from medfed.flower.records import json_of, payload_of  # noqa: E402
 from medfed.flower.server_app import Deployment  # noqa: E402
@@ -34,12 +32,10 @@ CONFIG = TrainConfig(algorithm="fedavg", rounds=2, local_steps=2, batch_size=8, 
 
 
 @pytest.fixture(scope="module")
-def sites(tmp_path_factory) -> tuple[dict[str, Path], Path, Path]:
-    root = tmp_path_factory.mktemp("secure_sites")
-    manifests = synthesize(root / "data", "fundus", n_per_site=24, seed=0, image_size=48)
-    cache = root / "cache"
-    load_sites(manifests, cache)
-    return {p.stem: p for p in manifests}, cache, root
+def sites(tiny_sites, tmp_path_factory) -> tuple[dict[str, Path], Path, Path]:
+    """The conftest's three small sites, and a folder for this module's runs."""
+    manifests, cache = tiny_sites
+    return manifests, cache, tmp_path_factory.mktemp("secure_runs")
 
 
 @pytest.fixture(scope="module")

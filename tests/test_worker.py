@@ -13,9 +13,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from medfed.config import TrainConfig  # noqa: E402
-from medfed.data.synth import synthesize  # noqa: E402
 from medfed.errors import ConfigError  # noqa: E402
-from medfed.federation.training import load_sites  # noqa: E402
 from medfed.flower import worker as site_worker  # noqa: E402
 from medfed.runs import RunDir  # noqa: E402
 from tests.flowergrid import run_in_process  # noqa: E402
@@ -24,12 +22,10 @@ CONFIG = TrainConfig(algorithm="feddrm", rounds=2, local_steps=2, batch_size=8, 
 
 
 @pytest.fixture(scope="module")
-def sites(tmp_path_factory) -> tuple[dict[str, Path], Path, Path]:
-    root = tmp_path_factory.mktemp("worker_sites")
-    manifests = synthesize(root / "data", "fundus", n_per_site=24, seed=1, image_size=48)
-    cache = root / "cache"
-    load_sites(manifests, cache)
-    return {p.stem: p for p in manifests}, cache, root
+def sites(tiny_sites, tmp_path_factory) -> tuple[dict[str, Path], Path, Path]:
+    """The conftest's three small sites, and a folder for this module's runs."""
+    manifests, cache = tiny_sites
+    return manifests, cache, tmp_path_factory.mktemp("worker_runs")
 
 
 @pytest.fixture
