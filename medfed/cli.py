@@ -1096,11 +1096,17 @@ def bench(
         int | None,
         typer.Option(help="Patients of the CT site whose loading memory is measured (500)."),
     ] = None,
+    methods: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--method",
+            help="Train only these methods, named as the bench's tables name them (repeatable; "
+            "fedavg among them); default: every method.",
+        ),
+    ] = None,
 ) -> None:
     """Every method on the synthetic fundus and CT federations over several seeds, with speed
     figures; writes OUT/results.json, OUT/results.md and PNG plots."""
-    _check_readme(update_readme, "bench-table")
-    check_out_folder(out)
     from medfed.experiments.bench import BenchPlan, run_bench
 
     plan = BenchPlan.make(
@@ -1113,7 +1119,11 @@ def bench(
         speed_rounds=speed_rounds,
         backbone_rounds=backbone_rounds,
         memory_patients=memory_patients,
+        methods=tuple(methods or ()),
     )
+    _check_methods(plan.methods, 0)
+    _check_readme(update_readme, plan.marker)
+    check_out_folder(out)
     echo = functools.partial(typer.echo, err=as_json)
     results = run_bench(out, plan, echo=echo, readme=update_readme)
     if as_json:

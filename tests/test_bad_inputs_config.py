@@ -663,6 +663,11 @@ def _card_with_unusable_other(tmp: Path, s: Shared) -> list:
     return ["sites", "card", first, "--other", tmp / "other.toml", "--out-dir", tmp / "cards"]
 
 
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
 def _readme_without_markers(command: str):
     def make(tmp: Path, s: Shared) -> list:
         readme = tmp / "README.md"
@@ -782,6 +787,38 @@ OTHER_CASES = [
         _readme_without_markers("bench"),
         2,
         ("--update-readme", "bench-table:start"),
+    ),
+    Case(
+        "bench of the CT federation into a README with only the two-federation section",
+        lambda tmp, s: [
+            "bench",
+            "--modality",
+            "ct",
+            "--out",
+            tmp / "b",
+            "--update-readme",
+            _write(tmp / "README.md", "<!-- bench-table:start -->\n<!-- bench-table:end -->\n"),
+        ],
+        2,
+        ("--update-readme", "bench-ct-table:start"),
+    ),
+    Case(
+        "bench of an unknown method",
+        lambda tmp, s: ["bench", "--method", "fedavg", "--method", "nosuch", "--out", tmp / "b"],
+        2,
+        ("--method", "'nosuch'", "unknown algorithm"),
+    ),
+    Case(
+        "bench without fedavg",
+        lambda tmp, s: ["bench", "--method", "feddrm", "--out", tmp / "b"],
+        2,
+        ("--method", "needs fedavg"),
+    ),
+    Case(
+        "bench of one method given twice",
+        lambda tmp, s: ["bench", "--method", "fedavg", "--method", "fedavg", "--out", tmp / "b"],
+        2,
+        ("--method", "once"),
     ),
     Case(
         "bench with zero seeds",

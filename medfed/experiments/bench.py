@@ -16,6 +16,7 @@ import dataclasses
 import datetime as dt
 import math
 import re
+import shlex
 import shutil
 import statistics
 import time
@@ -189,9 +190,15 @@ class BenchPlan:
             raise ConfigError(f"federations must be among {list(MODALITIES)}, got {unknown}")
         for method in self.methods:
             if MethodSpec.parse(method).algorithm not in ALGORITHMS:
-                raise ConfigError(f"bench method {method!r}: unknown algorithm")
+                raise ConfigError(
+                    f"--method {method!r}: unknown algorithm; the bench's methods are "
+                    f"{list(bench_methods())}"
+                )
         if "fedavg" not in self.methods:
-            raise ConfigError("the bench needs fedavg: bytes are compared with FedAvg float32")
+            raise ConfigError(
+                "--method: the bench needs fedavg among its methods (bytes are compared with "
+                "FedAvg in float32); add --method fedavg"
+            )
         if self.speed_rounds < 1 or self.speed_repeats < 1:
             raise ConfigError("speed rounds and repeats must be at least 1")
         if self.backbone_rounds < 1:
@@ -203,6 +210,21 @@ class BenchPlan:
             )
         if self.n_boot < 1:
             raise ConfigError(f"bootstrap resamples must be at least 1, got {self.n_boot}")
+        if len(set(self.methods)) != len(self.methods):
+            raise ConfigError(f"--method: give each method once, got {list(self.methods)}")
+
+    @property
+    def marker(self) -> str:
+        """The README section this plan's tables go to: both federations share one; a bench of
+        one federation has its own (``bench-ct-table``), so that it leaves the other's alone."""
+        if tuple(self.budgets) == MODALITIES:
+            return MARKER
+        return f"bench-{'-'.join(self.budgets)}-table"
+
+    @property
+    def plot_dir(self) -> Path:
+        """Where ``--update-readme`` copies the plots, beside the README (one per section)."""
+        return PLOT_DIR if self.marker == MARKER else PLOT_DIR.with_name(self.marker)
 
     @classmethod
     def make(
@@ -218,8 +240,10 @@ class BenchPlan:
         backbone_rounds: int | None = None,
         memory_patients: int | None = None,
         n_boot: int | None = None,
+        methods: tuple[str, ...] = (),
     ) -> BenchPlan:
-        """The quick or full plan, with any budget overridden (``SCANSxROUNDSxSTEPS``)."""
+        """The quick or full plan, with any budget overridden (``SCANSxROUNDSxSTEPS``) and
+        ``methods`` (names as :func:`bench_methods` gives them) instead of every method."""
         size = "quick" if quick else "full"
         budgets = dict(BUDGETS[size])
         if fundus_budget:
@@ -238,6 +262,7 @@ class BenchPlan:
             backbone_rounds=BACKBONE_ROUNDS if backbone_rounds is None else backbone_rounds,
             memory_patients=MEMORY_PATIENTS if memory_patients is None else memory_patients,
             n_boot=n_boot or N_BOOT[size],
+            **({"methods": tuple(methods)} if methods else {}),
             command=_command(
                 quick=quick,
                 seeds=seeds,
@@ -249,6 +274,7 @@ class BenchPlan:
                 backbone_rounds=backbone_rounds,
                 memory_patients=memory_patients,
                 n_boot=n_boot,
+                methods=methods,
             ),
         )
 
@@ -261,6 +287,7 @@ def _command(**options: Any) -> str:
     modalities = options.pop("modalities")
     if tuple(modalities) != MODALITIES:
         parts.append(f"--modality {','.join(modalities)}")
+    parts += [f"--method {shlex.quote(m)}" for m in options.pop("methods")]
     for name, value in options.items():
         if value is not None:
             parts.append(f"--{name.replace('_', '-')} {value}")
@@ -570,16 +597,20 @@ def run_bench(
         f"{len(results['plots'])} plot(s)"
     )
     if readme is not None:
-        update_readme(readme, results, out)
-        echo(f"updated the {MARKER} section of {readme} (plots in {readme.parent / PLOT_DIR})")
+        update_readme(readme, results, out, plan)
+        echo(
+            f"updated the {plan.marker} section of {readme} "
+            f"(plots in {readme.parent / plan.plot_dir})"
+        )
     return results
 
 
-def update_readme(readme: Path, results: dict[str, Any], out: Path) -> None:
-    """Copy the plots next to the README and write the tables into its marked section."""
-    body = results_markdown(results, image_prefix=f"{PLOT_DIR.as_posix()}/", heading_level=3)
+def update_readme(readme: Path, results: dict[str, Any], out: Path, plan: BenchPlan) -> None:
+    """Copy the plots next to the README and write the tables into the plan's marked section."""
+    prefix = f"{plan.plot_dir.as_posix()}/"
+    body = results_markdown(results, image_prefix=prefix, heading_level=3)
     plots = [out / name for name in results["plots"]]
-    update_readme_section(readme, MARKER, body, plots, PLOT_DIR)
+    update_readme_section(readme, plan.marker, body, plots, plan.plot_dir)
 
 
 # ---------------------------------------------------------------------------- markdown
