@@ -55,10 +55,10 @@ gpu-wheels: $(STAMP)
 # - the rest.
 # The first three streams' output follows the rest's. The lists keep the four about as long.
 SIDE_TESTS := tests/test_bench.py tests/test_transfer.py tests/test_engine.py \
-	tests/test_gpu_check.py
+	tests/test_gpu_check.py tests/test_privacy.py tests/test_synth.py
 FLOWER_MORE := tests/test_flower_resume.py tests/test_bench_deploy.py
-MORE_TESTS := tests/test_dashboard_browser.py tests/test_extras.py tests/test_pfedme.py \
-	tests/test_fedgmi.py
+MORE_TESTS := tests/test_dashboard_browser.py tests/test_bad_inputs_dashboard.py \
+	tests/test_extras.py tests/test_pfedme.py tests/test_fedgmi.py
 FLOWER_ALSO := tests/test_backbones_slices.py
 PYTEST_ALONGSIDE := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=10
 test: $(STAMP)

@@ -44,6 +44,11 @@ TINY += ["--speed-rounds", "2", "--backbone-rounds", "1", "--memory-patients", "
 # A CI cell: the mean and its 95% interval, ``0.84 (0.78–0.90)``.
 CI_CELL = re.compile(r"\d\.\d\d \(\d\.\d\d\u2013\d\.\d\d\)")
 ALL_METHODS = list(bench.bench_methods())
+# What the fixture trains: every kind of row the bench has (a baseline, FedDRM and the paper's,
+# the warm-up base pair, federation normalization, local training); every algorithm trains in
+# test_engine.py, and the default plan's methods are checked without training.
+METHODS = ["fedavg", "feddrm", "local", bench.LORA_FROM_BASE, bench.FT_FROM_BASE]
+METHODS += [PAPER_FEDDRM, FEDERATION_NORM[0]]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +59,7 @@ def bench_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     readme.write_text(f"# x\n\n<!-- {MARKER}:start -->\nold\n<!-- {MARKER}:end -->\ntail\n")
     out = root / "out"
     args = ["bench", "--quick", "--seeds", "2", "--out", str(out), "--json"]
+    args += [f"--method={m}" for m in METHODS]
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(bench.N_BOOT, "quick", 50)  # tiny data, few resamples
         result = runner.invoke(app, [*args, *TINY, "--update-readme", str(readme)])
@@ -71,17 +77,25 @@ def test_bench_json_flag_prints_results_json(bench_run):
     assert printed == _results(bench_run)
 
 
-def test_bench_runs_every_registered_method_on_both_federations(bench_run):
+def test_the_bench_trains_every_registered_method_unless_told_which():
+    assert bench.BenchPlan.make().methods == bench.BenchPlan.make(quick=True).methods
+    assert bench.BenchPlan.make().methods == bench.bench_methods() == tuple(ALL_METHODS)
+    assert {bench.LORA_FROM_BASE, bench.FT_FROM_BASE, PAPER_FEDDRM} <= set(ALL_METHODS)
+    assert not {"lora"} & set(ALL_METHODS) and set(ALGORITHMS) - {"lora"} <= set(ALL_METHODS)
+    assert FEDERATION_NORM == ("fedavg [federation norm]", "fedbn [federation norm]")
+    assert set(FEDERATION_NORM) <= set(ALL_METHODS)
+
+
+def test_bench_runs_the_methods_it_is_given_on_both_federations(bench_run):
     results = _results(bench_run)
 
     assert results["schema_version"] == RESULTS_VERSION
     assert results["quick"] is True
     assert results["seeds"] == [0, 1]
-    assert results["methods"] == ALL_METHODS
-    assert FEDERATION_NORM == ("fedavg [federation norm]", "fedbn [federation norm]")
+    assert results["methods"] == METHODS
     assert set(results["federations"]) == {"fundus", "ct"}
     for fed in results["federations"].values():
-        assert list(fed["methods"]) == ALL_METHODS
+        assert list(fed["methods"]) == METHODS
         assert fed["budget"]["rounds"] == 2
         for method, row in fed["methods"].items():
             norm = "federation" if method in FEDERATION_NORM else "site"
@@ -94,8 +108,6 @@ def test_bench_runs_every_registered_method_on_both_federations(bench_run):
 
 def test_lora_and_fedavg_ft_start_from_one_warm_up_base_per_seed(bench_run):
     results = _results(bench_run)
-    assert {bench.LORA_FROM_BASE, bench.FT_FROM_BASE} <= set(ALL_METHODS)
-    assert not {"lora"} & set(ALL_METHODS) and set(ALGORITHMS) - {"lora"} <= set(ALL_METHODS)
     for modality, fed in results["federations"].items():
         base = fed["warmup_base"]
         assert base == {
@@ -182,7 +194,7 @@ def test_bench_compares_feddrm_with_every_method_by_paired_intervals(bench_run):
     for fed in results["federations"].values():
         found = fed["comparisons"]
         assert found["reference"] == "feddrm" and found["seeds"] == [0, 1]
-        assert list(found["methods"]) == [m for m in ALL_METHODS if m != "feddrm"]
+        assert list(found["methods"]) == [m for m in METHODS if m != "feddrm"]
         assert found["figures"]["system_accuracy"]["protocol"] == "origin unknown"
         assert found["figures"]["system_accuracy_origin_known"]["protocol"] == "origin known"
         for figures in found["methods"].values():
@@ -260,12 +272,15 @@ def test_bench_times_fedavg_on_the_3d_and_the_25d_ct_backbones(bench_run):
 def test_bench_measures_the_memory_of_loading_a_ct_site(bench_run):
     memory = _results(bench_run)["memory"]
 
-    assert memory["patients"] == 6 and memory["storage_dtype"]
+    assert memory["patients"] == 6 and memory["storage_dtype"] == "float16"
     assert memory["cold"]["cache_misses"] == 6 and memory["warm"]["cache_misses"] == 0
-    assert memory["warm"]["mapped"] is True
+    assert memory["warm"]["cache_hits"] == 6
+    # Each load holds the site's scans once, in float16 (half of one float32 copy), mapped.
+    scan_bytes = 2 * math.prod(memory["input_shape"])
     for load in (memory["cold"], memory["warm"]):
         assert load["peak_rss_bytes"] >= load["import_rss_bytes"] > 0
-        assert load["site_bytes"] > 0
+        assert load["site_bytes"] == 6 * scan_bytes == memory["float32_bytes"] // 2
+        assert load["mapped"] is True
     assert memory["peak_rss_bytes"] == max(
         memory["cold"]["peak_rss_bytes"], memory["warm"]["peak_rss_bytes"]
     )
@@ -325,11 +340,11 @@ def test_bench_writes_markdown_and_plots(bench_run):
     results = _results(bench_run)
 
     table = (out / "results.md").read_text()
-    for method in ALL_METHODS:
+    for method in METHODS:
         assert f"| {method} " in table
     # System accuracy under both protocols on both federations at least (with 2 to 4 test
     # scans per site most AUCs have no interval: "(no CI)").
-    assert len(CI_CELL.findall(table)) >= 2 * 2 * len(ALL_METHODS)
+    assert len(CI_CELL.findall(table)) >= 2 * 2 * len(METHODS)
     assert re.search(r"\| \d\.\d\d \(no CI\) \u2020 ", table)
     for column in ("system acc. (origin unknown)", "system acc. (origin known)"):
         assert column in table
@@ -427,3 +442,16 @@ def test_demo_table_shows_cis_counts_both_protocols_and_verdicts(tmp_path: Path)
     assert list(record["comparisons"]["methods"]) == ["fedavg"]
     with pytest.raises(ConfigError, match="reference 'lora'"):
         run_demo(tmp_path / "again", methods=("feddrm",), reference="lora", echo=lines.append)
+
+
+def test_a_bench_of_some_methods_on_one_federation_has_its_own_readme_section():
+    plan = bench.BenchPlan.make(modalities=("ct",), methods=("fedavg", "feddrm", "local"))
+
+    assert plan.methods == ("fedavg", "feddrm", "local") and list(plan.budgets) == ["ct"]
+    assert plan.marker == "bench-ct-table" and plan.plot_dir.as_posix() == "docs/bench-ct-table"
+    assert "--modality ct --method fedavg --method feddrm --method local" in plan.command
+    lora = bench.BenchPlan.make(methods=("fedavg", "lora [warm-up base]"))
+    assert "--method 'lora [warm-up base]'" in lora.command  # a command line that runs as shown
+    both = bench.BenchPlan.make(quick=True)
+    assert both.methods == bench.bench_methods() and "--method" not in both.command
+    assert both.marker == MARKER and both.plot_dir.as_posix() == "docs/bench"

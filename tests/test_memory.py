@@ -4,7 +4,6 @@ cache file, and normalized batch by batch as the model reads it."""
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from medfed.data.preprocess import (
 )
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
-from medfed.experiments.memory import site_memory, write_ct_site
+from medfed.experiments.memory import write_ct_site
 from medfed.models.device import DeviceSetup
 
 N_CT = 6
@@ -225,14 +224,5 @@ def test_a_damaged_stacked_file_is_rebuilt_never_used(damage, ct_manifest, tmp_p
     assert third.cache_hits == N_CT and all(torch.equal(third.raw[s], expected[s]) for s in Split)
 
 
-def test_site_memory_reports_cold_and_warm_loads_of_a_tiny_site(tmp_path):
-    figures = site_memory(N_CT, workdir=tmp_path)
-
-    assert figures.patients == N_CT and figures.storage_dtype == "float16"
-    scan_bytes = 2 * math.prod(figures.input_shape)
-    for load in (figures.cold, figures.warm):
-        assert load.site_bytes == N_CT * scan_bytes == figures.float32_bytes // 2
-        assert load.mapped
-        assert load.peak_rss_bytes >= load.import_rss_bytes > 0
-    assert figures.cold.cache_misses == N_CT and figures.warm.cache_misses == 0
-    assert figures.warm.cache_hits == N_CT
+# site_memory's figures (two fresh processes, cold then warm cache) are checked where the bench
+# measures them: tests/test_bench.py::test_bench_measures_the_memory_of_loading_a_ct_site.
