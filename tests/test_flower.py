@@ -148,9 +148,10 @@ def test_deployed_run_equals_the_in_process_engine(deployed: Path, tiny_sites, t
     for mine, theirs in zip(here_scans, there_scans, strict=True):
         assert theirs["score"] == pytest.approx(mine["score"], abs=1e-5)
         assert theirs["routed_site"] == mine["routed_site"]
-    # One round loop: the same records, field for field, but for the wall clock and what the
-    # deployed engine's evaluation messages cost (in one process nothing is sent).
-    aside = {"seconds", "round_seconds", "bytes_eval"}
+    # One round loop: the same records, field for field, but for the wall clock, what the
+    # deployed engine's evaluation messages cost and the downlink bytes a site rebuilt from
+    # the weights it validated (in one process nothing is sent).
+    aside = {"seconds", "round_seconds", "bytes_eval", "bytes_down_reused"}
     here = [_as_dict(r) for r in RunDir(tmp_path / "local").read_metrics()]
     there = [_as_dict(r) for r in RunDir(deployed).read_metrics()]
     assert len(here) == len(there) == 2 * len(SITES)

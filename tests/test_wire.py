@@ -9,7 +9,7 @@ from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig
 from medfed.errors import ConfigError
 from medfed.federation.training import train
-from medfed.federation.wire import WireError, WireFormat, decode, encode
+from medfed.federation.wire import WireError, WireFormat, decode, encode, lossless_subset
 from medfed.models.fedmodel import ModelSpec, build_model
 from medfed.runs import RunDir
 from tests.tensorsites import tensor_sites
@@ -102,3 +102,15 @@ def test_int8_delta_training_resumes_exactly(tmp_path, monkeypatch) -> None:
                       wire_precision="int8", wire_delta=True)  # fmt: skip
     whole, resumed = kill_and_resume(cfg, tmp_path, monkeypatch)
     assert stable(resumed) == stable(whole)
+
+
+def test_a_lossless_subset_is_what_encoding_those_keys_gives(state) -> None:
+    keys = sorted(state)[:1]
+    whole = encode(dict(reversed(list(state.items()))))  # the order of the keys does not matter
+
+    assert lossless_subset(whole, keys) == encode({k: state[k] for k in keys})
+    assert lossless_subset(whole, sorted(state)) == encode(state)
+    with pytest.raises(WireError, match="holds no"):
+        lossless_subset(whole, ["nosuch.weight"])
+    with pytest.raises(WireError, match="not a lossless state"):
+        lossless_subset(encode(state, WireFormat("int8")), keys)

@@ -119,6 +119,20 @@ def decode(payload: bytes, reference: State | None = None, dtypes: State | None 
     return out
 
 
+def lossless_subset(payload: bytes, keys: list[str]) -> bytes:
+    """The float32 payload of ``keys`` alone, from a float32 ``payload`` of a whole state: the
+    bytes :func:`encode` gives those keys of the state it came from (float32 survives the
+    round trip exactly, and the file's layout depends on its tensors only)."""
+    state = decode(payload)
+    meta = json.loads(_metadata(payload).get(_META_KEY, "{}"))
+    if meta and WireFormat(**meta) != WireFormat():
+        raise WireError(f"a {WireFormat(**meta).to_json()} payload is not a lossless state")
+    missing = sorted(set(keys) - set(state))
+    if missing:
+        raise WireError(f"the state holds no {missing}")
+    return encode({k: state[k] for k in keys})
+
+
 def _metadata(payload: bytes) -> dict[str, str]:
     """The safetensors header's metadata (the first 8 bytes give the header length)."""
     size = int.from_bytes(payload[:8], "little")

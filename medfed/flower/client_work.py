@@ -7,9 +7,11 @@ and the node's context and returns the reply's content. Message types (``<catego
 each answered from the site's own data:
 
 - ``query.describe``: the site's id, label map, input shape and training-set size;
-- ``train``: decode the global state, run the round's local steps, send the update back (under
+- ``train``: decode the global state (or rebuild it from the one validated last round, when
+  the server did not send it again), run the round's local steps, send the update back (under
   secure aggregation: its difference to the global state, scaled, for SecAgg+ to mask);
-- ``evaluate.validate``: figures on the validation split after a round;
+- ``evaluate.validate``: figures on the validation split after a round (the site keeps the
+  global weights it validated);
 - ``evaluate.finish``: fine-tune where the algorithm asks, publish the final weights and the
   feature statistics abstention needs;
 - ``evaluate.calibrate`` / ``evaluate.test``: with every site's final model, abstention scores
@@ -64,10 +66,20 @@ def _node(content: RecordDict, context: Context) -> SiteNode:
     return SiteNode(dict(context.node_config), RunSettings.from_json(json_of(content, "run")), init)
 
 
+def _weights(node: SiteNode, content: RecordDict) -> bytes:
+    """The message's weights: its payload, or, where the server did not send them again, the
+    same bytes rebuilt from the global weights this site validated last round."""
+    step = json_of(content, "step")
+    reused = step.get("reuse_validated")  # the sha256 of the weights the site already holds
+    if reused:
+        return node.validated_downlink(list(step["keys"]), str(reused))
+    return payload_of(content)
+
+
 def _global(node: SiteNode, worker: SiteWorker, content: RecordDict) -> State:
     """The whole global state the server sent with an evaluation (float32, lossless)."""
     keys = json_of(content, "step")["keys"]
-    received = wire.decode(payload_of(content), dtypes={k: worker.state[k] for k in keys})
+    received = wire.decode(_weights(node, content), dtypes={k: worker.state[k] for k in keys})
     return {k: v.to(node.setup.device) for k, v in received.items()}
 
 
@@ -89,7 +101,7 @@ def _train_round(
     start = time.perf_counter()
     worker = node.worker(round_ - 1)
     dtypes = {k: worker.state[k] for k in step["keys"]}
-    payload = payload_of(content)
+    payload = _weights(node, content)
     try:
         done = worker.train_round(
             round_, float(step["lr"]), payload, list(step["keys"]), dtypes, step.get("fault")
@@ -154,10 +166,15 @@ def secure_train(legacy: RecordDict, context: Context) -> RecordDict:
 
 
 def validate(content: RecordDict, context: Context) -> RecordDict:
+    """Figures after a round; the site keeps the global weights it validated, which the next
+    round's training message then need not carry again."""
+
     def work() -> RecordDict:
         node = _node(content, context)
         worker = node.worker(int(json_of(content, "step")["round"]))
-        return RecordDict({"figures": json_record(worker.validate(_global(node, worker, content)))})
+        figures = worker.validate(_global(node, worker, content))
+        node.keep_validated(payload_of(content))
+        return RecordDict({"figures": json_record(figures)})
 
     return _answer(work)
 

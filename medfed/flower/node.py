@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -30,6 +31,7 @@ from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError, RunDirError
+from medfed.federation import wire
 from medfed.federation.coordinator import SiteInfo, initial_model
 from medfed.federation.engine import normalized
 from medfed.federation.pretrained import state_sha256
@@ -45,6 +47,10 @@ NOISE_KEY = "dp_noise.key"
 NOISE_KEY_BYTES = 32
 PLANNED_NOISE = "dp_noise.json"
 """The noise multiplier the site's budget allows, with the question it answers."""
+
+VALIDATED_GLOBAL = "validated_global.safetensors"
+"""The file in a site's state folder that holds the global weights of its last validation, as
+the server sent them: the next round's training message rebuilds its weights from it."""
 
 State = dict[str, torch.Tensor]
 
@@ -260,6 +266,36 @@ class SiteNode:
                 "(the site then draws a new one) and resume"
             )
         return int.from_bytes(key, "big")
+
+    def keep_validated(self, payload: bytes) -> None:
+        """Keep the global weights this site validated (float32, as sent), for the next round."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / f".{VALIDATED_GLOBAL}.tmp"
+        tmp.write_bytes(payload)
+        os.replace(tmp, self.dir / VALIDATED_GLOBAL)
+
+    def validated_downlink(self, keys: list[str], sha256: str) -> bytes:
+        """A training message's weights that the server did not send again: rebuilt from the
+        global weights this site validated last round, and checked against their hash."""
+        path = self.dir / VALIDATED_GLOBAL
+        why = "this site sits this round out; the next validation sends the weights again"
+        try:
+            payload = wire.lossless_subset(path.read_bytes(), keys)
+        except OSError as exc:
+            raise RunDirError(
+                f"{path}: this round's weights were to be rebuilt from the global weights "
+                f"this site validated last round, but they cannot be read ({exc.strerror}); {why}"
+            ) from None
+        except wire.WireError as exc:
+            raise RunDirError(
+                f"{path}: not the weights validated last round ({exc}); {why}"
+            ) from None
+        if hashlib.sha256(payload).hexdigest() != sha256:
+            raise RunDirError(
+                f"{path}: the weights this site validated last round are not the ones this "
+                f"round trains from (sha256 differs); {why}"
+            )
+        return payload
 
     def save(self, round_: int, worker: SiteWorker) -> None:
         """Checkpoint the site after ``round_`` (atomically; older rounds are pruned)."""

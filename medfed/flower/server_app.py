@@ -15,6 +15,7 @@ long one round waits for replies), ``resume``, ``lr-from-modality``, and
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from medfed.algorithms.base import State
 from medfed.config import TrainConfig, valid_site_id
 from medfed.data.modality import modality_spec
 from medfed.errors import ConfigError, MedfedError
+from medfed.federation import wire
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, SiteInfo
 from medfed.federation.rounds import RoundLoop, SecureSum, SiteFailure, SiteReply
 from medfed.federation.site import Published
@@ -236,6 +238,11 @@ class FlowerRun:
         self.eval_bytes = 0  # bytes of the global state sent with each evaluation message
         self.secure: SecureSum | None = None  # the last round's secure sum
         self.n_train: dict[str, int] = {}  # site -> training scans, as its SuperNode said
+        # The global weights of the last validation (float32, as sent) and the sha256 of those
+        # each site validated: a training or finishing message whose weights a site can
+        # rebuild from them names their hash instead of carrying them again.
+        self.validated = b""
+        self.holds: set[str] = set()
 
     # ------------------------------------------------------------------ messaging
     def _send(
@@ -365,14 +372,34 @@ class FlowerRun:
         self.init_given |= {site for site, a in answers.items() if isinstance(a, Message)}
         return answers
 
-    def _to_all(self, kind: str, step: dict[str, Any], global_state: State) -> dict[int, Any]:
-        """Send the whole global state (float32, lossless) to every site still in the run."""
+    def _to_all(
+        self, kind: str, step: dict[str, Any], global_state: State
+    ) -> tuple[dict[int, Any], bytes]:
+        """Send the whole global state (float32, lossless) to every site still in the run (by
+        its hash alone to a site that validated these very weights); the answers, and the
+        weights as sent."""
         keys = sorted(global_state)
         payload = encode(global_state, WireFormat()) if keys else b""
-        content = self._content(step | {"keys": keys}, payload)
-        answers = self._send_run(kind, {s: content for s in self.d.sites if s not in self.lost})
+        contents = {
+            s: self._weights(s, step | {"keys": keys}, payload, self.validated)[0]
+            for s in self.d.sites
+            if s not in self.lost
+        }
+        answers = self._send_run(kind, contents)
         self.eval_bytes = len(payload)
-        return {self.d.sites.index(s): a for s, a in answers.items()}
+        return {self.d.sites.index(s): a for s, a in answers.items()}, payload
+
+    def _weights(
+        self, site: str, step: dict[str, Any], payload: bytes, validated_subset: bytes
+    ) -> tuple[RecordDict, int]:
+        """A message's content for ``site`` with ``payload``, the weights; when they are
+        ``validated_subset`` (the validated weights' own keys, as the site rebuilds them) and
+        the site holds the last validated weights, their hash goes instead. The bytes the site
+        then rebuilt rather than received."""
+        if payload and payload == validated_subset and site in self.holds:
+            digest = hashlib.sha256(payload).hexdigest()
+            return self._content(step | {"reuse_validated": digest}), len(payload)
+        return self._content(step, payload), 0
 
     # ------------------------------------------------------------------ SiteLink
     def restore(self, states: dict[str, State]) -> None:
@@ -382,16 +409,27 @@ class FlowerRun:
         self, plan: RoundPlan, downs: dict[int, Downlink], faults: dict[int, str]
     ) -> dict[int, SiteReply | SiteFailure]:
         secure = self.d.secure_aggregation and bool(plan.keys)
-        contents = {}
+        # The validated weights' subset this round sends, as a site that holds them rebuilds it.
+        try:
+            subset = wire.lossless_subset(self.validated, plan.keys) if self.validated else b""
+        except wire.WireError:  # keys the global state does not hold: none to rebuild
+            subset = b""
+        contents, reused = {}, {}
         for index, down in downs.items():
             step = {"round": plan.round, "lr": plan.lr, "keys": plan.keys}
             step["fault"] = faults.get(index)
             if secure:
                 step["secure_bound"] = self.d.secure_bound
-            contents[self.d.sites[index]] = self._content(step, down.payload)
+            site = self.d.sites[index]
+            contents[site], reused[index] = self._weights(site, step, down.payload, subset)
         self.secure = None
-        if secure:
-            return self._train_secure(plan, contents)
+        replies = self._train_secure(plan, contents) if secure else self._train_plain(contents)
+        for index, reply in replies.items():
+            if isinstance(reply, SiteReply):
+                reply.record["bytes_down_reused"] = reused[index]
+        return replies
+
+    def _train_plain(self, contents: dict[str, RecordDict]) -> dict[int, SiteReply | SiteFailure]:
         replies: dict[int, SiteReply | SiteFailure] = {}
         for site, answer in self._send_run(MessageType.TRAIN, contents).items():
             index = self.d.sites.index(site)
@@ -472,7 +510,10 @@ class FlowerRun:
         """Nothing to do: a SuperNode keeps its round as soon as it has trained."""
 
     def validate(self, round_: int, global_state: State) -> dict[int, dict[str, Any]]:
-        answers = self._to_all(f"{MessageType.EVALUATE}.validate", {"round": round_}, global_state)
+        self.holds = set()  # validation always sends the weights: they are new
+        kind = f"{MessageType.EVALUATE}.validate"
+        answers, self.validated = self._to_all(kind, {"round": round_}, global_state)
+        self.holds = {self.d.sites[i] for i, a in answers.items() if isinstance(a, Message)}
         return {
             index: json_of(a.content, "figures") | {"bytes_eval": self.eval_bytes}
             for index, a in answers.items()
@@ -484,7 +525,7 @@ class FlowerRun:
 
     def finish(self, global_state: State) -> dict[int, Published | SiteFailure]:
         step = {"round": self.d.config.rounds}
-        answers = self._to_all(f"{MessageType.EVALUATE}.finish", step, global_state)
+        answers, _ = self._to_all(f"{MessageType.EVALUATE}.finish", step, global_state)
         out: dict[int, Published | SiteFailure] = {}
         for index, answer in answers.items():
             if not isinstance(answer, Message):
