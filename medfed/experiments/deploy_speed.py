@@ -177,8 +177,13 @@ def run_deploy_bench(out: Path, plan: DeployBenchPlan) -> dict[str, Any]:
             "round_s": statistics.median(rounds),
             "rounds_s": rounds,
             "site_training_s": statistics.median(site_seconds(run)),
+            # What crossed the wire: a downlink the site rebuilt from its validated weights
+            # did not.
             "bytes_per_site_round": statistics.median(
-                r.get("bytes_up", 0) + r.get("bytes_down", 0) + r.get("bytes_eval", 0)
+                r.get("bytes_up", 0)
+                + r.get("bytes_down", 0)
+                - r.get("bytes_down_reused", 0)
+                + r.get("bytes_eval", 0)
                 for r in records
             ),
         }
