@@ -61,17 +61,22 @@ MORE_TESTS := tests/test_dashboard_browser.py tests/test_bad_inputs_dashboard.py
 	tests/test_extras.py tests/test_pfedme.py tests/test_fedgmi.py
 FLOWER_ALSO := tests/test_backbones_slices.py
 PYTEST_ALONGSIDE := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=10
+# The Flower tests wait on chains of short steps (a SuperNode's poll, a fresh ClientApp process,
+# a reply); every other test runs at a lower priority, so that the CPU-bound ones fill the cores
+# between those steps instead of stretching each chain.
+LOWER := nice -n 10
 test: $(STAMP)
 	@tmp=$$(mktemp -d); \
 	{ $(PYTEST_ALONGSIDE) -m flower --basetemp="$$tmp/flower" \
 		$(foreach t,$(FLOWER_MORE),--ignore=$(t)); a=$$?; \
-	  $(PYTEST_ALONGSIDE) -m "not flower" --basetemp="$$tmp/also" $(FLOWER_ALSO); b=$$?; \
-	  [ $$a -ne 0 ] && exit $$a; exit $$b; } > "$$tmp/flower.log" 2>&1 & flower=$$!; \
-	$(PYTEST_ALONGSIDE) --basetemp="$$tmp/more" $(FLOWER_MORE) $(MORE_TESTS) \
-		> "$$tmp/more.log" 2>&1 & more=$$!; \
-	$(PYTEST_ALONGSIDE) -m "not flower" --basetemp="$$tmp/side" $(SIDE_TESTS) \
+	  $(LOWER) $(PYTEST_ALONGSIDE) -m "not flower" --basetemp="$$tmp/also" $(FLOWER_ALSO); \
+	  b=$$?; [ $$a -ne 0 ] && exit $$a; exit $$b; } > "$$tmp/flower.log" 2>&1 & flower=$$!; \
+	{ $(PYTEST_ALONGSIDE) --basetemp="$$tmp/more" $(FLOWER_MORE); a=$$?; \
+	  $(LOWER) $(PYTEST_ALONGSIDE) --basetemp="$$tmp/more_also" $(MORE_TESTS); b=$$?; \
+	  [ $$a -ne 0 ] && exit $$a; exit $$b; } > "$$tmp/more.log" 2>&1 & more=$$!; \
+	$(LOWER) $(PYTEST_ALONGSIDE) -m "not flower" --basetemp="$$tmp/side" $(SIDE_TESTS) \
 		> "$$tmp/side.log" 2>&1 & side=$$!; \
-	$(BIN)/python -m pytest -q -m "not flower" --durations=25 \
+	$(LOWER) $(BIN)/python -m pytest -q -m "not flower" --durations=25 \
 		$(foreach t,$(SIDE_TESTS) $(MORE_TESTS) $(FLOWER_ALSO),--ignore=$(t)); rc=$$?; \
 	wait $$flower; frc=$$?; wait $$more; mrc=$$?; wait $$side; src=$$?; \
 	echo "--- Flower deployment tests, then $(FLOWER_ALSO) (run alongside the others) ---"; \

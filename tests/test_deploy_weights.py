@@ -1,9 +1,14 @@
-"""A deployed run sends the global weights once a round: validation carries them, and the next
-round's training message (and the finishing one) names their hash for a site that validated
-them, which rebuilds the same bytes; the run is the in-process run all the same."""
+"""What a deployed run sends, on the in-process Flower grid.
+
+- The global weights once a round: validation carries them, and the next round's training
+  message (and the finishing one) names their hash for a site that validated them, which
+  rebuilds the same bytes; the run is the in-process run all the same.
+- The starting weights (--init) with each site's first message only.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -103,3 +108,28 @@ def test_a_site_whose_validated_weights_are_gone_sits_the_round_out(tiny_sites, 
     assert records[(3, gone)]["status"] == "ok"
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "finish"
+
+
+def test_a_deployed_lora_run_starts_from_the_weights_the_server_sends(tiny_sites, tmp_path):
+    """The server loads --init, sends it with the first messages, each node checks its hash
+    and keeps it: the deployed run is the in-process run from the same weights."""
+    manifests, cache = tiny_sites
+    sites = load_sites(list(manifests.values()), cache)
+    base = TrainConfig(algorithm="fedavg", rounds=2, local_steps=1, batch_size=8, seed=4)
+    train(sites, dataclasses.replace(base, backbone="cnn-gn"), tmp_path / "base")
+    config = dataclasses.replace(
+        base, algorithm="lora", init=str(tmp_path / "base"), params={"rank": 2}
+    )
+    run, grid = run_in_process(tmp_path, manifests, cache, config)
+    local = train(sites, config, tmp_path / "local")
+    remote = RunDir(run).read_summary()
+    for site in manifests:
+        assert remote["sites"][site]["auc"] == pytest.approx(local["sites"][site]["auc"], abs=1e-6)
+    assert remote["routing_accuracy"] == pytest.approx(local["routing_accuracy"], abs=1e-6)
+    init = RunDir(run).read_config()["init"]
+    assert init["sha256"] == RunDir(tmp_path / "local").read_config()["init"]["sha256"]
+    kept = sorted(p.parent.name for p in tmp_path.glob("run_nodes/*/*/init.safetensors"))
+    assert kept == sorted(manifests)
+    # The starting weights went to each site with its first message only.
+    carrying = [m for m in grid.sent if "init" in m.content.array_records]
+    assert len(carrying) == len(manifests)

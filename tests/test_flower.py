@@ -23,9 +23,7 @@ from tests.flowerfed import CONFIG, SITES, LoopbackFederation, start_nodes
 pytestmark = pytest.mark.flower
 
 
-# The LoRA run: from a FedAvg cnn-gn base trained in one process, sent by the server.
-LORA_BASE = TrainConfig(algorithm="fedavg", rounds=2, local_steps=1, batch_size=8, seed=4)
-# The run one SuperNode of is killed after its first round.
+# The run in which one SuperNode is killed, after round 1.
 KILLED = TrainConfig(algorithm="feddrm", rounds=2, local_steps=1, batch_size=8, seed=1)
 
 
@@ -35,38 +33,26 @@ class Deployed:
 
     plain: Path
     secure: Path
-    lora: Path
-    lora_config: TrainConfig
     killed: Path
 
 
 @pytest.fixture(scope="module")
 def deployed_runs(tiny_sites, tmp_path_factory) -> Deployed:
     """Three SuperNodes, each with its resident worker (medfed deploy worker), on insecure
-    loopback, serve four runs in turn (one SuperLink and one set of nodes: starting them is
+    loopback, serve three runs in turn (one SuperLink and one set of nodes: starting them is
     most of what a run costs here):
 
     - plain: FedDRM, two rounds;
     - secure: the same under secure aggregation (SecAgg+), its second round with a drop drill
       (one site leaves after the key exchange; two leaving, which halts SecAgg+, is drilled on
       the in-process grid of test_secure_aggregation.py);
-    - lora: LoRA from weights the server loads with --init and sends to the nodes;
     - killed: refuge's SuperNode is killed after round 1 (last: its node is gone after it).
     """
-    manifests, cache = tiny_sites
     root = tmp_path_factory.mktemp("flower_insecure")
-    runs = {name: root / name for name in ("plain", "secure", "lora", "killed")}
-    base = root / "lora_base"
-    train(
-        load_sites([manifests[s] for s in SITES], cache),
-        dataclasses.replace(LORA_BASE, backbone="cnn-gn"),
-        base,
-    )
-    lora = dataclasses.replace(LORA_BASE, algorithm="lora", init=str(base), params={"rank": 2})
+    runs = {name: root / name for name in ("plain", "secure", "killed")}
     configs = {
         "plain": CONFIG,
         "secure": dataclasses.replace(CONFIG, faults=("2:rimone:drop",)),
-        "lora": lora,
         "killed": KILLED,
     }
     for name, config in configs.items():
@@ -83,7 +69,7 @@ def deployed_runs(tiny_sites, tmp_path_factory) -> Deployed:
     try:
         fed.start_superlink()
         start_nodes(fed, tiny_sites, SITES, workers=True)
-        for name in ("plain", "secure", "lora"):
+        for name in ("plain", "secure"):
             fed.submit(root / f"{name}_app")
             fed.wait_for_summary(runs[name])
         fed.submit(root / "killed_app")
@@ -96,7 +82,7 @@ def deployed_runs(tiny_sites, tmp_path_factory) -> Deployed:
         fed.wait_for_summary(runs["killed"])
     finally:
         fed.close()
-    return Deployed(runs["plain"], runs["secure"], runs["lora"], lora, runs["killed"])
+    return Deployed(runs["plain"], runs["secure"], runs["killed"])
 
 
 @pytest.fixture(scope="module")
@@ -220,25 +206,6 @@ def test_a_killed_supernode_is_counted_and_the_run_finishes(deployed_runs) -> No
     assert later and all(r["status"] == "ok" for r in later)
     events = [e["event"] for e in RunDir(run_dir).read_events()]
     assert "dropout" in events and "site_lost" in events and events[-1] == "finish"
-
-
-def test_a_deployed_lora_run_starts_from_the_weights_the_server_sends(
-    deployed_runs, tiny_sites, tmp_path
-) -> None:
-    """The server loads --init, sends it with the first messages, each node checks its hash
-    and keeps it: the deployed run is the in-process run from the same weights."""
-    manifests, cache = tiny_sites
-    sites = load_sites([manifests[s] for s in SITES], cache)
-    local = train(sites, deployed_runs.lora_config, tmp_path / "local")
-    remote = RunDir(deployed_runs.lora).require().read_summary()
-    for site in SITES:
-        assert remote["sites"][site]["auc"] == pytest.approx(local["sites"][site]["auc"], abs=1e-6)
-    assert remote["routing_accuracy"] == pytest.approx(local["routing_accuracy"], abs=1e-6)
-    init = RunDir(deployed_runs.lora).read_config()["init"]
-    assert init["sha256"] == RunDir(tmp_path / "local").read_config()["init"]["sha256"]
-    state = deployed_runs.lora.parent / "node_state"
-    kept = sorted(p.parent.name for p in state.glob("*/*/init.safetensors"))
-    assert kept == sorted(SITES)
 
 
 def test_a_secure_deployed_run_matches_the_plain_one(deployed_runs) -> None:
