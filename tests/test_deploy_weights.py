@@ -4,6 +4,8 @@
   message (and the finishing one) names their hash for a site that validated them, which
   rebuilds the same bytes; the run is the in-process run all the same.
 - The starting weights (--init) with each site's first message only.
+- Whole weights as one array each: Flower fetches every array of a message with a request of
+  its own.
 """
 
 from __future__ import annotations
@@ -14,15 +16,16 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("flwr")
 
-from flwr.app import MessageType  # noqa: E402
+from flwr.app import MessageType, RecordDict  # noqa: E402
 
 from medfed.config import TrainConfig  # noqa: E402
 from medfed.federation.training import load_sites, train  # noqa: E402
 from medfed.flower.node import VALIDATED_GLOBAL  # noqa: E402
-from medfed.flower.records import json_of, payload_of  # noqa: E402
+from medfed.flower.records import json_of, payload_of, state_of, state_record  # noqa: E402
 from medfed.runs import RunDir  # noqa: E402
 from tests.flowergrid import InProcessGrid, run_in_process  # noqa: E402
 
@@ -130,6 +133,32 @@ def test_a_deployed_lora_run_starts_from_the_weights_the_server_sends(tiny_sites
     assert init["sha256"] == RunDir(tmp_path / "local").read_config()["init"]["sha256"]
     kept = sorted(p.parent.name for p in tmp_path.glob("run_nodes/*/*/init.safetensors"))
     assert kept == sorted(manifests)
-    # The starting weights went to each site with its first message only.
+    # The starting weights went to each site with its first message only, as one array.
     carrying = [m for m in grid.sent if "init" in m.content.array_records]
     assert len(carrying) == len(manifests)
+    assert all(len(m.content.array_records["init"]) == 1 for m in carrying)
+
+
+def test_every_message_carries_each_state_as_one_array(deployed) -> None:
+    _, grid, _ = deployed
+    tests = [m for m in grid.sent if m.metadata.message_type.endswith(".test")]
+    weights = [sorted(n for n in m.content.array_records if n.startswith("w.")) for m in tests]
+    every = sorted(["w.abstention", *(f"w.site_{site}" for site in ("acrima", "refuge", "rimone"))])
+    assert len(tests) == 3 and all(names == every for names in weights)  # every site's model
+    assert {len(r) for m in grid.sent for r in m.content.array_records.values()} == {1}
+
+
+def test_a_state_comes_back_exactly_in_its_order() -> None:
+    weight = torch.randn(4, 3)
+    state = {
+        "z.weight": weight,
+        "a.tied": weight,  # two names for one tensor, as tied weights
+        "m.view": torch.randn(6, 2).t(),  # not contiguous
+        "b.half": torch.randn(2, 2).to(torch.bfloat16),
+        "n.count": torch.tensor(7),
+        "e.empty": torch.zeros(0, 5),
+    }
+    back = state_of(RecordDict({"w": state_record(state)}), "w")
+    assert list(back) == list(state)
+    for name, tensor in state.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name

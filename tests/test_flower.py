@@ -13,76 +13,132 @@ import pytest
 from medfed.config import TrainConfig
 from medfed.federation.training import load_sites, train
 from medfed.flower.deploy import write_app, write_pki
+from medfed.flower.loopback import LoopbackFederation
 from medfed.flower.node import NOISE_KEY, PLANNED_NOISE
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import CheckpointStore
 from medfed.serving.bundle import TrainedFederation
-from tests.flowerfed import CONFIG, SITES, LoopbackFederation, start_nodes
 
 # Real SuperLink and SuperNode processes: needs medfed[flower]; make test-fast leaves them out.
 pytestmark = pytest.mark.flower
 
+SITES = ["acrima", "rimone", "refuge"]
+CONFIG = TrainConfig(algorithm="feddrm", rounds=2, local_steps=2, batch_size=8, seed=3)
 
-# The run in which one SuperNode is killed, after round 1.
-KILLED = TrainConfig(algorithm="feddrm", rounds=2, local_steps=1, batch_size=8, seed=1)
+
+# The run in which one SuperNode is killed, after round 1; as a pilot would run it, under
+# differential privacy too, each node's noise its own secret.
+KILLED = TrainConfig(
+    algorithm="feddrm", rounds=2, local_steps=1, batch_size=8, seed=1, dp_epsilon=8.0
+)
+# The run whose SuperLink goes down after round 1 and is started again.
+RESUMED = TrainConfig(algorithm="feddrm", rounds=2, local_steps=1, batch_size=8, seed=2)
+INTRUDER = "intruder"  # a key pair the CA issued, never registered with the SuperLink
 
 
 @dataclasses.dataclass(frozen=True)
 class Deployed:
-    """The run directories of the runs one loopback federation served, one after another."""
+    """What the runs one loopback federation served, one after another, left behind."""
 
     plain: Path
     secure: Path
+    resumed: Path
     killed: Path
+    stopped_at: int  # checkpoints the resumed run had when its SuperLink went down
+    intruder_rc: int | None  # the unregistered SuperNode's exit code
+    intruder_log: str
+    listed: str  # flwr supernode list, as JSON
+
+    @property
+    def node_state(self) -> Path:
+        return self.plain.parent / "node_state"
 
 
 @pytest.fixture(scope="module")
 def deployed_runs(tiny_sites, tmp_path_factory) -> Deployed:
-    """Three SuperNodes, each with its resident worker (medfed deploy worker), on insecure
-    loopback, serve three runs in turn (one SuperLink and one set of nodes: starting them is
-    most of what a run costs here):
+    """One federation as a pilot runs it: a SuperLink on TLS that admits registered SuperNodes
+    only, and three SuperNodes, each with its resident worker (medfed deploy worker) and
+    reconnecting when the SuperLink is away. Starting them is most of what a run costs here,
+    so they serve every run in turn:
 
     - plain: FedDRM, two rounds;
     - secure: the same under secure aggregation (SecAgg+), its second round with a drop drill
       (one site leaves after the key exchange; two leaving, which halts SecAgg+, is drilled on
       the in-process grid of test_secure_aggregation.py);
-    - killed: refuge's SuperNode is killed after round 1 (last: its node is gone after it).
+    - resumed: the SuperLink is killed after round 1, started again, and the run resumed;
+    - killed: under DP; refuge's SuperNode is killed after round 1 (last: its node is gone
+      after it).
     """
-    root = tmp_path_factory.mktemp("flower_insecure")
-    runs = {name: root / name for name in ("plain", "secure", "killed")}
+    root = tmp_path_factory.mktemp("flower_tls")
+    names = ("plain", "secure", "resumed", "killed")
+    runs = {name: root / name for name in names}
     configs = {
         "plain": CONFIG,
         "secure": dataclasses.replace(CONFIG, faults=("2:rimone:drop",)),
+        "resumed": RESUMED,
         "killed": KILLED,
     }
-    for name, config in configs.items():
+
+    def app(name: str, *, resume: bool = False) -> Path:
+        folder = root / f"{name}_app"
         write_app(
-            root / f"{name}_app",
-            config,
+            folder,
+            configs[name],
             SITES,
             str(runs[name]),
-            wait_s=120,
+            wait_s=180,
             reply_timeout_s=240 if name == "killed" else 300,
             secure_aggregation=name == "secure",
+            resume=resume,
         )
-    fed = LoopbackFederation(root)
+        return folder
+
+    keys = write_pki(root / "pki", ["127.0.0.1", "localhost"], [*SITES, INTRUDER]).node_keys
+    manifests, cache = tiny_sites
+    fed = LoopbackFederation(root, pki=root / "pki")
     try:
-        fed.start_superlink()
-        start_nodes(fed, tiny_sites, SITES, workers=True)
+        fed.start_superlink(auth=True)
+        for site in SITES:  # the hospitals the coordinator registered
+            done = fed.flwr("supernode", "register", str(keys[site][1]), "pilot")
+            assert done.returncode == 0, done.stdout + done.stderr
+        for site in SITES:  # hospital nodes keep trying while the SuperLink is away
+            worker = fed.start_worker(site)
+            fed.start_supernode(
+                site, manifests[site], cache=cache, key=keys[site][0], retries=None, worker=worker
+            )
+        intruder = fed.start_supernode(
+            INTRUDER, manifests["refuge"], cache=cache, key=keys[INTRUDER][0]
+        )
+        intruder_rc = intruder.wait(timeout=120)
+        intruder_log = fed.log(f"node_{INTRUDER}")
         for name in ("plain", "secure"):
-            fed.submit(root / f"{name}_app")
+            fed.submit(app(name))
             fed.wait_for_summary(runs[name])
-        fed.submit(root / "killed_app")
-        metrics = runs["killed"] / "metrics.jsonl"
-        deadline = time.monotonic() + 300
-        while not (metrics.exists() and metrics.read_text().strip()):
-            assert time.monotonic() < deadline, fed.log("superlink")[-3000:]
-            time.sleep(0.5)
+        listed = fed.flwr("supernode", "list", "pilot", "--format", "json").stdout
+
+        fed.submit(app("resumed"))
+        wait_for(runs["resumed"] / "checkpoints" / "round_0001", fed)
+        fed.kill("superlink")  # the coordinator's machine goes down mid-run
+        stopped_at = len(CheckpointStore(RunDir(runs["resumed"]).checkpoints, 2).rounds())
+        assert not (runs["resumed"] / "summary.json").exists()
+        fed.start_superlink(auth=True)
+        fed.submit(app("resumed", resume=True))
+        fed.wait_for_summary(runs["resumed"])
+
+        fed.submit(app("killed"))
+        wait_for(runs["killed"] / "checkpoints" / "round_0001", fed)
         fed.kill("node_refuge")  # after round 1, mid-run
         fed.wait_for_summary(runs["killed"])
     finally:
         fed.close()
-    return Deployed(runs["plain"], runs["secure"], runs["killed"])
+    return Deployed(*(runs[name] for name in names), stopped_at, intruder_rc, intruder_log, listed)
+
+
+def wait_for(path: Path, fed: LoopbackFederation, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, fed.log("superlink")[-3000:]
+        time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")
@@ -155,43 +211,31 @@ def _as_dict(record) -> dict:
     return record if isinstance(record, dict) else record.to_dict()
 
 
-def test_tls_with_registered_supernodes_refuses_an_unknown_one(tiny_sites, tmp_path) -> None:
-    pki = tmp_path / "pki"
-    keys = write_pki(pki, ["127.0.0.1", "localhost"], SITES).node_keys
-    run_dir = tmp_path / "run"
-    # As a pilot would run: differentially private too, each node's noise its own secret.
-    config = TrainConfig(algorithm="feddrm", rounds=1, local_steps=1, batch_size=8, dp_epsilon=8.0)
-    write_app(tmp_path / "app", config, SITES[:2], str(run_dir), wait_s=120, reply_timeout_s=300)
-    fed = LoopbackFederation(tmp_path, pki=pki)
-    try:
-        fed.start_superlink(auth=True)
-        for site in SITES[:2]:  # only two hospitals are registered
-            done = fed.flwr("supernode", "register", str(keys[site][1]), "pilot")
-            assert done.returncode == 0, done.stdout + done.stderr
-        start_nodes(fed, tiny_sites, SITES, {s: k[0] for s, k in keys.items()})
-        intruder = fed.procs["node_refuge"]
-        assert intruder.wait(timeout=120) != 0
-        assert "Failed to activate SuperNode" in fed.log("node_refuge")
-        fed.submit(tmp_path / "app")
-        summary = fed.wait_for_summary(run_dir)
-        listed = fed.flwr("supernode", "list", "pilot", "--format", "json")
-    finally:
-        fed.close()
-    assert set(summary["sites"]) == set(SITES[:2]) and summary["dropouts"] == 0
-    nodes = json.loads(listed.stdout[listed.stdout.index("{") :])
-    assert len(nodes.get("nodes", [])) == 2
-    assert set(summary["privacy"]) == set(SITES[:2])
-    for spent in summary["privacy"].values():
-        assert spent["steps"] == 1 and 0 < spent["epsilon"] <= 8.0
-    keys = {p.parent.name: p for p in (tmp_path / "node_state").glob(f"*/*/{NOISE_KEY}")}
-    assert set(keys) == set(SITES[:2])  # one secret per site, on that site's node only
-    assert all(p.stat().st_mode & 0o077 == 0 for p in keys.values())
-    assert len({p.read_bytes() for p in keys.values()}) == 2
-    for site, key in keys.items():  # the noise the budget allows, searched once per node
-        planned = json.loads((key.parent / PLANNED_NOISE).read_text())
-        assert planned["noise"] == pytest.approx(summary["privacy"][site]["noise_multiplier"])
-    records = RunDir(run_dir).read_metrics()
-    assert {r["site"] for r in records if r.get("train_dp_epsilon")} == set(SITES[:2])
+def test_tls_admits_the_registered_supernodes_only(deployed_runs) -> None:
+    assert deployed_runs.intruder_rc not in (0, None)
+    assert "Failed to activate SuperNode" in deployed_runs.intruder_log
+    listed = deployed_runs.listed
+    assert len(json.loads(listed[listed.index("{") :]).get("nodes", [])) == len(SITES)
+
+
+def test_a_deployed_run_resumes_from_the_server_checkpoint(deployed_runs, tiny_sites, tmp_path):
+    run = RunDir(deployed_runs.resumed).require()
+    resumed = run.read_summary()
+    events = [e for e in run.read_events() if e["event"] == "resume"]
+    assert [e["from_round"] for e in events] == [deployed_runs.stopped_at]
+    assert resumed["resumes"] == 1
+    records = run.read_metrics()
+    assert sorted((r["round"], r["site"]) for r in records) == sorted(
+        (r, s) for r in (1, 2) for s in SITES
+    )
+    # The resumed run is the run that was never interrupted.
+    manifests, cache = tiny_sites
+    local = train(load_sites([manifests[s] for s in SITES], cache), RESUMED, tmp_path / "local")
+    for site in SITES:
+        assert resumed["sites"][site]["auc"] == pytest.approx(local["sites"][site]["auc"], abs=1e-6)
+    here = {(r["round"], r["site"]): r for r in RunDir(tmp_path / "local").read_metrics()}
+    for r in records:
+        assert r["val_loss"] == pytest.approx(here[(r["round"], r["site"])]["val_loss"], abs=1e-5)
 
 
 def test_a_killed_supernode_is_counted_and_the_run_finishes(deployed_runs) -> None:
@@ -206,6 +250,25 @@ def test_a_killed_supernode_is_counted_and_the_run_finishes(deployed_runs) -> No
     assert later and all(r["status"] == "ok" for r in later)
     events = [e["event"] for e in RunDir(run_dir).read_events()]
     assert "dropout" in events and "site_lost" in events and events[-1] == "finish"
+
+
+def test_each_node_draws_its_dp_noise_from_a_secret_of_its_own(deployed_runs) -> None:
+    run_dir = deployed_runs.killed
+    summary = RunDir(run_dir).read_summary()
+    survivors = {"acrima", "rimone"}
+    assert set(summary["privacy"]) == survivors
+    for spent in summary["privacy"].values():
+        assert spent["steps"] == KILLED.rounds * KILLED.local_steps
+        assert 0 < spent["epsilon"] <= KILLED.dp_epsilon
+    keys = {p.parent.name: p for p in deployed_runs.node_state.glob(f"killed/*/{NOISE_KEY}")}
+    assert set(keys) == set(SITES)  # one secret per site, on that site's node only
+    assert all(p.stat().st_mode & 0o077 == 0 for p in keys.values())
+    assert len({p.read_bytes() for p in keys.values()}) == len(SITES)
+    for site in survivors:  # the noise the budget allows, searched once per node
+        planned = json.loads((keys[site].parent / PLANNED_NOISE).read_text())
+        assert planned["noise"] == pytest.approx(summary["privacy"][site]["noise_multiplier"])
+    records = RunDir(run_dir).read_metrics()
+    assert {r["site"] for r in records if r.get("train_dp_epsilon")} == set(SITES)
 
 
 def test_a_secure_deployed_run_matches_the_plain_one(deployed_runs) -> None:

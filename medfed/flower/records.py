@@ -1,8 +1,10 @@
 """Packing medfed's payloads into Flower records and back.
 
 Wire payloads (already encoded by :mod:`medfed.federation.wire`) travel as one ``uint8`` array,
-so their length is exactly what the in-process engine counts; whole weights travel as an
-``ArrayRecord`` keyed by state-dict name; everything else as JSON in a ``ConfigRecord``.
+so their length is exactly what the in-process engine counts. Whole weights travel the same way,
+as one safetensors file: Flower stores and fetches every array of a message as an object of its
+own, one request each, so a state sent tensor by tensor would cost a request per tensor on the
+SuperLink and the SuperNode. Everything else goes as JSON in a ``ConfigRecord``.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
 
 State = dict[str, torch.Tensor]
+ORDER = "medfed.order"  # the safetensors metadata entry that keeps a state's key order
 
 
 def payload_record(payload: bytes) -> ArrayRecord:
@@ -27,11 +32,22 @@ def payload_of(content: RecordDict, name: str = "payload") -> bytes:
 
 
 def state_record(state: State) -> ArrayRecord:
-    return ArrayRecord({k: v.detach().cpu().contiguous() for k, v in state.items()})
+    """A state dict as one array: its safetensors file (names, dtypes, shapes and the order of
+    the names kept)."""
+    # (a copy each: safetensors refuses tensors that share memory, as tied weights would)
+    tensors = {
+        k: v.detach().cpu().clone(memory_format=torch.contiguous_format) for k, v in state.items()
+    }
+    order = {ORDER: json.dumps(list(tensors))}
+    return payload_record(save_safetensors(tensors, metadata=order))
 
 
 def state_of(content: RecordDict, name: str) -> State:
-    return dict(content.array_records[name].to_torch_state_dict())
+    blob = payload_of(content, name)
+    tensors = load_safetensors(blob)
+    size = int.from_bytes(blob[:8], "little")  # safetensors: header length, then its JSON
+    order = json.loads(json.loads(blob[8 : 8 + size])["__metadata__"][ORDER])
+    return {k: tensors[k] for k in order}
 
 
 def json_record(data: Any) -> ConfigRecord:
@@ -48,8 +64,4 @@ def weights_records(weights: dict[str, State]) -> dict[str, ArrayRecord]:
 
 
 def weights_of(content: RecordDict) -> dict[str, State]:
-    return {
-        name[2:]: dict(record.to_torch_state_dict())
-        for name, record in content.array_records.items()
-        if name.startswith("w.")
-    }
+    return {name[2:]: state_of(content, name) for name in content.array_records if name[:2] == "w."}
