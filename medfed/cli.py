@@ -1001,6 +1001,14 @@ def bench_deploy(
     without_workers: Annotated[
         bool, typer.Option(help="Also measure the deployment without resident workers.")
     ] = True,
+    task_poll: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds between each SuperExec's looks for a task to start "
+            "(FLWR_SUPEREXEC_TASK_POLL_INTERVAL) [default: 0.1; Flower's own: 1]",
+            show_default=False,
+        ),
+    ] = None,
     update_readme: Annotated[
         Path | None, typer.Option(help="Write the table into this README's deploy-bench section.")
     ] = None,
@@ -1015,6 +1023,8 @@ def bench_deploy(
         raise ConfigError(f"--rounds must be 2..1000 (the first round is left out), got {rounds}")
     if not 32 <= image_size <= 1024:
         raise ConfigError(f"--image-size must be 32..1024 pixels, got {image_size}")
+    if task_poll is not None and not 0.01 <= task_poll <= 60:  # what Flower 1.42 accepts
+        raise ConfigError(f"--task-poll must be 0.01..60 seconds, got {task_poll:g}")
     from medfed.experiments.deploy_speed import MARKER, DeployBenchPlan, markdown, run_deploy_bench
     from medfed.runs.report import replace_marked_section
 
@@ -1025,6 +1035,7 @@ def bench_deploy(
         rounds=rounds,
         local_steps=local_steps,
         without_workers=without_workers,
+        **({} if task_poll is None else {"task_poll_s": task_poll}),
     )
     plan.config()  # a bad backbone or budget is refused before anything starts
     results = run_deploy_bench(out, plan)

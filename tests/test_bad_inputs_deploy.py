@@ -1,5 +1,6 @@
-"""The bad-input corpus, `medfed deploy app` and `medfed deploy pki` cases (see
-tests/badinput.py for the policy). None of these rows trains or starts a Flower process."""
+"""The bad-input corpus, `medfed deploy app`, `medfed deploy pki`, `medfed deploy worker` and
+`medfed bench-deploy` cases (see tests/badinput.py for the policy). None of these rows trains
+or starts a Flower process."""
 
 from __future__ import annotations
 
@@ -249,6 +250,19 @@ CASES = [
         _app("--secure-bound", "2"),
         2,
         ("--secure-bound", "--secure-aggregation"),
+    ),
+    # --- bench-deploy ----------------------------------------------------------------------
+    Case(
+        "bench-deploy with a task poll Flower does not accept",
+        lambda tmp, s: ["bench-deploy", "--out", tmp / "bench", "--task-poll", "0"],
+        2,
+        ("--task-poll", "0.01..60 seconds"),
+    ),
+    Case(
+        "bench-deploy of a single round",
+        lambda tmp, s: ["bench-deploy", "--out", tmp / "bench", "--rounds", "1"],
+        2,
+        ("--rounds must be 2..1000", "first round is left out"),
     ),
     # --- deploy worker: where its socket may go ----------------------------------------------
     Case(

@@ -45,8 +45,3 @@ def test_bench_deploy_times_both_rounds_of_the_same_training(tmp_path: Path) -> 
     text = readme.read_text()
     assert "old" not in text and "| deployed, resident workers |" in text
     assert "Goal: a deployed round" in result.output
-
-
-def test_bench_deploy_refuses_a_single_round(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["bench-deploy", "--out", str(tmp_path / "o"), "--rounds", "1"])
-    assert result.exit_code == 2 and "--rounds must be 2..1000" in result.output

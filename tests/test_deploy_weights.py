@@ -1,8 +1,9 @@
 """What a deployed run sends, on the in-process Flower grid.
 
-- The global weights once a round: validation carries them, and the next round's training
-  message (and the finishing one) names their hash for a site that validated them, which
-  rebuilds the same bytes; the run is the in-process run all the same.
+- One exchange a round, and the global weights once: round r's validation message carries
+  them and round r+1's training, which names the weights it trains from by their hash (the
+  site rebuilds the same bytes from the weights it just validated), as the finishing message
+  does; the run is the in-process run all the same.
 - The starting weights (--init) with each site's first message only.
 - Whole weights as one array each: Flower fetches every array of a message with a request of
   its own.
@@ -20,9 +21,11 @@ import torch
 
 pytest.importorskip("flwr")
 
-from flwr.app import MessageType, RecordDict  # noqa: E402
+from flwr.app import Error, Message, MessageType, RecordDict  # noqa: E402
+from flwr.common.constant import ErrorCode  # noqa: E402
 
 from medfed.config import TrainConfig  # noqa: E402
+from medfed.federation import wire  # noqa: E402
 from medfed.federation.training import load_sites, train  # noqa: E402
 from medfed.flower.node import VALIDATED_GLOBAL  # noqa: E402
 from medfed.flower.records import json_of, payload_of, state_of, state_record  # noqa: E402
@@ -31,6 +34,7 @@ from tests.flowergrid import InProcessGrid, run_in_process  # noqa: E402
 
 # FedBN: only the shared layers go down, a subset of the validated weights.
 CONFIG = TrainConfig(algorithm="fedbn", rounds=3, local_steps=1, batch_size=8, seed=6)
+VALIDATE = f"{MessageType.EVALUATE}.validate"
 
 
 def _steps(grid: InProcessGrid, kind: str) -> list[tuple[dict, bytes]]:
@@ -49,18 +53,24 @@ def deployed(tiny_sites, tmp_path_factory) -> tuple[Path, InProcessGrid, Path]:
     return run, grid, root
 
 
-def test_training_after_a_validation_names_the_weights_instead_of_sending_them(deployed) -> None:
+def test_validation_carries_the_next_round_and_the_weights_go_once(deployed) -> None:
     run, grid, _ = deployed
     trains = _steps(grid, MessageType.TRAIN)
-    assert len(trains) == 3 * 3
-    first, later = trains[:3], trains[3:]
-    assert all(payload and "reuse_validated" not in step for step, payload in first)
-    assert all(payload == b"" and step["reuse_validated"] for step, payload in later)
-    # Validation still sends the weights; finishing names those of the last validation.
-    validations = _steps(grid, f"{MessageType.EVALUATE}.validate")
-    assert len(validations) == 3 * 3 and all(payload for _, payload in validations)
+    assert len(trains) == 3  # round 1's; later rounds train with the validation before them
+    assert all(payload and "reuse_validated" not in step for step, payload in trains)
+    validations = [m for m in grid.sent if m.metadata.message_type == VALIDATE]
+    assert len(validations) == 3 * 3 and all(payload_of(m.content) for m in validations)
+    ahead = [m for m in validations if "next" in m.content.config_records]
+    assert len(ahead) == 3 * 2  # rounds 1 and 2 carry rounds 2 and 3
+    for message in ahead:
+        step = json_of(message.content, "next")
+        assert step["round"] == json_of(message.content, "step")["round"] + 1
+        rebuilt = wire.lossless_subset(payload_of(message.content), step["keys"])
+        assert step["reuse_validated"] == hashlib.sha256(rebuilt).hexdigest()
+        assert payload_of(message.content, "next_payload") == b""
+    # Finishing names the weights of the last validation.
     finishes = _steps(grid, f"{MessageType.EVALUATE}.finish")
-    last = validations[-1][1]
+    last = payload_of(validations[-1].content)
     assert [s["reuse_validated"] for s, p in finishes if not p] == [
         hashlib.sha256(last).hexdigest()
     ] * 3
@@ -85,17 +95,51 @@ def test_a_run_that_rebuilds_its_weights_is_the_in_process_run(deployed, tiny_si
         assert r["bytes_down"] == mine["bytes_down"]  # what the algorithm's downlink holds
 
 
-def test_a_site_whose_validated_weights_are_gone_sits_the_round_out(tiny_sites, tmp_path):
-    """The weights a site kept from validation are deleted before round 2: that site's round
-    fails with the file named, the others train, and the next validation sends the weights
-    again, so the site is back in round 3."""
+def test_a_site_whose_validation_went_unanswered_gets_a_training_message(tiny_sites, tmp_path):
+    """rimone's answer to round 1's validation (and so to round 2's training) is lost: it has
+    no round-1 figures, is sent round 2's training on its own, with the weights, and trains
+    it as the in-process run does."""
+    manifests, cache = tiny_sites
+    gone = "rimone"
+    node = 10 + list(manifests).index(gone)
+    original = InProcessGrid._deliver
+
+    def deliver(self, message):
+        step = json_of(message.content, "step") if "step" in message.content.config_records else {}
+        kind = message.metadata.message_type
+        if (kind, step.get("round"), message.metadata.dst_node_id) == (VALIDATE, 1, node):
+            error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason="node restarted")
+            return Message(error, reply_to=message)
+        return original(self, message)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(InProcessGrid, "_deliver", deliver)
+        run, grid = run_in_process(tmp_path, manifests, cache, CONFIG)
+    records = {(r["round"], r["site"]): r for r in RunDir(run).read_metrics()}
+    assert "val_loss" not in records[(1, gone)] and "val_loss" in records[(2, gone)]
+    assert all(r["status"] == "ok" for r in records.values())
+    again = [
+        (m.metadata.dst_node_id, payload_of(m.content))
+        for m in grid.sent
+        if m.metadata.message_type == MessageType.TRAIN and json_of(m.content, "step")["round"] == 2
+    ]
+    assert [(n, bool(p)) for n, p in again] == [(node, True)]
+    assert records[(2, gone)]["bytes_down_reused"] == 0
+    local = train(load_sites(list(manifests.values()), cache), CONFIG, tmp_path / "local")
+    assert RunDir(run).read_summary()["sites"][gone]["auc"] == pytest.approx(
+        local["sites"][gone]["auc"], abs=1e-6
+    )
+
+
+def test_a_site_whose_validated_weights_are_gone_is_sent_them_to_finish(tiny_sites, tmp_path):
+    """The weights a site kept from the last validation are deleted before finishing: its
+    finishing fails with the file named, and it is sent the weights themselves."""
     manifests, cache = tiny_sites
     gone = "rimone"
     original = InProcessGrid._deliver
 
     def deliver(self, message):
-        step = json_of(message.content, "step") if "step" in message.content.config_records else {}
-        if message.metadata.message_type == MessageType.TRAIN and step.get("round") == 2:
+        if message.metadata.message_type == f"{MessageType.EVALUATE}.finish":
             for path in tmp_path.glob(f"run_nodes/*/{gone}/{VALIDATED_GLOBAL}"):
                 path.unlink()
         return original(self, message)
@@ -103,13 +147,11 @@ def test_a_site_whose_validated_weights_are_gone_sits_the_round_out(tiny_sites, 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(InProcessGrid, "_deliver", deliver)
         run, _ = run_in_process(tmp_path, manifests, cache, CONFIG)
-    records = {(r["round"], r["site"]): r for r in RunDir(run).read_metrics()}
-    dropped = records[(2, gone)]
-    assert dropped["status"] == "dropped"
-    assert VALIDATED_GLOBAL in dropped["reason"] and "sits this round out" in dropped["reason"]
-    assert all(records[(2, s)]["status"] == "ok" for s in manifests if s != gone)
-    assert records[(3, gone)]["status"] == "ok"
+    summary = RunDir(run).read_summary()
+    assert set(summary["sites"]) == set(manifests) and summary["lost_sites"] == {}
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    resent = [e for e in events if e["event"] == "weights_resent"]
+    assert [e["site"] for e in resent] == [gone] and VALIDATED_GLOBAL in resent[0]["reason"]
     assert events[-1]["event"] == "finish"
 
 

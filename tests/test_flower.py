@@ -26,10 +26,11 @@ SITES = ["acrima", "rimone", "refuge"]
 CONFIG = TrainConfig(algorithm="feddrm", rounds=2, local_steps=2, batch_size=8, seed=3)
 
 
-# The run in which one SuperNode is killed, after round 1; as a pilot would run it, under
-# differential privacy too, each node's noise its own secret.
+# The run in which one SuperNode is killed, after round 1 (round 2 trained with round 1's
+# validation, so the node is missed from round 2's validation on); as a pilot would run it,
+# under differential privacy too, each node's noise its own secret.
 KILLED = TrainConfig(
-    algorithm="feddrm", rounds=2, local_steps=1, batch_size=8, seed=1, dp_epsilon=8.0
+    algorithm="feddrm", rounds=3, local_steps=1, batch_size=8, seed=1, dp_epsilon=8.0
 )
 # The run whose SuperLink goes down after round 1 and is started again.
 RESUMED = TrainConfig(algorithm="feddrm", rounds=2, local_steps=1, batch_size=8, seed=2)

@@ -9,10 +9,12 @@ done), taken for every round after the first, whose loads and start-up differ; t
 reported. Each SuperNode, like each in-process site when sites train side by side, has one
 thread.
 
-What the deployed round adds, per message exchange (a round has two: train and validate): the
-SuperNode's wait for the message (Flower 1.42's SuperNode asks the SuperLink every 3 s when idle:
-1.5 s on average), the ClientApp's process start (measured here), the reply's pickup (polled
-every 0.5 s by the SuperNode and every 0.2 s by the ServerApp), and the weights' transfer.
+What the deployed round adds, per message exchange (a round has one: a round's validation also
+carries the next round's training): the SuperNode's wait for the message (Flower 1.42's
+SuperNode asks the SuperLink every 3 s when idle: 1.5 s on average), its SuperExec's wait to
+start the task (``TASK_POLL_S`` here), the ClientApp's process start (measured here), the
+reply's pickup (polled every 0.5 s by the SuperNode and every 0.2 s by the ServerApp), and the
+weights' transfer.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import tomli_w
 
 from medfed.config import TrainConfig
+from medfed.flower.loopback import TASK_POLL_ENV
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import CheckpointStore
 from medfed.runs.report import write_results
@@ -37,8 +40,11 @@ MARKER = "deploy-bench"
 """The README section ``--update-readme`` writes, and the stem of OUT's results files."""
 GOAL = 1.3
 """A deployed round on loopback should take at most this times the in-process round."""
-EXCHANGES_PER_ROUND = 2  # train, validate
+EXCHANGES_PER_ROUND = 1  # validation of round r, with round r+1's training
 SUPERNODE_IDLE_POLL_S = 3.0  # Flower 1.42's SuperNode, between pulls when no message waited
+FLOWER_TASK_POLL_S = 1.0  # Flower 1.42's SuperExec, between looks for a task, unless set
+TASK_POLL_S = 0.1
+"""The task poll the bench's SuperNodes run with, as the README advises a pilot's."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +61,7 @@ class DeployBenchPlan:
     batch_size: int = 32
     seed: int = 0
     without_workers: bool = True  # also measure the deployment without resident workers
+    task_poll_s: float = TASK_POLL_S  # each SuperExec's (FLWR_SUPEREXEC_TASK_POLL_INTERVAL)
 
     def config(self) -> TrainConfig:
         return TrainConfig(
@@ -119,7 +126,7 @@ def _sites(out: Path, plan: DeployBenchPlan) -> tuple[dict[str, Path], Path]:
 
 
 def _deployed(
-    out: Path, manifests: dict[str, Path], cache: Path, config: TrainConfig, workers: bool
+    out: Path, manifests: dict[str, Path], cache: Path, plan: DeployBenchPlan, workers: bool
 ) -> Path:
     from medfed.flower.deploy import write_app
     from medfed.flower.loopback import LoopbackFederation
@@ -127,8 +134,8 @@ def _deployed(
     out.mkdir(parents=True)
     run_dir = out / "run"
     sites = list(manifests)
-    write_app(out / "app", config, sites, str(run_dir), wait_s=600, reply_timeout_s=3600)
-    fed = LoopbackFederation(out)
+    write_app(out / "app", plan.config(), sites, str(run_dir), wait_s=600, reply_timeout_s=3600)
+    fed = LoopbackFederation(out, task_poll_s=plan.task_poll_s)
     try:
         fed.start_superlink()
         for site in sites:
@@ -163,11 +170,11 @@ def run_deploy_bench(out: Path, plan: DeployBenchPlan) -> dict[str, Any]:
         torch.set_num_threads(threads)
     runs["in-process"] = out / "inprocess"
     runs["deployed, resident workers"] = _deployed(
-        out / "deployed_workers", manifests, cache, config, workers=True
+        out / "deployed_workers", manifests, cache, plan, workers=True
     )
     if plan.without_workers:
         runs["deployed, no workers"] = _deployed(
-            out / "deployed_plain", manifests, cache, config, workers=False
+            out / "deployed_plain", manifests, cache, plan, workers=False
         )
     rows = {}
     for name, run in runs.items():
@@ -231,9 +238,10 @@ def markdown(results: dict[str, Any]) -> str:
         f"Goal: a deployed round (with workers) at most {results['goal']}x the in-process round: "
         f"{verdict} ({worker['ratio']:.2f}x).",
         f"What a deployed round adds, per message exchange ({results['exchanges_per_round']} a "
-        f"round: train, validate): the SuperNode's wait for the message (it asks every {poll:g} "
-        f"s when idle, {poll / 2:g} s on average), its SuperExec's wait to start the task (it "
-        "looks every 1 s: FLWR_SUPEREXEC_TASK_POLL_INTERVAL), a fresh ClientApp process "
+        "round: round r's validation carries round r+1's training): the SuperNode's wait for "
+        f"the message (it asks every {poll:g} s when idle, {poll / 2:g} s on average), its "
+        f"SuperExec's wait to start the task (it looks every {plan['task_poll_s']:g} s here: "
+        f"{TASK_POLL_ENV}; {FLOWER_TASK_POLL_S:g} s unless set), a fresh ClientApp process "
         f"({results['clientapp_start_s']:.1f} s to start here), the reply's pickup (polled every "
         "0.5 s by the SuperNode, 0.2 s by the ServerApp) and the transfer of the weights; "
         "without workers, each message also imports PyTorch and reads the site again.",

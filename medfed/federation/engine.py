@@ -28,7 +28,7 @@ from medfed.errors import ConfigError, RunDirError
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, SiteInfo
 from medfed.federation.lanes import Lanes
 from medfed.federation.pretrained import IMAGENET_MEAN, IMAGENET_STD
-from medfed.federation.rounds import RoundLoop, SiteFailure, SiteReply
+from medfed.federation.rounds import RoundInputs, RoundLoop, SiteFailure, SiteReply
 from medfed.federation.site import LocalRound, Published, SiteWorker, clone_state, failure_reason
 from medfed.models.device import resolve_device
 from medfed.runs import RunDir
@@ -41,6 +41,8 @@ from medfed.serving.evaluation import site_evaluation
 
 class LocalLink:
     """The sites as :class:`SiteWorker` objects in this process, called directly."""
+
+    trains_ahead = False  # a call costs nothing: each round trains when it starts
 
     def __init__(self, server: Coordinator, sites: list[SiteData]) -> None:
         self.server = server
@@ -139,7 +141,9 @@ class LocalLink:
     def commit(self, index: int) -> None:
         self.workers[index].keep(self.pending.pop(index))
 
-    def validate(self, round_: int, global_state: State) -> dict[int, dict[str, Any]]:
+    def validate(
+        self, round_: int, global_state: State, ahead: RoundInputs | None = None
+    ) -> dict[int, dict[str, Any]]:
         figures = self.lanes.map(lambda w: w.validate(global_state), self.workers)
         return {w.index: f for w, f in zip(self.workers, figures, strict=True)}
 

@@ -68,8 +68,24 @@ class SiteFailure:
     seconds: float | None = None
 
 
+@dataclass(frozen=True)
+class RoundInputs:
+    """What a round sends: its plan, each sampled site's downlink, and the fault drills."""
+
+    plan: RoundPlan
+    downs: dict[int, Downlink]
+    faults: dict[int, str]
+
+
 class SiteLink(Protocol):
-    """How the round loop reaches the sites (indices are positions in ``Coordinator.sites``)."""
+    """How the round loop reaches the sites (indices are positions in ``Coordinator.sites``).
+
+    ``trains_ahead``: the link's :meth:`validate` also starts the next round's training, with
+    the same message (one exchange a round instead of two, where each costs seconds); the loop
+    then gives it that round's inputs, and the next :meth:`train` answers with what came back.
+    """
+
+    trains_ahead: bool
 
     def restore(self, states: dict[str, State]) -> None:
         """Resume the sites from the server's last checkpoint (``states``: its named states)."""
@@ -85,8 +101,11 @@ class SiteLink(Protocol):
     def commit(self, index: int) -> None:
         """The server accepted site ``index``'s update: the site keeps its round."""
 
-    def validate(self, round_: int, global_state: State) -> dict[int, dict[str, Any]]:
-        """Validation figures of every reachable site after a round."""
+    def validate(
+        self, round_: int, global_state: State, ahead: RoundInputs | None = None
+    ) -> dict[int, dict[str, Any]]:
+        """Validation figures of every reachable site after a round; where ``ahead`` is given
+        (only to a link that ``trains_ahead``), the sites also train the next round from it."""
 
     def site_states(self) -> dict[str, State]:
         """Site states the server checkpoints itself (none where the sites keep their own)."""
@@ -110,6 +129,7 @@ class RoundLoop:
     def __init__(self, server: Coordinator, link: SiteLink, *, progress: bool = False) -> None:
         self.server, self.link, self.progress = server, link, progress
         self.config, self.run = server.config, server.run
+        self.ahead: RoundInputs | None = None  # the next round's inputs, sent with validation
 
     def train(self, *, resume: bool = False, **event: Any) -> Summary:
         first, states = self.server.start(resume, **event)
@@ -169,13 +189,10 @@ class RoundLoop:
         """Run one round; its records (one per site), as written to metrics.jsonl."""
         start = time.perf_counter()
         server = self.server
-        plan = server.plan(round_)
-        sampled = sorted(plan.sampled)
-        downs = {i: server.downlink(i, plan) for i in sampled}
-        planned = self.config.fault_plan
-        faults = {i: planned.get((round_, server.sites[i].id)) for i in sampled}
-        faults = {i: kind for i, kind in faults.items() if kind}
-        replies = self.link.train(plan, downs, faults)
+        ahead, self.ahead = self.ahead, None
+        inputs = ahead if ahead is not None and ahead.plan.round == round_ else self.inputs(round_)
+        plan, downs = inputs.plan, inputs.downs
+        replies = self.link.train(plan, downs, inputs.faults)
         secure = self.link.secure_sum()
         records, updates = [], []
         for index, site in enumerate(server.sites):
@@ -229,13 +246,29 @@ class RoundLoop:
         else:
             aggregated = server.aggregate(round_, updates)
         seconds = time.perf_counter() - start
-        figures = self.link.validate(round_, server.global_state)
+        if self.link.trains_ahead and round_ < self.config.rounds:
+            # (the next round's plan and downlinks depend on nothing this round does after
+            # aggregating: they are what that round would compute)
+            self.ahead = self.inputs(round_ + 1)
+        figures = self.link.validate(round_, server.global_state, self.ahead)
         for index, record in enumerate(records):
             record |= {"round_seconds": seconds, "aggregated": aggregated}
             record |= figures.get(index, {})
         self.run.append_metrics(records)
         server.checkpoint(round_, self.link.site_states())
         return records
+
+    def inputs(self, round_: int) -> RoundInputs:
+        server = self.server
+        plan = server.plan(round_)
+        sampled = sorted(plan.sampled)
+        planned = self.config.fault_plan
+        faults = {i: planned.get((round_, server.sites[i].id)) for i in sampled}
+        return RoundInputs(
+            plan,
+            {i: server.downlink(i, plan) for i in sampled},
+            {i: kind for i, kind in faults.items() if kind},
+        )
 
     def budget_event_logged(self, site: str) -> bool:
         """Whether events.jsonl already says that ``site``'s privacy budget stopped it."""

@@ -166,8 +166,11 @@ def secure_train(legacy: RecordDict, context: Context) -> RecordDict:
 
 
 def validate(content: RecordDict, context: Context) -> RecordDict:
-    """Figures after a round; the site keeps the global weights it validated, which the next
-    round's training message then need not carry again."""
+    """Figures after a round; the site keeps the global weights it validated, which later
+    messages then need not carry again. A message that also carries the next round's training
+    (``next``, with ``next_payload``) has the site train that round right after, as a training
+    message would; its answer goes with the figures (``next_payload``, ``next_result``, or
+    ``next_failure``)."""
 
     def work() -> RecordDict:
         node = _node(content, context)
@@ -176,7 +179,19 @@ def validate(content: RecordDict, context: Context) -> RecordDict:
         node.keep_validated(payload_of(content))
         return RecordDict({"figures": json_record(figures)})
 
-    return _answer(work)
+    reply = _answer(work)
+    if "next" in content.config_records and "failure" not in reply.config_records:
+        records = content.config_records
+        part = RecordDict(
+            {
+                "run": records["run"],
+                "step": records["next"],
+                "payload": content.array_records["next_payload"],
+            }
+        )
+        for name, record in train(part, context).items():
+            reply[f"next_{name}"] = record
+    return reply
 
 
 def finish(content: RecordDict, context: Context) -> RecordDict:

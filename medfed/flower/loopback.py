@@ -27,8 +27,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+TASK_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+"""Seconds between a SuperExec's looks for a task to start (Flower 1.42: 1 s unless set)."""
+
+
 class LoopbackFederation:
-    def __init__(self, root: Path, *, pki: Path | None = None) -> None:
+    """``task_poll_s``: set every SuperExec's task poll (``TASK_POLL_ENV``); None: Flower's."""
+
+    def __init__(
+        self, root: Path, *, pki: Path | None = None, task_poll_s: float | None = None
+    ) -> None:
         self.root, self.pki = root, pki
         self.port = free_port()
         self.home = root / "flwr_home"
@@ -40,6 +48,8 @@ class LoopbackFederation:
             "MKL_NUM_THREADS": "1",
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         }
+        if task_poll_s is not None:
+            self.env[TASK_POLL_ENV] = f"{task_poll_s:g}"
         security = (
             f'root-certificates = "{pki / "ca.crt"}"\n' if pki is not None else "insecure = true\n"
         )

@@ -33,7 +33,7 @@ from medfed.data.modality import modality_spec
 from medfed.errors import ConfigError, MedfedError
 from medfed.federation import wire
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, SiteInfo
-from medfed.federation.rounds import RoundLoop, SecureSum, SiteFailure, SiteReply
+from medfed.federation.rounds import RoundInputs, RoundLoop, SecureSum, SiteFailure, SiteReply
 from medfed.federation.site import Published
 from medfed.federation.wire import WireFormat, encode
 from medfed.flower.deploy import MAX_WAIT_S, refuse_insecure_settings, refuse_unsupported
@@ -186,6 +186,32 @@ def _with(content: RecordDict, name: str, record: ArrayRecord) -> RecordDict:
     return RecordDict({**dict(content.items()), name: record})
 
 
+def _subset(payload: bytes, keys: list[str]) -> bytes:
+    """``keys`` of a validated float32 ``payload``, as a site that holds it rebuilds them
+    (empty: none to rebuild)."""
+    try:
+        return wire.lossless_subset(payload, keys) if payload else b""
+    except wire.WireError:  # keys the global state does not hold
+        return b""
+
+
+def _trained(content: RecordDict, prefix: str = "", reused: int = 0) -> SiteReply | SiteFailure:
+    """A site's answer to its training (the records named ``prefix``...: the training part of
+    a validation message's reply); ``reused``: downlink bytes the site rebuilt itself."""
+    failure = content.config_records.get(f"{prefix}failure")
+    if failure is not None:
+        return SiteFailure(str(failure["reason"]))
+    result = json_of(content, f"{prefix}result")
+    return SiteReply(
+        payload_of(content, f"{prefix}payload"),
+        float(result["loss"]),
+        dict(result["metrics"]),
+        dict(result.get("stats", {})),
+        float(result["seconds"]),
+        record={"bytes_down_reused": reused},
+    )
+
+
 def _secure_reply(result: dict[str, Any], bytes_up: int) -> SiteReply:
     """A site's figures from a secure round (its update is only in the sum); figures that are
     not numbers read as missing."""
@@ -243,6 +269,10 @@ class FlowerRun:
         # rebuild from them names their hash instead of carrying them again.
         self.validated = b""
         self.holds: set[str] = set()
+        # The round the last validation also trained (trains_ahead), and each site's answer.
+        self.ahead_round: int | None = None
+        self.ahead: dict[int, SiteReply | SiteFailure] = {}
+        self.ahead_reused: dict[int, int] = {}  # downlink bytes each site rebuilt for it
 
     # ------------------------------------------------------------------ messaging
     def _send(
@@ -373,30 +403,56 @@ class FlowerRun:
         return answers
 
     def _to_all(
-        self, kind: str, step: dict[str, Any], global_state: State
+        self,
+        kind: str,
+        step: dict[str, Any],
+        global_state: State,
+        ahead: RoundInputs | None = None,
+        sites: list[str] | None = None,
     ) -> tuple[dict[int, Any], bytes]:
-        """Send the whole global state (float32, lossless) to every site still in the run (by
-        its hash alone to a site that validated these very weights); the answers, and the
-        weights as sent."""
+        """Send the whole global state (float32, lossless) to every site still in the run (or
+        to ``sites``; by its hash alone to a site that validated these very weights), with the
+        next round's training for each site ``ahead`` samples; the answers, and the weights as
+        sent."""
         keys = sorted(global_state)
         payload = encode(global_state, WireFormat()) if keys else b""
-        contents = {
-            s: self._weights(s, step | {"keys": keys}, payload, self.validated)[0]
-            for s in self.d.sites
-            if s not in self.lost
-        }
+        subset = _subset(payload, ahead.plan.keys) if ahead is not None else b""
+        contents = {}
+        for site in self.d.sites if sites is None else sites:
+            if site in self.lost:
+                continue
+            content = self._weights(site, step | {"keys": keys}, payload, self.validated)[0]
+            index = self.d.sites.index(site)
+            if ahead is not None and index in ahead.downs:
+                # The site keeps the weights it validates before it trains: the training
+                # part names them by their hash, as a later training message would.
+                step_ahead = self._train_step(ahead, index)
+                down = ahead.downs[index].payload
+                part, self.ahead_reused[index] = self._weights(
+                    site, step_ahead, down, subset, holds=True
+                )
+                more = {"next": part["step"], "next_payload": part["payload"]}
+                content = RecordDict({**dict(content.items()), **more})
+            contents[site] = content
         answers = self._send_run(kind, contents)
         self.eval_bytes = len(payload)
         return {self.d.sites.index(s): a for s, a in answers.items()}, payload
 
     def _weights(
-        self, site: str, step: dict[str, Any], payload: bytes, validated_subset: bytes
+        self,
+        site: str,
+        step: dict[str, Any],
+        payload: bytes,
+        validated_subset: bytes,
+        holds: bool | None = None,
     ) -> tuple[RecordDict, int]:
         """A message's content for ``site`` with ``payload``, the weights; when they are
         ``validated_subset`` (the validated weights' own keys, as the site rebuilds them) and
-        the site holds the last validated weights, their hash goes instead. The bytes the site
-        then rebuilt rather than received."""
-        if payload and payload == validated_subset and site in self.holds:
+        the site holds the validated weights (``holds``; by default: it validated the last
+        ones), their hash goes instead. The bytes the site then rebuilt rather than received."""
+        if holds is None:
+            holds = site in self.holds
+        if payload and payload == validated_subset and holds:
             digest = hashlib.sha256(payload).hexdigest()
             return self._content(step | {"reuse_validated": digest}), len(payload)
         return self._content(step, payload), 0
@@ -405,46 +461,55 @@ class FlowerRun:
     def restore(self, states: dict[str, State]) -> None:
         """Nothing to do: every SuperNode resumes from its own checkpoints."""
 
+    @property
+    def trains_ahead(self) -> bool:
+        """Validation carries the next round's training, but under secure aggregation (a
+        secure round goes through SecAgg+'s own exchanges)."""
+        return not self.d.secure_aggregation
+
+    def _train_step(self, inputs: RoundInputs, index: int) -> dict[str, Any]:
+        plan = inputs.plan
+        step = {"round": plan.round, "lr": plan.lr, "keys": plan.keys}
+        step["fault"] = inputs.faults.get(index)
+        if self.d.secure_aggregation and plan.keys:
+            step["secure_bound"] = self.d.secure_bound
+        return step
+
     def train(
         self, plan: RoundPlan, downs: dict[int, Downlink], faults: dict[int, str]
     ) -> dict[int, SiteReply | SiteFailure]:
+        """The round's training; a site that already trained it with the last validation's
+        message (:attr:`trains_ahead`) answered then. A site whose validation went unanswered
+        gets a training message of its own now."""
         secure = self.d.secure_aggregation and bool(plan.keys)
+        ahead = self.ahead if self.ahead_round == plan.round else {}
+        self.ahead_round, self.ahead = None, {}
         # The validated weights' subset this round sends, as a site that holds them rebuilds it.
-        try:
-            subset = wire.lossless_subset(self.validated, plan.keys) if self.validated else b""
-        except wire.WireError:  # keys the global state does not hold: none to rebuild
-            subset = b""
+        subset = _subset(self.validated, plan.keys)
+        replies = {index: ahead[index] for index in downs if index in ahead}
         contents, reused = {}, {}
         for index, down in downs.items():
-            step = {"round": plan.round, "lr": plan.lr, "keys": plan.keys}
-            step["fault"] = faults.get(index)
-            if secure:
-                step["secure_bound"] = self.d.secure_bound
+            if index in ahead:
+                continue
+            step = self._train_step(RoundInputs(plan, downs, faults), index)
             site = self.d.sites[index]
             contents[site], reused[index] = self._weights(site, step, down.payload, subset)
         self.secure = None
-        replies = self._train_secure(plan, contents) if secure else self._train_plain(contents)
-        for index, reply in replies.items():
+        if not contents:
+            return replies
+        sent = self._train_secure(plan, contents) if secure else self._train_plain(contents)
+        for index, reply in sent.items():
             if isinstance(reply, SiteReply):
                 reply.record["bytes_down_reused"] = reused[index]
-        return replies
+        return replies | sent
 
     def _train_plain(self, contents: dict[str, RecordDict]) -> dict[int, SiteReply | SiteFailure]:
-        replies: dict[int, SiteReply | SiteFailure] = {}
-        for site, answer in self._send_run(MessageType.TRAIN, contents).items():
-            index = self.d.sites.index(site)
-            if isinstance(answer, str):
-                replies[index] = SiteFailure(answer)
-                continue
-            result = json_of(answer.content, "result")
-            replies[index] = SiteReply(
-                payload_of(answer.content),
-                float(result["loss"]),
-                dict(result["metrics"]),
-                dict(result.get("stats", {})),
-                float(result["seconds"]),
+        return {
+            self.d.sites.index(site): (
+                SiteFailure(answer) if isinstance(answer, str) else _trained(answer.content)
             )
-        return replies
+            for site, answer in self._send_run(MessageType.TRAIN, contents).items()
+        }
 
     def _train_secure(
         self, plan: RoundPlan, contents: dict[str, RecordDict]
@@ -509,11 +574,23 @@ class FlowerRun:
     def commit(self, index: int) -> None:
         """Nothing to do: a SuperNode keeps its round as soon as it has trained."""
 
-    def validate(self, round_: int, global_state: State) -> dict[int, dict[str, Any]]:
+    def validate(
+        self, round_: int, global_state: State, ahead: RoundInputs | None = None
+    ) -> dict[int, dict[str, Any]]:
         self.holds = set()  # validation always sends the weights: they are new
         kind = f"{MessageType.EVALUATE}.validate"
-        answers, self.validated = self._to_all(kind, {"round": round_}, global_state)
+        self.ahead_reused = {}
+        answers, self.validated = self._to_all(kind, {"round": round_}, global_state, ahead)
         self.holds = {self.d.sites[i] for i, a in answers.items() if isinstance(a, Message)}
+        if ahead is not None:
+            self.ahead_round = ahead.plan.round
+            self.ahead = {}
+            for index, answer in answers.items():
+                records = answer.content.config_records if isinstance(answer, Message) else {}
+                # (a site that answered without training it gets a training message then)
+                if index in ahead.downs and ({"next_result", "next_failure"} & set(records)):
+                    reused = self.ahead_reused[index]
+                    self.ahead[index] = _trained(answer.content, "next_", reused)
         return {
             index: json_of(a.content, "figures") | {"bytes_eval": self.eval_bytes}
             for index, a in answers.items()
@@ -525,7 +602,18 @@ class FlowerRun:
 
     def finish(self, global_state: State) -> dict[int, Published | SiteFailure]:
         step = {"round": self.d.config.rounds}
-        answers, _ = self._to_all(f"{MessageType.EVALUATE}.finish", step, global_state)
+        kind = f"{MessageType.EVALUATE}.finish"
+        answers, _ = self._to_all(kind, step, global_state)
+        # A site that failed with the weights named by their hash (its copy gone or damaged,
+        # say) is sent the weights themselves, once.
+        again = [s for i, s in enumerate(self.d.sites) if isinstance(answers.get(i), str)]
+        again = [s for s in again if s in self.holds]
+        if again:
+            for site in again:
+                reason = answers[self.d.sites.index(site)]
+                self.server.run.log_event("weights_resent", site=site, reason=reason)
+            self.holds -= set(again)
+            answers |= self._to_all(kind, step, global_state, sites=again)[0]
         out: dict[int, Published | SiteFailure] = {}
         for index, answer in answers.items():
             if not isinstance(answer, Message):
