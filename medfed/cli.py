@@ -994,7 +994,9 @@ def bench_deploy(
     out: Annotated[
         Path, typer.Option(help="Folder for data, runs and results.", callback=named_folder)
     ] = Path("bench_deploy_out"),
-    rounds: Annotated[int, typer.Option(help="Rounds of each run (the first is left out).")] = 4,
+    rounds: Annotated[
+        int, typer.Option(help="Rounds of each run (the first and the last are left out).")
+    ] = 5,
     local_steps: Annotated[int, typer.Option(help="Local steps per round.")] = 10,
     backbone: Annotated[str, typer.Option(help="The model (a fundus backbone).")] = "cnn-gn",
     image_size: Annotated[int, typer.Option(help="Fundus input size in pixels.")] = 128,
@@ -1019,8 +1021,10 @@ def bench_deploy(
     require_extra("flwr", "flower", "medfed bench-deploy")
     _check_readme(update_readme, "deploy-bench")
     check_out_folder(out)
-    if not 2 <= rounds <= 1000:
-        raise ConfigError(f"--rounds must be 2..1000 (the first round is left out), got {rounds}")
+    if not 3 <= rounds <= 1000:
+        raise ConfigError(
+            f"--rounds must be 3..1000 (the first and the last rounds are left out), got {rounds}"
+        )
     if not 32 <= image_size <= 1024:
         raise ConfigError(f"--image-size must be 32..1024 pixels, got {image_size}")
     if task_poll is not None and not 0.01 <= task_poll <= 60:  # what Flower 1.42 accepts

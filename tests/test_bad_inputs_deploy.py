@@ -259,10 +259,10 @@ CASES = [
         ("--task-poll", "0.01..60 seconds"),
     ),
     Case(
-        "bench-deploy of a single round",
-        lambda tmp, s: ["bench-deploy", "--out", tmp / "bench", "--rounds", "1"],
+        "bench-deploy of two rounds",
+        lambda tmp, s: ["bench-deploy", "--out", tmp / "bench", "--rounds", "2"],
         2,
-        ("--rounds must be 2..1000", "first round is left out"),
+        ("--rounds must be 3..1000", "first and the last rounds are left out"),
     ),
     # --- deploy worker: where its socket may go ----------------------------------------------
     Case(

@@ -21,7 +21,7 @@ def test_bench_deploy_times_both_rounds_of_the_same_training(tmp_path: Path) -> 
     readme = tmp_path / "README.md"
     readme.write_text("# x\n<!-- deploy-bench:start -->\nold\n<!-- deploy-bench:end -->\n")
     out = tmp_path / "out"
-    argv = ["bench-deploy", "--out", str(out), "--rounds", "2", "--local-steps", "1"]
+    argv = ["bench-deploy", "--out", str(out), "--rounds", "3", "--local-steps", "1"]
     argv += ["--backbone", "cnn-gn", "--image-size", "48", "--n-per-site", "24"]
     argv += ["--no-without-workers", "--update-readme", str(readme)]
     result = runner.invoke(app, argv)

@@ -78,6 +78,8 @@ def test_validation_carries_the_next_round_and_the_weights_go_once(deployed) -> 
     for r in records:
         reused = r["bytes_down_reused"]
         assert reused == (0 if r["round"] == 1 else r["bytes_down"]) and r["bytes_down"] > 0
+        # A round's time holds its sites' training, wherever the message that carried it went.
+        assert r["round_seconds"] >= r["seconds"] > 0
 
 
 def test_a_run_that_rebuilds_its_weights_is_the_in_process_run(deployed, tiny_sites, tmp_path):

@@ -5,9 +5,10 @@ in-process (``medfed train``), deployed on Flower with each SuperNode's resident
 (``medfed deploy worker``), and deployed without workers (a fresh ClientApp process, importing
 PyTorch and reading the site, for every message). A round's time is the time between two rounds'
 checkpoints (the server writes one when a round's training, aggregation and validation are
-done), taken for every round after the first, whose loads and start-up differ; the median is
-reported. Each SuperNode, like each in-process site when sites train side by side, has one
-thread.
+done), taken for every round but the first, whose loads and start-up differ, and the last: a
+deployed round's validation carries the next round's training, so the last round's holds none.
+The median is reported. Each SuperNode, like each in-process site when sites train side by
+side, has one thread.
 
 What the deployed round adds, per message exchange (a round has one: a round's validation also
 carries the next round's training): the SuperNode's wait for the message (Flower 1.42's
@@ -56,7 +57,7 @@ class DeployBenchPlan:
     n_per_site: int = 64
     image_size: int = 128
     backbone: str = "cnn-gn"
-    rounds: int = 4
+    rounds: int = 5
     local_steps: int = 10
     batch_size: int = 32
     seed: int = 0
@@ -76,17 +77,21 @@ class DeployBenchPlan:
 
 
 def round_seconds(run: Path) -> list[float]:
-    """Seconds of each round after the first: from one round's checkpoint to the next."""
+    """Seconds of each round but the first and the last: from one round's checkpoint to the
+    next."""
     store = CheckpointStore(RunDir(run).checkpoints, keep=1)
     times = [(p / "state.json").stat().st_mtime for _, p in store.rounds()]
-    return [b - a for a, b in zip(times, times[1:], strict=False)]
+    return [b - a for a, b in zip(times[:-2], times[1:-1], strict=True)]
 
 
 def site_seconds(run: Path) -> list[float]:
-    """Each round's (after the first) longest local training of a site, in seconds."""
+    """Each round's (but the first and the last) longest local training of a site, in
+    seconds."""
     by_round: dict[int, float] = {}
-    for r in RunDir(run).read_metrics():
-        if r.get("round", 0) > 1 and isinstance(r.get("seconds"), int | float):
+    records = RunDir(run).read_metrics()
+    last = max(r["round"] for r in records)
+    for r in records:
+        if 1 < r["round"] < last and isinstance(r.get("seconds"), int | float):
             by_round[r["round"]] = max(by_round.get(r["round"], 0.0), float(r["seconds"]))
     return [by_round[k] for k in sorted(by_round)]
 
@@ -218,8 +223,9 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"FedAvg, {plan['sites']} synthetic fundus sites of {plan['n_per_site']} scans, "
         f"{plan['backbone']} at {plan['image_size']} px, {plan['local_steps']} local steps of "
-        f"batch {plan['batch_size']}, {plan['rounds']} rounds (the first left out); one thread "
-        f"per site; {results['device']['cpu']}, {results['device']['cpu_count']} cores.",
+        f"batch {plan['batch_size']}, {plan['rounds']} rounds (the first and the last left "
+        f"out); one thread per site; {results['device']['cpu']}, "
+        f"{results['device']['cpu_count']} cores.",
         "",
         "| run | seconds per round (median) | / in-process | overhead (s) | longest site's "
         "local training (s) | bytes per site and round |",

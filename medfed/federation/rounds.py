@@ -130,6 +130,7 @@ class RoundLoop:
         self.server, self.link, self.progress = server, link, progress
         self.config, self.run = server.config, server.run
         self.ahead: RoundInputs | None = None  # the next round's inputs, sent with validation
+        self.ahead_sent = 0.0  # when they went (perf_counter)
 
     def train(self, *, resume: bool = False, **event: Any) -> Summary:
         first, states = self.server.start(resume, **event)
@@ -190,7 +191,12 @@ class RoundLoop:
         start = time.perf_counter()
         server = self.server
         ahead, self.ahead = self.ahead, None
-        inputs = ahead if ahead is not None and ahead.plan.round == round_ else self.inputs(round_)
+        if ahead is not None and ahead.plan.round == round_:
+            # Trained with the last validation: the round's time counts from then (and so
+            # holds that validation's time too, which shared its messages).
+            inputs, start = ahead, self.ahead_sent
+        else:
+            inputs = self.inputs(round_)
         plan, downs = inputs.plan, inputs.downs
         replies = self.link.train(plan, downs, inputs.faults)
         secure = self.link.secure_sum()
@@ -250,6 +256,7 @@ class RoundLoop:
             # (the next round's plan and downlinks depend on nothing this round does after
             # aggregating: they are what that round would compute)
             self.ahead = self.inputs(round_ + 1)
+            self.ahead_sent = time.perf_counter()
         figures = self.link.validate(round_, server.global_state, self.ahead)
         for index, record in enumerate(records):
             record |= {"round_seconds": seconds, "aggregated": aggregated}

@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +61,9 @@ class LoopbackFederation:
             encoding="utf-8",
         )
         self.procs: dict[str, subprocess.Popen] = {}
+        # The workers' sockets: in a short private folder, since a Unix socket's path is
+        # limited to about 100 bytes, which a deep ROOT would exceed.
+        self.sockets = Path(tempfile.mkdtemp(prefix="medfed-workers-"))
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
         log = (self.root / f"{name}.log").open("w")
@@ -129,7 +134,7 @@ class LoopbackFederation:
 
     def start_worker(self, site: str) -> Path:
         """A site's resident worker (medfed deploy worker); its socket, once it serves."""
-        socket_path = self.root / f"worker_{site}.sock"
+        socket_path = self.sockets / f"{site}.sock"
         self._start(f"worker_{site}", [str(BIN / "medfed"), "deploy", "worker", str(socket_path)])
         deadline = time.monotonic() + 120
         while not socket_path.exists():
@@ -195,3 +200,4 @@ class LoopbackFederation:
     def close(self) -> None:
         for name in list(self.procs):
             self.kill(name)
+        shutil.rmtree(self.sockets, ignore_errors=True)

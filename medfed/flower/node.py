@@ -50,7 +50,8 @@ PLANNED_NOISE = "dp_noise.json"
 
 VALIDATED_GLOBAL = "validated_global.safetensors"
 """The file in a site's state folder that holds the global weights of its last validation, as
-the server sent them: the next round's training message rebuilds its weights from it."""
+the server sent them: the next round's training (carried by the same validation message, or by a
+training message of its own) and the finishing message rebuild their weights from it."""
 
 State = dict[str, torch.Tensor]
 
@@ -275,10 +276,14 @@ class SiteNode:
         os.replace(tmp, self.dir / VALIDATED_GLOBAL)
 
     def validated_downlink(self, keys: list[str], sha256: str) -> bytes:
-        """A training message's weights that the server did not send again: rebuilt from the
-        global weights this site validated last round, and checked against their hash."""
+        """A training or finishing message's weights that the server did not send again:
+        rebuilt from the global weights this site validated last, and checked against their
+        hash."""
         path = self.dir / VALIDATED_GLOBAL
-        why = "this site sits this round out; the next validation sends the weights again"
+        why = (
+            "the server sends the weights themselves instead: at once to finish, with the next "
+            "validation to train (this site sits the round out)"
+        )
         try:
             payload = wire.lossless_subset(path.read_bytes(), keys)
         except OSError as exc:
