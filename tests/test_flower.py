@@ -1,4 +1,5 @@
-"""Deployed runs on Flower 1.42: a real SuperLink and SuperNodes on loopback."""
+"""Deployed runs on Flower 1.42: one real federation on loopback (a SuperLink on TLS that admits
+registered SuperNodes only, three SuperNodes with their resident workers) serves every run."""
 
 from __future__ import annotations
 
