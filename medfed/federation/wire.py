@@ -97,7 +97,7 @@ def decode(payload: bytes, reference: State | None = None, dtypes: State | None 
     try:
         raw = load(payload)
 
-        meta = json.loads(_metadata(payload).get(_META_KEY, "{}"))
+        meta = json.loads(header_metadata(payload).get(_META_KEY, "{}"))
     except (SafetensorError, ValueError) as exc:
         raise WireError(f"could not decode a model payload of {len(payload)} bytes: {exc}") from exc
     fmt = WireFormat(**meta) if meta else WireFormat()
@@ -124,7 +124,7 @@ def lossless_subset(payload: bytes, keys: list[str]) -> bytes:
     bytes :func:`encode` gives those keys of the state it came from (float32 survives the
     round trip exactly, and the file's layout depends on its tensors only)."""
     state = decode(payload)
-    meta = json.loads(_metadata(payload).get(_META_KEY, "{}"))
+    meta = json.loads(header_metadata(payload).get(_META_KEY, "{}"))
     if meta and WireFormat(**meta) != WireFormat():
         raise WireError(f"a {WireFormat(**meta).to_json()} payload is not a lossless state")
     missing = sorted(set(keys) - set(state))
@@ -133,7 +133,7 @@ def lossless_subset(payload: bytes, keys: list[str]) -> bytes:
     return encode({k: state[k] for k in keys})
 
 
-def _metadata(payload: bytes) -> dict[str, str]:
+def header_metadata(payload: bytes) -> dict[str, str]:
     """The safetensors header's metadata (the first 8 bytes give the header length)."""
     size = int.from_bytes(payload[:8], "little")
     header = json.loads(payload[8 : 8 + size])

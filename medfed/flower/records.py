@@ -18,6 +18,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from medfed.federation.wire import header_metadata
+
 State = dict[str, torch.Tensor]
 ORDER = "medfed.order"  # the safetensors metadata entry that keeps a state's key order
 
@@ -45,9 +47,7 @@ def state_record(state: State) -> ArrayRecord:
 def state_of(content: RecordDict, name: str) -> State:
     blob = payload_of(content, name)
     tensors = load_safetensors(blob)
-    size = int.from_bytes(blob[:8], "little")  # safetensors: header length, then its JSON
-    order = json.loads(json.loads(blob[8 : 8 + size])["__metadata__"][ORDER])
-    return {k: tensors[k] for k in order}
+    return {k: tensors[k] for k in json.loads(header_metadata(blob)[ORDER])}
 
 
 def json_record(data: Any) -> ConfigRecord:

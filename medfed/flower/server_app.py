@@ -487,11 +487,12 @@ class FlowerRun:
         # The validated weights' subset this round sends, as a site that holds them rebuilds it.
         subset = _subset(self.validated, plan.keys)
         replies = {index: ahead[index] for index in downs if index in ahead}
+        inputs = RoundInputs(plan, downs, faults)
         contents, reused = {}, {}
         for index, down in downs.items():
             if index in ahead:
                 continue
-            step = self._train_step(RoundInputs(plan, downs, faults), index)
+            step = self._train_step(inputs, index)
             site = self.d.sites[index]
             contents[site], reused[index] = self._weights(site, step, down.payload, subset)
         self.secure = None
