@@ -1,0 +1,86 @@
+"""What of a quick demo must not change: its table, every run's summary.json, metrics.jsonl,
+model files and per-scan predictions, less the figures that measure time.
+
+A change that is meant to move the demo's figures re-pins them, and the commit says why:
+
+    python -m medfed demo --quick --out /tmp/quick_demo
+    python -m tests.pinned_demo /tmp/quick_demo
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+FIXTURE = Path(__file__).parent / "fixtures" / "quick_demo.json"
+# Wall-clock figures differ from run to run; everything else is a function of seed and threads.
+TIMED = re.compile(r"seconds|latency|^time$")
+
+
+def _untimed(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if not TIMED.search(k)}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _run(run: Path, out: Path) -> dict[str, Any]:
+    files = json.loads((run / "model" / "files.json").read_text(encoding="utf-8"))["files"]
+    metrics = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return {
+        "summary": _untimed(json.loads((run / "summary.json").read_text(encoding="utf-8"))),
+        "metrics": [_untimed(json.loads(line)) for line in metrics if line.strip()],
+        "model": {name: entry["sha256"] for name, entry in sorted(files.items())},
+        "predictions.csv": _sha256(run / "predictions.csv"),
+        # the sites' folders, under the demo's folder, as "{OUT}/..."
+        "config.toml": (run / "config.toml")
+        .read_text(encoding="utf-8")
+        .replace(str(out.resolve()), "{OUT}"),
+    }
+
+
+def snapshot(out: Path) -> dict[str, Any]:
+    """The pinned content of the demo folder ``out``."""
+    runs = sorted(p for p in (out / "runs").iterdir() if (p / "summary.json").is_file())
+    return {
+        "table": (out / "demo-table.md").read_text(encoding="utf-8"),
+        "runs": {run.name: _run(run, out) for run in runs},
+    }
+
+
+def differences(found: Any, pinned: Any, where: str = "") -> list[str]:
+    """Where ``found`` and ``pinned`` differ, as readable paths (the first few)."""
+    if isinstance(found, dict) and isinstance(pinned, dict):
+        out = [f"{where}.{k}: missing" for k in pinned.keys() - found.keys()]
+        out += [f"{where}.{k}: not pinned" for k in found.keys() - pinned.keys()]
+        for key in found.keys() & pinned.keys():
+            out += differences(found[key], pinned[key], f"{where}.{key}")
+        return out
+    if isinstance(found, list) and isinstance(pinned, list) and len(found) == len(pinned):
+        pairs = enumerate(zip(found, pinned, strict=True))
+        return [d for i, (a, b) in pairs for d in differences(a, b, f"{where}[{i}]")]
+    return [] if found == pinned else [f"{where}: {found!r} != pinned {pinned!r}"[:400]]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__)
+        return 2
+    with FIXTURE.open("w", encoding="utf-8") as stream:
+        json.dump(snapshot(Path(argv[0])), stream, indent=1, sort_keys=True)
+        stream.write("\n")
+    print(f"pinned {argv[0]} in {FIXTURE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
