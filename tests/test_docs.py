@@ -4,6 +4,7 @@ lead to files, and each section that a command writes in the page that command i
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -86,10 +87,6 @@ def test_each_written_section_sits_once_in_its_page(marker: str):
 
 def test_the_top_level_dashboard_folder_is_not_packaged():
     setuptools = pytest.importorskip("setuptools")
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.11 has it
-        pytest.skip("tomllib missing")
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     include = config["tool"]["setuptools"]["packages"]["find"]["include"]
 
@@ -97,3 +94,18 @@ def test_the_top_level_dashboard_folder_is_not_packaged():
 
     assert "medfed.dashboard" in packages
     assert not [p for p in packages if not p.startswith("medfed")], packages
+
+
+def test_the_top_level_dashboard_serves_as_medfed_dashboard_does():
+    from medfed.dashboard.launch import streamlit_command
+
+    config = tomllib.loads((ROOT / "dashboard" / ".streamlit" / "config.toml").read_text())
+    flags = dict(
+        arg.removeprefix("--").split("=", 1) for arg in streamlit_command(8501) if "=" in arg
+    )
+
+    for flag, value in flags.items():
+        section, key = flag.split(".", 1)
+        assert str(config[section][key]).lower() == value.lower(), flag
+    assert (ROOT / "dashboard" / "app.py").is_file()
+    assert not (ROOT / "dashboard" / "__init__.py").exists()
