@@ -31,8 +31,8 @@ dashboard: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/medfed bench --out bench_out
 
-# The GPU path end to end (README, "GPU check"); on a machine without CUDA it checks the CPU's
-# bf16 autocast instead. On a machine with its own Python and torch: python3 -m medfed gpu-check.
+# The GPU path end to end (docs/development.md, "GPU check"); on a machine without CUDA it
+# checks the CPU's bf16 autocast instead. On a machine with its own Python and torch: python3 -m medfed gpu-check.
 gpu-check: $(STAMP)
 	$(BIN)/medfed gpu-check --out gpu_check_out
 

@@ -376,8 +376,8 @@ def test_bench_update_readme_embeds_tables_and_committed_plots(bench_run):
     assert CI_CELL.search(text) and "(origin unknown)" in text
     assert findings_lines(_results(bench_run))[0] in text
     for name in ("fundus.png", "ct.png", "speed.png"):
-        assert f"](docs/bench/{name})" in text
-        assert (bench_run["root"] / "docs" / "bench" / name).read_bytes()[:8] == PNG_MAGIC
+        assert f"](bench/{name})" in text
+        assert (bench_run["root"] / "bench" / name).read_bytes()[:8] == PNG_MAGIC
 
 
 def test_parse_budget_reads_scans_rounds_steps_and_names_the_format():
@@ -448,10 +448,10 @@ def test_a_bench_of_some_methods_on_one_federation_has_its_own_readme_section():
     plan = bench.BenchPlan.make(modalities=("ct",), methods=("fedavg", "feddrm", "local"))
 
     assert plan.methods == ("fedavg", "feddrm", "local") and list(plan.budgets) == ["ct"]
-    assert plan.marker == "bench-ct-table" and plan.plot_dir.as_posix() == "docs/bench-ct-table"
+    assert plan.marker == "bench-ct-table" and plan.plot_dir.as_posix() == "bench-ct-table"
     assert "--modality ct --method fedavg --method feddrm --method local" in plan.command
     lora = bench.BenchPlan.make(methods=("fedavg", "lora [warm-up base]"))
     assert "--method 'lora [warm-up base]'" in lora.command  # a command line that runs as shown
     both = bench.BenchPlan.make(quick=True)
     assert both.methods == bench.bench_methods() and "--method" not in both.command
-    assert both.marker == MARKER and both.plot_dir.as_posix() == "docs/bench"
+    assert both.marker == MARKER and both.plot_dir.as_posix() == "bench"

@@ -17,18 +17,21 @@ from pathlib import Path
 
 import pytest
 
+from medfed.dashboard import RUNS_ENV
 from medfed.dashboard.charts import CROSS_SITE_TITLE
 from medfed.dashboard.rundata import REVIEWER_HEADER_ENV
 from medfed.serving.audit import AuditLog
 from medfed.serving.bundle import TrainedFederation
 from medfed.serving.routers import make_router
 from medfed.serving.service import route_one
-from tests.dashboard_runs import DashboardRuns, build
+from tests.dashboard_runs import SITES as CLINICAL_SITES
+from tests.dashboard_runs import DashboardRuns, build, clinical_summary, write_summary_run
 
 # A Streamlit server and Chromium: make test-fast leaves them out.
 pytestmark = pytest.mark.browser
 
 CHROMIUM = Path("/usr/bin/chromium")
+ROOT = Path(__file__).resolve().parent.parent  # the checkout: dashboard/app.py is here
 SITES = ("acrima", "refuge", "rimone")
 START_TIMEOUT_S = 90
 CI = re.compile(r"\d\.\d{3} \(\d\.\d{3}\u2013\d\.\d{3}\)")  # 0.840 (0.780–0.900)
@@ -224,3 +227,40 @@ def test_browser_records_a_read_and_it_lands_in_the_audit_log(runs, tmp_path) ->
         (1, "dr.browser", read, "read in the browser", "dashboard")
     ]
     assert (tmp_path / "review.png").stat().st_size > 10_000
+
+
+def test_streamlit_run_of_the_top_level_app_serves_the_given_runs_on_loopback(tmp_path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    require_browser()
+    runs = tmp_path / "runs"
+    write_summary_run(runs / "clinical", clinical_summary())
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "dashboard.log"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for name in (RUNS_ENV, "STREAMLIT_SERVER_ADDRESS", "STREAMLIT_SERVER_PORT"):
+        env.pop(name, None)  # the runs come from `-- RUN`, the address from dashboard/.streamlit
+    app = ["dashboard/app.py", "--server.port", str(port), "--", str(runs)]
+    command = [sys.executable, "-m", "streamlit", "run", *app]
+    with open(log, "w") as out:
+        server = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_until_serving(url, server, log)
+        assert f"127.0.0.1:{port}" in log.read_text()  # loopback, from dashboard/.streamlit
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=str(CHROMIUM))
+            try:
+                page = browser.new_page(viewport={"width": 1400, "height": 1600})
+                page.set_default_timeout(60_000)
+                expect.set_options(timeout=60_000)
+                page.goto(url)
+
+                expect(page.get_by_role("heading", name="Per-site AUC")).to_be_visible()
+                expect(page.locator("table").first).to_contain_text(CLINICAL_SITES[0])
+                expect(page.get_by_text(f"Reading: {runs}")).to_be_visible()
+            finally:
+                browser.close()
+    finally:
+        stop(server)
+    assert server.returncode is not None

@@ -132,7 +132,7 @@ CI_NOTE = (
     "95% CI: percentile bootstrap ({n_boot} resamples) of patients drawn with replacement "
     "within each (seed, site) stratum"
 )
-PLOT_DIR = Path("docs/bench")
+PLOT_DIR = Path("bench")
 
 
 # The paper's FedDRM beside medfed's default (whose backbone norms stay on each site).

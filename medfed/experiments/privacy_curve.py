@@ -40,7 +40,7 @@ from medfed.runs.report import markdown_table, update_readme_section, write_resu
 
 MARKER = "privacy"
 PLOT_NAME = "privacy.png"
-PLOT_DIR = Path("docs/privacy")
+PLOT_DIR = Path("privacy")
 EPSILONS: tuple[float, ...] = (1.0, 3.0, 8.0, math.inf)
 METHODS: tuple[str, ...] = ("fedavg", "feddrm")
 BACKBONE = "cnn-gn"
@@ -94,7 +94,7 @@ def run_privacy_curve(
 ) -> dict[str, Any]:
     """Train every method at every budget on every seed's federation, then write
     OUT/privacy.json, OUT/privacy.md and OUT/privacy.png (and, with ``readme``, the plot under
-    ``readme.parent / docs/privacy`` and the README's ``privacy`` section)."""
+    ``readme.parent / privacy`` and the README's ``privacy`` section)."""
     from medfed.experiments.speed import device_info
 
     budget = budget or (QUICK if quick else FULL)

@@ -45,7 +45,7 @@ from medfed.runs.report import markdown_table, update_readme_section, write_resu
 
 MARKER = "transfer"
 PLOT_NAME = "transfer.png"
-PLOT_DIR = Path("docs/transfer")
+PLOT_DIR = Path("transfer")
 SOURCE_SEED = 1  # federation A: the base's data and training seed
 TARGET_SEED = 2  # federation B: every compared run's data and training seed
 BACKBONE = "cnn-gn"  # one backbone for every run, so the base's weights fit every model
@@ -197,7 +197,7 @@ def run_transfer(
 ) -> dict[str, Any]:
     """Train the base on federation A and the four runs on federation B, then write
     OUT/transfer.json, OUT/transfer.md and OUT/transfer.png (and, with ``readme``, the plot
-    under ``readme.parent / docs/transfer`` and the README's ``transfer`` section)."""
+    under ``readme.parent / transfer`` and the README's ``transfer`` section)."""
     from medfed.experiments.speed import device_info
 
     budget = budget or (QUICK if quick else FULL)
