@@ -347,7 +347,8 @@ def run_demo(
         return sites, WarmupBase(out / "runs" / "warmup_base", budget, seed)
 
     def train_one(found: tuple[list[Any], WarmupBase], seed: int, text: str) -> Trained:
-        (sites, base), method = found, MethodSpec.parse(text)
+        sites, base = found
+        method = MethodSpec.parse(text)
         config = base.config(method, sites, echo)
         echo(f"training {method.label} ({config.rounds} rounds x {budget.local_steps} steps) ...")
         return train_run(sites, config, out / "runs" / method.dirname)

@@ -1,7 +1,8 @@
-"""The steps every experiment shares: plan (budget and bootstrap resamples), synthesize a
-federation, train each method on each seed's federation, collect the trained runs' test scans,
-compare the methods on those same scans, then write OUT/STEM.json and OUT/STEM.md, the plots
-and the README's marked section.
+"""The steps every experiment shares: plan (budget, seeds and bootstrap resamples),
+synthesize a federation, train each method on each seed's federation, collect the trained runs'
+test scans for the intervals and the paired comparisons on those same scans
+(:mod:`medfed.experiments.paired`), then write OUT/STEM.json and OUT/STEM.md, the plots and the
+README's marked section.
 
 An experiment (``medfed bench``, ``demo``, ``compare``, ``transfer``, ``privacy-curve``) only
 declares what differs: its methods, how it trains one of them, and its tables.
