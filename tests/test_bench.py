@@ -26,10 +26,10 @@ from medfed.experiments.bench import (
     MARKER,
     PAPER_FEDDRM,
     RESULTS_VERSION,
-    findings_lines,
     parse_budget,
     stat,
 )
+from medfed.experiments.bench_tables import findings_lines
 from medfed.experiments.demo import Budget, MethodSpec, run_demo
 from medfed.experiments.paired import FIGURES_BY_KEY, VERDICTS
 from medfed.metrics import Interval, verdict

@@ -15,21 +15,19 @@ from typing import Any
 
 from medfed.config import NORMALIZATIONS, TrainConfig
 from medfed.data.modality import modality_spec
-from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
+from medfed.experiments.harness import Trained, synthesize_federation, train_run, train_seeds
 from medfed.experiments.paired import (
     N_BOOT,
     ORIGIN_KNOWN,
     ORIGIN_UNKNOWN,
     PROTOCOLS,
-    Scans,
     ci_cell,
     compare_methods,
     comparison_rows,
-    load_scans,
     verdict_lines,
 )
-from medfed.federation.training import load_sites, train
+from medfed.federation.training import train
 from medfed.runs import Summary
 from medfed.runs.report import communication_table, fmt, markdown_table, replace_marked_section
 from medfed.runs.schema import RouterFigures, SiteFigures
@@ -334,25 +332,32 @@ def run_demo(
     budget = budget or BUDGETS[modality][1 if quick else 0]
     start = time.perf_counter()
     data = out / "data"
-    what = "3 fundus sites (scans" if modality == "fundus" else "2 CT sites (patients"
-    echo(f"synthesizing {what}: {budget.n_per_site} each) into {data} ...")
-    manifests = synthesize(
-        data, modality=modality, n_per_site=budget.n_per_site, seed=seed, image_size=image_size
-    )
-    sites = load_sites(list(manifests), out / "cache")
-    summaries: dict[str, Summary] = {}
-    scans: dict[str, dict[int, Scans]] = {}
-    base = WarmupBase(out / "runs" / "warmup_base", budget, seed)
-    for method in map(MethodSpec.parse, methods):
-        run_dir = out / "runs" / method.dirname
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
+
+    def federation(seed: int) -> tuple[list[Any], WarmupBase]:
+        what = "3 fundus sites (scans" if modality == "fundus" else "2 CT sites (patients"
+        echo(f"synthesizing {what}: {budget.n_per_site} each) into {data} ...")
+        sites = synthesize_federation(
+            data,
+            out / "cache",
+            modality=modality,
+            n_per_site=budget.n_per_site,
+            seed=seed,
+            image_size=image_size,
+        ).sites
+        return sites, WarmupBase(out / "runs" / "warmup_base", budget, seed)
+
+    def train_one(found: tuple[list[Any], WarmupBase], seed: int, text: str) -> Trained:
+        sites, base = found
+        method = MethodSpec.parse(text)
         config = base.config(method, sites, echo)
         echo(f"training {method.label} ({config.rounds} rounds x {budget.local_steps} steps) ...")
-        # The summary as training returns it keeps the sites in federation order (the table's
-        # columns); summary.json on disk lists them sorted.
-        summaries[method.label] = train(sites, config, run_dir)
-        scans[method.label] = {seed: load_scans(run_dir)}
+        return train_run(sites, config, out / "runs" / method.dirname)
+
+    trained = train_seeds([seed], federation, methods, train_one)
+    # The summary as training returns it keeps the sites in federation order (the table's
+    # columns); summary.json on disk lists them sorted.
+    summaries = {label: runs[seed].summary for label, runs in trained.runs.items()}
+    scans = {label: trained.scans(label) for label in trained.runs}
     table = ci_table(summaries) + "\n\n" + ci_notes(summaries)
     comparisons = None
     if len(summaries) > 1:

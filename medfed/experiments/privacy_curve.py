@@ -21,31 +21,33 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import TrainConfig
-from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
 from medfed.experiments.demo import comparisons_markdown
-from medfed.experiments.paired import (
-    FIGURES_BY_KEY,
-    ORIGIN_KNOWN,
-    Scans,
-    ci_cell,
-    compare_methods,
-    figure_intervals,
-    load_scans,
-    verdict_lines,
+from medfed.experiments.harness import (
+    AUC_FIGURES,
+    Docs,
+    SeedRuns,
+    Trained,
+    auc_intervals,
+    machine_text,
+    resamples,
+    seed_range,
+    seeds_text,
+    synthesize_federation,
+    train_run,
+    train_seeds,
 )
-from medfed.federation.training import load_sites, train
-from medfed.fileio import fresh_folder
-from medfed.runs.report import markdown_table, update_readme_section, write_results
+from medfed.experiments.paired import ORIGIN_KNOWN, ci_cell, compare_methods, verdict_lines
+from medfed.runs.report import markdown_table
 
 MARKER = "privacy"
 PLOT_NAME = "privacy.png"
 PLOT_DIR = Path("privacy")
+DOCS = Docs("privacy", MARKER, PLOT_DIR)
 EPSILONS: tuple[float, ...] = (1.0, 3.0, 8.0, math.inf)
 METHODS: tuple[str, ...] = ("fedavg", "feddrm")
 BACKBONE = "cnn-gn"
 FIRST_SEED = 0
-AUC_FIGURES = (FIGURES_BY_KEY["worst_site_auc"], FIGURES_BY_KEY["mean_site_auc"])
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,6 @@ class PrivacyBudget:
 
 FULL = PrivacyBudget(n_per_site=240, rounds=20, seeds=2)
 QUICK = PrivacyBudget(n_per_site=120, rounds=10, seeds=1)
-N_BOOT = {"full": 2000, "quick": 1000}
 
 
 def epsilon_label(epsilon: float) -> str:
@@ -98,72 +99,42 @@ def run_privacy_curve(
     from medfed.experiments.speed import device_info
 
     budget = budget or (QUICK if quick else FULL)
-    n_boot = n_boot or N_BOOT["quick" if quick else "full"]
-    if n_boot < 1:
-        raise ConfigError(f"bootstrap resamples must be at least 1, got {n_boot}")
+    n_boot = resamples(n_boot, quick)
     if not epsilons or any(not e > 0 for e in epsilons):
         raise ConfigError(f"privacy budgets must be numbers > 0 (inf: no DP), got {epsilons}")
     epsilons = tuple(sorted(set(epsilons)))
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    seeds = [FIRST_SEED + k for k in range(budget.seeds)]
-    scans: dict[str, dict[str, dict[int, Scans]]] = {m: {} for m in METHODS}
-    spent: dict[str, dict[str, dict[str, float]]] = {m: {} for m in METHODS}
-    device = ""
-    for seed in seeds:
+    seeds = seed_range(FIRST_SEED, budget.seeds)
+
+    def federation(seed: int) -> list[Any]:
         echo(f"synthesizing fundus federation (seed {seed}, {budget.n_per_site} per site)")
-        manifests = synthesize(
+        return synthesize_federation(
             out / "data" / f"seed{seed}",
+            out / "cache",
             modality="fundus",
             n_per_site=budget.n_per_site,
             seed=seed,
             image_size=budget.image_size,
+        ).sites
+
+    def train_one(sites: list[Any], seed: int, run: tuple[str, float]) -> Trained:
+        method, epsilon = run
+        echo(f"training {run_label(method, epsilon)}, seed {seed}, {budget.rounds} rounds")
+        config = TrainConfig(
+            algorithm=method,
+            rounds=budget.rounds,
+            local_steps=budget.local_steps,
+            seed=seed,
+            backbone=BACKBONE,
+            device="auto",
+            dp_epsilon=0.0 if math.isinf(epsilon) else epsilon,
         )
-        sites = load_sites(list(manifests), out / "cache")
-        for method in METHODS:
-            for epsilon in epsilons:
-                label = run_label(method, epsilon)
-                run = fresh_folder(
-                    out / "runs" / f"seed{seed}" / f"{method}_eps{epsilon_label(epsilon)}"
-                )
-                echo(f"training {label}, seed {seed}, {budget.rounds} rounds")
-                config = TrainConfig(
-                    algorithm=method,
-                    rounds=budget.rounds,
-                    local_steps=budget.local_steps,
-                    seed=seed,
-                    backbone=BACKBONE,
-                    device="auto",
-                    dp_epsilon=0.0 if math.isinf(epsilon) else epsilon,
-                )
-                summary = train(sites, config, run)
-                device = summary.device
-                scans[method].setdefault(label, {})[seed] = load_scans(run)
-                for site, p in (summary.privacy or {}).items():
-                    spent[method].setdefault(label, {})[f"{seed}/{site}"] = p.epsilon
+        folder = out / "runs" / f"seed{seed}" / f"{method}_eps{epsilon_label(epsilon)}"
+        return train_run(sites, config, folder)
 
-    methods: dict[str, Any] = {}
-    for method in METHODS:
-        reference = run_label(method, math.inf)
-        runs = {}
-        for epsilon in epsilons:
-            label = run_label(method, epsilon)
-            intervals = figure_intervals(scans[method][label], n_boot=n_boot, seed=FIRST_SEED)
-            used = spent[method].get(label, {})
-            runs[label] = {
-                "epsilon": None if math.isinf(epsilon) else epsilon,
-                "epsilon_spent_max": max(used.values()) if used else None,
-                "test": {k: intervals[k] for k in ("worst_site_auc", "mean_site_auc")},
-            }
-            echo(f"  {label}: worst-site test AUC {ci_cell(runs[label]['test']['worst_site_auc'])}")
-        comparisons = None
-        if reference in scans[method] and len(scans[method]) > 1:
-            echo(f"comparing each budget with {reference} on the same test scans")
-            comparisons = compare_methods(
-                scans[method], reference, figures=AUC_FIGURES, n_boot=n_boot, seed=FIRST_SEED
-            )
-        methods[method] = {"reference": reference, "runs": runs, "comparisons": comparisons}
-
+    runs = [(method, epsilon) for method in METHODS for epsilon in epsilons]
+    trained = train_seeds(seeds, federation, runs, train_one)
     results: dict[str, Any] = {
         "command": command + (" --quick" if quick else ""),
         "quick": quick,
@@ -172,20 +143,59 @@ def run_privacy_curve(
         "backbone": BACKBONE,
         "seeds": seeds,
         "n_boot": n_boot,
-        "device": {"run": device, **device_info()},
-        "methods": methods,
+        "device": {"run": trained.runs[runs[-1]][seeds[-1]].summary.device, **device_info()},
+        "methods": {m: method_figures(trained, m, epsilons, n_boot, echo) for m in METHODS},
     }
     results["plot"] = privacy_plot(results, out / PLOT_NAME).name
     results["seconds_total"] = time.perf_counter() - start
-    written = write_results(out, "privacy", results, privacy_markdown(results))
-    echo("")
-    echo("\n".join(_verdicts(results)))
-    echo(f"finished in {results['seconds_total']:.0f} s; wrote {written} and {out / PLOT_NAME}")
-    if readme is not None:
-        body = privacy_markdown(results, image_prefix=f"{PLOT_DIR.as_posix()}/")
-        update_readme_section(readme, MARKER, body, [out / results["plot"]], PLOT_DIR)
-        echo(f"updated the {MARKER} section of {readme} (plot in {readme.parent / PLOT_DIR})")
+    DOCS.publish(
+        out,
+        results,
+        privacy_markdown,
+        [out / results["plot"]],
+        echo=echo,
+        readme=readme,
+        summary=lambda written: [
+            "",
+            "\n".join(_verdicts(results)),
+            f"finished in {results['seconds_total']:.0f} s; wrote {written} and {out / PLOT_NAME}",
+        ],
+    )
     return results
+
+
+def method_figures(
+    trained: SeedRuns[list[Any], tuple[str, float]],
+    method: str,
+    epsilons: tuple[float, ...],
+    n_boot: int,
+    echo: Callable[[str], Any],
+) -> dict[str, Any]:
+    """``method``'s test AUCs at every budget, the largest epsilon a site spent, and each
+    budget compared with the run without DP on the same test scans."""
+    reference = run_label(method, math.inf)
+    scans = {run_label(method, e): trained.scans((method, e)) for e in epsilons}
+    runs = {}
+    for epsilon in epsilons:
+        label = run_label(method, epsilon)
+        used = [
+            p.epsilon
+            for run in trained.runs[(method, epsilon)].values()
+            for p in (run.summary.privacy or {}).values()
+        ]
+        runs[label] = {
+            "epsilon": None if math.isinf(epsilon) else epsilon,
+            "epsilon_spent_max": max(used) if used else None,
+            "test": auc_intervals(scans[label], n_boot, FIRST_SEED),
+        }
+        echo(f"  {label}: worst-site test AUC {ci_cell(runs[label]['test']['worst_site_auc'])}")
+    comparisons = None
+    if reference in scans and len(scans) > 1:
+        echo(f"comparing each budget with {reference} on the same test scans")
+        comparisons = compare_methods(
+            scans, reference, figures=AUC_FIGURES, n_boot=n_boot, seed=FIRST_SEED
+        )
+    return {"reference": reference, "runs": runs, "comparisons": comparisons}
 
 
 # ---------------------------------------------------------------------------- the plot
@@ -230,9 +240,7 @@ def privacy_plot(results: Mapping[str, Any], path: Path) -> Path:
 
 # ---------------------------------------------------------------------------- markdown
 def _where(results: Mapping[str, Any]) -> str:
-    seeds = results["seeds"]
-    which = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}..{seeds[-1]}"
-    return f"synthetic fundus ({which})"
+    return f"synthetic fundus ({seeds_text(results['seeds'])})"
 
 
 def _verdicts(results: Mapping[str, Any]) -> list[str]:
@@ -270,7 +278,7 @@ def runs_table(results: Mapping[str, Any]) -> str:
 def caption(results: Mapping[str, Any]) -> str:
     b = results["budget"]
     d = results["device"]
-    where = d.get("gpu") or d.get("cpu") or ""
+    where = machine_text(d)
     size = "" if b["image_size"] is None else f", fundus images {b['image_size']} px"
     return (
         f"`{results['command']}` ({_where(results)}; {b['n_per_site']} scans per site{size}; "

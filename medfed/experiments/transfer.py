@@ -25,33 +25,34 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import TrainConfig
-from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
 from medfed.experiments.demo import comparisons_markdown
-from medfed.experiments.paired import (
-    FIGURES_BY_KEY,
-    ORIGIN_KNOWN,
-    Scans,
-    ci_cell,
-    compare_methods,
-    figure_intervals,
-    load_scans,
-    verdict_lines,
+from medfed.experiments.harness import (
+    AUC_FIGURES,
+    Docs,
+    SeedRuns,
+    Trained,
+    auc_intervals,
+    machine_text,
+    resamples,
+    seed_range,
+    seeds_text,
+    synthesize_federation,
+    train_run,
+    train_seeds,
 )
-from medfed.federation.training import load_sites, train
-from medfed.fileio import fresh_folder
+from medfed.experiments.paired import ORIGIN_KNOWN, ci_cell, compare_methods, verdict_lines
 from medfed.runs import RunDir
-from medfed.runs.report import markdown_table, update_readme_section, write_results
+from medfed.runs.report import markdown_table
 
 MARKER = "transfer"
 PLOT_NAME = "transfer.png"
 PLOT_DIR = Path("transfer")
+DOCS = Docs("transfer", MARKER, PLOT_DIR)
 SOURCE_SEED = 1  # federation A: the base's data and training seed
 TARGET_SEED = 2  # federation B: every compared run's data and training seed
 BACKBONE = "cnn-gn"  # one backbone for every run, so the base's weights fit every model
 THRESHOLD = 0.75  # the worst-site validation AUC whose first round the table gives
-# The figures the paired comparisons cover (each site's model on its own test scans).
-AUC_FIGURES = (FIGURES_BY_KEY["worst_site_auc"], FIGURES_BY_KEY["mean_site_auc"])
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,6 @@ class TransferBudget:
 
 FULL = TransferBudget(n_per_site=240, base_rounds=30, rounds=20)
 QUICK = TransferBudget(n_per_site=120, base_rounds=12, rounds=10, seeds=2)
-N_BOOT = {"full": 2000, "quick": 1000}
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,10 @@ PAIRS = (
         Arm("feddrm (random)", "feddrm", False, "feddrm_random"),
     ),
 )
+# Every run on federation B, in the order they train.
+ARMS = tuple(arm for pair in PAIRS for arm in (pair.pretrained, pair.random))
+# The suffix of the folder and the key of each arm's run at the short budget.
+EARLY = "_early"
 
 
 # ---------------------------------------------------------------------------- figures
@@ -155,15 +159,14 @@ def mean_curve(curves: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def _arm_figures(
     arm: Arm,
-    runs: dict[int, Path],
-    scans: dict[int, Scans],
+    trained: SeedRuns[list[Any], tuple[str, str]],
     init: str | None,
     n_boot: int,
     threshold: float,
 ) -> dict[str, Any]:
+    runs = {seed: run.folder for seed, run in trained.runs[(arm.label, "")].items()}
     curves = {seed: worst_site_curve(run) for seed, run in runs.items()}
     curve = mean_curve(list(curves.values()))
-    intervals = figure_intervals(scans, n_boot=n_boot, seed=TARGET_SEED)
     return {
         "algorithm": arm.algorithm,
         "params": dict(arm.params),
@@ -174,14 +177,15 @@ def _arm_figures(
         "curve": curve,
         "final_worst_site_val_auc": curve[-1]["worst_site_val_auc"] if curve else None,
         "rounds_to_threshold": rounds_to(curve, threshold),
-        "test": {key: intervals[key] for key in ("worst_site_auc", "mean_site_auc")},
+        "test": auc_intervals(trained.scans((arm.label, "")), n_boot, TARGET_SEED),
+        "early_test": auc_intervals(trained.scans((arm.label, EARLY)), n_boot, TARGET_SEED),
     }
 
 
 # ---------------------------------------------------------------------------- running
 def target_seeds(budget: TransferBudget) -> list[int]:
     """The seeds of the federations B (data and training), from TARGET_SEED on."""
-    return [TARGET_SEED + k for k in range(budget.seeds)]
+    return seed_range(TARGET_SEED, budget.seeds)
 
 
 def run_transfer(
@@ -201,97 +205,24 @@ def run_transfer(
     from medfed.experiments.speed import device_info
 
     budget = budget or (QUICK if quick else FULL)
-    n_boot = n_boot or N_BOOT["quick" if quick else "full"]
-    if n_boot < 1:
-        raise ConfigError(f"bootstrap resamples must be at least 1, got {n_boot}")
+    n_boot = resamples(n_boot, quick)
     if not 0.0 < threshold <= 1.0:
         raise ConfigError(f"the AUC threshold must be in (0, 1], got {threshold}")
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-
-    def federation(name: str, seed: int) -> list[Any]:
-        data = out / "data" / name
-        echo(f"synthesizing fundus federation {name} (seed {seed}, {budget.n_per_site} per site)")
-        manifests = synthesize(
-            data,
-            modality="fundus",
-            n_per_site=budget.n_per_site,
-            seed=seed,
-            image_size=budget.image_size,
-        )
-        return load_sites(list(manifests), out / "cache")
-
-    def config(algorithm: str, rounds: int, seed: int, **extra: Any) -> TrainConfig:
-        return TrainConfig(
-            algorithm=algorithm,
-            rounds=rounds,
-            local_steps=budget.local_steps,
-            seed=seed,
-            backbone=BACKBONE,
-            device="auto",
-            **extra,
-        )
-
-    source = federation("source", SOURCE_SEED)
-    base = fresh_folder(out / "runs" / "base").resolve()
-    echo(f"training the base: fedavg on federation A, {budget.base_rounds} rounds, into {base}")
-    base_summary = train(source, config("fedavg", budget.base_rounds, SOURCE_SEED), base)
-
-    arms = [arm for pair in PAIRS for arm in (pair.pretrained, pair.random)]
-    scans: dict[str, dict[int, Scans]] = {arm.label: {} for arm in arms}
-    early: dict[str, dict[int, Scans]] = {arm.label: {} for arm in arms}
-    folders: dict[str, dict[int, Path]] = {arm.label: {} for arm in arms}
-    device = base_summary.device
-    for seed in target_seeds(budget):
-        target = federation(f"target_seed{seed}", seed)
-        for arm in arms:
-            init = str(base) if arm.pretrained else None
-            extra = {"init": init} if init else {}
-            for rounds, suffix in ((budget.early_rounds, "_early"), (budget.rounds, "")):
-                run = fresh_folder(out / "runs" / f"seed{seed}" / f"{arm.dirname}{suffix}")
-                echo(f"training {arm.label} on federation B seed {seed}, {rounds} rounds")
-                params = dict(arm.params)
-                summary = train(
-                    target, config(arm.algorithm, rounds, seed, params=params, **extra), run
-                )
-                (early if suffix else scans)[arm.label][seed] = load_scans(run)
-            folders[arm.label][seed] = run
-            device = summary.device
+    base = _train_base(out, budget, echo)
+    trained = _train_targets(out, budget, base.folder, echo)
     runs: dict[str, dict[str, Any]] = {}
-    for arm in arms:
-        init = str(base) if arm.pretrained else None
-        label = arm.label
-        runs[label] = _arm_figures(arm, folders[label], scans[label], init, n_boot, threshold)
-        short = figure_intervals(early[label], n_boot=n_boot, seed=TARGET_SEED)
-        runs[label]["early_test"] = {k: short[k] for k in ("worst_site_auc", "mean_site_auc")}
-        found = runs[label]
+    for arm in ARMS:
+        init = str(base.folder) if arm.pretrained else None
+        runs[arm.label] = found = _arm_figures(arm, trained, init, n_boot, threshold)
         echo(
             f"  {arm.label}: worst-site test AUC "
             f"{ci_cell(found['test']['worst_site_auc'])}, first round with worst-site "
             f"validation AUC >= {threshold}: {found['rounds_to_threshold'] or 'not reached'}"
         )
-
-    pairs = {}
-    for pair in PAIRS:
-        a, b = pair.pretrained.label, pair.random.label
-        echo(f"comparing {a} with {b} on the same test scans ({n_boot} resamples)")
-        found = {
-            stage: compare_methods(
-                {a: by[a], b: by[b]},
-                a,
-                figures=AUC_FIGURES,
-                n_boot=n_boot,
-                seed=TARGET_SEED,
-            )
-            for stage, by in (("comparisons", scans), ("early_comparisons", early))
-        }
-        pairs[pair.name] = {
-            "pretrained": a,
-            "random": b,
-            "curves": {label: runs[label]["curve"] for label in (a, b)},
-            **found,
-        }
-
+    pairs = {pair.name: _pair(pair, trained, runs, n_boot, echo) for pair in PAIRS}
+    last = trained.runs[(ARMS[-1].label, "")][target_seeds(budget)[-1]]
     results: dict[str, Any] = {
         "command": command + (" --quick" if quick else ""),
         "quick": quick,
@@ -300,34 +231,122 @@ def run_transfer(
         "threshold": threshold,
         "n_boot": n_boot,
         "base": {
-            "run": str(base),
+            "run": str(base.folder),
             "algorithm": "fedavg",
             "federation_seed": SOURCE_SEED,
             "rounds": budget.base_rounds,
-            "worst_site_test_auc": base_summary.worst_site_auc,
+            "worst_site_test_auc": base.summary.worst_site_auc,
         },
         "target_seeds": target_seeds(budget),
-        "device": {"run": device, **device_info()},
+        "device": {"run": last.summary.device, **device_info()},
         "runs": runs,
         "pairs": pairs,
     }
     results["plot"] = transfer_plot(results, out / PLOT_NAME).name
     results["seconds_total"] = time.perf_counter() - start
-    written = write_results(out, "transfer", results, transfer_markdown(results))
-    echo("")
-    echo("\n".join(line for p in pairs.values() for line in _verdicts(results, p)))
-    echo(f"finished in {results['seconds_total']:.0f} s; wrote {written} and {out / PLOT_NAME}")
-    if readme is not None:
-        update_readme(readme, results, out)
-        echo(f"updated the {MARKER} section of {readme} (plot in {readme.parent / PLOT_DIR})")
+    DOCS.publish(
+        out,
+        results,
+        transfer_markdown,
+        [out / results["plot"]],
+        echo=echo,
+        readme=readme,
+        summary=lambda written: [
+            "",
+            "\n".join(line for p in pairs.values() for line in _verdicts(results, p)),
+            f"finished in {results['seconds_total']:.0f} s; wrote {written} and {out / PLOT_NAME}",
+        ],
+        readme_style={"heading_level": 3},
+    )
     return results
 
 
-def update_readme(readme: Path, results: Mapping[str, Any], out: Path) -> None:
-    """Copy the plot next to the README and write the section between its ``transfer``
-    markers (``ValueError`` when the README lacks them)."""
-    body = transfer_markdown(results, image_prefix=f"{PLOT_DIR.as_posix()}/", heading_level=3)
-    update_readme_section(readme, MARKER, body, [out / results["plot"]], PLOT_DIR)
+def _config(
+    budget: TransferBudget, algorithm: str, rounds: int, seed: int, **extra: Any
+) -> TrainConfig:
+    return TrainConfig(
+        algorithm=algorithm,
+        rounds=rounds,
+        local_steps=budget.local_steps,
+        seed=seed,
+        backbone=BACKBONE,
+        device="auto",
+        **extra,
+    )
+
+
+def _federation(
+    out: Path, budget: TransferBudget, name: str, seed: int, echo: Callable[[str], Any]
+) -> list[Any]:
+    echo(f"synthesizing fundus federation {name} (seed {seed}, {budget.n_per_site} per site)")
+    return synthesize_federation(
+        out / "data" / name,
+        out / "cache",
+        modality="fundus",
+        n_per_site=budget.n_per_site,
+        seed=seed,
+        image_size=budget.image_size,
+    ).sites
+
+
+def _train_base(out: Path, budget: TransferBudget, echo: Callable[[str], Any]) -> Trained:
+    """FedAvg on federation A: the start of every pretrained arm."""
+    source = _federation(out, budget, "source", SOURCE_SEED, echo)
+    folder = (out / "runs" / "base").resolve()
+    echo(f"training the base: fedavg on federation A, {budget.base_rounds} rounds, into {folder}")
+    config = _config(budget, "fedavg", budget.base_rounds, SOURCE_SEED)
+    return train_run(source, config, folder)
+
+
+def _train_targets(
+    out: Path, budget: TransferBudget, base: Path, echo: Callable[[str], Any]
+) -> SeedRuns[list[Any], tuple[str, str]]:
+    """Every arm on every federation B, at the short and at the full budget."""
+    arms = {arm.label: arm for arm in ARMS}
+    stages = {EARLY: budget.early_rounds, "": budget.rounds}
+
+    def train_one(target: list[Any], seed: int, run: tuple[str, str]) -> Trained:
+        arm, rounds = arms[run[0]], stages[run[1]]
+        extra = {"init": str(base)} if arm.pretrained else {}
+        folder = out / "runs" / f"seed{seed}" / f"{arm.dirname}{run[1]}"
+        echo(f"training {arm.label} on federation B seed {seed}, {rounds} rounds")
+        config = _config(budget, arm.algorithm, rounds, seed, params=dict(arm.params), **extra)
+        return train_run(target, config, folder)
+
+    return train_seeds(
+        target_seeds(budget),
+        lambda seed: _federation(out, budget, f"target_seed{seed}", seed, echo),
+        [(label, stage) for label in arms for stage in stages],
+        train_one,
+    )
+
+
+def _pair(
+    pair: Pair,
+    trained: SeedRuns[list[Any], tuple[str, str]],
+    runs: Mapping[str, Any],
+    n_boot: int,
+    echo: Callable[[str], Any],
+) -> dict[str, Any]:
+    """Pretrained minus random on the same test scans, after the full and the short budget."""
+    a, b = pair.pretrained.label, pair.random.label
+    echo(f"comparing {a} with {b} on the same test scans ({n_boot} resamples)")
+    found = {
+        stage: compare_methods(
+            {a: trained.scans((a, suffix)), b: trained.scans((b, suffix))},
+            a,
+            figures=AUC_FIGURES,
+            n_boot=n_boot,
+            seed=TARGET_SEED,
+        )
+        for stage, suffix in (("comparisons", ""), ("early_comparisons", EARLY))
+    }
+    return {
+        "pretrained": a,
+        "random": b,
+        "curves": {label: runs[label]["curve"] for label in (a, b)},
+        **found,
+    }
 
 
 # ---------------------------------------------------------------------------- the plot
@@ -356,7 +375,7 @@ def transfer_plot(results: Mapping[str, Any], path: Path) -> Path:
             label=f"threshold {results['threshold']}",
         )
         axis.set_title(
-            f"{name} on federation B ({seeds_text(results)}; mean curve), "
+            f"{name} on federation B ({_seeds(results)}; mean curve), "
             f"{budget['rounds']} rounds x {budget['local_steps']} steps\n"
             f"pretrained: FedAvg base, federation A (seed {results['base']['federation_seed']}), "
             f"{budget['base_rounds']} rounds",
@@ -383,13 +402,12 @@ def _auc(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def seeds_text(results: Mapping[str, Any]) -> str:
-    seeds = results["target_seeds"]
-    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}..{seeds[-1]}"
+def _seeds(results: Mapping[str, Any]) -> str:
+    return seeds_text(results["target_seeds"])
 
 
 def _where(results: Mapping[str, Any], rounds: int) -> str:
-    return f"federation B ({seeds_text(results)}), {rounds} rounds"
+    return f"federation B ({_seeds(results)}), {rounds} rounds"
 
 
 def _verdicts(results: Mapping[str, Any], pair: Mapping[str, Any]) -> list[str]:
@@ -456,11 +474,11 @@ def _rounds_sentence(results: Mapping[str, Any], pair: Mapping[str, Any]) -> str
 def caption(results: Mapping[str, Any]) -> str:
     b = results["budget"]
     d = results["device"]
-    where = d.get("gpu") or d.get("cpu") or ""
+    where = machine_text(d)
     size = "" if b["image_size"] is None else f", fundus images {b['image_size']} px"
     return (
         f"`{results['command']}` (federation A: seed {results['base']['federation_seed']}, "
-        f"federation B: {seeds_text(results)}; {b['n_per_site']} scans per site"
+        f"federation B: {_seeds(results)}; {b['n_per_site']} scans per site"
         f"{size}; base {b['base_rounds']} rounds, each run {b['rounds']} rounds, x "
         f"{b['local_steps']} local steps; backbone {results['backbone']}; {d['run']}"
         f"{', ' + where if where else ''}; {results['seconds_total']:.0f} s in all)"
@@ -479,7 +497,7 @@ def transfer_markdown(
         f"A FedAvg base trained {b['base_rounds']} rounds on synthetic fundus federation A "
         f"(seed {base['federation_seed']}; its worst-site test AUC there "
         f"{_auc(base['worst_site_test_auc'])}) is the starting point (`--init`) of LoRA and FedDRM "
-        f"on federations B ({seeds_text(results)}, each seed its own data and training: other "
+        f"on federations B ({_seeds(results)}, each seed its own data and training: other "
         "patients and scans from the same generator); each also trains on B from seeded "
         f"random weights. Every run: {b['rounds']} rounds x {b['local_steps']} local steps "
         f"(and separately {b['early_rounds']}), backbone {results['backbone']}. LoRA from the base "
