@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -147,54 +148,272 @@ MAX_BATCH_SIZE = 65_536
 MAX_CONCURRENCY = 256
 
 
+# Bounds a setting may declare, and the test its value must pass; comparisons are false for NaN,
+# so a NaN fails each range check.
+SETTING_BOUNDS: dict[str, Callable[[Any, Any], bool]] = {
+    "min": lambda value, bound: bound <= value,
+    "above": lambda value, bound: bound < value,
+    "max": lambda value, bound: value <= bound,
+    "below": lambda value, bound: value < bound,
+    "choices": lambda value, bound: value in bound,
+}
+
+
+def setting(
+    default: Any = MISSING,
+    *,
+    help: str,
+    option: str | None,
+    factory: Callable[[], Any] | None = None,
+    problem: str = "",
+    **bounds: Any,
+) -> Any:
+    """A training setting, declared once: its default; its help, where ``{default}`` marks the
+    place help shows the default and ``{config}`` the option naming a settings file; the
+    command-line option that sets it (None: a settings file only); the bounds its value keeps
+    (min, max inclusive; above, below exclusive; choices) and the ``problem`` that refuses a
+    value outside them, with ``{setting}``, ``{value}`` and the bounds' names as placeholders."""
+    unknown = set(bounds) - set(SETTING_BOUNDS)
+    if unknown or bool(bounds) != bool(problem):
+        raise TypeError(
+            f"setting: bounds {sorted(bounds)} need a problem text; known bounds: "
+            f"{list(SETTING_BOUNDS)}"
+        )
+    metadata = {"help": help, "option": option, "problem": problem, "bounds": bounds}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def setting_problems(config: Any) -> list[str]:
+    """What each of a settings dataclass's values breaks of its declared bounds, in words."""
+    out = []
+    for spec in fields(config):
+        bounds = spec.metadata.get("bounds", {})
+        value = getattr(config, spec.name)
+        if all([SETTING_BOUNDS[kind](value, bound) for kind, bound in bounds.items()]):
+            continue
+        option = spec.metadata["option"]
+        words = {"setting": f"{spec.name} ({option})" if option else spec.name, "value": value}
+        words |= {k: list(b) if k == "choices" else b for k, b in bounds.items()}
+        out.append(spec.metadata["problem"].format_map(words))
+    return out
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything that decides a training run besides the sites themselves."""
 
-    algorithm: str
-    params: dict[str, Any] = field(default_factory=dict)
-    rounds: int = 60
-    local_steps: int = 3
-    batch_size: int = 32
+    algorithm: str = setting(
+        help="Algorithm (listed below); required without {config}.", option="--algorithm"
+    )
+    params: dict[str, Any] = setting(
+        factory=dict,
+        help="Algorithm parameter NAME=VALUE (repeatable; merged over {config}'s params).",
+        option="--param",
+    )
+    rounds: int = setting(
+        60,
+        help="Communication rounds {default}.",
+        option="--rounds",
+        min=1,
+        max=MAX_ROUNDS,
+        problem="{setting} must be between 1 and {max}, got {value}",
+    )
+    local_steps: int = setting(
+        3,
+        help="Local optimizer steps per round {default}.",
+        option="--local-steps",
+        min=1,
+        max=MAX_LOCAL_STEPS,
+        problem="{setting} must be >= 1 and at most {max}, got {value}",
+    )
+    batch_size: int = setting(
+        32,
+        help="Local minibatch size {default}.",
+        option="--batch-size",
+        min=1,
+        max=MAX_BATCH_SIZE,
+        problem="{setting} must be >= 1 and at most {max}, got {value}",
+    )
     # AdamW learns the small demo budgets far faster than SGD; "sgd" (momentum, as in the FedDRM
     # reference code) is there for long runs. Few local steps keep FedDRM's client head from
     # drifting toward "every scan is mine" between aggregations.
-    optimizer: str = "adam"
-    lr: float = 0.002
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    seed: int = 0
-    backbone: str = "auto"  # GroupNorm cnn / monai3d (BatchNorm ones for FedBN, FedDRM)
-    device: str = "auto"  # one of DEVICES
-    # Sites of a round trained at once in one process (0: auto; see medfed.federation.lanes).
-    # Results do not depend on it at equal threads per site.
-    concurrency: int = 0
-    client_fraction: float = 1.0
-    min_sites: int = 1
-    site_timeout_s: float = 0.0  # 0: no limit on one site's local work
-    augment: str = "flip"  # one of AUGMENTATIONS; "flip" is used only where the modality allows
-    # How every site normalizes its scans: with its own training statistics ("site"), or with
-    # statistics pooled over the federation ("federation": per-channel counts, sums and sums of
-    # squares travel, never images), so that a scan of unknown origin meets every model alike.
-    normalization: str = "site"  # one of NORMALIZATIONS
-    # Where each site's operating point sits, chosen on its validation split:
-    # "specificity:0.90", "youden" or "threshold:0.5" (see medfed.metrics.OperatingRule).
-    operating_point: str = DEFAULT_OPERATING_RULE
-    wire_precision: str = "float32"  # one of WIRE_PRECISIONS
-    wire_delta: bool = False  # send differences to the global state the site holds
-    faults: tuple[str, ...] = ()
-    keep_checkpoints: int = 2
-    # Starting weights (--init): a finished run's folder, a safetensors or state-dict file, or
-    # torchvision:resnet18 from the local hub cache; "" starts from seeded random weights.
-    init: str = ""
-    init_strict: bool = False  # refuse any backbone tensor the init does not provide
-    # Sample-level differential privacy at every site (DP-SGD; see DPSettings): a budget
-    # epsilon per site and/or a noise multiplier; 0 leaves training as it is.
-    dp_epsilon: float = 0.0
-    dp_delta: float = 0.0
-    dp_clip: float = 1.0
-    dp_noise: float = 0.0
-    dp_accountant: str = "rdp"
+    optimizer: str = setting(
+        "adam",
+        help="adam (AdamW) or sgd (momentum 0.9) {default}.",
+        option="--optimizer",
+        choices=("sgd", "adam"),
+        problem="{setting} must be sgd or adam",
+    )
+    lr: float = setting(
+        0.002,
+        help="Initial learning rate, cosine decay (default: the modality's, 0.002 for fundus, "
+        "0.0003 for CT).",
+        option="--lr",
+        above=0,
+        below=math.inf,
+        problem="{setting} must be a number > 0, got {value}",
+    )
+    momentum: float = setting(
+        0.9,
+        help="SGD's momentum {default}.",
+        option=None,
+        min=0,
+        below=1,
+        problem="{setting} must be in [0, 1)",
+    )
+    weight_decay: float = setting(
+        5e-4,
+        help="The optimizer's weight decay {default}.",
+        option=None,
+        min=0,
+        below=math.inf,
+        problem="{setting} must be a number >= 0",
+    )
+    seed: int = setting(
+        0,
+        help="Random seed {default}.",
+        option="--seed",
+        min=0,
+        below=2**63,
+        problem="{setting} must be an integer >= 0, got {value}",
+    )
+    # GroupNorm cnn / monai3d (BatchNorm ones for FedBN, FedDRM)
+    backbone: str = setting("auto", help="Backbone (listed below) {default}.", option="--backbone")
+    device: str = setting(
+        "auto",
+        help=f"{', '.join(DEVICES)} {{default}}.",
+        option="--device",
+        choices=DEVICES,
+        problem="{setting} must be one of {choices}",
+    )
+    # Results do not depend on it at equal threads per site (see medfed.federation.lanes).
+    concurrency: int = setting(
+        0,
+        help="Sites trained at once in this process, the cores divided between them (CPU) or "
+        "on their own CUDA streams; 0: auto (every site of the round at once for 2-D scans on a "
+        "CPU of 2+ cores; one by one for CT volumes and on a GPU); 1: one by one.",
+        option="--concurrency",
+        min=0,
+        max=MAX_CONCURRENCY,
+        problem="{setting} must be 0 (auto) or a number of sites from 1 to {max}, got {value}",
+    )
+    client_fraction: float = setting(
+        1.0,
+        help="Share of sites per round {default}.",
+        option="--client-fraction",
+        above=0,
+        max=1,
+        problem="{setting} must be in (0, 1], got {value}",
+    )
+    min_sites: int = setting(
+        1,
+        help="Fewest usable updates to aggregate {default}.",
+        option="--min-sites",
+        min=1,
+        problem="{setting} must be >= 1",
+    )
+    site_timeout_s: float = setting(
+        0.0,
+        help="Seconds per site per round, 0: none {default}.",
+        option="--site-timeout",
+        min=0,
+        below=math.inf,
+        problem="{setting} must be a number of seconds >= 0 (0: no limit)",
+    )
+    # "flip" is used only where the modality allows.
+    augment: str = setting(
+        "flip",
+        help="Training augmentation: flip (left-right, fundus only) or none {default}.",
+        option="--augment",
+        choices=AUGMENTATIONS,
+        problem="augment must be one of {choices} (--augment)",
+    )
+    # Pooled statistics ("federation": per-channel counts, sums and sums of squares travel,
+    # never images) let a scan of unknown origin meet every model alike.
+    normalization: str = setting(
+        "site",
+        help="site (each site's own training statistics), federation (statistics pooled over "
+        "the sites: counts and sums travel, never scans) or imagenet (fixed, for ImageNet "
+        "weights) {default}.",
+        option="--normalization",
+        choices=NORMALIZATIONS,
+        problem="normalization must be one of {choices} (--normalization)",
+    )
+    # Parsed by medfed.metrics.OperatingRule.
+    operating_point: str = setting(
+        DEFAULT_OPERATING_RULE,
+        help="Each site's threshold, chosen on its validation split: specificity:0.90, youden "
+        "or threshold:0.5 {default}.",
+        option="--operating-point",
+    )
+    wire_precision: str = setting(
+        "float32",
+        help="Update encoding (listed below) {default}.",
+        option="--wire-precision",
+        choices=WIRE_PRECISIONS,
+        problem="wire_precision must be one of {choices} (--wire-precision)",
+    )
+    wire_delta: bool = setting(
+        False,
+        help="Send differences to the global state each site holds {default}.",
+        option="--wire-delta",
+    )
+    faults: tuple[str, ...] = setting(
+        (),
+        help=f"Resilience drill ROUND:SITE:KIND, KIND one of {', '.join(FAULT_KINDS)} "
+        "(repeatable).",
+        option="--inject-fault",
+    )
+    keep_checkpoints: int = setting(
+        2,
+        help="Round checkpoints kept in the run directory, the newest {default}.",
+        option=None,
+        min=1,
+        problem="{setting} must be >= 1",
+    )
+    # "" starts from seeded random weights.
+    init: str = setting(
+        "",
+        help="Starting weights: a finished run's folder (its global weights), a .safetensors or "
+        "state-dict file (.pt/.pth, tensors only), or torchvision:resnet18 from the local torch "
+        "hub cache (never downloaded); default: seeded random.",
+        option="--init",
+    )
+    init_strict: bool = setting(
+        False,
+        help="Refuse to start when --init leaves any backbone tensor unloaded.",
+        option="--init-strict",
+    )
+    # Sample-level differential privacy at every site (DP-SGD); DPSettings checks the values.
+    dp_epsilon: float = setting(
+        0.0,
+        help="Differential privacy: each site's budget epsilon (DP-SGD through Opacus; the noise "
+        "is set to spend it over the planned run, and a site stops before it would overspend).",
+        option="--dp-epsilon",
+    )
+    dp_delta: float = setting(
+        0.0,
+        help="Differential privacy: delta (default: 0.1 / each site's n train).",
+        option="--dp-delta",
+    )
+    dp_clip: float = setting(
+        1.0,
+        help="Differential privacy: per-scan gradient norm bound {default}.",
+        option="--dp-clip",
+    )
+    dp_noise: float = setting(
+        0.0,
+        help="Differential privacy: noise multiplier sigma (default: from --dp-epsilon); with "
+        "--dp-epsilon too, sites stop once their budget is spent.",
+        option="--dp-noise",
+    )
+    dp_accountant: str = setting(
+        "rdp",
+        help="Differential privacy: rdp or prv {default}.",
+        option="--dp-accountant",
+    )
 
     @property
     def dp(self) -> DPSettings:
@@ -203,61 +422,9 @@ class TrainConfig:
         )
 
     def __post_init__(self) -> None:
-        # Comparisons are false for NaN, so a NaN fails each range check below.
-        checks = [
-            (
-                1 <= self.rounds <= MAX_ROUNDS,
-                f"rounds (--rounds) must be between 1 and {MAX_ROUNDS}, got {self.rounds}",
-            ),
-            (
-                1 <= self.local_steps <= MAX_LOCAL_STEPS,
-                f"local_steps (--local-steps) must be >= 1 and at most {MAX_LOCAL_STEPS}, "
-                f"got {self.local_steps}",
-            ),
-            (
-                1 <= self.batch_size <= MAX_BATCH_SIZE,
-                f"batch_size (--batch-size) must be >= 1 and at most {MAX_BATCH_SIZE}, "
-                f"got {self.batch_size}",
-            ),
-            (0 < self.lr < math.inf, f"lr (--lr) must be a number > 0, got {self.lr}"),
-            (self.optimizer in ("sgd", "adam"), "optimizer (--optimizer) must be sgd or adam"),
-            (0 <= self.momentum < 1, "momentum must be in [0, 1)"),
-            (0 <= self.weight_decay < math.inf, "weight_decay must be a number >= 0"),
-            (self.device in DEVICES, f"device (--device) must be one of {list(DEVICES)}"),
-            (
-                0 <= self.concurrency <= MAX_CONCURRENCY,
-                f"concurrency (--concurrency) must be 0 (auto) or a number of sites from 1 to "
-                f"{MAX_CONCURRENCY}, got {self.concurrency}",
-            ),
-            (
-                0 < self.client_fraction <= 1,
-                "client_fraction (--client-fraction) must be in (0, 1], "
-                f"got {self.client_fraction}",
-            ),
-            (self.min_sites >= 1, "min_sites (--min-sites) must be >= 1"),
-            (0 <= self.seed < 2**63, f"seed (--seed) must be an integer >= 0, got {self.seed}"),
-            (
-                0 <= self.site_timeout_s < math.inf,
-                "site_timeout_s (--site-timeout) must be a number of seconds >= 0 (0: no limit)",
-            ),
-            (self.keep_checkpoints >= 1, "keep_checkpoints must be >= 1"),
-            (
-                self.wire_precision in WIRE_PRECISIONS,
-                f"wire_precision must be one of {list(WIRE_PRECISIONS)} (--wire-precision)",
-            ),
-            (
-                self.augment in AUGMENTATIONS,
-                f"augment must be one of {list(AUGMENTATIONS)} (--augment)",
-            ),
-            (
-                self.normalization in NORMALIZATIONS,
-                f"normalization must be one of {list(NORMALIZATIONS)} (--normalization)",
-            ),
-        ]
-        checks += [(False, problem) for problem in self.dp.problems()]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(f"training setting: {message}")
+        problems = [*setting_problems(self), *self.dp.problems()]
+        if problems:
+            raise ConfigError(f"training setting: {problems[0]}")
         if self.init_strict and not self.init:
             raise ConfigError(
                 "training setting: init_strict (--init-strict) needs starting weights; "
