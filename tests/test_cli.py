@@ -180,3 +180,85 @@ def test_a_file_the_system_refuses_is_named_not_a_traceback(capsys) -> None:
     err = capsys.readouterr().err
     assert err.startswith("error: /data/site/scan.png: Permission denied;")
     assert "Traceback" not in err
+
+
+def _commands(group, path=()):
+    """(name, click command) of every command and command group under ``group``."""
+    for name, command in group.commands.items():
+        yield " ".join((*path, name)), command
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*path, name))
+
+
+def test_help_groups_every_command_by_what_a_user_does() -> None:
+    import typer.main
+
+    from medfed.cli.common import PANELS
+
+    top = typer.main.get_command(app)
+    panels = {
+        name: getattr(command, "rich_help_panel", None) for name, command in top.commands.items()
+    }
+    assert not [name for name, panel in panels.items() if panel not in PANELS], panels
+    assert set(panels.values()) == set(PANELS)
+    text = runner.invoke(app, ["--help"], terminal_width=100).output
+    headings = [text.index(f"─ {panel} ─") for panel in PANELS]
+    assert headings == sorted(headings), "the groups are shown in PANELS' order"
+    for name, panel in panels.items():
+        after = text.index(f"─ {panel} ─")
+        following = [i for i in headings if i > after]
+        shown = text.index(f"│ {name} ", after)
+        assert not following or shown < following[0], f"{name} is not under {panel}"
+
+
+def test_each_command_help_opens_with_one_sentence_of_one_line() -> None:
+    """The command lists show a help's first paragraph; a line break in it would break a
+    sentence mid-line at any terminal width but the source's."""
+    import typer.main
+
+    for name, command in _commands(typer.main.get_command(app)):
+        paragraphs = (command.help or "").split("\n\n")
+        assert paragraphs[0] and all("\n" not in p for p in paragraphs), name
+        assert len(paragraphs[0]) <= 90, f"{name}: a shorter first paragraph, details after"
+
+
+def test_every_training_setting_declares_its_help_and_one_option() -> None:
+    """A setting is declared once, in TrainConfig: a new one cannot go without its help and
+    option (or option=None: a settings file only), and train's options come from them."""
+    import typer.main
+
+    from medfed.config import TrainConfig
+
+    train = typer.main.get_command(app).commands["train"]
+    opts = {opt: param for param in train.params for opt in param.opts}
+    declared = list(fields(TrainConfig))
+    assert all(spec.metadata.get("help") for spec in declared)
+    assert all("option" in spec.metadata for spec in declared)
+    options = [spec.metadata["option"] for spec in declared if spec.metadata["option"]]
+    assert len(options) == len(set(options))
+    for spec in declared:
+        option = spec.metadata["option"]
+        if option is None:
+            continue
+        param = opts[option]
+        assert param.name == spec.name and param.help and "{" not in param.help, spec.name
+    file_only = {spec.name for spec in declared if spec.metadata["option"] is None}
+    assert file_only == {"momentum", "weight_decay", "keep_checkpoints"}
+
+
+def test_a_setting_out_of_its_declared_bounds_is_refused_in_its_words() -> None:
+    from medfed.config import TrainConfig
+
+    with pytest.raises(ConfigError, match=r"rounds \(--rounds\) must be between 1 and 100000"):
+        TrainConfig(algorithm="fedavg", rounds=0)
+    with pytest.raises(ConfigError, match=r"^training setting: momentum must be in \[0, 1\)$"):
+        TrainConfig(algorithm="fedavg", momentum=float("nan"))
+
+
+def test_only_the_options_given_override_a_stored_setting() -> None:
+    from medfed.cli.settings import given_settings
+
+    given = given_settings(
+        {"rounds": None, "seed": 7, "params": ["lam=0.9"], "faults": [], "init": ""}
+    )
+    assert given == {"seed": 7, "params": {"lam": "0.9"}, "init": ""}

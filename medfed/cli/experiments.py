@@ -1,0 +1,292 @@
+"""Experiments: ``medfed demo``, ``bench``, ``transfer``, ``privacy-curve``, ``gpu-check`` and
+``bench-deploy``."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from medfed.cli.common import (
+    EXPERIMENTS,
+    adder,
+    check_methods,
+    check_readme,
+    friendly,
+    named_folder,
+)
+from medfed.config import Modality
+from medfed.errors import ConfigError, require_extra
+from medfed.fileio import check_out_folder
+
+
+@friendly
+def demo(
+    out: Annotated[
+        Path, typer.Option(help="Folder for the data and the runs.", callback=named_folder)
+    ] = Path("demo_out"),
+    quick: Annotated[bool, typer.Option(help="A smaller budget (under 3 minutes).")] = False,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    modality: Annotated[
+        str,
+        typer.Option(
+            help="fundus (three sites), ct (two CT sites) or all (each into OUT/fundus, OUT/ct)."
+        ),
+    ] = "fundus",
+    update_readme: Annotated[
+        Path | None, typer.Option(help="Write the table into this README's demo section.")
+    ] = None,
+) -> None:
+    """Synthesize a federation, train FedDRM and baselines, print the comparison."""
+    from medfed.experiments.demo import DEMO_MARKERS, demo_modalities, run_demos
+
+    for chosen in demo_modalities(modality):
+        check_readme(update_readme, DEMO_MARKERS[chosen])
+    check_out_folder(out)
+    run_demos(out, modality, quick=quick, seed=seed, echo=typer.echo, readme=update_readme)
+
+
+@friendly
+def bench(
+    quick: Annotated[
+        bool, typer.Option(help="Smaller budgets and 2 seeds (about 19 minutes on 2 cores).")
+    ] = False,
+    seeds: Annotated[
+        int | None, typer.Option(help="Seeds 0..N-1 (default 3, or 2 with --quick).")
+    ] = None,
+    out: Annotated[
+        Path, typer.Option(help="Folder for data, runs and results.", callback=named_folder)
+    ] = Path("bench_out"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print results.json.")] = False,
+    modality: Annotated[str, typer.Option(help="fundus, ct or all.")] = "all",
+    update_readme: Annotated[
+        Path | None,
+        typer.Option(help="Write the tables into this README's bench section, with plots."),
+    ] = None,
+    fundus_budget: Annotated[
+        str | None, typer.Option(hidden=True, help="SCANSxROUNDSxSTEPS (tests).")
+    ] = None,
+    ct_budget: Annotated[str | None, typer.Option(hidden=True, help="SCANSxROUNDSxSTEPS.")] = None,
+    image_size: Annotated[
+        int | None, typer.Option(hidden=True, help="Native fundus image height (tests).")
+    ] = None,
+    speed_rounds: Annotated[
+        int | None, typer.Option(hidden=True, help="Rounds of the engine-overhead runs.")
+    ] = None,
+    backbone_rounds: Annotated[
+        int | None, typer.Option(hidden=True, help="Timed rounds per CT backbone (default 3).")
+    ] = None,
+    memory_patients: Annotated[
+        int | None,
+        typer.Option(help="Patients of the CT site whose loading memory is measured (500)."),
+    ] = None,
+    methods: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--method",
+            help="Train only these methods, named as the bench's tables name them (repeatable; "
+            "fedavg among them); default: every method.",
+        ),
+    ] = None,
+) -> None:
+    """Every method on the synthetic fundus and CT federations over several seeds.
+
+    With speed figures; writes OUT/results.json, OUT/results.md and PNG plots."""
+    from medfed.experiments.bench import BenchPlan, run_bench
+
+    plan = BenchPlan.make(
+        quick=quick,
+        seeds=seeds,
+        modalities=tuple(map(str, Modality)) if modality == "all" else (modality,),
+        fundus_budget=fundus_budget,
+        ct_budget=ct_budget,
+        image_size=image_size,
+        speed_rounds=speed_rounds,
+        backbone_rounds=backbone_rounds,
+        memory_patients=memory_patients,
+        methods=tuple(methods or ()),
+    )
+    check_methods(plan.methods, 0)
+    check_readme(update_readme, plan.marker)
+    check_out_folder(out)
+    echo = functools.partial(typer.echo, err=as_json)
+    results = run_bench(out, plan, echo=echo, readme=update_readme)
+    if as_json:
+        typer.echo(json.dumps(results, indent=2))
+
+
+@friendly
+def transfer(
+    out: Annotated[
+        Path,
+        typer.Option(help="Folder for the data, the runs and the results.", callback=named_folder),
+    ] = Path("transfer_out"),
+    quick: Annotated[
+        bool, typer.Option(help="A smaller budget (about 5 minutes on 2 cores).")
+    ] = False,
+    update_readme: Annotated[
+        Path | None,
+        typer.Option(help="Write the results into this README's transfer section, with the plot."),
+    ] = None,
+) -> None:
+    """LoRA and FedDRM started from a FedAvg base trained on another federation.
+
+    A FedAvg base from one synthetic federation as the start of LoRA and FedDRM on another,
+    against random weights: curves, 95% CIs and paired comparisons (OUT/transfer.md)."""
+    check_readme(update_readme, "transfer")
+    check_out_folder(out)
+    from medfed.experiments.transfer import run_transfer
+
+    run_transfer(out, quick=quick, echo=typer.echo, readme=update_readme)
+
+
+@friendly
+def privacy_curve(
+    out: Annotated[
+        Path,
+        typer.Option(help="Folder for the data, the runs and the results.", callback=named_folder),
+    ] = Path("privacy_out"),
+    quick: Annotated[
+        bool, typer.Option(help="A smaller budget, one seed (about 10 minutes on 2 cores).")
+    ] = False,
+    update_readme: Annotated[
+        Path | None,
+        typer.Option(help="Write the results into this README's privacy section, with the plot."),
+    ] = None,
+) -> None:
+    """What differential privacy costs: FedAvg and FedDRM at epsilon 1, 3, 8 and without DP.
+
+    Worst-site AUC with 95% CIs and paired differences (OUT/privacy.md, OUT/privacy.png)."""
+    check_readme(update_readme, "privacy")
+    check_out_folder(out)
+    from medfed.experiments.privacy_curve import run_privacy_curve
+
+    run_privacy_curve(out, quick=quick, echo=typer.echo, readme=update_readme)
+
+
+@friendly
+def gpu_check(
+    out: Annotated[
+        Path, typer.Option(help="Folder for the data, runs and results.", callback=named_folder)
+    ] = Path("gpu_check_out"),
+    short: Annotated[
+        bool,
+        typer.Option(help="Tiny data, no bench: checks the check itself (a minute on a CPU)."),
+    ] = False,
+    bench: Annotated[
+        bool | None,
+        typer.Option(help="Run the bench's quick table too (default: yes, unless --short)."),
+    ] = None,
+    algorithm: Annotated[
+        list[str] | None,
+        typer.Option(help="Check only this algorithm (repeatable; default: every one)."),
+    ] = None,
+    modality: Annotated[
+        list[str] | None, typer.Option(help="fundus and/or ct (repeatable; default: both).")
+    ] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(help="The device to check against the CPU (default: cuda, else cpu-bf16)."),
+    ] = None,
+) -> None:
+    """Check the GPU path end to end against the CPU. Exits 1 when anything failed.
+
+    Every algorithm on the GPU against the CPU (same seed, figures within tolerance), images
+    per second per backbone, peak GPU memory, the bench's quick table; OUT/gpu_check.json and
+    OUT/gpu_check.md."""
+    check_out_folder(out)
+    from medfed.experiments.gpucheck import FULL, MODALITIES, SHORT, run_gpu_check
+
+    budget = SHORT if short else FULL
+    if bench is not None:
+        budget = dataclasses.replace(budget, bench=bench)
+    results = run_gpu_check(
+        out,
+        budget=budget,
+        algorithms=algorithm or None,
+        modalities=tuple(modality or MODALITIES),
+        device=device,
+        echo=typer.echo,
+    )
+    if not results["ok"]:
+        raise typer.Exit(1)
+
+
+@friendly
+def bench_deploy(
+    out: Annotated[
+        Path, typer.Option(help="Folder for data, runs and results.", callback=named_folder)
+    ] = Path("bench_deploy_out"),
+    rounds: Annotated[
+        int, typer.Option(help="Rounds of each run (the first and the last are left out).")
+    ] = 5,
+    local_steps: Annotated[int, typer.Option(help="Local steps per round.")] = 10,
+    backbone: Annotated[str, typer.Option(help="The model (a fundus backbone).")] = "cnn-gn",
+    image_size: Annotated[int, typer.Option(help="Fundus input size in pixels.")] = 128,
+    without_workers: Annotated[
+        bool, typer.Option(help="Also measure the deployment without resident workers.")
+    ] = True,
+    # \[ : rich help would read a bare [default: ...] as a style tag and drop it.
+    task_poll: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds between each SuperExec's looks for a task to start "
+            "(FLWR_SUPEREXEC_TASK_POLL_INTERVAL) \\[default: 0.1; Flower's own: 1]",
+            show_default=False,
+        ),
+    ] = None,
+    update_readme: Annotated[
+        Path | None, typer.Option(help="Write the table into this README's deploy-bench section.")
+    ] = None,
+    n_per_site: Annotated[int, typer.Option(hidden=True, help="Scans per site (tests).")] = 64,
+) -> None:
+    """A deployed round on loopback against the same round in one process.
+
+    A SuperLink and a SuperNode per site, on Flower, side by side with the in-process engine;
+    writes OUT/deploy-bench.json and .md."""
+    require_extra("flwr", "flower", "medfed bench-deploy")
+    check_readme(update_readme, "deploy-bench")
+    check_out_folder(out)
+    if not 3 <= rounds <= 1000:
+        raise ConfigError(
+            f"--rounds must be 3..1000 (the first and the last rounds are left out), got {rounds}"
+        )
+    if not 32 <= image_size <= 1024:
+        raise ConfigError(f"--image-size must be 32..1024 pixels, got {image_size}")
+    if task_poll is not None and not 0.01 <= task_poll <= 60:  # what Flower 1.42 accepts
+        raise ConfigError(f"--task-poll must be 0.01..60 seconds, got {task_poll:g}")
+    from medfed.experiments.deploy_speed import MARKER, DeployBenchPlan, markdown, run_deploy_bench
+    from medfed.runs.report import replace_marked_section
+
+    plan = DeployBenchPlan(
+        n_per_site=n_per_site,
+        image_size=image_size,
+        backbone=backbone,
+        rounds=rounds,
+        local_steps=local_steps,
+        without_workers=without_workers,
+        **({} if task_poll is None else {"task_poll_s": task_poll}),
+    )
+    plan.config()  # a bad backbone or budget is refused before anything starts
+    results = run_deploy_bench(out, plan)
+    typer.echo(markdown(results))
+    if update_readme is not None:
+        text = update_readme.read_text(encoding="utf-8")
+        update_readme.write_text(
+            replace_marked_section(text, MARKER, markdown(results)), encoding="utf-8"
+        )
+        typer.echo(f"updated the {MARKER} section of {update_readme}")
+
+
+def register(app: typer.Typer) -> None:
+    add = adder(app, EXPERIMENTS)
+    add(demo)
+    add(bench)
+    add(transfer)
+    add(privacy_curve, "privacy-curve")
+    add(gpu_check, "gpu-check")
+    add(bench_deploy, "bench-deploy")

@@ -1,0 +1,193 @@
+"""Serving and review: ``medfed route``, ``review`` and ``dashboard``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from medfed.cli.common import SERVING, adder, friendly, with_registries
+from medfed.config import DEVICES
+from medfed.errors import ConfigError, require_extra
+from medfed.fileio import check_out_folder
+
+
+@friendly
+def review(
+    run: Annotated[Path, typer.Argument(help="A run directory scans were routed with.")],
+    export: Annotated[
+        Path | None,
+        typer.Option(
+            "--export",
+            help="Write the reads to this CSV (scan_id, routed_time, file, sha256, status, "
+            "chosen_site, prediction, prediction_prob, reader, read, note, time): every read, "
+            "then a blank row per scan nobody has read, to fill in reader, read (a class of the "
+            "run or 'ungradable'), note and time.",
+        ),
+    ] = None,
+    import_: Annotated[
+        Path | None,
+        typer.Option(
+            "--import",
+            help="Add the reads of this CSV (columns scan_id, reader, read; optional note, time "
+            "in ISO 8601, UTC when no offset). Every row is checked first: one bad row refuses "
+            "the whole file. Blank rows and reads already recorded are skipped.",
+        ),
+    ] = None,
+    figures: Annotated[
+        Path | None, typer.Option("--figures", help="Also write the figures to this CSV.")
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Window start, inclusive (ISO 8601, e.g. 2026-11-01; UTC by default)."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Window end, exclusive (ISO 8601; default: now).")
+    ] = None,
+    by: Annotated[
+        str,
+        typer.Option(
+            help="Window on the reads' time ('read') or on the scans' routing time ('routed')."
+        ),
+    ] = "read",
+) -> None:
+    """Clinician review of routed scans: prospective figures, disagreements, reads.
+
+    Print the prospective figures (per site and for the system, each with its 95% CI and n)
+    and the scans whose readers disagree; exchange reads with sites that read outside the
+    dashboard (--export, --import)."""
+    from medfed.runs import RunDir
+    from medfed.runs.report import PROSPECTIVE_LEGEND, prospective_table
+    from medfed.serving.review import Review, Window, write_figures_csv
+
+    if export is not None and import_ is not None:
+        raise ConfigError("give --export or --import, not both: export after the import instead")
+    RunDir(run).require()
+    window = Window(since, until, by)  # type: ignore[arg-type]  (checked by Window)
+    work = Review(run)
+    labels = work.labels
+    if export is not None:
+        check_out_folder(export.parent, f"--export {export}: its folder")
+        written = work.export_reads(export)
+        typer.echo(f"wrote {export}: {written} row(s); fill in reader and read, then --import it")
+        return
+    if import_ is not None:
+        done = work.import_reads(import_)
+        typer.echo(f"imported {done.added} read(s) from {import_}; {done.skipped} row(s) skipped")
+    result = work.figures(window)
+    typer.echo(
+        f"prospective review of {run} ({window.describe()}): {result.n_reads} read(s) of "
+        f"{result.n_scans} scan(s); classes {', '.join(labels.classes)}"
+        + (f", positive {labels.positive}" if labels.positive else "")
+    )
+    if not work.log.path.is_file():
+        typer.echo(f"no scan has been routed with {run} yet; route scans with 'medfed route'")
+    else:
+        typer.echo(prospective_table(result.rows()))
+        typer.echo(PROSPECTIVE_LEGEND)
+    for d in work.disagreements(window):
+        reads = ", ".join(f"{who}: {what}" for who, what in d.reads.items())
+        typer.echo(f"readers disagree on scan {d.scan_id} ({d.file}): {reads}")
+    if figures is not None:
+        check_out_folder(figures.parent, f"--figures {figures}: its folder")
+        write_figures_csv(result, figures)
+        typer.echo(f"wrote {figures}")
+
+
+@friendly
+def route(
+    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    files: Annotated[
+        list[str],  # text, not Path: Path('') would read as '.', the current folder
+        typer.Argument(
+            help="JPEG/PNG/TIFF/BMP photos, DICOM files or series folders, NIfTI (.nii, "
+            ".nii.gz); "
+            "a file given twice is answered once."
+        ),
+    ],
+    router: Annotated[str, typer.Option(help="auto or a router listed below.")] = "auto",
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print strict JSON instead of text: a list with one object per file, with the "
+            "fields time, file, sha256, router, status (routed, abstained or error), "
+            "chosen_site, site_probs, prediction, prediction_prob, ood_score and reason; "
+            "a value that is missing or not a number is null.",
+        ),
+    ] = False,
+    device: Annotated[str, typer.Option(help=f"{', '.join(DEVICES)}.")] = "auto",
+    audit: Annotated[
+        bool,
+        typer.Option(help="Append each decision to RUN/audit.sqlite (checked before routing)."),
+    ] = True,
+    progress: Annotated[
+        bool,
+        typer.Option(
+            help="Show a progress bar over the files (on a terminal, unless MEDFED_NO_PROGRESS "
+            "is set)."
+        ),
+    ] = True,
+) -> None:
+    """Send each scan to the site whose model fits it best (or abstain), and answer it.
+
+    Exit code 1 when any file could not be answered; the other files are still answered.
+    """
+    from medfed.names import printable
+    from medfed.serving.bundle import TrainedFederation
+    from medfed.serving.routers import make_router
+    from medfed.serving.service import distinct, route_files
+
+    if any(not name for name in files):
+        raise ConfigError(
+            "an empty scan path ('') was given; name each scan file or DICOM series folder"
+        )
+    fed = TrainedFederation.load(run, device)
+    chosen = make_router(router, fed)
+    unique, repeated = distinct([Path(name) for name in files])
+    for path, times in repeated.items():
+        shown = printable(str(path))
+        typer.echo(f"warning: {shown} was given {times} times; it is answered once", err=True)
+    results = route_files(fed, chosen, unique, run if audit else None, progress=progress)
+    if as_json:
+        rows = [r.to_dict() for r in results]
+        typer.echo(json.dumps(rows, indent=2, allow_nan=False))
+    else:
+        typer.echo(f"router: {chosen.name} ({fed.algorithm}, {len(fed.sites)} sites)")
+        for result in results:
+            typer.echo(result.describe())
+    if any(r.entry.status == "error" for r in results):
+        raise typer.Exit(1)
+
+
+@friendly
+def dashboard(
+    runs: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Run directories, or folders holding them (default: demo_out)."),
+    ] = None,
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1.", min=1, max=65535)] = 8501,
+    reviewer_header: Annotated[
+        str | None,
+        typer.Option(
+            "--reviewer-header",
+            help="Request header the Review page takes the reader's name from, as set by a "
+            "sign-in proxy in front of the dashboard ('' : none, the page asks for the name). "
+            "Default: $MEDFED_REVIEWER_HEADER, else X-Forwarded-User.",
+        ),
+    ] = None,
+) -> None:
+    """Open the clinician dashboard (Streamlit, on 127.0.0.1 only) over run directories."""
+    require_extra("streamlit", "dashboard", "medfed dashboard")
+    from medfed.dashboard.launch import launch
+
+    launch(runs or [Path("demo_out")], port, echo=typer.echo, reviewer=reviewer_header)
+
+
+def register(app: typer.Typer) -> None:
+    add = adder(app, SERVING)
+    add(route, cls=with_registries("routers"))
+    add(review)
+    add(dashboard)

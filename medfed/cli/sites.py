@@ -1,0 +1,138 @@
+"""Sites: ``medfed synth`` and ``medfed sites check|card``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from medfed.cli.common import CACHE_DIR_HELP, SITES, adder, friendly, named_folder
+from medfed.errors import ManifestError, MedfedError
+
+
+@friendly
+def synth(
+    out: Annotated[
+        Path,
+        typer.Option(help="Folder to write the synthetic sites into.", callback=named_folder),
+    ],
+    modality: Annotated[str, typer.Option(help="fundus, ct or all.")] = "all",
+    n_per_site: Annotated[
+        int | None,
+        typer.Option(help="Scans (fundus) or patients (CT) per site (default: 240 and 200)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same files.")] = 0,
+) -> None:
+    """Write synthetic sites in real on-disk layouts, with their manifests under OUT/sites/."""
+    from medfed.data.synth import synthesize
+
+    manifests = synthesize(out, modality=modality, n_per_site=n_per_site, seed=seed)
+    typer.echo(f"wrote {len(manifests)} site(s) under {out}:")
+    for path in manifests:
+        typer.echo(f"  {path}")
+    typer.echo(f"next: medfed sites check {out}/sites/*.toml")
+
+
+@friendly
+def sites_check(
+    manifests: Annotated[list[Path], typer.Argument(help="Site manifests (*.toml).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON.")] = False,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="Preprocessing cache folder.", callback=named_folder)
+    ] = None,
+) -> None:
+    """Validate sites before they join. Exit 0 ready, 1 problems found, 2 unusable manifest."""
+    from medfed.data.cache import TensorCache, default_cache_dir
+    from medfed.data.checks import check_manifests, overall_exit_code
+
+    cache = TensorCache(cache_dir or default_cache_dir())
+    reports = check_manifests(list(manifests), cache)
+    if as_json:
+        typer.echo(json.dumps([r.to_dict() for r in reports], indent=2))
+    else:
+        for report in reports:
+            _print_report(report)
+    raise typer.Exit(overall_exit_code(reports))
+
+
+def _print_report(report: Any) -> None:
+    if report.unusable:
+        typer.echo(f"[UNUSABLE] {report.manifest}\n  {report.unusable}\n")
+        return
+    status = "READY" if report.ready else "PROBLEMS"
+    typer.echo(f"[{status}] site {report.site} ({report.modality}, layout {report.layout})")
+    typer.echo(f"  manifest: {report.manifest}\n  root: {report.root}")
+    typer.echo(f"  scans: {report.n_records} listed, {report.n_readable} readable")
+    for split, per in report.counts.items():
+        typer.echo(f"  {split}: " + ", ".join(f"{k}={v}" for k, v in per.items()))
+    if report.sizes:
+        typer.echo(f"  sizes: {report.sizes}")
+    if report.intensity:
+        typer.echo(f"  intensity: {report.intensity}")
+    for other, d in report.distances.items():
+        typer.echo(f"  distance to {other} (MMD): {d:.4f}")
+    for warning in report.warnings:
+        typer.echo(f"  warning: {warning}")
+    if report.problems:
+        typer.echo(f"  {len(report.problems)} problem(s):")
+        for problem in report.problems:
+            typer.echo(f"    - {problem}")
+    typer.echo("")
+
+
+@friendly
+def sites_card(
+    manifest: Annotated[Path, typer.Argument(help="The site's manifest (*.toml).")],
+    others: Annotated[
+        list[Path] | None, typer.Option("--other", help="Other sites, for the distance section.")
+    ] = None,
+    out_dir: Annotated[
+        Path, typer.Option(help="Folder for the card.", callback=named_folder)
+    ] = Path("data_cards"),
+    cache_dir: Annotated[
+        Path | None, typer.Option(help=CACHE_DIR_HELP, callback=named_folder)
+    ] = None,
+) -> None:
+    """Write data_cards/<id>.md for a site: counts, ratio, acquisition, shifts, licence, ethics."""
+    from medfed.config import load_manifest
+    from medfed.data.cache import TensorCache, default_cache_dir
+    from medfed.data.cards import check_card_dir, write_card
+    from medfed.data.checks import check_manifests
+
+    check_card_dir(out_dir)
+    site = load_manifest(manifest)
+    seen = {site.id: manifest}
+    for other in others or []:
+        try:
+            other_id = load_manifest(other).id
+        except ManifestError:
+            continue  # the check below reports it as unusable
+        if other_id in seen:
+            raise ManifestError(
+                f"{other}: site id {other_id!r} is also the id of {seen[other_id]}; "
+                "give each site once (--other names the other sites)"
+            )
+        seen[other_id] = other
+    cache = TensorCache(cache_dir or default_cache_dir())
+    reports = check_manifests([manifest, *(others or [])], cache)
+    if reports[0].unusable:
+        raise MedfedError(reports[0].unusable)
+    for other in reports[1:]:
+        if other.unusable:
+            typer.echo(
+                f"warning: {other.manifest} is left out of the distance section: {other.unusable}",
+                err=True,
+            )
+    path = write_card(site, reports[0], out_dir)
+    typer.echo(f"wrote {path}")
+
+
+def register(app: typer.Typer) -> None:
+    adder(app, SITES)(synth)
+    sites_app = typer.Typer(help="Onboard sites: validate them and write their data cards.")
+    app.add_typer(sites_app, name="sites", rich_help_panel=SITES)
+    add = adder(sites_app)
+    add(sites_check, "check")
+    add(sites_card, "card")

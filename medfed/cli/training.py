@@ -1,0 +1,290 @@
+"""Training and evaluation: ``medfed train``, ``evaluate``, ``report`` and ``compare``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from medfed import __version__
+from medfed.cli.common import (
+    TRAINING,
+    adder,
+    check_methods,
+    check_readme,
+    friendly,
+    named_folder,
+    with_registries,
+)
+from medfed.cli.settings import given_settings, resolved_train_config, training_options
+from medfed.errors import ConfigError, ManifestError
+from medfed.fileio import check_out_folder
+
+if TYPE_CHECKING:
+    from medfed.config import RunConfigFile, SiteManifest
+    from medfed.data.sitedata import SiteData
+
+
+def _with_init_normalization(normalization: str | None, init_normalization: str | None):
+    """--init-normalization is --normalization for pretrained starts; both must agree."""
+    if init_normalization is None:
+        return normalization
+    if init_normalization not in ("imagenet", "site"):
+        raise ConfigError(
+            f"--init-normalization must be imagenet or site, got {init_normalization!r}"
+        )
+    if normalization is not None and normalization != init_normalization:
+        raise ConfigError(
+            f"--normalization {normalization} and --init-normalization {init_normalization} "
+            "disagree; give one of them"
+        )
+    return init_normalization
+
+
+def _stored_manifests(stored: RunConfigFile) -> list[SiteManifest]:
+    """The sites a run configuration lists: from each manifest file when it is still there,
+    otherwise rebuilt from the resolved manifest the file stores."""
+    from medfed.config import load_manifest
+    from medfed.serving.bundle import manifest_from_dict
+
+    manifests = []
+    for data in stored.sites:
+        path = str(data.get("manifest_path") or "")
+        if path and Path(path).is_file():
+            manifests.append(load_manifest(path))
+            continue
+        try:
+            manifest = manifest_from_dict(data)
+        except ManifestError as exc:
+            raise ManifestError(f"{stored.path}: site {data.get('id', '?')!r}: {exc}") from None
+        # Keep where it came from, so a resumed run's config.toml lists the same sites.
+        manifests.append(dataclasses.replace(manifest, manifest_path=Path(path) if path else None))
+    return manifests
+
+
+def _load_sites(
+    paths: list[Path], stored: RunConfigFile | None, cache_dir: Path | None, show: bool
+) -> list[SiteData]:
+    """The sites named on the command line, else those the run configuration lists."""
+    from medfed.data.cache import TensorCache, default_cache_dir
+    from medfed.data.sitedata import load_site
+    from medfed.federation.training import load_sites
+
+    if paths:
+        return load_sites(paths, cache_dir, progress=show)
+    if stored is not None and stored.sites:
+        cache = TensorCache(cache_dir if cache_dir is not None else default_cache_dir())
+        return [load_site(m, cache, progress=show) for m in _stored_manifests(stored)]
+    where_sites = f"{stored.path} lists no [[sites]]; " if stored else ""
+    raise ConfigError(
+        f"no sites to train on: {where_sites}pass --sites a.toml b.toml "
+        "(or --config RUN/config.toml, which lists the sites of that run)"
+    )
+
+
+def _print_outcome(summary: Any, out: Path, seconds: float) -> None:
+    """The run's site table and federation figures, then its last round's validation AUC."""
+    import math
+
+    from medfed.runs import RunDir
+    from medfed.runs.report import federation_lines, site_table
+
+    typer.echo(site_table(summary))
+    typer.echo("\n".join(federation_lines(summary)))
+    typer.echo(f"run directory: {out}")
+    last = [r for r in RunDir(out).read_metrics() if r.round == summary.rounds]
+    aucs = [r.validation.auc for r in last if r.validation and r.validation.auc is not None]
+    aucs = [a for a in aucs if math.isfinite(a)]
+    val = f"mean val AUC {sum(aucs) / len(aucs):.3f} (last round)" if aucs else "no val AUC"
+    typer.echo(f"trained {summary.rounds} rounds in {seconds:.1f} s; {val}")
+
+
+@friendly
+@training_options(config="--config")
+def train(
+    sites: Annotated[
+        list[Path] | None,
+        typer.Option("--sites", help="Site manifests (*.toml); default: the sites --config lists."),
+    ] = None,
+    more_sites: Annotated[
+        list[Path] | None, typer.Argument(help="More manifests: --sites a.toml b.toml c.toml")
+    ] = None,
+    config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="A run's config.toml (or a TOML file with a 'train' table) to train again; "
+            "options given here override its settings.",
+        ),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option(help="Run directory to write.", callback=named_folder)
+    ] = Path("runs/latest"),
+    resume: Annotated[bool, typer.Option(help="Continue a killed run in --out.")] = False,
+    settings: dict[str, Any] | None = None,  # the settings' options go here (training_options)
+    init_normalization: Annotated[
+        str | None,
+        typer.Option(
+            help="imagenet (the fixed statistics ImageNet weights were trained with) or site "
+            "(each site's own; the default); sets --normalization."
+        ),
+    ] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="Preprocessing cache folder.", callback=named_folder)
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+) -> None:
+    """Train a federation over the given sites and write the run directory."""
+    import time
+
+    from medfed.config import load_run_config, merge_train_settings
+    from medfed.federation.training import train as run_training
+
+    stored = load_run_config(config_file) if config_file is not None else None
+    if stored is not None and stored.medfed_version not in (None, __version__):
+        typer.echo(
+            f"note: {stored.path} was written by medfed {stored.medfed_version}; "
+            f"this is {__version__}",
+            err=True,
+        )
+    settings = dict(settings or {})
+    settings["normalization"] = _with_init_normalization(
+        settings.get("normalization"), init_normalization
+    )
+    given = given_settings(settings)
+    where = str(stored.path) if stored else None
+    config = merge_train_settings(stored.train if stored else {}, given, where=where)
+    config = resolved_train_config(config)
+    check_out_folder(out)  # before the sites are loaded: that can take minutes
+    if config.init:
+        from medfed.federation.pretrained import resolve_init
+
+        resolve_init(config.init)  # a missing file or unfinished run: said before the sites load
+    show = progress and sys.stderr.isatty()
+    loaded = _load_sites([*(sites or []), *(more_sites or [])], stored, cache_dir, show)
+    from medfed.data.modality import modality_spec
+    from medfed.data.sitedata import no_validation_warning
+
+    if "lr" not in given and "lr" not in (stored.train if stored else {}):
+        config = dataclasses.replace(config, lr=modality_spec(loaded[0].manifest.modality).lr)
+
+    for site in loaded:
+        words = no_validation_warning(site, config.operating_point)
+        if words:
+            typer.echo(f"warning: {words}", err=True)
+    started = time.perf_counter()
+    summary = run_training(loaded, config, out, resume=resume, progress=show, echo=typer.echo)
+    _print_outcome(summary, out, time.perf_counter() - started)
+
+
+@friendly
+def evaluate(
+    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print summary.json (every figure, CIs and counts).")
+    ] = False,
+) -> None:
+    """Print a run's figures: each site's AUC with its 95% CI, operating points, calibration.
+
+    Then the federation figures, the cross-site matrix and every router under both
+    protocols."""
+    from medfed.runs import RunDir
+    from medfed.runs.report import evaluation_text
+
+    run_dir = RunDir(run).require()
+    summary = run_dir.read_summary()
+    run_dir.verify_model()  # a damaged model/ makes the run unusable, whatever it measured
+    if as_json:
+        typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True, allow_nan=False))
+        return
+    typer.echo(evaluation_text(summary))
+
+
+@friendly
+def report(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(help="Run directories, one per method, trained on the same sites."),
+    ],
+    out: Annotated[Path, typer.Option(help="The HTML file to write.")] = Path("report.html"),
+    title: Annotated[
+        str | None, typer.Option(help="Title (default: the modality, sites and methods).")
+    ] = None,
+) -> None:
+    """Write one self-contained HTML report of a study for its clinicians.
+
+    Sites and data, AUCs with CIs, operating points, calibration, cross-site matrix, routing,
+    traffic. It loads nothing from a network and opens from a USB stick. Runs whose routed
+    scans clinicians have read ('medfed review') get a prospective review section."""
+    from medfed.runs.study import write_study_report
+    from medfed.serving.review import prospective_rows
+
+    if not out.is_dir():  # (a folder is refused by the report, with its own words)
+        check_out_folder(out.parent, f"--out {out}: its folder")
+    prospective = {run: rows for run in runs if (rows := prospective_rows(run))}
+    # each run's model/ checked too
+    written = write_study_report(runs, out, title=title, prospective=prospective)
+    typer.echo(
+        f"wrote {written.path}: {len(written.methods)} method(s) "
+        f"({', '.join(written.methods)}) on {len(written.sites)} site(s)"
+    )
+
+
+@friendly
+def compare(
+    methods: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--method",
+            help="NAME[:KEY=VALUE,...][@PRECISION[+delta]], repeatable; default: the "
+            "communication comparison (FedAvg, FedDRM, int8, FedALS, LoRA).",
+        ),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option(help="Folder for the data and the runs.", callback=named_folder)
+    ] = Path("compare_out"),
+    quick: Annotated[bool, typer.Option(help="The smaller demo budget.")] = False,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    update_readme: Annotated[
+        Path | None, typer.Option(help="Write the tables into this README's compare section.")
+    ] = None,
+    reference: Annotated[
+        str | None,
+        typer.Option(
+            help="The method every other is compared with (paired differences with 95% CIs); "
+            "default: fedavg when it runs (the communication baseline), else the first method."
+        ),
+    ] = None,
+) -> None:
+    """Train several methods on the synthetic fundus federation; accuracy and bytes per round."""
+    check_readme(update_readme, "compare-table")
+    check_out_folder(out)
+    from medfed.experiments.demo import COMMUNICATION_METHODS, run_demo
+
+    chosen = tuple(methods or COMMUNICATION_METHODS)
+    check_methods(chosen, seed)
+    if reference is None:
+        reference = "fedavg" if "fedavg" in chosen else chosen[0]
+    run_demo(
+        out,
+        quick=quick,
+        seed=seed,
+        methods=chosen,
+        marker="compare-table",
+        command="medfed compare",
+        echo=typer.echo,
+        readme=update_readme,
+        reference=reference,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    add = adder(app, TRAINING)
+    add(train, cls=with_registries("algorithms", "backbones", "wire precisions"))
+    add(evaluate)
+    add(report)
+    add(compare)
