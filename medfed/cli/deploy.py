@@ -60,7 +60,7 @@ def deploy_app_folder(
         bool,
         typer.Option(
             help="SecAgg+: the server learns only the weighted mean of each round's updates "
-            "(3 or more sites; README, 'Threat model')."
+            "(3 or more sites; docs/privacy.md, 'Threat model')."
         ),
     ] = False,
     # \[ : rich help would read a bare [default: ...] as a style tag and drop it.

@@ -38,7 +38,11 @@ def demo(
         ),
     ] = "fundus",
     update_readme: Annotated[
-        Path | None, typer.Option(help="Write the table into this README's demo section.")
+        Path | None,
+        typer.Option(
+            help="Write the table into this page's demo section "
+            "(fundus: README.md; ct: docs/ct.md)."
+        ),
     ] = None,
 ) -> None:
     """Synthesize a federation, train FedDRM and baselines, print the comparison."""
@@ -65,7 +69,9 @@ def bench(
     modality: Annotated[str, typer.Option(help="fundus, ct or all.")] = "all",
     update_readme: Annotated[
         Path | None,
-        typer.Option(help="Write the tables into this README's bench section, with plots."),
+        typer.Option(
+            help="Write the tables into this page's bench section, with plots (docs/benchmarks.md)."
+        ),
     ] = None,
     fundus_budget: Annotated[
         str | None, typer.Option(hidden=True, help="SCANSxROUNDSxSTEPS (tests).")
@@ -130,7 +136,10 @@ def transfer(
     ] = False,
     update_readme: Annotated[
         Path | None,
-        typer.Option(help="Write the results into this README's transfer section, with the plot."),
+        typer.Option(
+            help="Write the results into this page's transfer section, with the plot "
+            "(docs/training.md)."
+        ),
     ] = None,
 ) -> None:
     """LoRA and FedDRM started from a FedAvg base trained on another federation.
@@ -155,7 +164,10 @@ def privacy_curve(
     ] = False,
     update_readme: Annotated[
         Path | None,
-        typer.Option(help="Write the results into this README's privacy section, with the plot."),
+        typer.Option(
+            help="Write the results into this page's privacy section, with the plot "
+            "(docs/privacy.md)."
+        ),
     ] = None,
 ) -> None:
     """What differential privacy costs: FedAvg and FedDRM at epsilon 1, 3, 8 and without DP.
@@ -240,7 +252,10 @@ def bench_deploy(
         ),
     ] = None,
     update_readme: Annotated[
-        Path | None, typer.Option(help="Write the table into this README's deploy-bench section.")
+        Path | None,
+        typer.Option(
+            help="Write the table into this page's deploy-bench section (docs/deployment.md)."
+        ),
     ] = None,
     n_per_site: Annotated[int, typer.Option(hidden=True, help="Scans per site (tests).")] = 64,
 ) -> None:

@@ -250,7 +250,8 @@ def compare(
     quick: Annotated[bool, typer.Option(help="The smaller demo budget.")] = False,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     update_readme: Annotated[
-        Path | None, typer.Option(help="Write the tables into this README's compare section.")
+        Path | None,
+        typer.Option(help="Write the tables into this page's compare section (docs/training.md)."),
     ] = None,
     reference: Annotated[
         str | None,

@@ -87,7 +87,7 @@ CT = ModalitySpec(
     intensity_unit="HU",
     horizontal_flip=False,
     # 2.5-D: on a CPU it trains several times more volumes per second than the MONAI 3-D ResNet
-    # and learned the lesion task better per step (README, "CT"); monai3d(-gn) stays selectable.
+    # and learned the lesion task better per step (docs/ct.md); monai3d(-gn) stays selectable.
     backbone="slices-cnn-gn",
     batch_norm_backbone="slices-cnn",
     lr=3e-4,
