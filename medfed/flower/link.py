@@ -28,6 +28,7 @@ from medfed.federation.rounds import RoundInputs, SecureSum, SiteFailure, SiteRe
 from medfed.federation.site import Published
 from medfed.federation.wire import WireFormat, encode
 from medfed.flower.messenger import Messenger
+from medfed.flower.node import RunSettings
 from medfed.flower.records import (
     json_of,
     json_record,
@@ -136,7 +137,7 @@ class Folded:
 class FlowerLink:
     """The sites of a deployed run, reached through ``messenger``.
 
-    ``settings``: the run settings every model-building message carries; ``next_inputs``: a
+    ``settings``: the run settings every message carries; ``next_inputs``: a
     round's inputs, once the round before it has aggregated; ``secure_bound``: SecAgg+'s bound
     where the run aggregates securely (None: plain rounds)."""
 
@@ -144,11 +145,12 @@ class FlowerLink:
         self,
         messenger: Messenger,
         server: Coordinator,
-        settings: Any,
+        settings: RunSettings,
         next_inputs: Callable[[int], RoundInputs],
         secure_bound: float | None = None,
     ) -> None:
-        self.messenger, self.server, self.settings = messenger, server, settings
+        self.messenger, self.server = messenger, server
+        self.settings = json_record(settings.to_json())
         self.sites = messenger.sites
         self.next_inputs, self.secure_bound = next_inputs, secure_bound
         self.n_train = {info.id: info.n_train for info in server.sites}

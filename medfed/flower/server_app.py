@@ -33,7 +33,6 @@ from medfed.flower.deploy import MAX_WAIT_S, refuse_insecure_settings, refuse_un
 from medfed.flower.link import FlowerLink
 from medfed.flower.messenger import Messenger
 from medfed.flower.node import RunSettings, train_config_from_toml
-from medfed.flower.records import json_record
 from medfed.flower.secure import DEFAULT_BOUND
 from medfed.models.device import resolve_device
 from medfed.runs import RunDir
@@ -154,8 +153,7 @@ class FlowerRun:
         )
         inputs = RoundSource(self.server)
         secure_bound = self.d.secure_bound if self.d.secure_aggregation else None
-        record = json_record(settings.to_json())
-        link = FlowerLink(self.messenger, self.server, record, inputs, secure_bound)
+        link = FlowerLink(self.messenger, self.server, settings, inputs, secure_bound)
         event: dict[str, Any] = {"engine": "flower"}
         if self.d.secure_aggregation:
             event |= {"secure_aggregation": "secagg+", "secure_bound": self.d.secure_bound}
