@@ -96,7 +96,7 @@ def _info(**changes) -> dict:
 
 
 def test_a_site_description_is_checked_and_never_expanded(monkeypatch) -> None:
-    from medfed.flower.server_app import site_info
+    from medfed.flower.messenger import site_info
 
     monkeypatch.setenv(SECRET, "/the/server/secret")
     sent = _info()
@@ -121,7 +121,7 @@ def test_a_site_description_is_checked_and_never_expanded(monkeypatch) -> None:
     ],
 )
 def test_a_bad_site_description_is_refused(info, message) -> None:
-    from medfed.flower.server_app import site_info
+    from medfed.flower.messenger import site_info
 
     with pytest.raises(ValueError, match=message):
         site_info(info, ["acrima", "rimone"])
@@ -139,7 +139,7 @@ def test_a_bad_site_description_is_refused(info, message) -> None:
     ],
 )
 def test_a_published_entry_must_be_the_sites_own(entry, message) -> None:
-    from medfed.flower.server_app import published_entry
+    from medfed.flower.link import published_entry
 
     with pytest.raises(ValueError, match=message):
         published_entry(entry, "acrima", 0)
@@ -203,7 +203,7 @@ def test_a_run_without_a_learning_rate_takes_its_sites_modality(modality, from_m
         seen.append(config.lr)
         raise Stop
 
-    run._discover = lambda: [info]
+    run.messenger.discover = lambda: [info]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(server_app, "Coordinator", coordinator)
         with pytest.raises(Stop):

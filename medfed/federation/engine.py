@@ -25,10 +25,10 @@ from medfed.data.preprocess import Normalization
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError, RunDirError
-from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, SiteInfo
+from medfed.federation.coordinator import Coordinator, Downlink, SiteInfo
 from medfed.federation.lanes import Lanes
 from medfed.federation.pretrained import IMAGENET_MEAN, IMAGENET_STD
-from medfed.federation.rounds import RoundInputs, RoundLoop, SiteFailure, SiteReply
+from medfed.federation.rounds import RoundInputs, RoundLoop, SiteFailure, SiteReply, Trained
 from medfed.federation.site import LocalRound, Published, SiteWorker, clone_state, failure_reason
 from medfed.models.device import resolve_device
 from medfed.runs import RunDir
@@ -41,8 +41,6 @@ from medfed.serving.evaluation import site_evaluation
 
 class LocalLink:
     """The sites as :class:`SiteWorker` objects in this process, called directly."""
-
-    trains_ahead = False  # a call costs nothing: each round trains when it starts
 
     def __init__(self, server: Coordinator, sites: list[SiteData]) -> None:
         self.server = server
@@ -105,9 +103,9 @@ class LocalLink:
             worker.extra = {k: v.to(device) for k, v in extra.items()}
             worker.held = dict(self.server.held[worker.index])
 
-    def train(
-        self, plan: RoundPlan, downs: dict[int, Downlink], faults: dict[int, str]
-    ) -> dict[int, SiteReply | SiteFailure]:
+    def train(self, inputs: RoundInputs) -> Trained:
+        plan, faults = inputs.plan, inputs.faults
+
         def one(
             item: tuple[int, Downlink],
         ) -> tuple[int, LocalRound | None, SiteReply | SiteFailure]:
@@ -132,18 +130,16 @@ class LocalLink:
 
         replies: dict[int, SiteReply | SiteFailure] = {}
         self.pending = {}
-        for index, done, reply in self.lanes.map(one, list(downs.items())):
+        for index, done, reply in self.lanes.map(one, list(inputs.downs.items())):
             replies[index] = reply
             if done is not None:
                 self.pending[index] = done
-        return replies
+        return Trained(replies)
 
     def commit(self, index: int) -> None:
         self.workers[index].keep(self.pending.pop(index))
 
-    def validate(
-        self, round_: int, global_state: State, ahead: RoundInputs | None = None
-    ) -> dict[int, dict[str, Any]]:
+    def validate(self, round_: int, global_state: State) -> dict[int, dict[str, Any]]:
         figures = self.lanes.map(lambda w: w.validate(global_state), self.workers)
         return {w.index: f for w, f in zip(self.workers, figures, strict=True)}
 
@@ -165,10 +161,6 @@ class LocalLink:
     def test(self, fed: TrainedFederation) -> list[dict[str, Any]]:
         norms = [s.normalization for s in fed.sites]
         return [site_evaluation(fed, w.data, fed.position(w.id), norms) for w in self.workers]
-
-    def secure_sum(self) -> None:
-        """Updates are aggregated one by one here (secure aggregation is a deployment's)."""
-        return None
 
     def summary_extra(self) -> dict[str, Any]:
         return {}

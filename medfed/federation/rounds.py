@@ -77,35 +77,65 @@ class RoundInputs:
     faults: dict[int, str]
 
 
+class RoundSource:
+    """Each round's inputs, computed once.
+
+    A round's inputs depend on nothing but the global state and what each site holds after the
+    round before it aggregated (:meth:`Coordinator.plan` and :meth:`Coordinator.downlink` change
+    nothing), so a link may ask for the next round's as soon as a round has aggregated (to send
+    them early), and the round loop then gets those very inputs."""
+
+    def __init__(self, server: Coordinator) -> None:
+        self.server = server
+        self.last: RoundInputs | None = None
+
+    def __call__(self, round_: int) -> RoundInputs:
+        if self.last is None or self.last.plan.round != round_:
+            self.last = round_inputs(self.server, round_)
+        return self.last
+
+
+def round_inputs(server: Coordinator, round_: int) -> RoundInputs:
+    """Round ``round_``'s plan, each sampled site's downlink and the fault drills it runs."""
+    plan = server.plan(round_)
+    sampled = sorted(plan.sampled)
+    planned = server.config.fault_plan
+    faults = {i: planned.get((round_, server.sites[i].id)) for i in sampled}
+    return RoundInputs(
+        plan,
+        {i: server.downlink(i, plan) for i in sampled},
+        {i: kind for i, kind in faults.items() if kind},
+    )
+
+
+@dataclass
+class Trained:
+    """The sites' answers to a round's training.
+
+    ``secure``: the round's secure sum, where updates went into one (:class:`SecureSum`) rather
+    than arriving one by one. ``started``: when (``time.perf_counter``) the round's training
+    went out, where that was before the round loop asked for it; the round's time counts from
+    then."""
+
+    replies: dict[int, SiteReply | SiteFailure]
+    secure: SecureSum | None = None
+    started: float | None = None
+
+
 class SiteLink(Protocol):
-    """How the round loop reaches the sites (indices are positions in ``Coordinator.sites``).
-
-    ``trains_ahead``: the link's :meth:`validate` also starts the next round's training, with
-    the same message (one exchange a round instead of two, where each costs seconds); the loop
-    then gives it that round's inputs, and the next :meth:`train` answers with what came back.
-    """
-
-    trains_ahead: bool
+    """How the round loop reaches the sites (indices are positions in ``Coordinator.sites``)."""
 
     def restore(self, states: dict[str, State]) -> None:
         """Resume the sites from the server's last checkpoint (``states``: its named states)."""
 
-    def train(
-        self, plan: RoundPlan, downs: dict[int, Downlink], faults: dict[int, str]
-    ) -> dict[int, SiteReply | SiteFailure]:
+    def train(self, inputs: RoundInputs) -> Trained:
         """Each sampled site's local round; nothing it keeps changes before :meth:`commit`."""
-
-    def secure_sum(self) -> SecureSum | None:
-        """The last :meth:`train`'s secure sum; None where updates arrive one by one."""
 
     def commit(self, index: int) -> None:
         """The server accepted site ``index``'s update: the site keeps its round."""
 
-    def validate(
-        self, round_: int, global_state: State, ahead: RoundInputs | None = None
-    ) -> dict[int, dict[str, Any]]:
-        """Validation figures of every reachable site after a round; where ``ahead`` is given
-        (only to a link that ``trains_ahead``), the sites also train the next round from it."""
+    def validate(self, round_: int, global_state: State) -> dict[int, dict[str, Any]]:
+        """Validation figures of every reachable site after a round."""
 
     def site_states(self) -> dict[str, State]:
         """Site states the server checkpoints itself (none where the sites keep their own)."""
@@ -126,11 +156,18 @@ class SiteLink(Protocol):
 class RoundLoop:
     """A whole run: rounds, then finishing, over a :class:`Coordinator` and a :class:`SiteLink`."""
 
-    def __init__(self, server: Coordinator, link: SiteLink, *, progress: bool = False) -> None:
+    def __init__(
+        self,
+        server: Coordinator,
+        link: SiteLink,
+        *,
+        progress: bool = False,
+        inputs: RoundSource | None = None,
+    ) -> None:
+        """``inputs``: where the rounds' inputs come from (the one the link asks, if it does)."""
         self.server, self.link, self.progress = server, link, progress
         self.config, self.run = server.config, server.run
-        self.ahead: RoundInputs | None = None  # the next round's inputs, sent with validation
-        self.ahead_sent = 0.0  # when they went (perf_counter)
+        self.inputs = inputs or RoundSource(server)
 
     def train(self, *, resume: bool = False, **event: Any) -> Summary:
         first, states = self.server.start(resume, **event)
@@ -190,16 +227,13 @@ class RoundLoop:
         """Run one round; its records (one per site), as written to metrics.jsonl."""
         start = time.perf_counter()
         server = self.server
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None and ahead.plan.round == round_:
-            # Trained with the last validation: the round's time counts from then (and so
-            # holds that validation's time too, which shared its messages).
-            inputs, start = ahead, self.ahead_sent
-        else:
-            inputs = self.inputs(round_)
+        inputs = self.inputs(round_)
         plan, downs = inputs.plan, inputs.downs
-        replies = self.link.train(plan, downs, inputs.faults)
-        secure = self.link.secure_sum()
+        trained = self.link.train(inputs)
+        replies, secure = trained.replies, trained.secure
+        if trained.started is not None:
+            # (the round's time then also holds whatever shared the messages that started it)
+            start = trained.started
         records, updates = [], []
         for index, site in enumerate(server.sites):
             record: dict[str, Any] = {"round": round_, "site": site.id, "lr": plan.lr}
@@ -252,30 +286,13 @@ class RoundLoop:
         else:
             aggregated = server.aggregate(round_, updates)
         seconds = time.perf_counter() - start
-        if self.link.trains_ahead and round_ < self.config.rounds:
-            # (the next round's plan and downlinks depend on nothing this round does after
-            # aggregating: they are what that round would compute)
-            self.ahead = self.inputs(round_ + 1)
-            self.ahead_sent = time.perf_counter()
-        figures = self.link.validate(round_, server.global_state, self.ahead)
+        figures = self.link.validate(round_, server.global_state)
         for index, record in enumerate(records):
             record |= {"round_seconds": seconds, "aggregated": aggregated}
             record |= figures.get(index, {})
         self.run.append_metrics(records)
         server.checkpoint(round_, self.link.site_states())
         return records
-
-    def inputs(self, round_: int) -> RoundInputs:
-        server = self.server
-        plan = server.plan(round_)
-        sampled = sorted(plan.sampled)
-        planned = self.config.fault_plan
-        faults = {i: planned.get((round_, server.sites[i].id)) for i in sampled}
-        return RoundInputs(
-            plan,
-            {i: server.downlink(i, plan) for i in sampled},
-            {i: kind for i, kind in faults.items() if kind},
-        )
 
     def budget_event_logged(self, site: str) -> bool:
         """Whether events.jsonl already says that ``site``'s privacy budget stopped it."""

@@ -1,0 +1,178 @@
+"""The ServerApp's messages to the SuperNodes: finding the sites, sending, waiting for replies.
+
+Sites are known by the id in their manifest (Flower's node ids are random); a site that left
+the run gets no more messages. What a message holds is :class:`~medfed.flower.link.FlowerLink`'s
+business.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from flwr.app import Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from medfed.errors import ConfigError
+from medfed.federation.coordinator import SiteInfo
+from medfed.flower.records import json_of
+from medfed.flower.secure import SecureRound, secure_round
+
+
+def site_info(data: Any, listed: list[str]) -> SiteInfo:
+    """What a SuperNode says of its site, checked before the server uses any of it: the site
+    must be one the run lists, and every field of the expected kind. Nothing in it is expanded
+    or looked up on the server's machine."""
+    if not isinstance(data, dict):
+        raise ValueError("its description is not a JSON object")
+    fields = {f.name for f in dataclasses.fields(SiteInfo)}
+    if set(data) != fields:
+        raise ValueError(f"its description holds {sorted(data)}, expected {sorted(fields)}")
+    site_id = data["id"]
+    if not isinstance(site_id, str) or site_id not in listed:
+        raise ValueError(f"serves site {site_id!r}, which this run does not list")
+    labels, shape = data["labels"], data["input_shape"]
+    ok = (
+        isinstance(data["modality"], str)
+        and isinstance(labels, dict)
+        and all(isinstance(k, str) and type(v) is int for k, v in labels.items())
+        and isinstance(shape, list)
+        and all(type(d) is int and d > 0 for d in shape)
+        and type(data["n_train"]) is int
+        and isinstance(data["manifest"], dict)
+    )
+    if not ok:
+        raise ValueError(f"site {site_id!r}: its description has fields of the wrong kind")
+    # Where the manifest lies on the site's machine means nothing here: blank it, so that no
+    # reader of this run's config.toml on the server's machine opens a file by that name.
+    manifest = {**data["manifest"], "manifest_path": ""}
+    return SiteInfo(**{**data, "input_shape": tuple(shape), "manifest": manifest})
+
+
+def reply_or_reason(reply: Message) -> Message | str:
+    """A site's reply, or the reason it failed."""
+    if reply.has_error():
+        return f"Flower error: {reply.error.reason}"
+    if "failure" in reply.content.config_records:
+        return str(reply.content.config_records["failure"]["reason"])
+    return reply
+
+
+class Messenger:
+    """Reaches the run's sites (``sites``: their ids, in the run's order) through a Flower grid.
+
+    ``reply_timeout_s`` bounds one exchange's wait for replies, ``wait_s`` the wait for every
+    site to connect."""
+
+    def __init__(self, grid: Grid, sites: list[str], reply_timeout_s: float, wait_s: float) -> None:
+        self.grid, self.sites = grid, sites
+        self.reply_timeout_s, self.wait_s = reply_timeout_s, wait_s
+        self.nodes: dict[str, int] = {}  # site -> its SuperNode's node id
+        self.lost: dict[str, str] = {}  # site -> why it left the run
+
+    def reachable(
+        self, contents: dict[str, RecordDict]
+    ) -> tuple[dict[str, RecordDict], dict[str, str]]:
+        """The messages of ``contents`` that can go now, and why each other one cannot."""
+        online = set(self.grid.get_node_ids())
+        ready: dict[str, RecordDict] = {}
+        why: dict[str, str] = {}
+        for site, content in contents.items():
+            if site in self.lost:
+                why[site] = f"left the run earlier: {self.lost[site]}"
+            elif self.nodes[site] not in online:
+                why[site] = "its SuperNode is not connected"
+            else:
+                ready[site] = content
+        return ready, why
+
+    def send(
+        self, kind: str, contents: dict[str, RecordDict], timeout: float | None = None
+    ) -> dict[str, Message | str]:
+        """Send ``contents[site]`` to each site; its reply, or why there is none.
+
+        The wait is bounded by ``reply-timeout-s``, and stops early for a site whose SuperNode
+        the SuperLink sees go offline (missed heartbeats).
+        """
+        ready, why = self.reachable(contents)
+        answers: dict[str, Message | str] = dict(why)
+        messages = [
+            Message(content, dst_node_id=self.nodes[site], message_type=kind)
+            for site, content in ready.items()
+        ]
+        sites = list(ready)
+        wait = self.reply_timeout_s if timeout is None else timeout
+        pending = dict(zip(self.grid.push_messages(messages), sites, strict=True))
+        deadline, checked = time.monotonic() + wait, time.monotonic()
+        while pending and time.monotonic() < deadline:
+            for reply in self.grid.pull_messages(list(pending)):
+                site = pending.pop(reply.metadata.reply_to_message_id, None)
+                if site is not None:
+                    answers[site] = reply_or_reason(reply)
+            if pending and time.monotonic() - checked > 2.0:
+                online, checked = set(self.grid.get_node_ids()), time.monotonic()
+                for message_id, site in list(pending.items()):
+                    if self.nodes[site] not in online:
+                        answers[site] = "its SuperNode went offline"
+                        del pending[message_id]
+            if pending:
+                time.sleep(0.2)
+        for site in pending.values():
+            answers[site] = f"no reply within {wait:g} s"
+        return answers
+
+    def send_secure(
+        self, round_: int, contents: dict[str, RecordDict], weights: dict[str, int]
+    ) -> tuple[SecureRound, dict[int, str]]:
+        """One SecAgg+ round over the sites of ``contents`` (``weights``: each one's training
+        scans); what it gave, and the site of each node id it speaks of."""
+        result = secure_round(
+            self.grid,
+            round_,
+            {self.nodes[s]: c for s, c in contents.items()},
+            {self.nodes[s]: weights[s] for s in contents},
+            self.reply_timeout_s,
+        )
+        return result, {self.nodes[s]: s for s in contents}
+
+    def discover(self) -> list[SiteInfo]:
+        """Wait (bounded) until every listed site's SuperNode has introduced itself."""
+        deadline = time.monotonic() + self.wait_s
+        infos: dict[str, SiteInfo] = {}
+        problems: dict[int, str] = {}
+        asked: set[int] = set()
+        while True:
+            new = [n for n in self.grid.get_node_ids() if n not in asked]
+            messages = [
+                Message(RecordDict(), dst_node_id=n, message_type=f"{MessageType.QUERY}.describe")
+                for n in new
+            ]
+            left = max(1.0, deadline - time.monotonic())
+            for reply in self.grid.send_and_receive(messages, timeout=min(left, 120.0)):
+                node = reply.metadata.src_node_id
+                asked.add(node)
+                answer = reply_or_reason(reply)
+                if isinstance(answer, str):
+                    problems[node] = answer
+                    continue
+                try:
+                    site = site_info(json_of(answer.content, "site"), self.sites)
+                except (KeyError, ValueError) as exc:
+                    problems[node] = str(exc)
+                    continue
+                if site.id in infos:
+                    raise ConfigError(f"two SuperNodes serve site {site.id!r}; stop one of them")
+                else:
+                    infos[site.id], self.nodes[site.id] = site, node
+            if len(infos) == len(self.sites):
+                return [infos[s] for s in self.sites]
+            if time.monotonic() > deadline:
+                missing = [s for s in self.sites if s not in infos]
+                detail = "; ".join(f"node {n}: {p}" for n, p in problems.items())
+                raise ConfigError(
+                    f"site(s) {missing} did not connect within {self.wait_s:g} s"
+                    + (f" ({detail})" if detail else "")
+                    + "; start their SuperNodes or raise wait-s"
+                )
+            time.sleep(0.5)
