@@ -20,6 +20,8 @@ from medfed.models import (
     spatial_dims,
 )
 
+_TV_WIDTHS = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "densenet121": 1024}
+_TV_WIDTHS["efficientnet-b0"] = 1280
 FEAT_DIMS = {
     "cnn": 128,
     "cnn-gn": 128,
@@ -32,6 +34,8 @@ FEAT_DIMS = {
     "slices-cnn-gn": 256,
     "slices-resnet18-gn": 1024,
     "slices-resnet18-bn": 1024,
+    # torchvision-shaped: torchvision's own pooled widths
+    **{f"tv-{n}{gn}": w for n, w in _TV_WIDTHS.items() for gn in ("", "-gn")},
 }
 
 
@@ -72,7 +76,9 @@ def test_batch_norm_backbones_contain_only_batch_norm(name, norm_type):
     assert norms and all(isinstance(m, norm_type) for m in norms)
 
 
-@pytest.mark.parametrize("name", ["cnn-gn", "resnet18-gn", "monai3d-gn"])
+@pytest.mark.parametrize(
+    "name", ["cnn-gn", "resnet18-gn", "monai3d-gn", "tv-resnet50-gn", "tv-efficientnet-b0-gn"]
+)
 def test_group_norm_backbones_have_no_batch_norm_anywhere(name):
     backbone, _ = build_backbone(name, in_channels=1)
 

@@ -6,17 +6,21 @@ Sources (:func:`resolve_init`):
 - a finished medfed run's folder: the shared (global) weights of its last checkpoint;
 - a ``.safetensors`` file, or a PyTorch state-dict file (``.pt``, ``.pth``, ``.bin``) read with
   ``weights_only=True`` (a file holding other Python objects is refused, never unpickled);
-- ``torchvision:resnet18``: the ImageNet weights torchvision keeps in its local hub cache
-  (``$TORCH_HOME/hub/checkpoints``); nothing is ever downloaded.
+- ``torchvision:resnet18`` (and resnet34, resnet50, densenet121, efficientnet_b0): the ImageNet
+  weights torchvision keeps in its local hub cache (``$TORCH_HOME/hub/checkpoints``); nothing is
+  ever downloaded.
 
 Formats, told apart by the tensor names (:func:`read_init`): ``medfed`` (medfed's own names),
-``torchvision-resnet`` (a torchvision ResNet), ``medicalnet`` (a MONAI/MedicalNet 3-D ResNet,
-usually saved from ``DataParallel`` with a ``module.`` prefix) and ``backbone`` (the model's
-backbone names without the ``backbone.`` prefix). :func:`apply_init` renames each tensor into
-medfed's names, refuses what does not fit (shape, BatchNorm meeting GroupNorm, a head of another
-task) with a reason per tensor, and loads the rest with ``load_state_dict(strict=True)`` over the
-model's own state, so torch drops nothing silently. LoRA adapters always start fresh unless the
-source is a medfed model with adapters of the same names.
+``torchvision-resnet``, ``torchvision-densenet`` and ``torchvision-efficientnet`` (torchvision's
+networks: into the torchvision-shaped ``tv-*`` backbones under their own names, tensor for
+tensor; a ResNet-18 also into medfed's small ResNet-18, renamed), ``medicalnet`` (a
+MONAI/MedicalNet 3-D ResNet, usually saved from ``DataParallel`` with a ``module.`` prefix) and
+``backbone`` (the model's backbone names without the ``backbone.`` prefix). :func:`apply_init`
+renames each tensor into medfed's names, refuses what does not fit (shape, BatchNorm meeting
+GroupNorm, a head of another task) with a reason per tensor, and loads the rest with
+``load_state_dict(strict=True)`` over the model's own state, so torch drops nothing silently.
+LoRA adapters always start fresh unless the source is a medfed model with adapters of the same
+names.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from torch import nn
 
 from medfed.errors import ConfigError, RunDirError
 from medfed.models.fedmodel import NORM_TYPES, SUBMODULES, FedModel
+from medfed.models.torchvision_nets import TV_BACKBONES, TV_NETS
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import ROUND_DIR, CheckpointStore
 from medfed.runs.weights import check_finite
@@ -45,15 +50,18 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 KINDS = ("run", "safetensors", "state_dict", "torchvision")
-FORMATS = ("medfed", "torchvision-resnet", "medicalnet", "backbone")
+TORCHVISION_FORMATS = ("torchvision-resnet", "torchvision-densenet", "torchvision-efficientnet")
+FORMATS = ("medfed", *TORCHVISION_FORMATS, "medicalnet", "backbone")
 FORMAT_NAMES = {
     "medfed": "medfed weights",
-    "torchvision-resnet": "torchvision ResNet-18",
+    "torchvision-resnet": "torchvision ResNet",
+    "torchvision-densenet": "torchvision DenseNet",
+    "torchvision-efficientnet": "torchvision EfficientNet",
     "medicalnet": "MedicalNet 3-D ResNet",
     "backbone": "backbone weights",
 }
 # torchvision:NAME -> (weights enum in torchvision.models, member); the file is the enum's url.
-TORCHVISION_WEIGHTS = {"resnet18": ("ResNet18_Weights", "IMAGENET1K_V1")}
+TORCHVISION_WEIGHTS = {net.constructor: net.weights for net in TV_NETS.values()}
 # Which medfed backbones a foreign format can start.
 FORMAT_BACKBONES = {
     # The 2.5-D ones hold the same ResNet-18 under the same names, applied to every CT slice.
@@ -62,7 +70,10 @@ FORMAT_BACKBONES = {
         "resnet18-gn",
         "slices-resnet18-bn",
         "slices-resnet18-gn",
+        *(n for n in TV_BACKBONES if n.startswith("tv-resnet")),
     ),
+    "torchvision-densenet": tuple(n for n in TV_BACKBONES if n.startswith("tv-densenet")),
+    "torchvision-efficientnet": tuple(n for n in TV_BACKBONES if n.startswith("tv-efficientnet")),
     "medicalnet": ("monai3d", "monai3d-gn"),
 }
 MEDFED_PREFIXES = tuple(f"{name}." for name in (*SUBMODULES, "vaes"))
@@ -293,6 +304,10 @@ def detect_format(state: Mapping[str, torch.Tensor]) -> str:
     if any(k.startswith(MEDFED_PREFIXES) for k in state):
         return "medfed"
     names = {_strip_module(k): v for k, v in state.items()}
+    if any(k.startswith(("features.conv0.", "features.denseblock")) for k in names):
+        return "torchvision-densenet"
+    if "features.0.0.weight" in names and any(k.startswith("features.1.0.block.") for k in names):
+        return "torchvision-efficientnet"
     conv1 = names.get("conv1.weight")
     if conv1 is not None and any(k.startswith("layer1.") for k in names):
         three_d = conv1.dim() == 5 or any(k.startswith("conv_seg.") for k in names)
@@ -477,6 +492,8 @@ def _head_reason(fmt: str, key: str) -> str | None:
     name = _strip_module(key)
     if fmt == "torchvision-resnet" and name.startswith("fc."):
         return "ImageNet classifier (1000 classes); medfed's heads start fresh"
+    if fmt in TORCHVISION_FORMATS and name.startswith("classifier."):
+        return "ImageNet classifier (1000 classes); medfed's heads start fresh"
     if fmt == "medicalnet" and name.startswith("conv_seg."):
         return "MedicalNet segmentation head; medfed's heads start fresh"
     if fmt == "medicalnet" and name.startswith("fc."):
@@ -484,8 +501,23 @@ def _head_reason(fmt: str, key: str) -> str | None:
     return None
 
 
-def _model_name(fmt: str, key: str) -> str | None:
-    """The source key under medfed's names (before LoRA renaming); None: no counterpart."""
+# torchvision's DenseNet files name a dense layer's norm and conv ``norm.1`` / ``conv.2``, its
+# modules ``norm1`` / ``conv2`` (torchvision renames them the same way when it loads them).
+_OLD_DENSENET = re.compile(
+    r"^(.*denselayer\d+\.(?:norm|relu|conv))\."
+    r"((?:[12])\.(?:weight|bias|running_mean|running_var|num_batches_tracked))$"
+)
+
+
+def _model_name(fmt: str, key: str, backbone: str = "") -> str | None:
+    """The source key under medfed's names (before LoRA renaming); None: no counterpart.
+
+    torchvision's networks keep their own names in a torchvision-shaped backbone."""
+    if fmt in TORCHVISION_FORMATS and backbone in TV_BACKBONES:
+        name = _strip_module(key)
+        if fmt == "torchvision-densenet":
+            name = _OLD_DENSENET.sub(r"\1\2", name)
+        return f"backbone.{name}"
     if fmt == "medfed":
         return key
     if fmt == "backbone":
@@ -572,7 +604,7 @@ def _plan_one(
     plan: _Plan, target: _Target, source: Mapping[str, torch.Tensor], key: str, fmt: str
 ) -> None:
     """Load the source tensor ``key`` into its counterpart in the model, or say why not."""
-    tensor, name = source[key], _model_name(fmt, key)
+    tensor, name = source[key], _model_name(fmt, key, target.backbone)
     module = target.module_at(name) if name is not None else None
     model_key = target.key_for(name) if name is not None else None
     norm = _norm_reason(source, key, module)

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from medfed.errors import ConfigError
+from medfed.models.torchvision_nets import TV_BACKBONES, TV_SUMMARIES, build_torchvision
 
-BACKBONES_2D: tuple[str, ...] = ("cnn", "cnn-gn", "resnet18-gn", "resnet18-bn")
+BACKBONES_2D: tuple[str, ...] = ("cnn", "cnn-gn", "resnet18-gn", "resnet18-bn", *TV_BACKBONES)
 # 2.5-D: a 2-D network on every slice of a volume (see on_slices); -> its 2-D counterpart.
 SLICE_BACKBONES: dict[str, str] = {
     "slices-cnn": "cnn",
@@ -41,6 +42,7 @@ BACKBONE_SUMMARIES: dict[str, str] = {
     "slices-cnn-gn": "small CNN with GroupNorm on each slice + neighbours (2.5-D, CT volumes)",
     "slices-resnet18-gn": "ResNet-18 with GroupNorm on each slice + neighbours (2.5-D, CT volumes)",
     "slices-resnet18-bn": "ResNet-18 with BatchNorm on each slice + neighbours (2.5-D, CT volumes)",
+    **TV_SUMMARIES,
 }
 
 CNN_WIDTHS = (16, 32, 64, 128)
@@ -75,6 +77,8 @@ def build_backbone(name: str, in_channels: int) -> tuple[nn.Module, int]:
     _check_name(name)
     if in_channels < 1:
         raise ModelConfigError(f"backbone {name!r}: in_channels must be >= 1, got {in_channels}")
+    if name in TV_BACKBONES:  # torchvision's own initialisation, as its ImageNet training began
+        return build_torchvision(name, in_channels)
     sliced = name in SLICE_BACKBONES
     flat = SLICE_BACKBONES.get(name, name)  # a 2.5-D backbone's 2-D network
     channels = in_channels * SLICE_CONTEXT if sliced else in_channels
@@ -297,6 +301,8 @@ def group_norm_twin(name: str) -> str | None:
     """The GroupNorm backbone of the same architecture as ``name`` (None: there is none)."""
     if name in BACKBONES and name.endswith("-gn"):
         return name
+    if name in TV_BACKBONES:
+        return f"{name}-gn"
     twin = {"cnn": "cnn-gn", "resnet18-bn": "resnet18-gn", "monai3d": "monai3d-gn"}
     return twin.get(name)
 
