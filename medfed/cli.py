@@ -555,7 +555,7 @@ def train(
     from medfed.data.sitedata import load_site
     from medfed.federation.training import load_sites
     from medfed.federation.training import train as run_training
-    from medfed.runs.report import federation_lines, site_table
+    from medfed.reports.evaluation import federation_lines, site_table
 
     stored = load_run_config(config_file) if config_file is not None else None
     if stored is not None and stored.medfed_version not in (None, __version__):
@@ -651,8 +651,8 @@ def evaluate(
 ) -> None:
     """Print each site's AUC with its 95% CI, operating points, calibration, the federation
     figures, the cross-site matrix and every router under both protocols."""
+    from medfed.reports.evaluation import evaluation_text
     from medfed.runs import RunDir
-    from medfed.runs.report import evaluation_text
 
     run_dir = RunDir(run).require()
     summary = run_dir.read_summary()
@@ -679,7 +679,7 @@ def report(
     with CIs, operating points, calibration, cross-site matrix, routing, traffic. It loads
     nothing from a network and opens from a USB stick. Runs whose routed scans clinicians have
     read ('medfed review') get a prospective review section."""
-    from medfed.runs.study import write_study_report
+    from medfed.reports.study import write_study_report
     from medfed.serving.review import prospective_rows
 
     if not out.is_dir():  # (a folder is refused by the report, with its own words)
@@ -736,8 +736,8 @@ def review(
     """Clinician review of routed scans: print the prospective figures (per site and for the
     system, each with its 95% CI and n) and the scans whose readers disagree; exchange reads
     with sites that read outside the dashboard (--export, --import)."""
+    from medfed.reports.prospective import PROSPECTIVE_LEGEND, prospective_table
     from medfed.runs import RunDir
-    from medfed.runs.report import PROSPECTIVE_LEGEND, prospective_table
     from medfed.serving.review import Review, Window, write_figures_csv
 
     if export is not None and import_ is not None:
@@ -1030,7 +1030,7 @@ def bench_deploy(
     if task_poll is not None and not 0.01 <= task_poll <= 60:  # what Flower 1.42 accepts
         raise ConfigError(f"--task-poll must be 0.01..60 seconds, got {task_poll:g}")
     from medfed.experiments.deploy_speed import MARKER, DeployBenchPlan, markdown, run_deploy_bench
-    from medfed.runs.report import replace_marked_section
+    from medfed.reports.markdown import replace_marked_section
 
     plan = DeployBenchPlan(
         n_per_site=n_per_site,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,9 @@ from medfed.cli import app
 from medfed.errors import ConfigError
 from medfed.experiments.demo import MethodSpec
 from medfed.metrics import Interval, calibration, operating_point, unreliable, wilson
-from medfed.runs import RunDir
-from medfed.runs.report import (
+from medfed.reports.evaluation import (
     ORIGIN_KNOWN,
     ORIGIN_UNKNOWN,
-    UNRELIABLE_MARK,
     calibration_table,
     communication_table,
     cross_site_table,
@@ -27,10 +26,12 @@ from medfed.runs.report import (
     federation_lines,
     methods_table,
     operating_point_table,
-    replace_marked_section,
     routers_table,
     site_table,
 )
+from medfed.reports.markdown import replace_marked_section, update_readme_section
+from medfed.reports.text import UNRELIABLE_MARK
+from medfed.runs import RunDir
 from medfed.runs.schema import Summary
 from medfed.serving.audit import AuditLog
 from tests.badinput import Shared
@@ -90,6 +91,40 @@ def test_marked_sections_are_replaced_and_missing_markers_refused() -> None:
     )
     with pytest.raises(ValueError, match="markers"):
         replace_marked_section("no markers", "t", "new")
+
+
+SECTION = "<!-- bench-table:start -->\nold\n<!-- bench-table:end -->\n"
+PLOT_LINK = "![fundus](docs/bench/fundus.png)"
+
+
+def _plot(tmp_path: Path) -> Path:
+    plot = tmp_path / "out" / "fundus.png"
+    plot.parent.mkdir()
+    plot.write_bytes(b"\x89PNG plot")
+    return plot
+
+
+def test_a_section_in_a_docs_page_links_its_plots_relative_to_the_page(tmp_path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\n", encoding="utf-8")
+    plot = _plot(tmp_path)
+    pages = [tmp_path / "README.md", tmp_path / "docs" / "bench.md", tmp_path / "docs/a/b.md"]
+    for page in pages:
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(f"# Bench\n{SECTION}", encoding="utf-8")
+        update_readme_section(page, "bench-table", PLOT_LINK, [plot], Path("docs/bench"))
+    assert (tmp_path / "docs" / "bench" / "fundus.png").read_bytes() == b"\x89PNG plot"
+    links = [re.search(r"\]\(([^)]*)\)", page.read_text(encoding="utf-8"))[1] for page in pages]
+    assert links == ["docs/bench/fundus.png", "bench/fundus.png", "../bench/fundus.png"]
+    for page, link in zip(pages, links, strict=True):
+        assert (page.parent / link).resolve() == (tmp_path / "docs/bench/fundus.png").resolve()
+
+
+def test_a_readme_outside_a_project_keeps_its_plots_beside_it(tmp_path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(SECTION, encoding="utf-8")
+    update_readme_section(readme, "bench-table", PLOT_LINK, [_plot(tmp_path)], Path("docs/bench"))
+    assert (tmp_path / "docs" / "bench" / "fundus.png").exists()
+    assert f"\n{PLOT_LINK}\n" in readme.read_text(encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------- CIs and counts
@@ -276,7 +311,7 @@ def _reviewed_run(tmp_path: Path) -> Path:
 
 
 def test_prospective_table_shows_each_scope_with_its_ci_counts_and_notes(tmp_path) -> None:
-    from medfed.runs.report import prospective_table
+    from medfed.reports.prospective import prospective_table
     from medfed.serving.review import Review
 
     figures = Review(_reviewed_run(tmp_path)).figures()
@@ -297,7 +332,7 @@ def test_prospective_table_shows_each_scope_with_its_ci_counts_and_notes(tmp_pat
 
 
 def test_the_study_report_shows_the_prospective_review_only_with_reads(tmp_path) -> None:
-    from medfed.runs.study import load_study, render_study
+    from medfed.reports.study import load_study, render_study
     from medfed.serving.review import prospective_rows
 
     run = _reviewed_run(tmp_path)

@@ -50,11 +50,9 @@ from medfed.experiments.paired import (
     ORIGIN_UNKNOWN,
     PROTOCOLS,
     Scans,
-    ci_cell,
     compare_methods,
     figure_intervals,
     load_scans,
-    verdict_lines,
 )
 from medfed.experiments.speed import (
     backbone_speed,
@@ -67,8 +65,9 @@ from medfed.experiments.speed import (
     routing_latency,
 )
 from medfed.federation.training import load_sites, train
+from medfed.reports.comparisons import ci_cell, verdict_lines
+from medfed.reports.markdown import markdown_table, update_readme_section, write_results
 from medfed.runs import Summary
-from medfed.runs.report import markdown_table, update_readme_section, write_results
 
 # results.json's own version (not the run directory's): 2 states findings computed from the
 # results instead of fixed acceptance claims; 3 gives every figure its 95% CI, both protocols,

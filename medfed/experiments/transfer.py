@@ -32,16 +32,15 @@ from medfed.experiments.paired import (
     FIGURES_BY_KEY,
     ORIGIN_KNOWN,
     Scans,
-    ci_cell,
     compare_methods,
     figure_intervals,
     load_scans,
-    verdict_lines,
 )
 from medfed.federation.training import load_sites, train
 from medfed.fileio import fresh_folder
+from medfed.reports.comparisons import ci_cell, verdict_lines
+from medfed.reports.markdown import markdown_table, update_readme_section, write_results
 from medfed.runs import RunDir
-from medfed.runs.report import markdown_table, update_readme_section, write_results
 
 MARKER = "transfer"
 PLOT_NAME = "transfer.png"

@@ -11,7 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from medfed.dashboard import charts, clinical, common, rundata
-from medfed.runs.report import system_by_site_rows
+from medfed.reports.evaluation import system_by_site_rows
 from medfed.runs.schema import Summary
 
 WORST_STYLE = "background-color: #f8d7da; color: #842029; font-weight: bold"
