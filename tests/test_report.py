@@ -30,7 +30,7 @@ from medfed.reports.evaluation import (
     site_table,
 )
 from medfed.reports.markdown import replace_marked_section, update_readme_section
-from medfed.reports.text import UNRELIABLE_MARK
+from medfed.reports.text import UNRELIABLE_MARK, ci_text, count_text, rate_text
 from medfed.runs import RunDir
 from medfed.runs.schema import Summary
 from medfed.serving.audit import AuditLog
@@ -128,6 +128,20 @@ def test_a_readme_outside_a_project_keeps_its_plots_beside_it(tmp_path) -> None:
 
 
 # ---------------------------------------------------------------------------- CIs and counts
+def test_one_figure_reads_the_same_from_an_interval_a_stored_interval_or_a_bare_value() -> None:
+    iv = Interval(0.84, 0.78, 0.9, "DeLong")
+    assert ci_text(iv) == ci_text(iv.to_dict()) == "0.840 (0.780\u20130.900)"
+    assert ci_text(iv, digits=2) == "0.84 (0.78\u20130.90)"
+    assert ci_text(None, 0.84) == "0.840" and ci_text(None) == "n/a"
+    assert ci_text(None, 0.84, no_ci="CI n/a") == "0.840 (CI n/a)"
+    assert ci_text(None, None, no_ci="CI n/a") == "n/a"
+    assert rate_text(wilson(18, 20)) == f"{ci_text(wilson(18, 20).interval)} {count_text(18, 20)}"
+    assert rate_text(wilson(0, 0)) == "n/a (0 scans)"
+    assert (
+        rate_text(None, 0.9) == "0.900" and rate_text(None, 0.9, no_ci="CI n/a") == "0.900 (CI n/a)"
+    )
+
+
 def rich_site(auc: float, n_pos: int, n_neg: int) -> dict[str, Any]:
     """A site's figures as a run with CIs writes them (real metric objects, to_dict'ed)."""
     y = np.array([1] * n_pos + [0] * n_neg)
