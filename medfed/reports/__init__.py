@@ -15,6 +15,7 @@ from medfed.reports.markdown import markdown_table
 from medfed.reports.text import (
     NA,
     UNRELIABLE_MARK,
+    bounds_text,
     ci_text,
     count_text,
     fmt,
@@ -25,6 +26,7 @@ from medfed.reports.text import (
 __all__ = [
     "NA",
     "UNRELIABLE_MARK",
+    "bounds_text",
     "ci_text",
     "count_text",
     "fmt",

@@ -31,6 +31,12 @@ def _bounds(interval: Interval | Pooled | Mapping[str, Any]) -> tuple[float, flo
     return interval.estimate, interval.low, interval.high
 
 
+def bounds_text(interval: Interval | Pooled | Mapping[str, Any], digits: int = 3) -> str:
+    """``0.780–0.900``: an interval's bounds alone."""
+    _, low, high = _bounds(interval)
+    return f"{low:.{digits}f}\u2013{high:.{digits}f}"
+
+
 def ci_text(
     interval: Interval | Pooled | Mapping[str, Any] | None,
     fallback: float | None = None,
@@ -41,9 +47,8 @@ def ci_text(
     """``0.840 (0.780–0.900)``; without an interval the bare ``fallback`` (followed by
     ``(no_ci)`` when given), or ``n/a`` when there is no value either."""
     if interval is not None:
-        estimate, low, high = _bounds(interval)
-        d = digits
-        return f"{estimate:.{d}f} ({low:.{d}f}\u2013{high:.{d}f})"
+        estimate = _bounds(interval)[0]
+        return f"{estimate:.{digits}f} ({bounds_text(interval, digits)})"
     if fallback is None or (isinstance(fallback, float) and math.isnan(fallback)):
         return NA
     return f"{fmt(fallback, digits)} ({no_ci})" if no_ci else fmt(fallback, digits)
