@@ -42,6 +42,7 @@ ONLY_FROM: tuple[tuple[str, str], ...] = (
 TORCH_FREE: tuple[tuple[str, str], ...] = (
     # module, never imports (itself, or through what importing its medfed imports runs)
     ("medfed.runs.schema", "torch torchvision monai peft safetensors"),
+    ("medfed.reports.study", "torch torchvision monai peft safetensors"),
 )
 
 
