@@ -94,37 +94,38 @@ def test_marked_sections_are_replaced_and_missing_markers_refused() -> None:
 
 
 SECTION = "<!-- bench-table:start -->\nold\n<!-- bench-table:end -->\n"
-PLOT_LINK = "![fundus](docs/bench/fundus.png)"
 
 
-def _plot(tmp_path: Path) -> Path:
+def test_a_section_links_its_plots_relative_to_the_page_it_is_written_into(tmp_path) -> None:
     plot = tmp_path / "out" / "fundus.png"
     plot.parent.mkdir()
     plot.write_bytes(b"\x89PNG plot")
-    return plot
-
-
-def test_a_section_in_a_docs_page_links_its_plots_relative_to_the_page(tmp_path) -> None:
-    (tmp_path / "pyproject.toml").write_text("[project]\n", encoding="utf-8")
-    plot = _plot(tmp_path)
-    pages = [tmp_path / "README.md", tmp_path / "docs" / "bench.md", tmp_path / "docs/a/b.md"]
-    for page in pages:
+    pages = {  # page -> the plots' folder beside it, as its image links name it
+        tmp_path / "README.md": "docs/bench",
+        tmp_path / "docs" / "benchmarks.md": "bench",
+        tmp_path / "docs" / "guide" / "speed.md": "../bench",
+    }
+    for page, plot_dir in pages.items():
         page.parent.mkdir(parents=True, exist_ok=True)
-        page.write_text(f"# Bench\n{SECTION}", encoding="utf-8")
-        update_readme_section(page, "bench-table", PLOT_LINK, [plot], Path("docs/bench"))
-    assert (tmp_path / "docs" / "bench" / "fundus.png").read_bytes() == b"\x89PNG plot"
-    links = [re.search(r"\]\(([^)]*)\)", page.read_text(encoding="utf-8"))[1] for page in pages]
-    assert links == ["docs/bench/fundus.png", "bench/fundus.png", "../bench/fundus.png"]
-    for page, link in zip(pages, links, strict=True):
-        assert (page.parent / link).resolve() == (tmp_path / "docs/bench/fundus.png").resolve()
+        page.write_text(f"# Bench\n{SECTION}tail\n", encoding="utf-8")
+        body = f"![fundus]({plot_dir}/fundus.png)"
+        update_readme_section(page, "bench-table", body, [plot], Path(plot_dir))
+        text = page.read_text(encoding="utf-8")
+        assert text.endswith(f"{body}\n<!-- bench-table:end -->\ntail\n") and "old" not in text
+        link = re.search(r"\]\(([^)]*)\)", text)[1]
+        assert (page.parent / link).read_bytes() == b"\x89PNG plot"
+    # one folder of plots, whichever page links to it
+    found = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.png"))
+    assert found == ["docs/bench/fundus.png", "out/fundus.png"]
 
 
-def test_a_readme_outside_a_project_keeps_its_plots_beside_it(tmp_path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text(SECTION, encoding="utf-8")
-    update_readme_section(readme, "bench-table", PLOT_LINK, [_plot(tmp_path)], Path("docs/bench"))
-    assert (tmp_path / "docs" / "bench" / "fundus.png").exists()
-    assert f"\n{PLOT_LINK}\n" in readme.read_text(encoding="utf-8")
+def test_a_page_without_the_markers_is_refused_before_any_plot_is_copied(tmp_path) -> None:
+    page = tmp_path / "docs" / "benchmarks.md"
+    page.parent.mkdir()
+    page.write_text("# Bench\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="bench-table:start"):
+        update_readme_section(page, "bench-table", "x", [tmp_path / "none.png"], Path("bench"))
+    assert not (page.parent / "bench").exists()
 
 
 # ---------------------------------------------------------------------------- CIs and counts

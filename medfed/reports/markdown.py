@@ -4,7 +4,6 @@ write into the README and the docs pages."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -41,16 +40,6 @@ def write_results(out: Path, stem: str, results: Mapping[str, Any], markdown: st
     return f"{out / f'{stem}.json'}, {out / f'{stem}.md'}"
 
 
-def repository_root(path: Path) -> Path:
-    """The folder of the nearest ``pyproject.toml`` above ``path``; ``path``'s own folder when
-    there is none (a README on its own)."""
-    folder = path.resolve().parent
-    for candidate in (folder, *folder.parents):
-        if (candidate / "pyproject.toml").is_file():
-            return candidate
-    return folder
-
-
 def update_readme_section(
     path: Path, marker: str, body: str, plots: Iterable[Path], plot_dir: Path
 ) -> None:
@@ -58,17 +47,11 @@ def update_readme_section(
     docs page), with ``plots`` copied into ``plot_dir`` first (``ValueError`` when the markers
     are missing, before anything is copied).
 
-    ``plot_dir`` is relative to the repository root (:func:`repository_root`), as are the image
-    links to it in ``body`` (``docs/bench/fundus.png``); the links are written relative to
-    ``path``, so they resolve from a page in a sub-folder (``bench/fundus.png`` in
-    ``docs/bench.md``) as they do from the README."""
-    text = path.read_text(encoding="utf-8")
-    folder = repository_root(path) / plot_dir
-    if not plot_dir.is_absolute():
-        linked = Path(os.path.relpath(folder, path.resolve().parent)).as_posix()
-        if linked != plot_dir.as_posix():
-            body = body.replace(f"]({plot_dir.as_posix()}/", f"]({linked}/")
-    text = replace_marked_section(text, marker, body)
+    ``plot_dir`` is relative to ``path``'s folder, as the image links in ``body`` are
+    (``bench/fundus.png`` in ``docs/benchmarks.md`` is ``docs/bench/fundus.png``), so the links
+    resolve from the page wherever it lies."""
+    text = replace_marked_section(path.read_text(encoding="utf-8"), marker, body)
+    folder = path.parent / plot_dir
     folder.mkdir(parents=True, exist_ok=True)
     for plot in plots:
         shutil.copyfile(plot, folder / plot.name)
