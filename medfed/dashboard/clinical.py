@@ -14,8 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-from medfed.metrics import unreliable
-from medfed.reports import NA, ci_text, fmt, rate_text
+from medfed import reports
+from medfed.metrics import Interval, Proportion, unreliable
+from medfed.reports import NA, fmt
 from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
 
 WARNING = "\u26a0"
@@ -31,6 +32,17 @@ def unreliable_marker(reason: str | None) -> str:
     return f"{WARNING} unreliable: {reason}" if reason else ""
 
 
+def with_ci(interval: Interval | None, value: float | None = None, digits: int = 3) -> str:
+    """``0.840 (0.780–0.900)``; the bare value with "CI n/a" when only the value is known."""
+    return reports.ci_text(interval, value, digits, no_ci=NO_CI)
+
+
+def rate_text(rate: Proportion | None, value: float | None = None) -> str:
+    """``0.900 (0.700–0.970) 18/20``; the bare value with "CI n/a" when only it is known,
+    else n/a."""
+    return reports.rate_text(rate, value, no_ci=NO_CI)
+
+
 def counts_text(figures: SiteFigures) -> str:
     """``24 (4 pos / 20 neg)``; the classes n/a for runs that did not count them."""
     if figures.n_pos is None or figures.n_neg is None:
@@ -42,7 +54,7 @@ def site_auc_text(figures: SiteFigures | None) -> str:
     """A site's AUC with its CI, and the warning sign when it is unreliable."""
     if figures is None:
         return NA
-    text = NA if figures.auc is None else ci_text(figures.auc_ci, figures.auc, no_ci=NO_CI)
+    text = NA if figures.auc is None else with_ci(figures.auc_ci, figures.auc)
     return f"{text} {WARNING}" if figures.unreliable else text
 
 
@@ -123,7 +135,7 @@ def auc_points(summaries: Summaries) -> pd.DataFrame:
 
 def worst_site_text(summary: Summary) -> str:
     """``AUC 0.700 (0.550–0.850)`` of the worst site, ``⚠`` when it is unreliable."""
-    text = f"AUC {ci_text(summary.worst_site_auc_ci, summary.worst_site_auc, no_ci=NO_CI)}"
+    text = f"AUC {with_ci(summary.worst_site_auc_ci, summary.worst_site_auc)}"
     worst = summary.sites.get(summary.worst_site or "")
     return f"{text} {WARNING}" if worst is not None and worst.unreliable else text
 
@@ -137,11 +149,17 @@ def worst_site_warning(summary: Summary) -> str:
     return f"{summary.worst_site}: {unreliable_marker(worst.unreliable)}"
 
 
+def pooled_text(summary: Summary) -> str:
+    """``0.840 (0.780–0.900), I² 35% over 5 sites``, or n/a (fewer than two sites with a CI,
+    or a run written before pooling)."""
+    return reports.pooled_text(summary.pooled_auc, sites=True)
+
+
 def router_rate(router: RouterFigures | None, rate: str) -> str:
     """One router rate with its CI and counts (the bare value for older runs)."""
     if router is None:
         return NA
-    return rate_text(router.rates.get(rate), getattr(router, rate, None), no_ci=NO_CI)
+    return rate_text(router.rates.get(rate), getattr(router, rate, None))
 
 
 def default_router_rate(summary: Summary, rate: str) -> str:
@@ -384,7 +402,7 @@ def kappa_text(kappa: Any) -> str:
     """``0.600 (0.200–1.000) n=12``; ``1.000 (CI n/a: why) n=3`` without a standard error;
     ``n/a (why; n=3)`` when kappa is undefined."""
     if kappa.interval is not None:
-        return f"{ci_text(kappa.interval)} n={kappa.n}"
+        return f"{with_ci(kappa.interval)} n={kappa.n}"
     why = kappa.reason or "undefined"
     if kappa.value is None:
         return f"{NA} ({why}; n={kappa.n})"

@@ -23,7 +23,7 @@ from medfed.dashboard.checks import damaged, escape_markdown
 from medfed.data.cards import TO_FILL
 from medfed.errors import ConfigError
 from medfed.names import printable
-from medfed.reports import ci_text, fmt, pooled_text
+from medfed.reports import fmt
 from medfed.reports.evaluation import PRIVACY_COLUMNS, privacy_cells
 from medfed.runs import RunDir
 from medfed.runs.schema import DROPPED, OK, RoundRecord, Summary
@@ -152,12 +152,9 @@ def undefined_aucs(summaries: Summaries) -> list[str]:
 
 FEDERATION_ROWS: tuple[tuple[str, Callable[[Summary], Any]], ...] = (
     ("mean site AUC", lambda s: s.mean_site_auc),
-    ("pooled AUC (random effects, 95% CI)", lambda s: pooled_text(s.pooled_auc)),
+    ("pooled AUC (random effects, 95% CI)", clinical.pooled_text),
     ("worst site AUC", lambda s: s.worst_site_auc),
-    (
-        "worst site AUC (95% CI)",
-        lambda s: ci_text(s.worst_site_auc_ci, s.worst_site_auc, no_ci=clinical.NO_CI),
-    ),
+    ("worst site AUC (95% CI)", lambda s: clinical.with_ci(s.worst_site_auc_ci, s.worst_site_auc)),
     ("worst site", lambda s: s.worst_site),
     ("best site AUC", lambda s: s.best_site_auc),
     ("AUC spread (std)", lambda s: s.auc_std),

@@ -131,7 +131,7 @@ def federation_lines(summary: Summary) -> list[str]:
         ("mean site AUC", summary.mean_site_auc),
         (
             "pooled AUC (random effects)",
-            "n/a" if pooled is None else f"{pooled_text(pooled)} [{pooled.method}]",
+            "n/a" if pooled is None else f"{pooled_text(pooled, sites=True)} [{pooled.method}]",
         ),
         (
             "worst site AUC",

@@ -180,11 +180,9 @@ def forest_plot(label: str, sites: Mapping[str, SiteFigures | None], pooled: Poo
             f"{x(pooled.low):.1f},{y:.1f} {x(pooled.estimate):.1f},{y - 7:.1f} "
             f"{x(pooled.high):.1f},{y:.1f} {x(pooled.estimate):.1f},{y + 7:.1f}"
         )
-        diamond = tag("polygon", tag("title", f"pooled AUC {pooled_text(pooled)}"), points=points)
-        parts += [
-            diamond,
-            _text(left + width + 12, y + 4, pooled_text(pooled, sites=False), class_="bold"),
-        ]
+        title = tag("title", f"pooled AUC {pooled_text(pooled, sites=True)}")
+        diamond = tag("polygon", title, points=points)
+        parts += [diamond, _text(left + width + 12, y + 4, pooled_text(pooled), class_="bold")]
     parts.append(_line(left, axis_y, left + width, axis_y, class_="axis"))
     steps = round((1.0 - low_end) * 10)
     for k in range(steps + 1):

@@ -149,7 +149,7 @@ def _glance(runs: Sequence[StudyRun]) -> Html:
         rows.append(
             [
                 run.label,
-                fig(pooled_text(pooled, sites=False)),
+                fig(pooled_text(pooled)),
                 join([s.worst_site or "n/a", ": ", fig(worst_text)]),
                 _system_cell(s.routers, s.routing_method),
                 _system_cell(s.routers_origin_known, s.routing_method),
@@ -287,11 +287,7 @@ def _discrimination_section(runs: Sequence[StudyRun], sites: list[str]) -> list[
             )
         rows.append(cells)
     rows.append(
-        [
-            "pooled (random effects)",
-            "",
-            *(fig(pooled_text(r.summary.pooled_auc, sites=False)) for r in runs),
-        ]
+        ["pooled (random effects)", "", *(fig(pooled_text(r.summary.pooled_auc)) for r in runs)]
     )
     rows.append(["worst site", "", *(_worst(r.summary) for r in runs)])
     header = ["site", "test scans (positives/negatives)", *(r.label for r in runs)]

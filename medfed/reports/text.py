@@ -71,9 +71,8 @@ def rate_text(
     return f"{ci_text(rate.interval, digits=digits)} {count_text(rate.k, rate.n)}"
 
 
-def pooled_text(pooled: Pooled | None, digits: int = 3, *, sites: bool = True) -> str:
-    """``0.840 (0.780–0.900), I² 35% over 5 sites`` (without ``over 5 sites`` when not
-    ``sites``), or ``n/a``."""
+def pooled_text(pooled: Pooled | None, digits: int = 3, *, sites: bool = False) -> str:
+    """``0.840 (0.780–0.900), I² 35%`` (``sites``: then ``over 5 sites``), or ``n/a``."""
     if pooled is None:
         return NA
     text = f"{ci_text(pooled, digits=digits)}, I\u00b2 {100 * pooled.i2:.0f}%"
