@@ -31,9 +31,10 @@ from medfed.experiments.bench import (
 )
 from medfed.experiments.bench_tables import findings_lines
 from medfed.experiments.demo import Budget, MethodSpec, run_demo
-from medfed.experiments.paired import FIGURES_BY_KEY, VERDICTS
+from medfed.experiments.paired import FIGURES_BY_KEY
 from medfed.metrics import Interval, verdict
 from medfed.models.fedmodel import FedModel, ModelSpec
+from medfed.reports.comparisons import VERDICTS
 from medfed.runs import RunDir
 
 runner = CliRunner()

@@ -13,18 +13,16 @@ from medfed.errors import ConfigError, RunDirError
 from medfed.experiments.demo import MethodSpec, with_normalization
 from medfed.experiments.paired import (
     FIGURES_BY_KEY,
-    VERDICTS,
     Scans,
     compare,
     compare_methods,
-    comparison_rows,
     figure_intervals,
     paired_strata,
     scans_from_rows,
     site_auc,
-    verdict_lines,
 )
 from medfed.metrics import Interval, auc_fast, verdict, weighted_auc
+from medfed.reports.comparisons import VERDICTS, comparison_rows, verdict_lines
 
 SEEDS = (0, 1)
 SITES = ("a", "b", "c")

@@ -18,8 +18,8 @@ from medfed.errors import ConfigError
 from medfed.federation.training import train
 from medfed.models.backbones import BACKBONES
 from medfed.models.fedmodel import FedModel, ModelSpec
+from medfed.reports.evaluation import federation_lines
 from medfed.runs import RunDir
-from medfed.runs.report import federation_lines
 from tests.tensorsites import tensor_sites
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -221,7 +221,7 @@ def test_the_3d_backbone_trains_under_dp() -> None:
 
 def test_the_report_and_the_dashboard_show_what_each_site_spent(private_run) -> None:
     from medfed.dashboard.rundata import privacy_frame
-    from medfed.runs.study import load_study, render_study
+    from medfed.reports.study import load_study, render_study
 
     summary, run = private_run
     frame = privacy_frame({"feddrm": summary})

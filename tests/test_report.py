@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,9 @@ from medfed.cli import app
 from medfed.errors import ConfigError
 from medfed.experiments.demo import MethodSpec
 from medfed.metrics import Interval, calibration, operating_point, unreliable, wilson
-from medfed.runs import RunDir
-from medfed.runs.report import (
+from medfed.reports.evaluation import (
     ORIGIN_KNOWN,
     ORIGIN_UNKNOWN,
-    UNRELIABLE_MARK,
     calibration_table,
     communication_table,
     cross_site_table,
@@ -27,10 +26,12 @@ from medfed.runs.report import (
     federation_lines,
     methods_table,
     operating_point_table,
-    replace_marked_section,
     routers_table,
     site_table,
 )
+from medfed.reports.markdown import replace_marked_section, update_readme_section
+from medfed.reports.text import UNRELIABLE_MARK, ci_text, count_text, rate_text
+from medfed.runs import RunDir
 from medfed.runs.schema import Summary
 from medfed.serving.audit import AuditLog
 from tests.badinput import Shared
@@ -92,7 +93,56 @@ def test_marked_sections_are_replaced_and_missing_markers_refused() -> None:
         replace_marked_section("no markers", "t", "new")
 
 
+SECTION = "<!-- bench-table:start -->\nold\n<!-- bench-table:end -->\n"
+
+
+def test_a_section_links_its_plots_relative_to_the_page_it_is_written_into(tmp_path) -> None:
+    plot = tmp_path / "out" / "fundus.png"
+    plot.parent.mkdir()
+    plot.write_bytes(b"\x89PNG plot")
+    pages = {  # page -> the plots' folder beside it, as its image links name it
+        tmp_path / "README.md": "docs/bench",
+        tmp_path / "docs" / "benchmarks.md": "bench",
+        tmp_path / "docs" / "guide" / "speed.md": "../bench",
+    }
+    for page, plot_dir in pages.items():
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(f"# Bench\n{SECTION}tail\n", encoding="utf-8")
+        body = f"![fundus]({plot_dir}/fundus.png)"
+        update_readme_section(page, "bench-table", body, [plot], Path(plot_dir))
+        text = page.read_text(encoding="utf-8")
+        assert text.endswith(f"{body}\n<!-- bench-table:end -->\ntail\n") and "old" not in text
+        link = re.search(r"\]\(([^)]*)\)", text)[1]
+        assert (page.parent / link).read_bytes() == b"\x89PNG plot"
+    # one folder of plots, whichever page links to it
+    found = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.png"))
+    assert found == ["docs/bench/fundus.png", "out/fundus.png"]
+
+
+def test_a_page_without_the_markers_is_refused_before_any_plot_is_copied(tmp_path) -> None:
+    page = tmp_path / "docs" / "benchmarks.md"
+    page.parent.mkdir()
+    page.write_text("# Bench\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="bench-table:start"):
+        update_readme_section(page, "bench-table", "x", [tmp_path / "none.png"], Path("bench"))
+    assert not (page.parent / "bench").exists()
+
+
 # ---------------------------------------------------------------------------- CIs and counts
+def test_one_figure_reads_the_same_from_an_interval_a_stored_interval_or_a_bare_value() -> None:
+    iv = Interval(0.84, 0.78, 0.9, "DeLong")
+    assert ci_text(iv) == ci_text(iv.to_dict()) == "0.840 (0.780\u20130.900)"
+    assert ci_text(iv, digits=2) == "0.84 (0.78\u20130.90)"
+    assert ci_text(None, 0.84) == "0.840" and ci_text(None) == "n/a"
+    assert ci_text(None, 0.84, no_ci="CI n/a") == "0.840 (CI n/a)"
+    assert ci_text(None, None, no_ci="CI n/a") == "n/a"
+    assert rate_text(wilson(18, 20)) == f"{ci_text(wilson(18, 20).interval)} {count_text(18, 20)}"
+    assert rate_text(wilson(0, 0)) == "n/a (0 scans)"
+    assert (
+        rate_text(None, 0.9) == "0.900" and rate_text(None, 0.9, no_ci="CI n/a") == "0.900 (CI n/a)"
+    )
+
+
 def rich_site(auc: float, n_pos: int, n_neg: int) -> dict[str, Any]:
     """A site's figures as a run with CIs writes them (real metric objects, to_dict'ed)."""
     y = np.array([1] * n_pos + [0] * n_neg)
@@ -276,7 +326,7 @@ def _reviewed_run(tmp_path: Path) -> Path:
 
 
 def test_prospective_table_shows_each_scope_with_its_ci_counts_and_notes(tmp_path) -> None:
-    from medfed.runs.report import prospective_table
+    from medfed.reports.prospective import prospective_table
     from medfed.serving.review import Review
 
     figures = Review(_reviewed_run(tmp_path)).figures()
@@ -297,7 +347,7 @@ def test_prospective_table_shows_each_scope_with_its_ci_counts_and_notes(tmp_pat
 
 
 def test_the_study_report_shows_the_prospective_review_only_with_reads(tmp_path) -> None:
-    from medfed.runs.study import load_study, render_study
+    from medfed.reports.study import load_study, render_study
     from medfed.serving.review import prospective_rows
 
     run = _reviewed_run(tmp_path)

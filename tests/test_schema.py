@@ -434,7 +434,7 @@ def test_newer_config_events_and_json_files_are_refused(tmp_path: Path) -> None:
 def test_the_schema_and_the_run_directory_load_without_torch() -> None:
     script = (
         "import sys\n"
-        "import medfed.runs.schema, medfed.runs.rundir, medfed.runs.report, medfed.runs\n"
+        "import medfed.runs.schema, medfed.runs.rundir, medfed.runs, medfed.reports.evaluation\n"
         "heavy = sorted(m for m in ('torch', 'safetensors', 'monai') if m in sys.modules)\n"
         "print(' '.join(heavy))\n"
     )

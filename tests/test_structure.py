@@ -21,7 +21,8 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("models", "algorithms federation serving runs experiments flower dashboard"),
     ("algorithms", "federation runs serving experiments flower dashboard"),
     ("serving", "federation experiments flower dashboard"),
-    ("runs", "federation algorithms serving experiments flower dashboard models data"),
+    ("runs", "federation algorithms serving experiments flower dashboard models data reports"),
+    ("reports", "federation algorithms experiments flower dashboard models data"),
     ("metrics", "models"),
     ("dashboard", "federation algorithms experiments"),
     ("federation", "experiments flower dashboard"),
@@ -41,6 +42,7 @@ ONLY_FROM: tuple[tuple[str, str], ...] = (
 TORCH_FREE: tuple[tuple[str, str], ...] = (
     # module, never imports (itself, or through what importing its medfed imports runs)
     ("medfed.runs.schema", "torch torchvision monai peft safetensors"),
+    ("medfed.reports.study", "torch torchvision monai peft safetensors"),
 )
 
 

@@ -15,10 +15,12 @@ from typer.testing import CliRunner
 
 from medfed.cli import app
 from medfed.errors import ConfigError
+from medfed.reports.evaluation import auc_text
+from medfed.reports.study import render_study
+from medfed.reports.study_runs import OVERVIEW_FILE, load_study
+from medfed.reports.text import UNRELIABLE_MARK
 from medfed.runs import RunDir
-from medfed.runs.report import UNRELIABLE_MARK, auc_text
 from medfed.runs.schema import Summary
-from medfed.runs.study import OVERVIEW_FILE, load_study, render_study
 from tests.dashboard_runs import DashboardRuns, build
 from tests.test_dashboard_browser import CHROMIUM, require_browser
 from tests.test_report import old_summary_dict

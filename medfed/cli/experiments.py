@@ -275,7 +275,7 @@ def bench_deploy(
     if task_poll is not None and not 0.01 <= task_poll <= 60:  # what Flower 1.42 accepts
         raise ConfigError(f"--task-poll must be 0.01..60 seconds, got {task_poll:g}")
     from medfed.experiments.deploy_speed import MARKER, DeployBenchPlan, markdown, run_deploy_bench
-    from medfed.runs.report import replace_marked_section
+    from medfed.reports.markdown import replace_marked_section
 
     plan = DeployBenchPlan(
         n_per_site=n_per_site,

@@ -58,8 +58,8 @@ def review(
     Print the prospective figures (per site and for the system, each with its 95% CI and n)
     and the scans whose readers disagree; exchange reads with sites that read outside the
     dashboard (--export, --import)."""
+    from medfed.reports.prospective import PROSPECTIVE_LEGEND, prospective_table
     from medfed.runs import RunDir
-    from medfed.runs.report import PROSPECTIVE_LEGEND, prospective_table
     from medfed.serving.review import Review, Window, write_figures_csv
 
     if export is not None and import_ is not None:

@@ -90,8 +90,8 @@ def _print_outcome(summary: Any, out: Path, seconds: float) -> None:
     """The run's site table and federation figures, then its last round's validation AUC."""
     import math
 
+    from medfed.reports.evaluation import federation_lines, site_table
     from medfed.runs import RunDir
-    from medfed.runs.report import federation_lines, site_table
 
     typer.echo(site_table(summary))
     typer.echo("\n".join(federation_lines(summary)))
@@ -192,8 +192,8 @@ def evaluate(
 
     Then the federation figures, the cross-site matrix and every router under both
     protocols."""
+    from medfed.reports.evaluation import evaluation_text
     from medfed.runs import RunDir
-    from medfed.runs.report import evaluation_text
 
     run_dir = RunDir(run).require()
     summary = run_dir.read_summary()
@@ -220,7 +220,7 @@ def report(
     Sites and data, AUCs with CIs, operating points, calibration, cross-site matrix, routing,
     traffic. It loads nothing from a network and opens from a USB stick. Runs whose routed
     scans clinicians have read ('medfed review') get a prospective review section."""
-    from medfed.runs.study import write_study_report
+    from medfed.reports.study import write_study_report
     from medfed.serving.review import prospective_rows
 
     if not out.is_dir():  # (a folder is refused by the report, with its own words)

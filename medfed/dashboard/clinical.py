@@ -14,11 +14,11 @@ from typing import Any
 
 import pandas as pd
 
+from medfed import reports
 from medfed.metrics import Interval, Proportion, unreliable
-from medfed.runs.report import fmt
+from medfed.reports import NA, fmt
 from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
 
-NA = "n/a"
 WARNING = "\u26a0"
 NO_CI = "CI n/a"
 RELIABILITY = "reliability"
@@ -34,18 +34,13 @@ def unreliable_marker(reason: str | None) -> str:
 
 def with_ci(interval: Interval | None, value: float | None = None, digits: int = 3) -> str:
     """``0.840 (0.780–0.900)``; the bare value with "CI n/a" when only the value is known."""
-    if interval is not None:
-        return interval.text(digits)
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return NA
-    return f"{value:.{digits}f} ({NO_CI})"
+    return reports.ci_text(interval, value, digits, no_ci=NO_CI)
 
 
 def rate_text(rate: Proportion | None, value: float | None = None) -> str:
-    """``0.900 (0.700–0.970) 18/20``; the bare value when only it is known, else n/a."""
-    if rate is not None:
-        return rate.text()  # "n/a (0 scans)" when there was nothing to count
-    return with_ci(None, value)
+    """``0.900 (0.700–0.970) 18/20``; the bare value with "CI n/a" when only it is known,
+    else n/a."""
+    return reports.rate_text(rate, value, no_ci=NO_CI)
 
 
 def counts_text(figures: SiteFigures) -> str:
@@ -157,7 +152,7 @@ def worst_site_warning(summary: Summary) -> str:
 def pooled_text(summary: Summary) -> str:
     """``0.840 (0.780–0.900), I² 35% over 5 sites``, or n/a (fewer than two sites with a CI,
     or a run written before pooling)."""
-    return NA if summary.pooled_auc is None else summary.pooled_auc.text()
+    return reports.pooled_text(summary.pooled_auc, sites=True)
 
 
 def router_rate(router: RouterFigures | None, rate: str) -> str:

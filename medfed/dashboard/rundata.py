@@ -23,8 +23,9 @@ from medfed.dashboard.checks import damaged, escape_markdown
 from medfed.data.cards import TO_FILL
 from medfed.errors import ConfigError
 from medfed.names import printable
+from medfed.reports import fmt
+from medfed.reports.evaluation import PRIVACY_COLUMNS, privacy_cells
 from medfed.runs import RunDir
-from medfed.runs.report import PRIVACY_COLUMNS, fmt, privacy_cells
 from medfed.runs.schema import DROPPED, OK, RoundRecord, Summary
 from medfed.serving.audit import AuditEntry
 from medfed.units import human_bytes

@@ -7,14 +7,9 @@ import re
 from typing import Any
 
 from medfed.experiments.demo import REFERENCE, WARMUP_BASE, comparisons_markdown
-from medfed.experiments.paired import (
-    ORIGIN_KNOWN,
-    ORIGIN_UNKNOWN,
-    PROTOCOLS,
-    ci_cell,
-    verdict_lines,
-)
-from medfed.runs.report import markdown_table
+from medfed.experiments.paired import ORIGIN_KNOWN, ORIGIN_UNKNOWN, PROTOCOLS
+from medfed.reports.comparisons import ci_cell, verdict_lines
+from medfed.reports.markdown import markdown_table
 
 
 def fixed(value: float | None, digits: int = 3) -> str:

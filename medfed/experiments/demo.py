@@ -22,14 +22,14 @@ from medfed.experiments.paired import (
     ORIGIN_KNOWN,
     ORIGIN_UNKNOWN,
     PROTOCOLS,
-    ci_cell,
     compare_methods,
-    comparison_rows,
-    verdict_lines,
 )
 from medfed.federation.training import train
+from medfed.reports.comparisons import ci_cell, comparison_rows, verdict_lines
+from medfed.reports.evaluation import communication_table
+from medfed.reports.markdown import markdown_table, replace_marked_section
+from medfed.reports.text import fmt
 from medfed.runs import Summary
-from medfed.runs.report import communication_table, fmt, markdown_table, replace_marked_section
 from medfed.runs.schema import RouterFigures, SiteFigures
 
 DEMO_METHODS = ("feddrm", "fedavgft", "fedbn", "local")

@@ -33,9 +33,9 @@ import tomli_w
 
 from medfed.config import TrainConfig
 from medfed.flower.loopback import TASK_POLL_ENV
+from medfed.reports.markdown import write_results
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import CheckpointStore
-from medfed.runs.report import write_results
 
 MARKER = "deploy-bench"
 """The README section ``--update-readme`` writes, and the stem of OUT's results files."""

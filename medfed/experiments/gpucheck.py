@@ -40,8 +40,8 @@ from medfed.fileio import fresh_folder
 from medfed.models.backbones import BACKBONES, spatial_dims
 from medfed.models.device import DeviceSetup, cpu_bf16_supported, resolve_device
 from medfed.models.fedmodel import ModelSpec, build_model
+from medfed.reports.markdown import markdown_table, write_results
 from medfed.runs import RunDir
-from medfed.runs.report import markdown_table, write_results
 from medfed.runs.schema import Summary
 
 STEM = "gpu_check"

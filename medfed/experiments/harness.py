@@ -22,8 +22,8 @@ from medfed.errors import ConfigError
 from medfed.experiments.paired import FIGURES_BY_KEY, Scans, figure_intervals, load_scans
 from medfed.federation.training import load_sites, train
 from medfed.fileio import fresh_folder
+from medfed.reports.markdown import update_readme_section, write_results
 from medfed.runs import Summary
-from medfed.runs.report import update_readme_section, write_results
 
 # Bootstrap resamples of every interval (per-method figures and paired differences).
 N_BOOT = {"full": 2000, "quick": 1000}

@@ -50,7 +50,6 @@ PROTOCOLS = {
     "would a new patient's scan from an unknown hospital (with federation normalization every "
     "site uses the statistics pooled over the federation)",
 }
-VERDICTS = ("ahead", "behind", "no difference detected", "not measured")
 # An AUC interval is given only when at least this share of the resamples has both classes at
 # every site: below it, the few resamples left are not a fair picture of the spread (a site of
 # a handful of test scans), and the figure is "not measured" rather than given a narrow CI.
@@ -222,12 +221,6 @@ FIGURES: tuple[Figure, ...] = (
     ),
 )
 FIGURES_BY_KEY = {f.key: f for f in FIGURES}
-
-
-def figure_title(key: str) -> str:
-    """``worst-site AUC (origin known)``."""
-    figure = FIGURES_BY_KEY[key]
-    return f"{figure.label} ({figure.protocol})"
 
 
 # ---------------------------------------------------------------------------- pairing
@@ -510,55 +503,3 @@ def figure_intervals(
         given["system_accuracy_origin_known"], drawn["system_accuracy_origin_known"]
     )
     return out
-
-
-# ---------------------------------------------------------------------------- markdown
-def ci_cell(interval: Mapping[str, Any] | None, digits: int = 2, flag: str = "") -> str:
-    """``0.84 (0.78–0.90)``, with ``flag`` appended; ``n/a`` for an undefined figure."""
-    if interval is None:
-        return "n/a"
-    d = digits
-    text = f"{interval['estimate']:.{d}f} ({interval['low']:.{d}f}\u2013{interval['high']:.{d}f})"
-    return text + flag
-
-
-def difference_cell(found: Mapping[str, Any], digits: int = 3) -> str:
-    """``+0.050 (+0.010 to +0.090) ahead``; ``not measured`` when there is no interval."""
-    iv = found["interval"]
-    if iv is None:
-        return found["verdict"]
-    d = digits
-    return f"{iv['estimate']:+.{d}f} ({iv['low']:+.{d}f} to {iv['high']:+.{d}f}) {found['verdict']}"
-
-
-def comparison_rows(comparisons: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The header and rows of the table of differences (one row per method compared)."""
-    ref = comparisons["reference"]
-    keys = list(comparisons["figures"])
-    header = ["method", *(f"{ref} \u2212 method: {figure_title(k)}" for k in keys)]
-    rows = [
-        [name, *(difference_cell(found[k]) for k in keys)]
-        for name, found in comparisons["methods"].items()
-    ]
-    return header, rows
-
-
-def verdict_lines(comparisons: Mapping[str, Any], where: str) -> list[str]:
-    """One sentence per figure, e.g. ``- fundus, worst-site AUC (origin known): feddrm ahead of
-    fedavg; behind lora; no difference detected against fedbn.``: the reference's verdict
-    against each method, read from the intervals' verdicts only."""
-    ref = comparisons["reference"]
-    lines = []
-    for key in comparisons["figures"]:
-        groups: dict[str, list[str]] = {v: [] for v in VERDICTS}
-        for name, found in comparisons["methods"].items():
-            groups[found[key]["verdict"]].append(name)
-        linking = {"ahead": "of", "behind": "", "no difference detected": "against"}
-        phrases = [
-            " ".join(filter(None, (word, linking.get(word, "for"), ", ".join(names))))
-            for word, names in groups.items()
-            if names
-        ]
-        if phrases:
-            lines.append(f"- {where}, {figure_title(key)}: {ref} {'; '.join(phrases)}.")
-    return lines

@@ -41,9 +41,10 @@ from medfed.experiments.harness import (
     train_run,
     train_seeds,
 )
-from medfed.experiments.paired import ORIGIN_KNOWN, ci_cell, compare_methods, verdict_lines
+from medfed.experiments.paired import ORIGIN_KNOWN, compare_methods
+from medfed.reports.comparisons import ci_cell, verdict_lines
+from medfed.reports.markdown import markdown_table
 from medfed.runs import RunDir
-from medfed.runs.report import markdown_table
 
 MARKER = "transfer"
 PLOT_NAME = "transfer.png"

@@ -11,7 +11,8 @@ import pandas as pd
 import streamlit as st
 
 from medfed.dashboard import charts, clinical, common, rundata
-from medfed.runs.report import system_by_site_rows
+from medfed.reports import bounds_text
+from medfed.reports.evaluation import system_by_site_rows
 from medfed.runs.schema import Summary
 
 WORST_STYLE = "background-color: #f8d7da; color: #842029; font-weight: bold"
@@ -70,8 +71,7 @@ def pooled(summaries: dict[str, Summary]) -> None:
             (
                 "no pooled AUC in this run"
                 if p is None
-                else f"95% CI {p.low:.3f}\u2013{p.high:.3f}, I\u00b2 {100 * p.i2:.0f}% "
-                f"({p.n_sites} sites)"
+                else f"95% CI {bounds_text(p)}, I\u00b2 {100 * p.i2:.0f}% ({p.n_sites} sites)"
             ),
             delta_color="off",
             delta_arrow="off",

@@ -21,7 +21,7 @@ import streamlit as st
 from medfed.dashboard import checks, clinical, common, rundata, thumbnails
 from medfed.dashboard.rundata import Run
 from medfed.errors import MedfedError
-from medfed.runs.report import fmt
+from medfed.reports import fmt
 from medfed.serving.review import (
     LOW_MARGIN,
     Disagreement,

@@ -16,7 +16,7 @@ import streamlit as st
 from medfed.dashboard import MAX_UPLOAD_MB, charts, checks, common, rundata, thumbnails
 from medfed.dashboard.rundata import Run
 from medfed.errors import ConfigError, MedfedError
-from medfed.runs.report import fmt
+from medfed.reports import fmt
 from medfed.serving.routers import default_router, make_router, routers_for
 from medfed.serving.service import route_files
 from medfed.units import human_bytes

@@ -1,40 +1,16 @@
-"""Plain-text and markdown tables of run summaries (evaluate, train, demo, bench), with each
-figure's 95% CI and counts where the run holds them; a figure the run predates reads ``n/a``."""
+"""What ``medfed evaluate``, ``train``, ``compare`` and the demo print of run summaries: plain-text
+and markdown tables with each figure's 95% CI and counts where the run holds them; a figure the
+run predates reads ``n/a``."""
 
 from __future__ import annotations
 
-import json
-import shutil
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-from medfed.metrics import Interval, Pooled, Proportion
+from medfed.reports.markdown import markdown_table
+from medfed.reports.text import UNRELIABLE_MARK, ci_text, count_text, fmt, pooled_text, rate_text
 from medfed.runs.schema import Evaluation, PrivacySpent, RouterFigures, SiteFigures, Summary
 from medfed.units import human_bytes
-
-
-def fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    cells = [[str(h) for h in header]] + [[fmt(v) for v in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-
-    def line(row: list[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
-
-    sep = "| " + " | ".join("-" * w for w in widths) + " |"
-    return "\n".join([line(cells[0]), sep, *(line(r) for r in cells[1:])])
-
-
-UNRELIABLE_MARK = "\u2020"
-"""Marks a figure resting on fewer than 10 positives or negatives; a note below names why."""
 
 ORIGIN_UNKNOWN = "origin unknown"
 ORIGIN_KNOWN = "origin known"
@@ -43,21 +19,6 @@ PROTOCOLS: dict[str, str] = {
     ORIGIN_KNOWN: "the scan is normalized with its own site's statistics",
 }
 """The two routing protocols of :class:`~medfed.runs.schema.Evaluation`, in words."""
-
-
-def ci_text(interval: Interval | Pooled | None, digits: int = 3) -> str:
-    """``0.840 (0.780–0.900)``, or ``n/a``."""
-    if interval is None:
-        return "n/a"
-    d = digits
-    return f"{interval.estimate:.{d}f} ({interval.low:.{d}f}\u2013{interval.high:.{d}f})"
-
-
-def rate_text(rate: Proportion | None, fallback: float | None = None) -> str:
-    """``0.900 (0.700–0.970) 18/20``; a run without counts shows its plain rate, or ``n/a``."""
-    if rate is None:
-        return fmt(fallback)
-    return rate.text()
 
 
 NO_CI = "fewer than 2 positives or negatives"
@@ -81,7 +42,7 @@ def class_counts(m: SiteFigures) -> str:
     """``34/26`` (positives/negatives of the test split), or ``n/a``."""
     if m.n_pos is None or m.n_neg is None:
         return "n/a"
-    return f"{m.n_pos}/{m.n_neg}"
+    return count_text(m.n_pos, m.n_neg)
 
 
 def unreliable_notes(summary: Evaluation) -> list[str]:
@@ -170,11 +131,11 @@ def federation_lines(summary: Summary) -> list[str]:
         ("mean site AUC", summary.mean_site_auc),
         (
             "pooled AUC (random effects)",
-            "n/a" if pooled is None else f"{pooled.text()} [{pooled.method}]",
+            "n/a" if pooled is None else f"{pooled_text(pooled, sites=True)} [{pooled.method}]",
         ),
         (
             "worst site AUC",
-            summary.worst_site_auc if worst is None else f"{worst.text()} [{worst.method}]",
+            summary.worst_site_auc if worst is None else f"{ci_text(worst)} [{worst.method}]",
         ),
         ("worst site", summary.worst_site),
         ("AUC spread (std)", summary.auc_std),
@@ -184,7 +145,7 @@ def federation_lines(summary: Summary) -> list[str]:
         ("mean accuracy (sites weighted equally)", summary.mean_accuracy),
         (
             f"system accuracy ({summary.routing_method})",
-            summary.system_accuracy if system_rate is None else system_rate.text(),
+            summary.system_accuracy if system_rate is None else rate_text(system_rate),
         ),
         ("routing accuracy", summary.routing_accuracy),
         ("abstain rate", summary.abstain_rate),
@@ -378,37 +339,6 @@ def methods_table(summaries: Mapping[str, Summary]) -> str:
     return markdown_table(header, rows)
 
 
-def replace_marked_section(text: str, marker: str, body: str) -> str:
-    """Replace what stands between ``<!-- marker:start -->`` and ``<!-- marker:end -->``."""
-    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
-    if start not in text or end not in text:
-        raise ValueError(f"markers {start} ... {end} not found")
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{start}\n{body.rstrip()}\n{end}{tail}"
-
-
-def write_results(out: Path, stem: str, results: Mapping[str, Any], markdown: str) -> str:
-    """``OUT/STEM.json`` and ``OUT/STEM.md`` of an experiment; returns how to name them."""
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    (out / f"{stem}.md").write_text(markdown + "\n", encoding="utf-8")
-    return f"{out / f'{stem}.json'}, {out / f'{stem}.md'}"
-
-
-def update_readme_section(
-    readme: Path, marker: str, body: str, plots: Iterable[Path], plot_dir: Path
-) -> None:
-    """Write ``body`` between the README's ``marker`` lines, with ``plots`` copied into
-    ``plot_dir`` (relative to the README) first (``ValueError`` when the markers are missing,
-    before anything is copied)."""
-    text = replace_marked_section(readme.read_text(encoding="utf-8"), marker, body)
-    folder = readme.parent / plot_dir
-    folder.mkdir(parents=True, exist_ok=True)
-    for plot in plots:
-        shutil.copyfile(plot, folder / plot.name)
-    readme.write_text(text, encoding="utf-8")
-
-
 def communication_table(summaries: Mapping[str, Summary], baseline: str) -> str:
     """Bytes per round against ``baseline`` (FedAvg, float32) and what the savings cost."""
     base = summaries[baseline]
@@ -437,81 +367,3 @@ def _points(value: float | None, baseline: float | None) -> str:
     if value is None or baseline is None:
         return "n/a"
     return f"{100 * (value - baseline):+.1f}"
-
-
-# ---------------------------------------------------------------------------- prospective review
-PROSPECTIVE_FIGURES: dict[str, str] = {
-    "sensitivity": "sensitivity",
-    "specificity": "specificity",
-    "agreement": "agreement with reader",
-    "kappa": "kappa between readers",
-    "ungradable_rate": "ungradable rate",
-    "abstain_rate": "abstain rate",
-}
-"""The prospective review's figures (``medfed.serving.review``), by key, as tables head them."""
-
-
-def prospective_cell(row: Mapping[str, Any]) -> str:
-    """One prospective figure: ``0.900 (0.700–0.970) 18/20`` for a rate, ``0.620 (0.410–0.830)
-    n=30`` for kappa, ``n/a`` when it has no value; :data:`UNRELIABLE_MARK` when its note says
-    it rests on too few positives or negatives."""
-    value, low, high = row.get("value"), row.get("ci_low"), row.get("ci_high")
-    if value is None:
-        return "n/a"
-    text = fmt(float(value))
-    if low is not None and high is not None:
-        text += f" ({float(low):.3f}\u2013{float(high):.3f})"
-    k, n = row.get("k"), row.get("n")
-    text += f" {k}/{n}" if k is not None else f" n={n}"
-    note = row.get("note") or ""
-    return f"{text} {UNRELIABLE_MARK}" if note.startswith("fewer than") else text
-
-
-def prospective_grid(rows: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """The figures as a grid: one row per scope (each site, then the system), one column per
-    figure of :data:`PROSPECTIVE_FIGURES`."""
-    scopes: dict[str, dict[str, Mapping[str, Any]]] = {}
-    for row in rows:
-        scopes.setdefault(str(row["scope"]), {})[str(row["figure"])] = row
-    header = ["scope", *PROSPECTIVE_FIGURES.values()]
-    grid = [
-        [scope, *(prospective_cell(cells.get(key, {})) for key in PROSPECTIVE_FIGURES)]
-        for scope, cells in scopes.items()
-    ]
-    return header, grid
-
-
-def prospective_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Why figures are unreliable (one line per scope) or missing (one line per figure and
-    reason, naming the scopes)."""
-    flagged: dict[tuple[str, str], list[str]] = {}
-    missing: dict[tuple[str, str], list[str]] = {}
-    for row in rows:
-        note, scope = row.get("note"), str(row.get("scope"))
-        name = PROSPECTIVE_FIGURES.get(str(row.get("figure")), str(row.get("figure")))
-        if not note:
-            continue
-        if str(note).startswith("fewer than"):
-            flagged.setdefault((scope, str(note)), []).append(name)
-        else:
-            missing.setdefault((name, str(note)), []).append(scope)
-    lines = [
-        f"{UNRELIABLE_MARK} unreliable at {scope} ({', '.join(names)}): {note}"
-        for (scope, note), names in flagged.items()
-    ]
-    lines += [f"{name}: {note} ({', '.join(s)})" for (name, note), s in missing.items()]
-    return lines
-
-
-def prospective_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The prospective figures as a markdown table with their notes below."""
-    header, grid = prospective_grid(rows)
-    return "\n".join([markdown_table(header, grid), *prospective_notes(rows)])
-
-
-PROSPECTIVE_LEGEND = (
-    "Each figure with its 95% CI and k/n (kappa: n scans read by two readers). Sensitivity, "
-    "specificity and agreement score the model's answer at its site's operating point against "
-    "each scan's first gradable read, on answered scans; kappa compares the latest reads of "
-    "the first two readers of a scan; the abstain rate counts the scans routed in the window."
-)
