@@ -315,17 +315,6 @@ def sites_card(
     typer.echo(f"wrote {path}")
 
 
-def resolved_train_config(config: TrainConfig) -> TrainConfig:
-    """``config`` with every algorithm parameter spelled out, defaults included, so that the
-    run's config.toml re-runs the same training even after a default changes."""
-    from medfed.algorithms import make_algorithm
-
-    algorithm = make_algorithm(config.algorithm, config.params)
-    resolve = getattr(algorithm, "resolved_params", None)
-    params = resolve() if callable(resolve) else dataclasses.asdict(algorithm.params)
-    return dataclasses.replace(config, params=dict(params))
-
-
 def _init_source(text: str | None) -> str | None:
     """--init as the run records it: a path made absolute (so resuming from elsewhere finds
     it), a ``torchvision:NAME`` as given."""
@@ -595,7 +584,9 @@ def train(
     )
     where = str(stored.path) if stored else None
     config = merge_train_settings(stored.train if stored else {}, given, where=where)
-    config = resolved_train_config(config)
+    from medfed.federation.plan import resolved_settings
+
+    config = resolved_settings(config, where=where)
     check_out_folder(out)  # before the sites are loaded: that can take minutes
     if config.init:
         from medfed.federation.pretrained import resolve_init
@@ -617,19 +608,25 @@ def train(
     import math
     import time
 
-    from medfed.data.modality import modality_spec
     from medfed.data.sitedata import no_validation_warning
     from medfed.runs import RunDir
 
-    if "lr" not in given and "lr" not in (stored.train if stored else {}):
-        config = dataclasses.replace(config, lr=modality_spec(loaded[0].manifest.modality).lr)
-
+    # CT and fundus differ: no learning rate chosen, the sites' modality sets it.
+    lr_from_modality = "lr" not in given and "lr" not in (stored.train if stored else {})
     for site in loaded:
         words = no_validation_warning(site, config.operating_point)
         if words:
             typer.echo(f"warning: {words}", err=True)
     started = time.perf_counter()
-    summary = run_training(loaded, config, out, resume=resume, progress=show, echo=typer.echo)
+    summary = run_training(
+        loaded,
+        config,
+        out,
+        resume=resume,
+        progress=show,
+        echo=typer.echo,
+        lr_from_modality=lr_from_modality,
+    )
     seconds = time.perf_counter() - started
     typer.echo(site_table(summary))
     typer.echo("\n".join(federation_lines(summary)))
@@ -1041,7 +1038,9 @@ def bench_deploy(
         without_workers=without_workers,
         **({} if task_poll is None else {"task_poll_s": task_poll}),
     )
-    plan.config()  # a bad backbone or budget is refused before anything starts
+    from medfed.federation.plan import resolved_settings
+
+    resolved_settings(plan.config())  # a bad backbone or budget is refused before anything starts
     results = run_deploy_bench(out, plan)
     typer.echo(markdown(results))
     if update_readme is not None:
@@ -1266,13 +1265,11 @@ def deploy_app_folder(
         params=_parse_params(param) if param else None,
     )
     where = str(train_config) if train_config is not None else None
-    config = resolved_train_config(merge_train_settings(stored, given, where=where))
-    from medfed.algorithms import make_algorithm
+    from medfed.federation.plan import checked_algorithm, resolved_settings
 
+    config = resolved_settings(merge_train_settings(stored, given, where=where), where=where)
     try:
-        config.check_faults(
-            site, communicates=make_algorithm(config.algorithm, config.params).communicates
-        )
+        checked_algorithm(config, site)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}" if where else str(exc)) from None
     path = write_app(

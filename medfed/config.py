@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from medfed.errors import ConfigError, ManifestError, MedfedError
+from medfed.operating_rule import OperatingRule
 from medfed.versions import check_version
 
-# medfed.metrics (numpy, scipy, scikit-learn) is imported only where an operating rule is parsed,
-# so that the command line, which imports this module, answers a mistyped option at once.
 # The same text as medfed.metrics.DEFAULT_OPERATING_RULE (a test holds them equal).
 DEFAULT_OPERATING_RULE = "specificity:0.90"
 
@@ -659,16 +658,6 @@ class TrainConfig:
                 "pass --init SOURCE or drop --init-strict"
             )
         self._check_fault_rounds()
-        if self.backbone != "auto":
-            from medfed.models.backbones import BACKBONES
-
-            if self.backbone not in BACKBONES:
-                raise ConfigError(
-                    f"training setting: backbone (--backbone) {self.backbone!r} is not one of "
-                    f"{['auto', *BACKBONES]}"
-                )
-        from medfed.metrics import OperatingRule
-
         try:
             rule = OperatingRule.parse(self.operating_point)
         except ValueError as exc:

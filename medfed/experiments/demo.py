@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import NORMALIZATIONS, TrainConfig
-from medfed.data.modality import modality_spec
 from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
 from medfed.experiments.paired import (
@@ -29,6 +28,7 @@ from medfed.experiments.paired import (
     load_scans,
     verdict_lines,
 )
+from medfed.federation.plan import default_lr
 from medfed.federation.training import load_sites, train
 from medfed.runs import Summary
 from medfed.runs.report import communication_table, fmt, markdown_table, replace_marked_section
@@ -150,7 +150,7 @@ class WarmupBase:
     ) -> TrainConfig:
         """``method``'s training config, starting from this base when it asks for it."""
         # the sites' modality sets the learning rate, as `medfed train` does when none is given
-        lr = modality_spec(sites[0].manifest.modality).lr
+        lr = default_lr(sites[0].manifest.modality)
         config = dataclasses.replace(method.config(self.budget, self.seed), lr=lr)
         if not method.warmup_base:
             return config

@@ -26,13 +26,12 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from medfed.algorithms import make_algorithm
 from medfed.algorithms.base import State
 from medfed.config import TrainConfig, valid_site_id
-from medfed.data.modality import modality_spec
 from medfed.errors import ConfigError, MedfedError
 from medfed.federation import wire
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan, SiteInfo
+from medfed.federation.plan import checked_algorithm, plan_run, resolved_settings
 from medfed.federation.rounds import RoundInputs, RoundLoop, SecureSum, SiteFailure, SiteReply
 from medfed.federation.site import Published
 from medfed.federation.wire import WireFormat, encode
@@ -94,10 +93,12 @@ class Deployment:
             )
         # The run config is the operator's own (the app folder), never a site's.
         run_dir = Path(str(run_config["run-dir"])).expanduser()
-        config = train_config_from_toml(str(run_config["train"]), "run config 'train'")
+        where = "run config 'train'"
+        config = resolved_settings(
+            train_config_from_toml(str(run_config["train"]), where), where=where
+        )
         refuse_unsupported(config)
-        algorithm = make_algorithm(config.algorithm, config.params)
-        config.check_faults(sites, communicates=algorithm.communicates)
+        algorithm = checked_algorithm(config, sites)  # before the wait for the sites
         flags = ("resume", "lr-from-modality", "secure-aggregation")
         resume, modality_lr, secure = (run_config.get(k, False) for k in flags)
         for key, value in zip(flags, (resume, modality_lr, secure), strict=True):
@@ -258,7 +259,6 @@ class FlowerRun:
         self.grid, self.d = grid, deployment
         self.run_dir = RunDir(deployment.run_dir)
         self.setup = resolve_device(deployment.config.device)
-        self.algorithm = make_algorithm(deployment.config.algorithm, deployment.config.params)
         self.nodes: dict[str, int] = {}
         self.lost: dict[str, str] = {}  # site -> why it left the run
         self.eval_bytes = 0  # bytes of the global state sent with each evaluation message
@@ -359,10 +359,9 @@ class FlowerRun:
     def run(self) -> dict[str, Any]:
         infos = self._discover()
         self.n_train = {info.id: info.n_train for info in infos}
-        if self.d.lr_from_modality:
-            lr = modality_spec(infos[0].modality).lr  # mixed modalities: the Coordinator refuses
-            self.d = dataclasses.replace(self.d, config=dataclasses.replace(self.d.config, lr=lr))
-        self.server = Coordinator(infos, self.algorithm, self.d.config, self.run_dir, self.setup)
+        plan = plan_run(self.d.config, infos, lr_from_modality=self.d.lr_from_modality)
+        self.d = dataclasses.replace(self.d, config=plan.config)
+        self.server = Coordinator(plan, self.run_dir, self.setup)
         report = self.server.init_report
         settings = RunSettings(
             self.d.run_name,
