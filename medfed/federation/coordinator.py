@@ -17,10 +17,8 @@ from typing import Any
 import numpy as np
 
 from medfed.algorithms.base import State, Update
-from medfed.algorithms.privacy import check_model as check_dp_model
 from medfed.federation import wire
-from medfed.federation.plan import RunPlan, SiteInfo, initial_model
-from medfed.federation.pretrained import InitReport, apply_init, resolve_init
+from medfed.federation.plan import RunPlan, SiteInfo, starting_model
 from medfed.federation.site import clone_state, cosine_lr, derive_seed
 from medfed.federation.start import save_checkpoint, start_or_resume
 from medfed.federation.validate import UpdateRejected, validate_update
@@ -62,18 +60,8 @@ class Coordinator:
         self.algorithm, self.config = plan.algorithm, plan.config
         self.run, self.setup = run, setup
         config, algorithm, sites = self.config, self.algorithm, self.sites
-        source = init or config.init
-        algorithm.check_start(bool(source))
-        self.model = initial_model(self.spec, algorithm, config.seed, setup)
-        algorithm.check(self.model)
-        if config.dp.enabled:
-            check_dp_model(self.model, self.spec.backbone)
         # Starting weights (--init): loaded here, on the server, and sent to every site.
-        self.init_report: InitReport | None = None
-        if source:
-            self.init_report = apply_init(
-                self.model, resolve_init(source), strict=config.init_strict
-            )
+        self.model, self.init_report = starting_model(plan, setup, init)
         self.store = CheckpointStore(run.checkpoints, config.keep_checkpoints)
         # What the run records as its device (the in-process engine adds how its sites share it).
         self.device_text = setup.describe()

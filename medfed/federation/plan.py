@@ -16,11 +16,13 @@ import torch
 
 from medfed.algorithms import dp_algorithms, make_algorithm
 from medfed.algorithms.base import Algorithm
+from medfed.algorithms.privacy import check_model as check_dp_model
 from medfed.config import Modality, TrainConfig
 from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError
+from medfed.federation.pretrained import InitReport, apply_init, resolve_init
 from medfed.federation.site import derive_seed
 from medfed.models.backbones import BACKBONES, spatial_dims
 from medfed.models.device import DeviceSetup
@@ -214,3 +216,21 @@ def initial_model(spec: ModelSpec, algorithm: Algorithm, seed: int, setup: Devic
     if setup.channels_last and spatial_dims(spec.backbone) == 2:
         model = model.to(memory_format=torch.channels_last)
     return model
+
+
+def starting_model(
+    plan: RunPlan, setup: DeviceSetup, init: str | None = None
+) -> tuple[FedModel, InitReport | None]:
+    """The model the run starts from, checked before anything trains: seeded random weights,
+    with the starting weights (``config.init``, or ``init`` in its place: a run's own warm-up
+    base) loaded over them; and the record of what was loaded."""
+    config, algorithm = plan.config, plan.algorithm
+    source = init or config.init
+    algorithm.check_start(bool(source))
+    model = initial_model(plan.spec, algorithm, config.seed, setup)
+    algorithm.check(model)
+    if config.dp.enabled:
+        check_dp_model(model, plan.spec.backbone)
+    if not source:
+        return model, None
+    return model, apply_init(model, resolve_init(source), strict=config.init_strict)
