@@ -37,12 +37,8 @@ from medfed.manifest import (  # noqa: F401  (medfed.config names the manifests 
     read_toml,
     valid_site_id,
 )
+from medfed.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
 from medfed.versions import check_version
-
-# medfed.metrics (numpy, scipy, scikit-learn) is imported only where an operating rule is parsed,
-# so that the command line, which imports this module, answers a mistyped option at once.
-# The same text as medfed.metrics.DEFAULT_OPERATING_RULE (a test holds them equal).
-DEFAULT_OPERATING_RULE = "specificity:0.90"
 
 # cpu-bf16: the CPU with the GPU path's numerics (bf16 autocast, channels-last), for checking
 # that path on a machine without a GPU (medfed gpu-check); slower than cpu on most CPUs.
@@ -431,16 +427,6 @@ class TrainConfig:
                 "pass --init SOURCE or drop --init-strict"
             )
         self._check_fault_rounds()
-        if self.backbone != "auto":
-            from medfed.models.backbones import BACKBONES
-
-            if self.backbone not in BACKBONES:
-                raise ConfigError(
-                    f"training setting: backbone (--backbone) {self.backbone!r} is not one of "
-                    f"{['auto', *BACKBONES]}"
-                )
-        from medfed.metrics import OperatingRule
-
         try:
             rule = OperatingRule.parse(self.operating_point)
         except ValueError as exc:

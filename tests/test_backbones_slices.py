@@ -16,7 +16,7 @@ from medfed.algorithms import ALGORITHMS, make_algorithm
 from medfed.config import CTPreprocess, Modality, TrainConfig
 from medfed.data.preprocess import Normalization
 from medfed.errors import ConfigError
-from medfed.federation.coordinator import resolved_backbone
+from medfed.federation.plan import resolved_backbone
 from medfed.federation.pretrained import apply_init, resolve_init
 from medfed.federation.training import train
 from medfed.models.backbones import (

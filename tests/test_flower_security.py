@@ -199,8 +199,8 @@ def test_a_run_without_a_learning_rate_takes_its_sites_modality(modality, from_m
     class Stop(Exception):
         pass
 
-    def coordinator(infos, algorithm, config, *rest):
-        seen.append(config.lr)
+    def coordinator(plan, *rest):
+        seen.append(plan.config.lr)
         raise Stop
 
     run.messenger.discover = lambda: [info]

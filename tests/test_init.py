@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig
 from medfed.errors import ConfigError
 from medfed.federation.engine import Engine
+from medfed.federation.plan import SiteInfo, plan_run
 from medfed.federation.pretrained import IMAGENET_MEAN, IMAGENET_STD
 from medfed.federation.training import train
 from medfed.runs import RunDir
@@ -37,7 +37,9 @@ def global_weights(run_dir) -> dict[str, torch.Tensor]:
 
 def test_a_run_folder_as_init_gives_its_global_weights_exactly(base_run, tmp_path) -> None:
     config = dataclasses.replace(BASE, algorithm="feddrm", init=str(base_run))
-    engine = Engine(tensor_sites(3), make_algorithm("feddrm", {}), config, RunDir(tmp_path / "r"))
+    sites = tensor_sites(3)
+    plan = plan_run(config, [SiteInfo.of(s) for s in sites])
+    engine = Engine(sites, plan, RunDir(tmp_path / "r"))
     start = engine.server.initial_state
     weights = global_weights(base_run)
     assert weights

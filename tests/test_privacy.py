@@ -205,7 +205,7 @@ def test_slice_backbones_are_refused_for_their_per_slice_gradients(backbone) -> 
 
 def test_the_3d_backbone_trains_under_dp() -> None:
     """CT's DP backbone: its residual blocks must take Opacus' per-scan hooks."""
-    from medfed.federation.coordinator import resolved_backbone
+    from medfed.federation.plan import resolved_backbone
 
     cfg = config()
     assert resolved_backbone(cfg, Modality.CT, make_algorithm("feddrm")) == "monai3d-gn"
@@ -239,9 +239,12 @@ def test_a_site_secret_replaces_the_run_seed_for_batches_and_noise(tmp_path) -> 
     """On a deployment each node seeds DP-SGD from its own secret: the server, which knows the
     run's seed, cannot draw the same batches and noise again. Without DP the seed rules."""
     from medfed.federation.engine import Engine
+    from medfed.federation.plan import SiteInfo, plan_run
 
     def first_draws(cfg: TrainConfig, secrets: list[int | None]) -> list[torch.Tensor]:
-        engine = Engine(tensor_sites(2), make_algorithm(cfg.algorithm), cfg, RunDir(tmp_path / "r"))
+        sites = tensor_sites(2)
+        plan = plan_run(cfg, [SiteInfo.of(s) for s in sites])
+        engine = Engine(sites, plan, RunDir(tmp_path / "r"))
         worker, out = engine.link.workers[0], []
         for secret in secrets:
             worker.secret = secret

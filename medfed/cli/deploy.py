@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from medfed.cli.common import DEPLOYMENT, adder, friendly, with_registries
-from medfed.cli.settings import given_settings, resolved_train_config, training_options
+from medfed.cli.settings import given_settings, training_options
 from medfed.errors import ConfigError, require_extra
 
 
@@ -94,13 +94,11 @@ def deploy_app_folder(
         {**(settings or {}), "algorithm": algorithm or (None if stored else "feddrm")}
     )
     where = str(train_config) if train_config is not None else None
-    config = resolved_train_config(merge_train_settings(stored, given, where=where))
-    from medfed.algorithms import make_algorithm
+    from medfed.federation.plan import checked_algorithm, resolved_settings
 
+    config = resolved_settings(merge_train_settings(stored, given, where=where), where=where)
     try:
-        config.check_faults(
-            site, communicates=make_algorithm(config.algorithm, config.params).communicates
-        )
+        checked_algorithm(config, site)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}" if where else str(exc)) from None
     path = write_app(

@@ -286,7 +286,9 @@ def bench_deploy(
         without_workers=without_workers,
         **({} if task_poll is None else {"task_poll_s": task_poll}),
     )
-    plan.config()  # a bad backbone or budget is refused before anything starts
+    from medfed.federation.plan import resolved_settings
+
+    resolved_settings(plan.config())  # a bad backbone or budget is refused before anything starts
     results = run_deploy_bench(out, plan)
     typer.echo(markdown(results))
     if update_readme is not None:

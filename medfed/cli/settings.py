@@ -136,14 +136,3 @@ def given_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
             continue
         given[name] = CONVERT[name](value) if name in CONVERT else value
     return given
-
-
-def resolved_train_config(config: TrainConfig) -> TrainConfig:
-    """``config`` with every algorithm parameter spelled out, defaults included, so that the
-    run's config.toml re-runs the same training even after a default changes."""
-    from medfed.algorithms import make_algorithm
-
-    algorithm = make_algorithm(config.algorithm, config.params)
-    resolve = getattr(algorithm, "resolved_params", None)
-    params = resolve() if callable(resolve) else dataclasses.asdict(algorithm.params)
-    return dataclasses.replace(config, params=dict(params))

@@ -20,7 +20,7 @@ from medfed.cli.common import (
     named_folder,
     with_registries,
 )
-from medfed.cli.settings import given_settings, resolved_train_config, training_options
+from medfed.cli.settings import given_settings, training_options
 from medfed.errors import ConfigError, ManifestError
 from medfed.fileio import check_out_folder
 
@@ -158,7 +158,9 @@ def train(
     given = given_settings(settings)
     where = str(stored.path) if stored else None
     config = merge_train_settings(stored.train if stored else {}, given, where=where)
-    config = resolved_train_config(config)
+    from medfed.federation.plan import resolved_settings
+
+    config = resolved_settings(config, where=where)
     check_out_folder(out)  # before the sites are loaded: that can take minutes
     if config.init:
         from medfed.federation.pretrained import resolve_init
@@ -166,18 +168,24 @@ def train(
         resolve_init(config.init)  # a missing file or unfinished run: said before the sites load
     show = progress and sys.stderr.isatty()
     loaded = _load_sites([*(sites or []), *(more_sites or [])], stored, cache_dir, show)
-    from medfed.data.modality import modality_spec
     from medfed.data.sitedata import no_validation_warning
 
-    if "lr" not in given and "lr" not in (stored.train if stored else {}):
-        config = dataclasses.replace(config, lr=modality_spec(loaded[0].manifest.modality).lr)
-
+    # CT and fundus differ: no learning rate chosen, the sites' modality sets it.
+    lr_from_modality = "lr" not in given and "lr" not in (stored.train if stored else {})
     for site in loaded:
         words = no_validation_warning(site, config.operating_point)
         if words:
             typer.echo(f"warning: {words}", err=True)
     started = time.perf_counter()
-    summary = run_training(loaded, config, out, resume=resume, progress=show, echo=typer.echo)
+    summary = run_training(
+        loaded,
+        config,
+        out,
+        resume=resume,
+        progress=show,
+        echo=typer.echo,
+        lr_from_modality=lr_from_modality,
+    )
     _print_outcome(summary, out, time.perf_counter() - started)
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import NORMALIZATIONS, TrainConfig
-from medfed.data.modality import modality_spec
 from medfed.errors import ConfigError
 from medfed.experiments.harness import Trained, synthesize_federation, train_run, train_seeds
 from medfed.experiments.paired import (
@@ -24,6 +23,7 @@ from medfed.experiments.paired import (
     PROTOCOLS,
     compare_methods,
 )
+from medfed.federation.plan import default_lr
 from medfed.federation.training import train
 from medfed.reports.comparisons import ci_cell, comparison_rows, verdict_lines
 from medfed.reports.evaluation import communication_table
@@ -148,7 +148,7 @@ class WarmupBase:
     ) -> TrainConfig:
         """``method``'s training config, starting from this base when it asks for it."""
         # the sites' modality sets the learning rate, as `medfed train` does when none is given
-        lr = modality_spec(sites[0].manifest.modality).lr
+        lr = default_lr(sites[0].manifest.modality)
         config = dataclasses.replace(method.config(self.budget, self.seed), lr=lr)
         if not method.warmup_base:
             return config

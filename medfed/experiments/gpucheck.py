@@ -34,6 +34,7 @@ from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.data.synth import synthesize
 from medfed.errors import ConfigError
+from medfed.federation.plan import default_lr
 from medfed.federation.site import failure_reason
 from medfed.federation.training import load_sites, train
 from medfed.fileio import fresh_folder
@@ -186,7 +187,7 @@ def check_config(
         rounds=budget.rounds,
         local_steps=budget.local_steps,
         batch_size=budget.batch_size,
-        lr=modality_spec(modality).lr,
+        lr=default_lr(modality),
         seed=0,
         device=device,
         **more,

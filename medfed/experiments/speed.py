@@ -33,8 +33,8 @@ from medfed.data.modality import modality_spec
 from medfed.data.preprocess import NormalizedView
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
-from medfed.federation.coordinator import default_backbone, initial_model
 from medfed.federation.lanes import Lanes
+from medfed.federation.plan import default_backbone, initial_model
 from medfed.federation.site import cosine_lr, derive_seed
 from medfed.federation.training import train
 from medfed.models.backbones import SLICE_BACKBONES

@@ -18,15 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from medfed.algorithms.base import Algorithm, State
+from medfed.algorithms.base import State
 from medfed.config import TrainConfig
 from medfed.data.modality import modality_spec
 from medfed.data.preprocess import Normalization
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError, RunDirError
-from medfed.federation.coordinator import Coordinator, Downlink, SiteInfo
+from medfed.federation.coordinator import Coordinator, Downlink
 from medfed.federation.lanes import Lanes
+from medfed.federation.plan import RunPlan
 from medfed.federation.pretrained import IMAGENET_MEAN, IMAGENET_STD
 from medfed.federation.rounds import RoundInputs, RoundLoop, SiteFailure, SiteReply, Trained
 from medfed.federation.site import LocalRound, Published, SiteWorker, clone_state, failure_reason
@@ -208,20 +209,17 @@ class Engine:
     def __init__(
         self,
         sites: list[SiteData],
-        algorithm: Algorithm,
-        config: TrainConfig,
+        plan: RunPlan,
         run: RunDir,
         *,
         progress: bool = False,
         init: str | None = None,
     ) -> None:
-        """``init``: starting weights in place of ``config.init`` (a warm-up base)."""
-        if not sites:
-            raise ConfigError("no sites to train on")
-        sites = normalized(sites, config)
-        setup = resolve_device(config.device)
-        infos = [SiteInfo.of(s) for s in sites]
-        self.server = Coordinator(infos, algorithm, config, run, setup, init=init)
+        """``plan``: the run :func:`~medfed.federation.plan.plan_run` made of ``sites``;
+        ``init``: starting weights in place of ``config.init`` (a warm-up base)."""
+        sites = normalized(sites, plan.config)
+        setup = resolve_device(plan.config.device)
+        self.server = Coordinator(plan, run, setup, init=init)
         self.link = LocalLink(self.server, sites)
         self.loop = RoundLoop(self.server, self.link, progress=progress)
 

@@ -7,15 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from medfed.algorithms import make_algorithm
-from medfed.algorithms.base import Algorithm
-from medfed.config import Modality, TrainConfig, load_manifests
+from medfed.config import TrainConfig, load_manifests
 from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.overview import write_site_overview
 from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError
-from medfed.federation.coordinator import refuse_private, resolved_backbone
 from medfed.federation.engine import Engine
+from medfed.federation.plan import RunPlan, SiteInfo, plan_run
 from medfed.models.device import keep_freed_memory
 from medfed.runs import RunDir, Summary
 
@@ -41,16 +39,18 @@ def train(
     resume: bool = False,
     progress: bool = False,
     echo: Callable[[str], Any] | None = None,
+    lr_from_modality: bool = False,
 ) -> Summary:
     """Train ``config.algorithm`` over ``sites`` and write the run directory ``out``.
 
     An algorithm with ``warmup_rounds = N`` (LoRA) first trains FedAvg for N rounds into
     ``out/warmup`` and starts from its weights; ``echo`` hears what the starting weights were.
+    ``lr_from_modality``: no learning rate was chosen; the sites' modality sets it.
     """
-    algorithm = make_algorithm(config.algorithm, config.params)
-    refuse_private(algorithm, config)  # before a warm-up base trains
-    base = warmup_base(sites, config, algorithm, Path(out), resume, progress, echo)
-    engine = Engine(sites, algorithm, config, RunDir(out), progress=progress, init=base)
+    # Planned before anything trains, a warm-up base included.
+    plan = plan_run(config, [SiteInfo.of(s) for s in sites], lr_from_modality=lr_from_modality)
+    base = warmup_base(sites, plan, Path(out), resume, progress, echo)
+    engine = Engine(sites, plan, RunDir(out), progress=progress, init=base)
     report = engine.server.init_report
     if echo is not None and report is not None:
         for line in report.lines():
@@ -62,8 +62,7 @@ def train(
 
 def warmup_base(
     sites: list[SiteData],
-    config: TrainConfig,
-    algorithm: Algorithm,
+    plan: RunPlan,
     out: Path,
     resume: bool,
     progress: bool,
@@ -72,7 +71,8 @@ def warmup_base(
     """The run's warm-up base, trained first (or resumed, or reused when finished), when the
     algorithm asks for one (``warmup_rounds``); None otherwise. config.toml keeps the setting
     (``init`` stays empty), its [init] table the base it started from."""
-    rounds = int(getattr(algorithm.params, "warmup_rounds", 0) or 0)
+    config = plan.config
+    rounds = int(getattr(plan.algorithm.params, "warmup_rounds", 0) or 0)
     if not rounds or not sites:
         return None
     base = (out / WARMUP_DIR).resolve()
@@ -81,13 +81,12 @@ def warmup_base(
             f"{config.algorithm}: --init {config.init} and --param warmup_rounds={rounds} both "
             "give the starting weights; pass one of them"
         )
-    backbone = resolved_backbone(config, Modality(str(sites[0].manifest.modality)), algorithm)
     warmup = dataclasses.replace(
         config,
         algorithm="fedavg",
         params={},
         rounds=rounds,
-        backbone=backbone,
+        backbone=plan.spec.backbone,
         faults=(),
         init="",
         init_strict=False,
@@ -99,7 +98,8 @@ def warmup_base(
     else:
         if echo is not None:
             echo(f"warm-up: {rounds} rounds of fedavg into {base}, then {config.algorithm}")
-        Engine(sites, make_algorithm("fedavg", {}), warmup, run, progress=progress).train(
+        warmup_plan = plan_run(warmup, plan.sites)
+        Engine(sites, warmup_plan, run, progress=progress).train(
             resume=resume and run.config_path.is_file()
         )
         write_site_overview(base, sites)

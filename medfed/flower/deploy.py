@@ -166,9 +166,9 @@ def write_app(
     _check_sites(sites)
     refuse_unsupported(config)
     if secure_aggregation:
-        from medfed.algorithms import make_algorithm
+        from medfed.federation.plan import checked_algorithm
 
-        algorithm = make_algorithm(config.algorithm, config.params)
+        algorithm = checked_algorithm(config, sites)
         refuse_insecure_settings(config, algorithm, len(sites), secure_bound)
     check_wait("--wait", wait_s)
     check_wait("--reply-timeout", reply_timeout_s)

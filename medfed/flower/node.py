@@ -32,8 +32,8 @@ from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError, RunDirError
 from medfed.federation import wire
-from medfed.federation.coordinator import SiteInfo, initial_model
 from medfed.federation.engine import normalized
+from medfed.federation.plan import SiteInfo, initial_model
 from medfed.federation.pretrained import state_sha256
 from medfed.federation.site import SiteWorker, clone_state, planned_dp_steps
 from medfed.fileio import atomic_write

@@ -23,11 +23,10 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig, valid_site_id
-from medfed.data.modality import modality_spec
 from medfed.errors import ConfigError
 from medfed.federation.coordinator import Coordinator
+from medfed.federation.plan import checked_algorithm, plan_run, resolved_settings
 from medfed.federation.rounds import RoundLoop, RoundSource
 from medfed.flower.deploy import MAX_WAIT_S, refuse_insecure_settings, refuse_unsupported
 from medfed.flower.link import FlowerLink
@@ -77,10 +76,12 @@ class Deployment:
             )
         # The run config is the operator's own (the app folder), never a site's.
         run_dir = Path(str(run_config["run-dir"])).expanduser()
-        config = train_config_from_toml(str(run_config["train"]), "run config 'train'")
+        where = "run config 'train'"
+        config = resolved_settings(
+            train_config_from_toml(str(run_config["train"]), where), where=where
+        )
         refuse_unsupported(config)
-        algorithm = make_algorithm(config.algorithm, config.params)
-        config.check_faults(sites, communicates=algorithm.communicates)
+        algorithm = checked_algorithm(config, sites)  # before the wait for the sites
         flags = ("resume", "lr-from-modality", "secure-aggregation")
         resume, modality_lr, secure = (run_config.get(k, False) for k in flags)
         for key, value in zip(flags, (resume, modality_lr, secure), strict=True):
@@ -132,17 +133,15 @@ class FlowerRun:
         self.grid, self.d = grid, deployment
         self.run_dir = RunDir(deployment.run_dir)
         self.setup = resolve_device(deployment.config.device)
-        self.algorithm = make_algorithm(deployment.config.algorithm, deployment.config.params)
         self.messenger = Messenger(
             grid, deployment.sites, deployment.reply_timeout_s, deployment.wait_s
         )
 
     def run(self) -> dict[str, Any]:
         infos = self.messenger.discover()
-        if self.d.lr_from_modality:
-            lr = modality_spec(infos[0].modality).lr  # mixed modalities: the Coordinator refuses
-            self.d = dataclasses.replace(self.d, config=dataclasses.replace(self.d.config, lr=lr))
-        self.server = Coordinator(infos, self.algorithm, self.d.config, self.run_dir, self.setup)
+        plan = plan_run(self.d.config, infos, lr_from_modality=self.d.lr_from_modality)
+        self.d = dataclasses.replace(self.d, config=plan.config)
+        self.server = Coordinator(plan, self.run_dir, self.setup)
         report = self.server.init_report
         settings = RunSettings(
             self.d.run_name,

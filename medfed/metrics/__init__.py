@@ -31,10 +31,8 @@ from medfed.metrics.intervals import (
     wilson,
 )
 from medfed.metrics.operating import (
-    DEFAULT_OPERATING_RULE,
     Calibration,
     OperatingPoint,
-    OperatingRule,
     calibration,
     choose_threshold,
     operating_point,
@@ -52,6 +50,7 @@ from medfed.metrics.point import (
     site_metrics,
     system_accuracy,
 )
+from medfed.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
 
 __all__ = [
     "ABSTAIN",

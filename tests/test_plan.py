@@ -1,0 +1,94 @@
+"""Run planning: the settings and sites of a run -> the resolved run, refused before training."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from medfed.algorithms import make_algorithm
+from medfed.config import Modality, TrainConfig
+from medfed.data.modality import modality_spec
+from medfed.errors import ConfigError
+from medfed.federation.plan import (
+    RunPlan,
+    SiteInfo,
+    checked_algorithm,
+    plan_run,
+    resolved_settings,
+)
+
+LABELS = {"normal": 0, "lesion": 1}
+
+
+def infos(modality: str, n: int = 2) -> list[SiteInfo]:
+    shape = (3, 32, 32) if modality == "fundus" else (1, 16, 32, 32)
+    return [SiteInfo(f"s{i}", modality, LABELS, shape, 10 + i, {}) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("modality", "lr", "backbone"),
+    [("fundus", 0.002, "cnn-gn"), ("ct", 3e-4, modality_spec("ct").default_backbone(False))],
+)
+def test_a_plan_fills_the_modality_defaults(modality, lr, backbone) -> None:
+    config = TrainConfig(algorithm="fedavg", lr=0.05)
+
+    plan = plan_run(config, infos(modality), lr_from_modality=True)
+
+    assert isinstance(plan, RunPlan)
+    assert plan.modality == Modality(modality)
+    assert plan.config.lr == lr == modality_spec(modality).lr
+    assert plan.spec.backbone == backbone
+    assert plan.config.backbone == "auto"  # config.toml records what was chosen
+    assert plan.site_ids == ["s0", "s1"] and plan.spec.n_sites == 2
+    assert plan.spec.in_channels == infos(modality)[0].input_shape[0]
+
+
+def test_a_chosen_learning_rate_and_backbone_stay() -> None:
+    config = TrainConfig(algorithm="fedbn", lr=0.05, backbone="cnn-gn")
+
+    plan = plan_run(config, infos("fundus"))
+
+    assert plan.config.lr == 0.05 and plan.spec.backbone == "cnn-gn"
+
+
+def test_a_plan_spells_out_every_algorithm_parameter() -> None:
+    config = TrainConfig(algorithm="feddrm")
+
+    plan = plan_run(config, infos("fundus"))
+
+    assert plan.config.params == make_algorithm("feddrm").resolved_params()
+    assert resolved_settings(config) == dataclasses.replace(config, params=plan.config.params)
+    assert plan.spec.client_branch  # FedDRM routes by its client head
+
+
+def test_privacy_for_an_algorithm_that_cannot_have_it_is_refused() -> None:
+    config = TrainConfig(algorithm="ditto", dp_epsilon=3.0)
+
+    with pytest.raises(ConfigError, match=r"cannot train under differential privacy"):
+        plan_run(config, infos("fundus"))
+    with pytest.raises(ConfigError, match=r"cannot train under differential privacy"):
+        checked_algorithm(config, ["s0", "s1"])
+
+
+def test_a_drill_of_a_site_outside_the_federation_is_refused() -> None:
+    config = TrainConfig(algorithm="fedavg", rounds=2, faults=("1:elsewhere:raise",))
+
+    with pytest.raises(ConfigError, match=r"'elsewhere', which is not in the federation"):
+        plan_run(config, infos("fundus"))
+
+
+def test_a_federation_of_two_modalities_is_refused() -> None:
+    mixed = [infos("fundus")[0], dataclasses.replace(infos("ct")[1], input_shape=(3, 32, 32))]
+
+    with pytest.raises(ConfigError, match=r"one modality"):
+        plan_run(TrainConfig(algorithm="fedavg"), mixed)
+
+
+def test_an_unknown_backbone_names_the_choices_and_the_file() -> None:
+    config = TrainConfig(algorithm="fedavg", backbone="vit")
+
+    with pytest.raises(ConfigError, match=r"^run\.toml: training setting: backbone.*'vit'.*auto"):
+        resolved_settings(config, where="run.toml")
+    with pytest.raises(ConfigError, match=r"^training setting: backbone \(--backbone\) 'vit'"):
+        plan_run(config, infos("fundus"))
