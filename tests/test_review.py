@@ -331,6 +331,36 @@ def test_an_old_audit_log_gains_the_review_tables_and_keeps_its_scans(tmp_path) 
     assert [i.scan_id for i in again.queue()] == [2]
 
 
+V1_READS = """
+CREATE TABLE reads (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    routed_id INTEGER NOT NULL REFERENCES routed(id),
+    reader TEXT NOT NULL, read TEXT NOT NULL, note TEXT,
+    time TEXT NOT NULL, recorded TEXT NOT NULL, source TEXT NOT NULL
+)
+"""
+
+
+def test_a_version_1_log_gains_amendments_and_blinding_and_keeps_its_reads(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [])
+    _old_log(run)
+    with sqlite3.connect(run / "audit.sqlite") as db:
+        db.execute(V1_READS)
+        db.execute(
+            "INSERT INTO reads (routed_id, reader, read, time, recorded, source)"
+            " VALUES (1, 'Dr Ames', 'normal', ?, ?, 'dashboard')",
+            (at(2), at(2)),
+        )
+        db.execute("PRAGMA user_version = 1")
+    db.close()
+    (old,) = Review(run).reads()
+    assert (old.read, old.amends, old.blinded) == ("normal", None, None)  # unknown then
+    assert AuditLog(run).version() == AUDIT_SCHEMA_VERSION == 2
+    amended = Review(run).record(1, "Dr Ames", "glaucoma", time=at(3))
+    assert (amended.amends, amended.blinded) == (old.id, True)
+    assert Review(run).figures().scope(SYSTEM).operating.tp == 1
+
+
 def test_an_audit_log_from_a_newer_medfed_is_refused(tmp_path) -> None:
     run = make_run(tmp_path / "run", [entry(at(1))])
     with sqlite3.connect(run / "audit.sqlite") as db:
