@@ -346,6 +346,8 @@ def test_a_second_reader_adds_a_row_and_their_disagreement_is_shown(monkeypatch,
     hidden = "1 read by others, hidden until you record yours"
     assert hidden in texts(second, "caption")  # dr.b reads blind
     assert "by dr.a" not in texts(second, "caption")
+    assert table(second, "reads")["prediction"].tolist() == ["hidden until you read it"]
+    assert table(first, "reads")["prediction"].tolist() == ["normal"]  # dr.a has read it
     ok(record(second, scan, "glaucoma"))
 
     reads = AuditLog(run).reads(scan)

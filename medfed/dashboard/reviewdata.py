@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,8 +78,26 @@ READS_COLUMNS = [
 ]
 
 
-def reads_frame(reads: Sequence[ReadEntry], scans: Mapping[int, AuditEntry]) -> pd.DataFrame:
-    """Every read, newest first, beside the routing answer of the scan it reads."""
+HIDDEN_ANSWER = "hidden until you read it"
+"""What a table shows for the model's answer of a scan the reader has not read yet."""
+
+
+def _answer(entry: AuditEntry | None, scan: int, shown: Collection[int] | None) -> str:
+    if entry is None:
+        return ""
+    if shown is not None and scan not in shown:
+        return HIDDEN_ANSWER
+    return answer_text(entry.status, entry.prediction)
+
+
+def reads_frame(
+    reads: Sequence[ReadEntry],
+    scans: Mapping[int, AuditEntry],
+    shown: Collection[int] | None = None,
+) -> pd.DataFrame:
+    """Every read, newest first, beside the routing answer of the scan it reads; with
+    ``shown``, only those scans' answers (the others' stay hidden from a reader yet to read
+    them)."""
     rows = []
     for r in reversed(reads):
         entry = scans.get(r.routed_id)
@@ -88,7 +106,7 @@ def reads_frame(reads: Sequence[ReadEntry], scans: Mapping[int, AuditEntry]) -> 
                 "scan": r.routed_id,
                 "file": entry.file if entry else "",
                 "chosen site": (entry.chosen_site or "abstain") if entry else "",
-                "prediction": answer_text(entry.status, entry.prediction) if entry else "",
+                "prediction": _answer(entry, r.routed_id, shown),
                 "reader": r.reader,
                 "read": r.read,
                 "note": r.note or "",
@@ -100,14 +118,23 @@ def reads_frame(reads: Sequence[ReadEntry], scans: Mapping[int, AuditEntry]) -> 
     return pd.DataFrame(rows, columns=READS_COLUMNS)
 
 
-def disagreements_frame(disagreements: Sequence[Disagreement]) -> pd.DataFrame:
-    """Scans whose readers disagree: the routing answer and each reader's latest read."""
+def disagreements_frame(
+    disagreements: Sequence[Disagreement], shown: Collection[int] | None = None
+) -> pd.DataFrame:
+    """Scans whose readers disagree: the routing answer (with ``shown``, only of those scans)
+    and each reader's latest read."""
+
+    def answer(d: Disagreement) -> str:
+        if shown is not None and d.scan_id not in shown:
+            return HIDDEN_ANSWER
+        return (d.prediction or "") if d.chosen_site else "none (abstained)"
+
     rows = [
         {
             "scan": d.scan_id,
             "file": d.file,
             "chosen site": d.chosen_site or "abstain",
-            "model's answer": (d.prediction or "") if d.chosen_site else "none (abstained)",
+            "model's answer": answer(d),
             "reads (latest per reader)": read_list(d.reads),
         }
         for d in disagreements

@@ -328,7 +328,16 @@ def read_form(review: Review, item: QueueItem, labels: Labels, reader: str | Non
 
 
 # ------------------------------------------------------------------------------- the rest
-def disagreements_section(review: Review) -> None:
+def answers_seen(review: Review, reader: str | None) -> set[int]:
+    """The scans whose model answer ``reader`` may see in the tables: those they have read or
+    asked to see (none for a reader not yet named)."""
+    if reader is None:
+        return set()
+    read = {r.routed_id for r in review.reads() if r.reader == reader}
+    return read | {v.routed_id for v in review.log.reveals() if v.reader == reader}
+
+
+def disagreements_section(review: Review, reader: str | None) -> None:
     st.subheader("Disagreements")
     found = review.disagreements()
     if not found:
@@ -337,7 +346,8 @@ def disagreements_section(review: Review) -> None:
     st.caption(
         f"{count(len(found), 'scan')} whose readers disagree (each reader's latest read counts)."
     )
-    st.dataframe(reviewdata.disagreements_frame(found), hide_index=True, width="stretch")
+    shown = answers_seen(review, reader)
+    st.dataframe(reviewdata.disagreements_frame(found, shown), hide_index=True, width="stretch")
 
 
 def window_from(start: date | None, until: date | None, by: str) -> Window:
@@ -389,7 +399,7 @@ def figures_section(review: Review, run: Run) -> None:
     )
 
 
-def reads_section(review: Review) -> None:
+def reads_section(review: Review, reader: str | None) -> None:
     st.subheader("Reads")
     reads = review.reads()
     if not reads:
@@ -397,10 +407,10 @@ def reads_section(review: Review) -> None:
         return
     st.caption(
         f"{count(len(reads), 'read')}, newest first; a read is never overwritten: a changed "
-        "read is a new row that amends it. The model's answers show here: read first."
+        "read is a new row that amends it. A scan's model answer shows once you have read it."
     )
     st.dataframe(
-        reviewdata.reads_frame(reads, review.scans()),
+        reviewdata.reads_frame(reads, review.scans(), answers_seen(review, reader)),
         hide_index=True,
         width="stretch",
     )
@@ -437,9 +447,9 @@ def main() -> None:
     labels = review.labels
     reader = reader_name()
     queue_section(review, labels, reader)
-    disagreements_section(review)
+    disagreements_section(review, reader)
     figures_section(review, run)
-    reads_section(review)
+    reads_section(review, reader)
 
 
 common.guarded(main)
