@@ -424,7 +424,7 @@ class Review:
                 counts["blank"] += 1
                 continue
             try:
-                read = self._row_read(cells, scans, f"line {line}", source)
+                read = self._row_read(cells, scans, source)
                 key = (read.routed_id, read.reader)
                 base = self._named_read(cells.get("read_id", ""), ids, key)
                 if key in lines:
@@ -473,8 +473,9 @@ class Review:
         return found
 
     def _row_read(
-        self, cells: Mapping[str, str], scans: Mapping[int, AuditEntry], where: str, source: str
+        self, cells: Mapping[str, str], scans: Mapping[int, AuditEntry], source: str
     ) -> ReadEntry:
+        """A worksheet line's read, checked (ReviewError saying what is wrong with it)."""
         text = cells.get("scan_id", "")
         try:
             scan_id = int(text)

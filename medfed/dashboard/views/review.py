@@ -394,8 +394,9 @@ def figures_section(review: Review, run: Run) -> None:
         file_name=f"{run.path.name}_reads.csv",
         mime="text/csv",
         key="reads_csv",
-        help="Every read, then a blank row per scan nobody has read, as 'medfed review RUN "
-        "--export' writes it (a site can fill it in and import it).",
+        help="Each reader's current read, then a blank row per scan nobody has read, without "
+        "the model's answer, as 'medfed review RUN --export' writes it (a site can fill it in "
+        "and import it; importing it twice adds nothing).",
     )
 
 
