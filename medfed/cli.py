@@ -765,7 +765,8 @@ def review(
         typer.echo(f"imported {import_}: {done.describe()}")
         for _, why in done.refused:
             typer.echo(f"refused: {why}", err=True)
-    typer.echo(queue_text(work))
+    if work.log.path.is_file():
+        typer.echo(queue_text(work))
     result = work.figures(window)
     typer.echo(
         f"prospective review of {run} ({window.describe()}): {result.n_reads} read(s) of "
