@@ -126,6 +126,27 @@ def _copy_image(root: Path) -> None:
     shutil.copyfile(a[1], root / "Im501_copy_ACRIMA.jpg")
 
 
+def _everyday_photos(root: Path) -> None:
+    """The first four ACRIMA photos replaced by an astronaut, a coffee cup, a cat and a rocket
+    (same names, so their labels stay)."""
+    from skimage import data
+
+    pictures = (data.astronaut(), data.coffee(), data.chelsea(), data.rocket())
+    for path, pixels in zip(sorted(root.glob("*.jpg")), pictures, strict=False):
+        Image.fromarray(pixels).convert("RGB").save(path, format="JPEG")
+
+
+def _site_copied_as_another(tmp: Path, s: Shared) -> list:
+    """ACRIMA and a second site whose folder is a byte-for-byte copy of it."""
+    data = s.copy_data(tmp)
+    shutil.copytree(data / "ACRIMA", data / "ACRIMA_COPY")
+    first = data / "sites" / "acrima.toml"
+    other = data / "sites" / "acrima_copy.toml"
+    text = first.read_text(encoding="utf-8").replace('id = "acrima"', 'id = "copy"', 1)
+    other.write_text(text.replace(str(data / "ACRIMA"), str(data / "ACRIMA_COPY")), "utf-8")
+    return _check(tmp, first, other)
+
+
 def _rimone_copy_across_splits(root: Path) -> None:
     base = root / "partitioned_by_hospital"
     train = _first(base / "training_set" / "normal", "*.png")
@@ -524,6 +545,14 @@ CASES = [
          ("3 file(s) not an image file; ignored", ".DS_Store", "Thumbs.db", "notes.txt")),
     Case("stray file in a RIM-ONE partition", _site("rimone", _rimone("notes.txt", "file")), 0,
          ("notes.txt", "not an image file")),
+    Case("everyday photos in a fundus site", _acrima(_everyday_photos), 0,
+         ("4 scan(s) do not look like fundus scans", "no dark surround", "not red to orange",
+          "Im001_g_ACRIMA.jpg", "READY")),
+    Case("a site whose files are another site's", _site_copied_as_another, 0,
+         ("byte-identical to scans of site copy", "byte-identical to scans of site acrima",
+          "same SHA-256", "ACRIMA_COPY", "both test sets")),
+    Case("CT volumes without air (not in Hounsfield units)", _dicom_site(), 0,
+         ("do not look like ct scans", "no air", "not Hounsfield units", "P0")),
     Case("byte-identical images under different names", _acrima(_copy_image), 0,
          ("2 set(s) of byte-identical scans", "Im500_copy_ACRIMA.jpg", "Im501_copy_ACRIMA.jpg",
           "one split")),

@@ -1,8 +1,10 @@
 """The bad-input corpus, ``medfed review`` cases (see tests/badinput.py for the policy).
 
 Every row works on a private copy of the shared run whose audit log holds three routed scans
-(ids 1-3, written as ``medfed route`` writes them). A reads file with one bad row is refused as a
-whole, naming the file, the CSV line and what to do, and nothing is written.
+(ids 1-3, written as ``medfed route`` writes them). A file that is no reads CSV is refused as a
+whole, naming the file and what to do, and nothing is written; a bad line of a reads file is
+refused by its line number, saying why, and the good lines are still imported (importing the
+corrected file again adds only what changed).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typer.testing import CliRunner
 
 from medfed.cli import app
 from medfed.serving.audit import AUDIT_SCHEMA_VERSION, AuditEntry, AuditLog
-from medfed.serving.review import run_labels
+from medfed.serving.review import Review, run_labels
 from tests.badinput import Case, Shared, check
 
 ROUTED = datetime(2026, 11, 1, 10, tzinfo=UTC).isoformat(timespec="seconds")
@@ -42,11 +44,14 @@ def _run(tmp: Path, s: Shared) -> Path:
     return run
 
 
-def _import(rows: str, header: str = HEADER, encoding: str = "utf-8"):
-    """``review --import`` of a reads file holding ``header`` then ``rows``."""
+def _import(rows: str, header: str = HEADER, encoding: str = "utf-8", read: bool = False):
+    """``review --import`` of a reads file holding ``header`` then ``rows``; ``read``: Dr Ames
+    has read scan 1 (read 1) first."""
 
     def make(tmp: Path, s: Shared) -> list:
         run = _run(tmp, s)
+        if read:
+            Review(run).record(1, "Dr Ames", "normal", time="2026-11-02T09:00:00+00:00")
         sheet = tmp / "reads.csv"
         sheet.write_bytes((header + rows).encode(encoding, "replace"))
         return ["review", run, "--import", sheet]
@@ -88,17 +93,25 @@ def _not_a_run(tmp: Path, s: Shared) -> list:
 
 
 IMPORT_FIX = ("reads.csv", "nothing was imported")
+LINE_FIX = ("reads.csv", "refused", "correct the line and import the file again")
 
 # fmt: off
 IMPORT_CASES = [
     Case("a reads file naming a scan id the log does not hold",
          _import(GOOD + "9,Dr Ames,normal,,\n"), 2,
-         (*IMPORT_FIX, "line 3", "unknown scan_id 9", "exported from this run")),
+         (*LINE_FIX, "line 3", "unknown scan_id 9", "exported from this run")),
     Case("a reads file with a read that is not a class of the run",
          _import(GOOD + "2,Dr Ames,cataract,,\n"), 2,
-         (*IMPORT_FIX, "line 3", "'cataract'", "ungradable")),
-    Case("a reads file with the same read twice",
-         _import(GOOD + GOOD), 2, (*IMPORT_FIX, "line 3", "the same read as line 2")),
+         (*LINE_FIX, "line 3", "'cataract'", "ungradable")),
+    Case("a reads file with the same scan and reader twice",
+         _import(GOOD + "1,Dr Ames,glaucoma,,\n"), 2,
+         (*LINE_FIX, "line 3", "than on line 2", "one line per scan and reader")),
+    Case("a reads file whose read_id names no read of the log",
+         _import("1,7,Dr Ames,normal\n", header="scan_id,read_id,reader,read\n"), 2,
+         (*LINE_FIX, "line 2", "read_id '7' is no read of", "leave read_id empty")),
+    Case("a reads file whose read_id is another reader's read",
+         _import("1,1,Dr Baker,normal\n", header="scan_id,read_id,reader,read\n", read=True),
+         2, (*LINE_FIX, "line 2", "read_id 1 is Dr Ames's read of scan 1", "as exported")),
     Case("a reads file without a reader column",
          _import("1,normal\n", header="scan_id,read\n"), 2,
          (*IMPORT_FIX, "line 1", "missing column(s) reader")),
@@ -106,20 +119,20 @@ IMPORT_CASES = [
          _import("1,Dr Ames,normal,x\n", header="scan_id,reader,read,notes\n"), 2,
          (*IMPORT_FIX, "unknown column(s) 'notes'", "accepted columns")),
     Case("a reads file with an empty reader",
-         _import(GOOD + "2,,normal,,\n"), 2, (*IMPORT_FIX, "line 3", "reader's name is empty")),
+         _import(GOOD + "2,,normal,,\n"), 2, (*LINE_FIX, "line 3", "reader's name is empty")),
     Case("a reads file with a time that is not a time",
          _import(GOOD + "2,Dr Ames,normal,,last tuesday\n"), 2,
-         (*IMPORT_FIX, "line 3", "'last tuesday' is not a time", "ISO 8601")),
+         (*LINE_FIX, "line 3", "'last tuesday' is not a time", "ISO 8601")),
     Case("a reads file with a read made before the scan was routed",
          _import("1,Dr Ames,normal,,2026-10-01\n"), 2,
-         (*IMPORT_FIX, "line 2", "before scan 1 was routed")),
+         (*LINE_FIX, "line 2", "before scan 1 was routed")),
     Case("a reads file with a read in the future",
-         _import("1,Dr Ames,normal,,2999-01-01\n"), 2, (*IMPORT_FIX, "line 2", "in the future")),
+         _import("1,Dr Ames,normal,,2999-01-01\n"), 2, (*LINE_FIX, "line 2", "in the future")),
     Case("a reads file whose scan id is not a number",
-         _import("one,Dr Ames,normal,,\n"), 2, (*IMPORT_FIX, "line 2", "'one' is not a number")),
+         _import("one,Dr Ames,normal,,\n"), 2, (*LINE_FIX, "line 2", "'one' is not a number")),
     Case("a reads file whose sha256 is another file's",
          _import("1,Dr Ames,normal,ab12\n", header="scan_id,reader,read,sha256\n"), 2,
-         (*IMPORT_FIX, "line 2", "about another file")),
+         (*LINE_FIX, "line 2", "about another file")),
     Case("a reads file with more cells than columns",
          _import("1,Dr Ames,normal,a, b,2026-11-02\n"), 2,
          (*IMPORT_FIX, "line 2", "more cells than the header", "quote")),
@@ -162,8 +175,8 @@ def test_bad_review_input_gets_a_clear_answer(case: Case, tmp_path, shared: Shar
 
 
 @pytest.mark.parametrize("case", IMPORT_CASES[:3], ids=str)
-def test_a_refused_reads_file_writes_nothing(case: Case, tmp_path, shared: Shared) -> None:
+def test_a_refused_line_writes_only_the_good_lines(case: Case, tmp_path, shared: Shared) -> None:
     argv = case.make(tmp_path, shared)
     result = CliRunner().invoke(app, [str(a) for a in argv])
     assert result.exit_code == 2
-    assert AuditLog(argv[1]).reads() == []  # the good line 2 was not written either
+    assert [r.routed_id for r in AuditLog(argv[1]).reads()] == [1]  # the good line 2

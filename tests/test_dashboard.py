@@ -578,10 +578,13 @@ def test_an_abstained_scan_shows_no_prediction_and_marks_its_probabilities(
     assert at.metric[0].value == "abstain"
     assert at.metric[1].delta == "threshold 0.00: abstains above"
     assert "no site fits: distance" in texts(at, "warning")
-    assert "**Not to be relied on**" in texts(at, "markdown")
-    captions = texts(at, "caption")
+    assert "Prediction" not in [m.label for m in at.metric]  # no answer headline
+    (folded,) = [e for e in at.expander if e.label.startswith("Not to be relied on")]
+    captions = "\n".join(str(c.value) for c in folded.caption)
     assert "should not be relied on" in captions
-    assert "The models' answer had they been asked:" in captions
+    assert "Not an answer: " in captions and "had the models been asked" in captions
+    audit = next(d.value for d in at.dataframe if "router" in d.value.columns)
+    assert audit["prediction"].str.endswith("abstained: not an answer").all()
     bars = figures(at)[0]
     assert "not to be relied on" in title_of(bars)
     colours = set(bars["data"][0]["marker"]["color"])
@@ -976,3 +979,11 @@ def test_an_upload_with_too_many_pixels_gets_the_data_layers_answer(
     shown = plain(texts(at, "error"))
     assert "Could not route this scan" in shown and "huge.png" in shown
     assert "megapixels" in shown
+
+
+def test_routing_review_and_method_detail_open_on_the_run_that_routes(monkeypatch, runs) -> None:
+    # fedavg comes first by name; feddrm is the run trained to route (routing accuracy)
+    for page, key in (("routing", "routing_run"), ("review", "review_run"), ("federation", None)):
+        at = open_page(monkeypatch, [runs.fedavg, runs.feddrm], page)
+        box = at.selectbox(key=key or "roc_method")
+        assert "fedavg" in " ".join(box.options) and "feddrm" in box.value, (page, box.options)

@@ -159,8 +159,9 @@ def test_browser_shows_per_site_auc_and_routes_an_uploaded_scan(runs, tmp_path) 
     finally:
         stop(server)
 
-    entries = AuditLog(runs.fedavg).read()  # the Routing page opens the first run, fedavg
+    entries = AuditLog(runs.feddrm).read()  # the Routing page opens the run that routes
     assert [e.file for e in entries] == [photo.name]
+    assert (runs.feddrm / "review" / "scans" / entries[0].sha256 / photo.name).is_file()
     assert (entries[0].chosen_site or "abstain") in shown  # the page showed what was logged
     for shot in ("federation.png", "routing.png"):
         assert (tmp_path / shot).stat().st_size > 10_000
@@ -170,7 +171,9 @@ def test_browser_records_a_read_and_it_lands_in_the_audit_log(runs, tmp_path) ->
     from playwright.sync_api import expect, sync_playwright
 
     run = tmp_path / "runs" / "feddrm"  # a copy: the test above reads the shared runs' logs
-    shutil.copytree(runs.feddrm, run, ignore=shutil.ignore_patterns("checkpoints", "audit.*"))
+    shutil.copytree(
+        runs.feddrm, run, ignore=shutil.ignore_patterns("checkpoints", "audit.*", "review")
+    )
     fed = TrainedFederation.load(run, "cpu")
     photo = runs.fundus_photo()
     AuditLog(run).append([route_one(fed, make_router("auto", fed), photo)])  # as medfed route

@@ -28,13 +28,14 @@ from streamlit import config as streamlit_config
 from streamlit.runtime.context import ContextProxy, StreamlitHeaders
 from streamlit.testing.v1 import AppTest
 
-from medfed.dashboard import APP, RUNS_ENV, clinical, rundata
+from medfed.dashboard import APP, RUNS_ENV, clinical, reviewdata, rundata
 from medfed.data.cache import content_hash
 from medfed.errors import ConfigError
 from medfed.metrics import wilson
 from medfed.runs import RunDir
 from medfed.serving.audit import AuditEntry, AuditLog
 from medfed.serving.bundle import TrainedFederation
+from medfed.serving.kept import keep_scan
 from medfed.serving.review import (
     EXPORT_COLUMNS,
     FIGURE_COLUMNS,
@@ -242,7 +243,7 @@ def test_queue_lists_abstained_then_low_margin_then_oldest_first(monkeypatch, qu
     assert "5 scans (not read by you): 1 abstained, 2 low margin" in texts(at, "caption")
 
 
-def test_each_scan_shows_its_picture_site_prediction_and_site_probabilities(
+def test_each_scan_shows_its_picture_and_hides_the_models_answer_until_read(
     monkeypatch, queue_run
 ) -> None:
     run, ids = queue_run
@@ -251,19 +252,61 @@ def test_each_scan_shows_its_picture_site_prediction_and_site_probabilities(
     # pictures of the files still holding the routed bytes, in queue order: odd, close, early
     assert len(at.image) == 3 and all(i.captions == ["the scan"] for i in at.image)
     captions = texts(at, "caption")
-    assert "No picture: the file is not on this machine" in captions  # the upload
+    assert "No picture: the file is not on this machine" in captions  # an upload not kept
     assert "No picture: the file has changed since it was routed" in captions  # late.png
-    chosen = [m.value for m in at.metric if m.label == "Chosen site"]
-    assert chosen == ["acrima", "acrima", "refuge", "acrima"]  # upload, close, early, late
-    predictions = [(m.value, m.delta) for m in at.metric if m.label == "Prediction"]
-    assert predictions[2] == ("normal", "probability 0.70")
-    assert "at or above the operating threshold 0.40" in captions
-    assert "abstain: no site fits" in texts(at, "warning")
-    assert "**Not to be relied on**" in texts(at, "markdown")
-    probs = site_probabilities(at)[2]  # odd, upload, close
-    assert list(probs.columns) == list(SITES)
-    assert probs.iloc[0].to_dict() == pytest.approx(CLOSE)
+    assert not [m for m in at.metric if m.label in ("Chosen site", "Prediction")]
+    assert texts(at, "info").count("The model's answer is hidden until you record your read") == 5
+    assert "glaucoma" not in texts(at, "markdown", "caption", "metric")
+    assert "prediction" not in table(at, "queue").columns
     assert at.radio(key=f"read_{ids['close']}").options == ["normal", "glaucoma", "ungradable"]
+
+    at = sign_in(at, "dr.a")
+    ok(record(at, ids["early"], "normal"))
+    assert "The model's answer: normal (probability 0.70) at site refuge." in texts(at, "success")
+    (read,) = AuditLog(run).reads()
+    assert read.blinded is True
+    assert [(v.routed_id, v.reader) for v in AuditLog(run).reveals()] == [(ids["early"], "dr.a")]
+    show(at, "every routed scan")
+    chosen = [m.value for m in at.metric if m.label == "Chosen site"]
+    predictions = [(m.value, m.delta) for m in at.metric if m.label == "Prediction"]
+    assert chosen == ["refuge"] and predictions == [("normal", "probability 0.70")]
+    assert "at or above the operating threshold 0.40" in texts(at, "caption")
+    assert site_probabilities(at)[0].iloc[0].to_dict() == pytest.approx(FIRM_REFUGE)
+
+
+def test_an_abstained_scan_shows_no_answer_and_its_outputs_folded_away(
+    monkeypatch, queue_run
+) -> None:
+    run, ids = queue_run
+    at = sign_in(open_review(monkeypatch, [run]), "dr.a")
+    at.button(key=f"reveal_{ids['odd']}").click().run()
+    ok(at)
+
+    assert "abstain: no site fits" in texts(at, "warning")
+    assert not [m for m in at.metric if m.label == "Prediction"]
+    (folded,) = [e for e in at.expander if e.label.startswith("Not to be relied on")]
+    assert "Not an answer: glaucoma (probability 0.70)" in "\n".join(
+        str(c.value) for c in folded.caption
+    )
+    ok(record(at, ids["odd"], "ungradable"))
+    assert [r.blinded for r in AuditLog(run).reads(ids["odd"])] == [False]  # answer seen first
+    reads = table(at, "reads")
+    assert reads["prediction"].tolist() == ["(glaucoma) abstained: not an answer"]
+
+
+def test_an_uploaded_scan_is_kept_with_the_run_and_shown(monkeypatch, tmp_path) -> None:
+    run = crafted_run(tmp_path)
+    upload = scan_file(tmp_path / "browser", "fundus.png", 7)
+    routed = decision(upload, stamp(0, 12), FIRM)
+    AuditLog(run).append([AuditEntry(**{**routed.__dict__, "file": "fundus.png"})])
+    assert keep_scan(run, upload, routed.sha256, "fundus.png") is not None
+    upload.unlink()  # the browser's file is gone: only the run's copy is left
+    at = open_review(monkeypatch, [run])
+    assert len(at.image) == 1 and at.image[0].captions == ["the scan"]
+    kept = run / "review" / "scans" / routed.sha256 / "fundus.png"
+    kept.write_bytes(b"other bytes")  # a copy that no longer holds the routed bytes
+    at = open_review(monkeypatch, [run])
+    assert not at.image and "No picture" in texts(at, "caption")
 
 
 # ---------------------------------------------------------------------------- reads
@@ -303,6 +346,8 @@ def test_a_second_reader_adds_a_row_and_their_disagreement_is_shown(monkeypatch,
     hidden = "1 read by others, hidden until you record yours"
     assert hidden in texts(second, "caption")  # dr.b reads blind
     assert "by dr.a" not in texts(second, "caption")
+    assert table(second, "reads")["prediction"].tolist() == ["hidden until you read it"]
+    assert table(first, "reads")["prediction"].tolist() == ["normal"]  # dr.a has read it
     ok(record(second, scan, "glaucoma"))
 
     reads = AuditLog(run).reads(scan)
@@ -344,7 +389,7 @@ def test_no_read_is_recorded_without_a_name_or_a_choice(monkeypatch, queue_run) 
 def read_run(tmp_path: Path) -> Path:
     """Five scans, routed on day 0, read on days 1 and 2 (the module's rules say which read
     counts): system agreement 2/3, sensitivity 1/2, specificity 1/1, 1 of 5 read scans
-    ungradable, 1 of 5 scans abstained, kappa over the 4 scans two readers read (they
+    ungradable, 1 of 5 scans abstained, too few scans two readers read for kappa (4, they
     disagree on one)."""
     run, scans = crafted_run(tmp_path), tmp_path / "scans"
     AuditLog(run).append(
@@ -389,7 +434,9 @@ def test_prospective_figures_show_each_rate_with_its_ci_and_n(monkeypatch, read_
     assert system["specificity"] == wilson(1, 1).text()
     assert system["ungradable rate"] == wilson(1, 5).text()
     assert system["abstain rate"] == wilson(1, 5).text()
-    assert CI.fullmatch(system["Cohen's kappa (two readers)"].removesuffix(" n=4"))
+    kappa = "Cohen's kappa (two readers)"  # from 5 double-read scans on: 4 here
+    assert system[kappa] == "too few double reads (n=4): kappa needs at least 5"
+    assert figures.loc["refuge", kappa].startswith("too few double reads (n=1)")
     assert "fewer than 10 positives (2)" in system[clinical.RELIABILITY]
     assert figures.loc["rimone", clinical.SCANS_READ] == "0"
     assert figures.loc["acrima", "abstain rate"].startswith("n/a (system only")
@@ -422,11 +469,11 @@ def test_a_window_that_ends_before_it_starts_is_refused(monkeypatch, read_run) -
 
 def test_figures_and_reads_download_as_the_review_command_writes_them(read_run) -> None:
     review = Review(read_run)
-    figures = rundata.review_csv(lambda path: write_figures_csv(review.figures(), path))
+    figures = reviewdata.review_csv(lambda path: write_figures_csv(review.figures(), path))
     lines = figures.splitlines()
     assert lines[0] == ",".join(FIGURE_COLUMNS)
     assert len(lines) == 1 + (len(SITES) + 1) * len(FIGURE_NAMES)
-    reads = rundata.review_csv(review.export_reads).splitlines()
+    reads = reviewdata.review_csv(review.export_reads).splitlines()
     assert reads[0] == ",".join(EXPORT_COLUMNS)
     assert len(reads) == 1 + 9  # every read (every scan has one)
 
@@ -568,11 +615,13 @@ def test_a_scan_routed_by_a_trained_run_is_read(
 
     assert table(at, "queue")["file"].tolist() == [str(photo)]
     assert len(at.image) == 1 and at.image[0].captions == ["the scan"]
-    if entry.status == "routed":
-        assert [m.value for m in at.metric if m.label == "Chosen site"] == [entry.chosen_site]
+    assert not [m for m in at.metric if m.label == "Chosen site"]  # not before the read
     assert at.radio(key="read_1").options == [*fed.class_names(), "ungradable"]
     ok(record(at, 1, fed.class_names()[1]))
     assert [(r.reader, r.read) for r in AuditLog(run).reads(1)] == [("dr.a", fed.class_names()[1])]
+    if entry.status == "routed":
+        show(at, "every routed scan")
+        assert [m.value for m in at.metric if m.label == "Chosen site"] == [entry.chosen_site]
 
 
 def test_the_review_page_never_imports_training_code(queue_run) -> None:
@@ -599,3 +648,23 @@ print(" ".join(sorted(m for m in sys.modules if m.startswith("medfed"))))
     assert "medfed.serving.review" in loaded
     forbidden = ("medfed.federation", "medfed.algorithms", "medfed.experiments")
     assert not [m for m in loaded if m.startswith(forbidden)]
+
+
+def test_a_dicom_scan_is_pictured_in_its_own_window(tmp_path) -> None:
+    import pydicom
+    from pydicom.data import get_testdata_file
+
+    from medfed.dashboard import thumbnails
+
+    ds = pydicom.dcmread(get_testdata_file("CT_small.dcm"))
+    ds.WindowCenter, ds.WindowWidth = 40, 400  # a soft-tissue window
+    path = tmp_path / "ct.dcm"
+    ds.save_as(path)
+    scan = read_scan(path)
+    assert thumbnails.dicom_window(scan.files) == (40.0, 400.0)
+    windowed = thumbnails.scan_picture(path)
+    stretched = thumbnails.picture(scan.decoded)
+    middle = scan.decoded.array[scan.decoded.array.shape[0] // 2]
+    expected = thumbnails.picture(scan.decoded, window=(40.0, 400.0))
+    assert np.array_equal(windowed, expected) and not np.array_equal(windowed, stretched)
+    assert (windowed == 255).mean() == pytest.approx((middle >= 240).mean(), abs=0.05)

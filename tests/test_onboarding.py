@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tomli_w
 from typer.testing import CliRunner
@@ -193,3 +195,65 @@ def test_splits_with_ten_of_each_class_get_no_small_split_warning(make_acrima_si
     }
     assert report["ready"]
     assert not [w for w in report["warnings"] if "unreliable" in w], report["warnings"]
+
+
+# ---------------------------------------------------------------------------- what the images are
+def _photos(root: Path, pictures: dict[str, object]) -> Path:
+    """An ACRIMA folder holding ``pictures`` (name: RGB array), saved as JPEG."""
+    from PIL import Image
+
+    root.mkdir(parents=True, exist_ok=True)
+    for name, pixels in pictures.items():
+        Image.fromarray(pixels).convert("RGB").save(root / name)  # type: ignore[arg-type]
+    return root
+
+
+def test_sites_check_warns_of_photos_that_are_no_fundus_photos(tmp_path) -> None:
+    from skimage import data
+
+    retina = data.retina()[::4, ::4]
+    others = {"astronaut": data.astronaut(), "coffee": data.coffee()}
+    others |= {"cat": data.chelsea(), "rocket": data.rocket()}
+    names = acrima_names(12)
+    pictures = {names[i]: retina for i in range(8)}  # the real fundus photo, and not
+    pictures |= {names[8 + i]: pixels for i, pixels in enumerate(others.values())}
+    root = _photos(tmp_path / "ACRIMA", pictures)
+    result = check(str(write_manifest(tmp_path, "acrima", "acrima", root)))
+    assert result.exit_code == 0, result.output  # warnings, not refusals
+    warned = [line for line in result.output.splitlines() if "do not look like fundus" in line]
+    listed = " ".join(warned)
+    assert all(names[8 + i] in listed for i in range(4))  # astronaut, coffee, cat, rocket
+    assert not any(names[i] in listed for i in range(8))  # the retina photos pass
+    assert "no dark surround" in listed and "not red to orange" in listed
+
+
+def test_synthetic_fundus_and_ct_sites_look_like_their_modality(tmp_path) -> None:
+    for modality, n in (("fundus", "12"), ("ct", "4")):
+        out = tmp_path / modality
+        made = runner.invoke(
+            app, ["synth", "--out", str(out), "--modality", modality, "--n-per-site", n]
+        )
+        assert made.exit_code == 0, made.output
+        manifests = sorted(str(p) for p in (out / "sites").glob("*.toml"))
+        result = check(*manifests)
+        assert "do not look like" not in result.output, result.output
+        assert "byte-identical to scans of site" not in result.output
+
+
+def test_sites_check_warns_of_scans_byte_identical_across_sites(tmp_path) -> None:
+    from skimage import data
+
+    retina = data.retina()[::4, ::4]
+    shifted = {n: np.roll(retina, i, axis=1) for i, n in enumerate(acrima_names(12))}
+    first = _photos(tmp_path / "one" / "ACRIMA", shifted)
+    second = tmp_path / "two" / "ACRIMA"
+    shutil.copytree(first, second)
+    manifests = [
+        str(write_manifest(tmp_path / "one", "acrima", "acrima", first)),
+        str(write_manifest(tmp_path / "two", "copy", "acrima", second)),
+    ]
+    result = check(*manifests)
+    assert result.exit_code == 0, result.output
+    assert "12 scan(s) byte-identical to scans of site copy (same SHA-256)" in result.output
+    assert "12 scan(s) byte-identical to scans of site acrima" in result.output
+    assert f"{first / 'Im000_ACRIMA.jpg'} = {second / 'Im000_ACRIMA.jpg'}" in result.output

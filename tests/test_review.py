@@ -331,6 +331,36 @@ def test_an_old_audit_log_gains_the_review_tables_and_keeps_its_scans(tmp_path) 
     assert [i.scan_id for i in again.queue()] == [2]
 
 
+V1_READS = """
+CREATE TABLE reads (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    routed_id INTEGER NOT NULL REFERENCES routed(id),
+    reader TEXT NOT NULL, read TEXT NOT NULL, note TEXT,
+    time TEXT NOT NULL, recorded TEXT NOT NULL, source TEXT NOT NULL
+)
+"""
+
+
+def test_a_version_1_log_gains_amendments_and_blinding_and_keeps_its_reads(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [])
+    _old_log(run)
+    with sqlite3.connect(run / "audit.sqlite") as db:
+        db.execute(V1_READS)
+        db.execute(
+            "INSERT INTO reads (routed_id, reader, read, time, recorded, source)"
+            " VALUES (1, 'Dr Ames', 'normal', ?, ?, 'dashboard')",
+            (at(2), at(2)),
+        )
+        db.execute("PRAGMA user_version = 1")
+    db.close()
+    (old,) = Review(run).reads()
+    assert (old.read, old.amends, old.blinded) == ("normal", None, None)  # unknown then
+    assert AuditLog(run).version() == AUDIT_SCHEMA_VERSION == 2
+    amended = Review(run).record(1, "Dr Ames", "glaucoma", time=at(3))
+    assert (amended.amends, amended.blinded) == (old.id, True)
+    assert Review(run).figures().scope(SYSTEM).operating.tp == 1
+
+
 def test_an_audit_log_from_a_newer_medfed_is_refused(tmp_path) -> None:
     run = make_run(tmp_path / "run", [entry(at(1))])
     with sqlite3.connect(run / "audit.sqlite") as db:
@@ -444,9 +474,16 @@ def test_export_then_import_round_trips_every_read(tmp_path) -> None:
     assert review.export_reads(sheet) == 4  # two reads, then the two unread scans
     rows = list(csv.DictReader(sheet.open(encoding="utf-8")))
     assert [r["scan_id"] for r in rows] == ["1", "1", "3", "2"]  # unread: queue order
+    assert [r["read_id"] for r in rows] == ["1", "2", "", ""]
+    for row in rows:  # read ids name reads of the run exported from, not of another run
+        row["read_id"] = ""
+    with sheet.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
     target = make_run(tmp_path / "b", entries)
     done = Review(target).import_reads(sheet)
-    assert (done.added, done.skipped) == (2, 2)  # the blank rows are skipped
+    assert (done.new, done.unchanged, done.amended, done.blank, done.refused) == (2, 0, 0, 2, ())
 
     def key(r: ReadEntry) -> tuple:
         return (r.routed_id, r.reader, r.read, r.note, r.time)
@@ -454,7 +491,105 @@ def test_export_then_import_round_trips_every_read(tmp_path) -> None:
     assert [key(r) for r in Review(target).reads()] == [key(r) for r in review.reads()]
     assert {r.source for r in Review(target).reads()} == {"import"}
     again = Review(target).import_reads(sheet)  # the same file twice adds nothing
-    assert (again.added, again.skipped) == (0, 4)
+    assert (again.new, again.unchanged, again.amended, again.blank) == (0, 2, 0, 2)
+
+
+def test_importing_a_filled_in_worksheet_twice_adds_nothing(tmp_path) -> None:
+    # the normal path: the exported worksheet, filled in without a time (read "now")
+    run = make_run(tmp_path / "run", [entry(at(1)), entry(at(2)), entry(at(3))])
+    sheet = tmp_path / "reads.csv"
+    Review(run).export_reads(sheet)
+    rows = list(csv.DictReader(sheet.open(encoding="utf-8")))
+    for row in rows:
+        row |= {"reader": "Dr Ames", "read": "normal"}
+    with sheet.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    first = Review(run).import_reads(sheet)
+    before = Review(run).reads()
+    second = Review(run).import_reads(sheet)
+    assert (first.new, first.unchanged) == (3, 0)
+    assert (second.new, second.unchanged, second.amended, second.refused) == (0, 3, 0, ())
+    assert Review(run).reads() == before and len(before) == 3
+    assert second.describe() == "0 new, 3 unchanged, 0 amended, 0 refused"
+
+
+def test_a_changed_read_is_an_amendment_kept_with_its_history(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1)), entry(at(2))])
+    review = Review(run)
+    review.record(1, "Dr Ames", "normal", time=at(3))
+    review.record(2, "Dr Ames", "normal", time=at(3))
+    sheet = tmp_path / "reads.csv"
+    review.export_reads(sheet)
+    rows = list(csv.DictReader(sheet.open(encoding="utf-8")))
+    rows[0] |= {"read": "glaucoma", "note": "rim notched on second look", "time": at(4)}
+    with sheet.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    done = Review(run).import_reads(sheet)
+    assert (done.new, done.unchanged, done.amended) == (0, 1, 1)
+    history = Review(run).reads(1)
+    assert [(r.read, r.amends) for r in history] == [("normal", None), ("glaucoma", history[0].id)]
+    assert Review(run).figures().scope(SYSTEM).operating.tp == 1  # the amended read counts
+    again = Review(run).import_reads(sheet)
+    assert (again.new, again.unchanged, again.amended) == (0, 2, 0)
+    assert len(Review(run).reads()) == 3
+
+
+def test_an_old_worksheet_does_not_undo_a_later_amendment(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1))])
+    review = Review(run)
+    review.record(1, "Dr Ames", "normal", time=at(3))
+    sheet = tmp_path / "reads.csv"
+    review.export_reads(sheet)
+    review.record(1, "Dr Ames", "glaucoma", time=at(4))  # amended on the dashboard since
+    done = Review(run).import_reads(sheet)
+    assert (done.unchanged, done.amended) == (1, 0)
+    assert [r.read for r in Review(run).reads()] == ["normal", "glaucoma"]
+
+
+def test_the_worksheet_is_blinded_and_holds_no_formula(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1), name="=HYPERLINK(1).jpg"), entry(at(2))])
+    review = Review(run)
+    review.record(1, "=cmd|' /C calc'!A0", "normal", "-2 cup", time=at(3))
+    review.record(1, "+Dr Baker", "glaucoma", "@SUM(A1)", time=at(4))
+    sheet = tmp_path / "reads.csv"
+    review.export_reads(sheet)
+    rows = list(csv.reader(sheet.open(encoding="utf-8")))
+    assert "prediction" not in rows[0] and "prediction_prob" not in rows[0]
+    assert "glaucoma" not in [c for row in rows for c in row[:6]]  # no model answer
+    assert not any(c.startswith(("=", "+", "-", "@")) for row in rows for c in row)
+    assert Review(run).import_reads(sheet).unchanged == 2  # the ids it wrote read back
+    unblinded = tmp_path / "answers.csv"
+    review.export_reads(unblinded, unblinded=True)
+    header = next(csv.reader(unblinded.open(encoding="utf-8")))
+    assert {"prediction", "prediction_prob"} <= set(header)
+
+
+def test_reads_are_blinded_until_the_answer_is_revealed_and_figures_say_so(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1)), entry(at(2))])
+    review = Review(run)
+    assert review.record(1, "Dr Ames", "glaucoma", time=at(3)).blinded is True
+    review.reveal(1, "Dr Ames")
+    review.reveal(2, "Dr Ames")
+    assert review.revealed(2, "Dr Ames") and not review.revealed(2, "Dr Baker")
+    assert review.record(2, "Dr Ames", "normal", time=at(3)).blinded is False
+    figures = review.figures()
+    assert (figures.n_blinded, figures.n_reads) == (1, 2)
+    assert figures.blinding().startswith("1 of 2 read(s) blinded")
+    assert {r["reads_blinded"] for r in figures.rows() if r["scope"] == SYSTEM} == {"1 of 2"}
+
+
+def test_kappa_from_too_few_double_reads_is_not_a_number(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1))])
+    review = Review(run)
+    review.record(1, "Dr Ames", "glaucoma", time=at(2))
+    review.record(1, "Dr Baker", "glaucoma", time=at(3))
+    kappa = review.figures().scope(SYSTEM).kappa
+    assert kappa.value is None and kappa.n == 1
+    assert kappa.reason.startswith("too few double reads (n=1)")
 
 
 def test_a_filled_in_worksheet_adds_reads_with_or_without_a_time(tmp_path) -> None:
@@ -472,20 +607,13 @@ def test_a_filled_in_worksheet_adds_reads_with_or_without_a_time(tmp_path) -> No
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("scan_id,reader,read\n1,A,normal\n7,A,normal\n", "line 3: unknown scan_id 7"),
-        ("scan_id,reader,read\n1,A,normal\n2,A,cataract\n", "line 3: read 'cataract'"),
-        ("scan_id,reader,read\n1,A,normal\n1,A,normal\n", "line 3: the same read as line 2"),
         ("scan_id,read\n1,normal\n", "line 1: missing column(s) reader"),
-        ("scan_id,reader,read\n1,A,normal\n2,,normal\n", "line 3: the reader's name is empty"),
-        ("scan_id,reader,read,time\n1,A,normal,\n2,A,normal,noon\n", "line 3: read time 'noon'"),
         ("scan_id,reader,read,Notes\n1,A,normal,x\n", "unknown column(s) 'Notes'"),
-        ("scan_id,reader,read\nfirst,A,normal\n", "line 2: scan_id 'first' is not a number"),
-        ("scan_id,reader,read,sha256\n1,A,normal,abc\n", "line 2: scan 1's sha256"),
         ("scan_id,reader,read\n1,A,normal,extra\n", "line 2: more cells than the header"),
         ("", "empty file"),
     ],
 )
-def test_a_bad_row_refuses_the_whole_file(tmp_path, text, words) -> None:
+def test_a_file_that_is_no_reads_csv_is_refused_whole(tmp_path, text, words) -> None:
     run = make_run(tmp_path / "run", [entry(at(1)), entry(at(2))])
     sheet = tmp_path / "reads.csv"
     sheet.write_text(text, encoding="utf-8")
@@ -494,6 +622,32 @@ def test_a_bad_row_refuses_the_whole_file(tmp_path, text, words) -> None:
     assert words in str(info.value) and str(sheet) in str(info.value)
     assert "nothing was imported" in str(info.value) or "empty" in str(info.value)
     assert Review(run).reads() == []
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("scan_id,reader,read\n1,A,normal\n7,A,normal\n", 3, "unknown scan_id 7"),
+        ("scan_id,reader,read\n1,A,normal\n2,A,cataract\n", 3, "read 'cataract'"),
+        ("scan_id,reader,read\n1,A,normal\n1,A,glaucoma\n", 3, "than on line 2"),
+        ("scan_id,reader,read\n1,A,normal\n2,,normal\n", 3, "the reader's name is empty"),
+        ("scan_id,reader,read,time\n1,A,normal,\n2,A,normal,noon\n", 3, "read time 'noon'"),
+        ("scan_id,reader,read\n1,A,normal\nfirst,A,normal\n", 3, "scan_id 'first' is not a"),
+        ("scan_id,reader,read,sha256\n1,A,normal,\n2,A,normal,abc\n", 3, "scan 2's sha256"),
+        ("scan_id,read_id,reader,read\n1,,A,normal\n2,9,A,normal\n", 3, "read_id '9' is no"),
+    ],
+)
+def test_a_bad_line_is_refused_with_its_number_and_the_others_imported(
+    tmp_path, text, line, words
+) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1)), entry(at(2))])
+    sheet = tmp_path / "reads.csv"
+    sheet.write_text(text, encoding="utf-8")
+    done = Review(run).import_reads(sheet)
+    ((number, why),) = done.refused
+    assert number == line and words in why and f"{sheet}, line {line}" in why
+    assert done.new == 1 and [(r.routed_id, r.read) for r in Review(run).reads()] == [(1, "normal")]
+    assert done.describe().endswith(f"1 refused (line {line})")
 
 
 def test_figures_csv_has_a_row_per_scope_and_figure(tmp_path) -> None:
@@ -516,6 +670,7 @@ def test_medfed_review_prints_the_figures_and_the_disagreements(tmp_path) -> Non
     assert "33 read(s) of 25 scan(s)" in result.output
     assert "positive glaucoma" in result.output and "kappa between readers" in result.output
     assert "readers disagree on scan 4" in result.output  # i = 3: odd, disagrees
+    assert "reads: all 33 read(s) blinded to the model's answer" in result.output
     lines = [line for line in result.output.splitlines() if line.startswith("| ")]
     assert [line.split("|")[1].strip() for line in lines[2:]] == [*SITES, SYSTEM]
     assert out.is_file()
@@ -535,7 +690,11 @@ def test_medfed_review_exports_and_imports_reads(tmp_path) -> None:
         writer.writerows(rows)
     imported = runner.invoke(app, ["review", str(run), "--import", str(sheet)])
     assert imported.exit_code == 0, imported.output
-    assert "imported 2 read(s)" in imported.output and "2 read(s) of 2 scan(s)" in imported.output
+    assert "2 new, 0 unchanged, 0 amended, 0 refused" in imported.output
+    assert "2 read(s) of 2 scan(s)" in imported.output
+    again = runner.invoke(app, ["review", str(run), "--import", str(sheet)])
+    assert again.exit_code == 0 and "0 new, 2 unchanged, 0 amended, 0 refused" in again.output
+    assert "2 read(s) of 2 scan(s)" in again.output
     windowed = runner.invoke(app, ["review", str(run), "--since", at(4)])
     assert windowed.exit_code == 0 and "0 read(s) of 0 scan(s)" in windowed.output
 
@@ -553,3 +712,18 @@ def test_medfed_review_of_a_run_nothing_was_routed_with_says_how_to_route(tmp_pa
     result = runner.invoke(app, ["review", str(run)])
     assert result.exit_code == 0 and "no scan has been routed" in result.output
     assert "medfed route" in result.output and not (run / "audit.sqlite").exists()
+
+
+def test_medfed_review_prints_the_queue_and_refuses_bad_lines_by_number(tmp_path) -> None:
+    run = make_run(tmp_path / "run", [entry(at(1)), entry(at(2), status="abstained")])
+    listed = runner.invoke(app, ["review", str(run)])
+    assert listed.exit_code == 0, listed.output
+    assert "queue: 2 scan(s) not read by anyone: 1 abstained" in listed.output
+    assert listed.output.index("scan 2 [abstained]") < listed.output.index("scan 1 [routine]")
+    sheet = tmp_path / "reads.csv"
+    sheet.write_text("scan_id,reader,read\n1,A,normal\n2,A,cataract\n", encoding="utf-8")
+    result = runner.invoke(app, ["review", str(run), "--import", str(sheet)])
+    assert result.exit_code == 2
+    assert "1 new, 0 unchanged, 0 amended, 1 refused (line 3)" in result.output
+    assert "line 3: read 'cataract'" in result.output and "1 line(s) refused" in result.output
+    assert "queue: 1 scan(s) not read by anyone" in result.output

@@ -22,18 +22,27 @@ def review(
         typer.Option(
             "--export",
             help="Write the reads to this CSV (scan_id, routed_time, file, sha256, status, "
-            "chosen_site, prediction, prediction_prob, reader, read, note, time): every read, "
+            "chosen_site, read_id, reader, read, note, time): each reader's current read, "
             "then a blank row per scan nobody has read, to fill in reader, read (a class of the "
-            "run or 'ungradable'), note and time.",
+            "run or 'ungradable'), note and time. It holds no model answer unless --unblinded.",
         ),
     ] = None,
+    unblinded: Annotated[
+        bool,
+        typer.Option(
+            "--unblinded",
+            help="With --export: add the model's answer (prediction, prediction_prob); reads "
+            "imported from such a file are recorded as made after seeing it.",
+        ),
+    ] = False,
     import_: Annotated[
         Path | None,
         typer.Option(
             "--import",
-            help="Add the reads of this CSV (columns scan_id, reader, read; optional note, time "
-            "in ISO 8601, UTC when no offset). Every row is checked first: one bad row refuses "
-            "the whole file. Blank rows and reads already recorded are skipped.",
+            help="Add the reads of this CSV (columns scan_id, reader, read; optional read_id, "
+            "note, time in ISO 8601, UTC when no offset). A read is identified by read_id or by "
+            "scan and reader: a read already recorded is unchanged (importing twice adds "
+            "nothing), a changed one is an amendment; each bad line is refused by number.",
         ),
     ] = None,
     figures: Annotated[
@@ -60,7 +69,7 @@ def review(
     dashboard (--export, --import)."""
     from medfed.reports.prospective import PROSPECTIVE_LEGEND, prospective_table
     from medfed.runs import RunDir
-    from medfed.serving.review import Review, Window, write_figures_csv
+    from medfed.serving.review import Review, ReviewError, Window, queue_text, write_figures_csv
 
     if export is not None and import_ is not None:
         raise ConfigError("give --export or --import, not both: export after the import instead")
@@ -70,12 +79,16 @@ def review(
     labels = work.labels
     if export is not None:
         check_out_folder(export.parent, f"--export {export}: its folder")
-        written = work.export_reads(export)
+        written = work.export_reads(export, unblinded=unblinded)
         typer.echo(f"wrote {export}: {written} row(s); fill in reader and read, then --import it")
         return
     if import_ is not None:
         done = work.import_reads(import_)
-        typer.echo(f"imported {done.added} read(s) from {import_}; {done.skipped} row(s) skipped")
+        typer.echo(f"imported {import_}: {done.describe()}")
+        for _, why in done.refused:
+            typer.echo(f"refused: {why}", err=True)
+    if work.log.path.is_file():
+        typer.echo(queue_text(work))
     result = work.figures(window)
     typer.echo(
         f"prospective review of {run} ({window.describe()}): {result.n_reads} read(s) of "
@@ -87,6 +100,7 @@ def review(
     else:
         typer.echo(prospective_table(result.rows()))
         typer.echo(PROSPECTIVE_LEGEND)
+        typer.echo(f"reads: {result.blinding()}")
     for d in work.disagreements(window):
         reads = ", ".join(f"{who}: {what}" for who, what in d.reads.items())
         typer.echo(f"readers disagree on scan {d.scan_id} ({d.file}): {reads}")
@@ -94,6 +108,11 @@ def review(
         check_out_folder(figures.parent, f"--figures {figures}: its folder")
         write_figures_csv(result, figures)
         typer.echo(f"wrote {figures}")
+    if import_ is not None and done.refused:
+        raise ReviewError(
+            f"{import_}: {len(done.refused)} line(s) refused (above); fix them and "
+            "import the file again (the lines already imported stay unchanged)"
+        )
 
 
 @friendly

@@ -404,6 +404,8 @@ def kappa_text(kappa: Any) -> str:
     if kappa.interval is not None:
         return f"{with_ci(kappa.interval)} n={kappa.n}"
     why = kappa.reason or "undefined"
+    if kappa.value is None and why.startswith("too few double reads"):
+        return why  # not a number: it says how many double reads there are
     if kappa.value is None:
         return f"{NA} ({why}; n={kappa.n})"
     return f"{kappa.value:.3f} ({NO_CI}: {why}) n={kappa.n}"

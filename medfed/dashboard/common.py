@@ -19,6 +19,7 @@ from medfed.dashboard.rundata import Run, find_runs, label_runs, run_status
 from medfed.data.overview import OVERVIEW_FILE, overview_dir
 from medfed.errors import MedfedError
 from medfed.runs.schema import RoundRecord, Summary
+from medfed.serving.audit import AUDIT_FILE
 
 SELECTED = "selected_runs"
 NO_RUNS_HELP = (
@@ -128,14 +129,33 @@ def chosen_runs() -> list[Run]:
     return picked
 
 
-def pick_run(runs: list[Run], key: str, label: str = "Run") -> Run:
-    """One of ``runs``, chosen with a select box (the first one by default)."""
+def pick_run(runs: list[Run], key: str, label: str = "Run", default: Run | None = None) -> Run:
+    """One of ``runs``, chosen with a select box (``default``, else the first one, at first)."""
     if len(runs) == 1:
         st.caption(f"Run: **{runs[0].label}** ({runs[0].path})")
         return runs[0]
     names = [r.label for r in runs]
-    name = st.selectbox(label, names, key=key)
+    first = runs.index(default) if default in runs else 0
+    name = st.selectbox(label, names, index=first, key=key)
     return runs[names.index(name)] if name in names else runs[0]
+
+
+def routing_run(runs: list[Run], *, audit_first: bool = False) -> Run | None:
+    """The run a user trained to route with: one whose summary has a routing accuracy (it routes
+    by a client head, as FedDRM does), whose audit log holds routed scans, or a FedDRM run; the
+    audit log comes first with ``audit_first`` (the Review page reads it). None without runs."""
+
+    def rank(run: Run) -> tuple[bool, ...]:
+        try:
+            summary = read_summary(run)
+        except (MedfedError, OSError, ValueError):
+            summary = None
+        routes = summary is not None and getattr(summary, "routing_accuracy", None) is not None
+        audited = (run.path / AUDIT_FILE).is_file()
+        feddrm = summary is not None and str(getattr(summary, "algorithm", "")) == "feddrm"
+        return (audited, routes, feddrm) if audit_first else (routes, audited, feddrm)
+
+    return max(runs, key=rank, default=None)  # (max keeps the first of equal ones)
 
 
 def guarded(page: Callable[[], None]) -> None:

@@ -10,16 +10,16 @@ from __future__ import annotations
 import math
 import re
 import reprlib
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from medfed.dashboard import clinical
 from medfed.dashboard.checks import damaged, escape_markdown
+from medfed.dashboard.reviewdata import answer_text
 from medfed.data.cards import TO_FILL
 from medfed.errors import ConfigError
 from medfed.names import printable
@@ -29,10 +29,6 @@ from medfed.runs import RunDir
 from medfed.runs.schema import DROPPED, OK, RoundRecord, Summary
 from medfed.serving.audit import AuditEntry
 from medfed.units import human_bytes
-
-if TYPE_CHECKING:  # the Review page's types; the module itself loads only with that page
-    from medfed.serving.audit import ReadEntry
-    from medfed.serving.review import Disagreement, QueueItem
 
 # Folders medfed writes that never hold runs (a run's own, the preprocessing cache): skipping
 # them keeps discovery fast.
@@ -617,6 +613,7 @@ def audit_frame(entries: list[AuditEntry]) -> pd.DataFrame:
     for e in entries:
         row = {c: getattr(e, c) for c in AUDIT_COLUMNS}
         row["chosen_site"] = e.chosen_site or ("abstain" if e.status == "abstained" else "")
+        row["prediction"] = answer_text(e.status, e.prediction)
         row["sha256"] = e.sha256[:12]
         row["site_probs"] = ", ".join(f"{s} {p:.2f}" for s, p in e.site_probs.items())
         rows.append(row)
@@ -676,6 +673,7 @@ def probabilities_frame(site_probs: dict[str, float], chosen: str | None) -> pd.
 
 
 # ------------------------------------------------------------------------------- Review page
+# (the page's tables: medfed.dashboard.reviewdata)
 REVIEWER_HEADER_ENV = "MEDFED_REVIEWER_HEADER"
 """The request header holding the signed-in reader's name (set by an authenticating reverse
 proxy in front of the dashboard); empty turns the header off (the page asks for the name)."""
@@ -719,107 +717,6 @@ def reviewer_from_headers(headers: Mapping[str, str], header: str | None) -> str
             "any header of that name the browser sends"
         )
     return names[0] if names else None
-
-
-QUEUE_COLUMNS = [
-    "scan",
-    "priority",
-    "routed (UTC)",
-    "file",
-    "chosen site",
-    "prediction",
-    "probability",
-    "top-2 margin",
-    "reads",
-]
-
-
-def queue_frame(items: Sequence[QueueItem]) -> pd.DataFrame:
-    """The review queue as a table, in queue order (one row per scan). An abstained scan has
-    no prediction here: the models' outputs for it are not an answer."""
-    rows = []
-    for item in items:
-        answered = item.status == "routed"
-        rows.append(
-            {
-                "scan": item.scan_id,
-                "priority": item.priority,
-                "routed (UTC)": item.time,
-                "file": item.file,
-                "chosen site": item.chosen_site or "abstain",
-                "prediction": (item.prediction or "") if answered else "",
-                "probability": _number(item.prediction_prob) if answered else math.nan,
-                "top-2 margin": _number(item.margin),
-                "reads": len(item.reads),
-            }
-        )
-    return pd.DataFrame(rows, columns=QUEUE_COLUMNS)
-
-
-READS_COLUMNS = [
-    "scan",
-    "file",
-    "chosen site",
-    "prediction",
-    "reader",
-    "read",
-    "note",
-    "read (UTC)",
-    "recorded (UTC)",
-    "source",
-]
-
-
-def reads_frame(reads: Sequence[ReadEntry], scans: Mapping[int, AuditEntry]) -> pd.DataFrame:
-    """Every read, newest first, beside the routing answer of the scan it reads."""
-    rows = []
-    for r in reversed(reads):
-        entry = scans.get(r.routed_id)
-        rows.append(
-            {
-                "scan": r.routed_id,
-                "file": entry.file if entry else "",
-                "chosen site": (entry.chosen_site or "abstain") if entry else "",
-                "prediction": (entry.prediction or "") if entry else "",
-                "reader": r.reader,
-                "read": r.read,
-                "note": r.note or "",
-                "read (UTC)": r.time,
-                "recorded (UTC)": r.recorded,
-                "source": r.source,
-            }
-        )
-    return pd.DataFrame(rows, columns=READS_COLUMNS)
-
-
-def disagreements_frame(disagreements: Sequence[Disagreement]) -> pd.DataFrame:
-    """Scans whose readers disagree: the routing answer and each reader's latest read."""
-    rows = [
-        {
-            "scan": d.scan_id,
-            "file": d.file,
-            "chosen site": d.chosen_site or "abstain",
-            "model's answer": (d.prediction or "") if d.chosen_site else "none (abstained)",
-            "reads (latest per reader)": read_list(d.reads),
-        }
-        for d in disagreements
-    ]
-    columns = ["scan", "file", "chosen site", "model's answer", "reads (latest per reader)"]
-    return pd.DataFrame(rows, columns=columns)
-
-
-def review_csv(write: Callable[[Path], Any]) -> str:
-    """The CSV ``write(path)`` writes (the review module's writers, as 'medfed review' uses
-    them), as text for a download; the file lives in a temporary folder only meanwhile."""
-    with tempfile.TemporaryDirectory(prefix="medfed-review-") as folder:
-        path = Path(folder) / "review.csv"
-        write(path)
-        return path.read_text(encoding="utf-8")
-
-
-def read_list(reads: Mapping[str, str]) -> str:
-    """``dr.a: glaucoma; dr.b: normal``."""
-    return "; ".join(f"{reader}: {read}" for reader, read in reads.items())
 
 
 def _text(value: Any) -> str:

@@ -19,6 +19,7 @@ from medfed.data.distances import SiteFeatures, scan_features, site_distances
 from medfed.data.io import Volume, image_info
 from medfed.data.layouts import scan_site
 from medfed.data.modality import modality_spec, read_record
+from medfed.data.plausibility import modality_doubts
 from medfed.data.records import Problem, Record, Split
 from medfed.data.sitedata import preprocess_record
 from medfed.data.splits import assign_splits
@@ -51,6 +52,8 @@ class SiteReport:
     orientation: dict[str, int] = field(default_factory=dict)
     distances: dict[str, float] = field(default_factory=dict)
     features: np.ndarray | None = field(default=None, repr=False)
+    # content hash -> the readable scan's file (cross-site copies are found from it)
+    contents: dict[str, Path] = field(default_factory=dict, repr=False)
 
     @property
     def exit_code(self) -> int:
@@ -159,6 +162,7 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
     readable, contents = [], []
     kinds: dict[tuple[str, str], list[Path]] = {}
     orientations: Counter[str] = Counter()
+    unlike: dict[tuple[str, ...], list[Path]] = {}
     records = bar(scan.records, f"check {manifest.id}", unit="scan", total=len(scan.records))
     for record in records:
         try:
@@ -167,6 +171,8 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
             content = content_hash(record.content_files)
             if isinstance(decoded, np.ndarray):
                 _note_kind(manifest, record.path, kinds)
+            if doubts := modality_doubts(manifest.modality, decoded):
+                unlike.setdefault(tuple(doubts), []).append(record.path)
         except MedfedError as exc:
             report.problems.append(
                 Problem(str(record.path), str(exc), "replace or remove the file, then re-check")
@@ -201,7 +207,9 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
         report.features = np.stack(features)
     for (what, how), paths in kinds.items():
         report.warnings.append(f"{len(paths)} {what} image(s) ({how}): {_names(manifest, paths)}")
+    report.warnings.extend(_unlike_warnings(manifest, unlike))
     report.warnings.extend(_duplicate_warnings(manifest, readable, contents))
+    report.contents = {c: r.path for r, c in zip(readable, contents, strict=True)}
     if readable:
         _count(manifest, readable, report, contents)
     else:
@@ -248,6 +256,51 @@ def _note_kind(
     if min(info.size) < size:
         how = f"smaller than image_size {size} px, upscaled and so blurred"
         kinds.setdefault(("tiny", how), []).append(path)
+
+
+def _unlike_warnings(
+    manifest: SiteManifest, unlike: dict[tuple[str, ...], list[Path]]
+) -> list[str]:
+    """One warning naming the scans that do not look like the site's modality, and why."""
+    if not unlike:
+        return []
+    paths = sorted(p for group in unlike.values() for p in group)
+    doubts = list(dict.fromkeys(d for group in unlike for d in group))
+    cropped = (
+        " (a photo cropped inside the camera field has no dark surround and is still a fundus "
+        "photo)"
+        if str(manifest.modality) == "fundus"
+        else ""
+    )
+    return [
+        f"{len(paths)} scan(s) do not look like {manifest.modality} scans ({'; '.join(doubts)}): "
+        f"{_names(manifest, paths)}; check that they belong to this site{cropped}"
+    ]
+
+
+def _cross_site_duplicates(reports: list[SiteReport]) -> None:
+    """Warn each site holding byte-identical copies of another site's scans, naming the pairs:
+    a scan in two sites is in two test sets, and lifts both sites' figures."""
+    owners: dict[str, list[tuple[SiteReport, Path]]] = {}
+    for report in reports:
+        for content, path in report.contents.items():
+            owners.setdefault(content, []).append((report, path))
+    for report in reports:
+        pairs: dict[str, list[str]] = {}
+        for content, path in report.contents.items():
+            for other, theirs in owners[content]:
+                if other is not report:
+                    pairs.setdefault(other.site, []).append(f"{path} = {theirs}")
+        for site, listed in pairs.items():
+            more = f"; ... and {len(listed) - _SHOWN} more" if len(listed) > _SHOWN else ""
+            report.warnings.append(
+                printable(
+                    f"{len(listed)} scan(s) byte-identical to scans of site {site} (same "
+                    f"SHA-256): {'; '.join(listed[:_SHOWN])}{more}; a scan in two sites is in "
+                    "both test sets and lifts both sites' figures: remove the copies unless the "
+                    "two sites truly share these patients"
+                )
+            )
 
 
 def _duplicate_warnings(
@@ -404,6 +457,7 @@ def check_manifests(paths: list[str | Path], cache: TensorCache) -> list[SiteRep
         loaded.append(manifest)
     reports = [item if isinstance(item, SiteReport) else check_site(item, cache) for item in loaded]
     _site_distances(reports)
+    _cross_site_duplicates(reports)
     return reports
 
 

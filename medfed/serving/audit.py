@@ -4,8 +4,10 @@ clinicians' reads of those scans next to it.
 Clinicians review past decisions from it (the dashboard's Routing and Review pages read it); it
 stores a hash of each file, never the image.
 
-Tables: ``routed`` (one row per routing decision) and ``reads`` (one row per clinician's read of
-a routed scan: who, when, what; a read is never changed or deleted, a second read is a new row).
+Tables: ``routed`` (one row per routing decision), ``reads`` (one row per clinician's read of
+a routed scan: who, when, what; a read is never changed or deleted: a changed read is a new row
+that names the read it amends, so the history stays) and ``reveals`` (when a reader was shown
+the model's answer for a scan: a read recorded before that is blinded to it).
 The database carries its schema version in ``PRAGMA user_version`` (:data:`AUDIT_SCHEMA_VERSION`):
 a log written before reads existed (version 0, ``routed`` only) gains the new tables when first
 opened; a log from a newer medfed is refused. The log runs in WAL mode, and every write is one
@@ -35,12 +37,14 @@ __all__ = [
     "AuditError",
     "AuditLog",
     "ReadEntry",
+    "Reveal",
     "printable",
 ]
 
 AUDIT_FILE = "audit.sqlite"
-AUDIT_SCHEMA_VERSION = 1
-"""The audit database's schema (``PRAGMA user_version``): 0 routed scans only, 1 adds reads."""
+AUDIT_SCHEMA_VERSION = 2
+"""The audit database's schema (``PRAGMA user_version``): 0 routed scans only, 1 adds reads,
+2 adds amendments and blinding to reads, and the reveals of the model's answer."""
 _NOT_A_DATABASE = "not a database"  # in SQLite's message for a file that is no database
 _READ_ONLY = "readonly"  # in SQLite's message for a write to a read-only file
 _TIMEOUT = 30.0  # seconds a statement waits for another writer before giving up
@@ -93,7 +97,22 @@ _READS_SCHEMA = (
     BEGIN SELECT RAISE(ABORT, 'a read is never deleted; record a new read instead'); END
     """,
 )
-_READ_COLUMNS = "id, routed_id, reader, read, note, time, recorded, source"
+# Version 2: ``amends`` names the read a changed read replaces (its reader's earlier read of
+# the scan); ``blinded`` is 1 when the reader had not seen the model's answer, 0 when they had,
+# NULL when unknown (reads recorded before version 2).
+_V2_COLUMNS = (
+    ("amends", "INTEGER REFERENCES reads(id)"),
+    ("blinded", "INTEGER CHECK (blinded IN (0, 1))"),
+)
+_REVEALS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS reveals (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    routed_id INTEGER NOT NULL REFERENCES routed(id),
+    reader TEXT NOT NULL CHECK (length(trim(reader)) > 0),
+    time TEXT NOT NULL
+)
+"""
+_READ_COLUMNS = "id, routed_id, reader, read, note, time, recorded, source, amends, blinded"
 
 
 @dataclass(frozen=True)
@@ -142,6 +161,17 @@ class ReadEntry:
     recorded: str
     source: str
     id: int | None = None
+    amends: int | None = None
+    blinded: bool | None = None
+
+
+@dataclass(frozen=True)
+class Reveal:
+    """``reader`` was shown the model's answer for scan ``routed_id`` at ``time``."""
+
+    routed_id: int
+    reader: str
+    time: str
 
 
 def _entry_of(row: Sequence[Any]) -> AuditEntry:
@@ -199,6 +229,11 @@ class AuditLog:
                     db.execute(_SCHEMA)
                     for statement in _READS_SCHEMA:
                         db.execute(statement)
+                    have = {row[1] for row in db.execute("PRAGMA table_info(reads)")}
+                    for name, kind in _V2_COLUMNS:
+                        if name not in have:
+                            db.execute(f"ALTER TABLE reads ADD COLUMN {name} {kind}")
+                    db.execute(_REVEALS_SCHEMA)
                     db.execute(f"PRAGMA user_version = {AUDIT_SCHEMA_VERSION}")
                 db.commit()
             except BaseException:
@@ -352,7 +387,7 @@ class AuditLog:
                 for r in reads:
                     cursor = db.execute(
                         f"INSERT INTO reads ({_READ_COLUMNS.removeprefix('id, ')})"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             int(r.routed_id),
                             printable(r.reader),
@@ -361,6 +396,8 @@ class AuditLog:
                             r.time,
                             r.recorded,
                             r.source,
+                            r.amends,
+                            None if r.blinded is None else int(r.blinded),
                         ),
                     )
                     written.append(_with_id(r, cursor.lastrowid))
@@ -374,16 +411,16 @@ class AuditLog:
         """Every read (of one scan when ``routed_id`` is given), in the order recorded."""
         if not self.path.is_file():
             return []
-        query = f"SELECT {_READ_COLUMNS} FROM reads"
-        args: list[Any] = []
-        if routed_id is not None:
-            query += " WHERE routed_id = ?"
-            args.append(int(routed_id))
-        query += " ORDER BY id"
+        where, args = ("", []) if routed_id is None else (" WHERE routed_id = ?", [int(routed_id)])
         try:
             with closing(self._connect()) as db:
                 if not _has_table(db, "reads"):  # an old log that could not be migrated
                     return []
+                have = {row[1] for row in db.execute("PRAGMA table_info(reads)")}
+                columns = _READ_COLUMNS  # a read-only version 1 log: amends and blinded unknown
+                if "amends" not in have:
+                    columns = columns.replace(", amends, blinded", ", NULL, NULL")
+                query = f"SELECT {columns} FROM reads{where} ORDER BY id"
                 rows = db.execute(query, args).fetchall()
         except (sqlite3.Error, OSError) as exc:
             raise self._failed(exc, "read", what="reads") from exc
@@ -397,9 +434,40 @@ class AuditLog:
                 recorded=row[6],
                 source=row[7],
                 id=int(row[0]),
+                amends=None if row[8] is None else int(row[8]),
+                blinded=None if row[9] is None else bool(row[9]),
             )
             for row in rows
         ]
+
+    def add_reveal(self, routed_id: int, reader: str, time: str) -> None:
+        """Record that ``reader`` was shown the model's answer for scan ``routed_id``."""
+        try:
+            with closing(self._connect()) as db, db:
+                db.execute(
+                    "INSERT INTO reveals (routed_id, reader, time) VALUES (?, ?, ?)",
+                    (int(routed_id), printable(reader), time),
+                )
+        except (sqlite3.Error, OSError) as exc:
+            raise self._failed(exc, "recorded", what="reveals of the model's answer") from exc
+
+    def reveals(self, routed_id: int | None = None) -> list[Reveal]:
+        """When readers were shown the model's answer (for one scan when given), in order."""
+        if not self.path.is_file():
+            return []
+        query = "SELECT routed_id, reader, time FROM reveals"
+        args: list[Any] = []
+        if routed_id is not None:
+            query += " WHERE routed_id = ?"
+            args.append(int(routed_id))
+        try:
+            with closing(self._connect()) as db:
+                if not _has_table(db, "reveals"):
+                    return []
+                rows = db.execute(query + " ORDER BY id", args).fetchall()
+        except (sqlite3.Error, OSError) as exc:
+            raise self._failed(exc, "read", what="reveals of the model's answer") from exc
+        return [Reveal(int(a), str(b), str(c)) for a, b, c in rows]
 
 
 def _with_id(read: ReadEntry, row_id: int | None) -> ReadEntry:

@@ -252,7 +252,10 @@ def main() -> None:
 
     st.divider()
     st.header("One method in detail")
-    label = st.selectbox("Method", list(summaries), key="roc_method")
+    preferred = common.routing_run([r for r in runs if r.label in summaries])
+    labels = list(summaries)
+    first = labels.index(preferred.label) if preferred is not None else 0
+    label = st.selectbox("Method", labels, index=first, key="roc_method")
     summary = summaries[label]
     roc_per_site(label, summary)
     operating(label, summary)

@@ -18,12 +18,14 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from medfed.dashboard import checks, clinical, common, rundata, thumbnails
+from medfed.dashboard import checks, clinical, common, reviewdata, rundata, thumbnails
 from medfed.dashboard.rundata import Run
 from medfed.errors import MedfedError
 from medfed.reports import fmt
+from medfed.serving.kept import kept_scan
 from medfed.serving.review import (
     LOW_MARGIN,
+    MIN_DOUBLE_READS,
     Disagreement,
     Labels,
     QueueItem,
@@ -39,6 +41,8 @@ RECORDED = "review_recorded"  # session state: what the last read recorded, show
 MINE, NOBODY, EVERY = "not read by you", "not read by anyone", "every routed scan"
 BY = {"read": "reads made in these days", "routed": "scans routed in these days"}
 NOT_RELIED_ON = "Not to be relied on"
+HYPOTHETICAL = f"{NOT_RELIED_ON}: what the models would have answered (no site fits this scan)"
+HIDDEN = "The model's answer is hidden until you record your read"
 
 
 def count(n: int, noun: str) -> str:
@@ -72,18 +76,20 @@ def reader_name() -> str | None:
 
 
 # ------------------------------------------------------------------------------- pictures
-def routed_picture(file: str, sha256: str) -> tuple[np.ndarray | None, str]:
-    """The picture of a routed scan from its file on this machine, and its caption; None and
-    why when the file is not here or no longer holds the bytes that were routed."""
-    path = Path(file).expanduser()
+def routed_picture(run_dir: Path, file: str, sha256: str) -> tuple[np.ndarray | None, str]:
+    """The picture of a routed scan, from the copy the run keeps of an upload or else its file
+    on this machine, and its caption; None and why when neither is here or holds the bytes
+    that were routed."""
+    kept = kept_scan(run_dir, sha256)
+    path = kept if kept is not None else Path(file).expanduser()
     try:
-        present = bool(file) and path.exists()
+        present = (kept is not None or bool(file)) and path.exists()
     except OSError:
         present = False
     if not present:
         return None, (
-            "No picture: the file is not on this machine (an upload, or moved since it was "
-            "routed); the dashboard keeps no copy of a scan."
+            "No picture: the file is not on this machine (moved since it was routed, or an "
+            "upload routed before uploads were kept with the run)."
         )
     stamp = checks.folder_stamp(path) if path.is_dir() else checks.stamp(path)
     return _picture(str(path), sha256, stamp)
@@ -103,7 +109,7 @@ def _picture(path: str, sha256: str, stamp: tuple[Any, ...]) -> tuple[np.ndarray
             "No picture: the file has changed since it was routed (its SHA-256 differs), so it "
             "is not the scan the model saw."
         )
-    picture = thumbnails.picture(scan.decoded)
+    picture = thumbnails.picture(scan.decoded, window=thumbnails.dicom_window(scan.files))
     return picture, "the scan" if picture.ndim == 3 else "the scan (middle slice)"
 
 
@@ -138,11 +144,10 @@ def queue_section(review: Review, labels: Labels, reader: str | None) -> None:
         "scans first, then oldest first."
     )
     st.dataframe(
-        rundata.queue_frame(items),
+        reviewdata.queue_frame(items),
         hide_index=True,
         width="stretch",
         column_config={
-            "probability": st.column_config.NumberColumn("probability", format="%.2f"),
             "top-2 margin": st.column_config.NumberColumn("top-2 margin", format="%.2f"),
         },
     )
@@ -177,41 +182,96 @@ def scan_card(
         st.caption(f"Routed {item.time} (UTC); {priority_words(item)}.")
         picture_column, answer_column, read_column = st.columns([1, 2, 2])
         with picture_column:
-            picture, caption = routed_picture(item.file, item.sha256)
+            picture, caption = routed_picture(review.path, item.file, item.sha256)
             if picture is not None:
                 st.image(picture, width=THUMBNAIL, caption=caption)
             else:
                 st.caption(common.escape(caption))
         with answer_column:
-            answer(item)
+            if answer_shown(review, item, reader):
+                answer(item)
+            else:
+                hidden_answer(review, item, reader)
         with read_column:
             reads_so_far(item, reader, disagreement)
             read_form(review, item, labels, reader)
 
 
+def answer_shown(review: Review, item: QueueItem, reader: str | None) -> bool:
+    """Whether ``reader`` may see the model's answer: once they have read the scan (the answer
+    is then recorded as seen) or asked to see it first."""
+    if reader is None:
+        return False
+    if reader in item.readers():
+        review.reveal(item.scan_id, reader)  # once: a later read of it is no longer blinded
+        return True
+    return review.revealed(item.scan_id, reader)
+
+
+def hidden_answer(review: Review, item: QueueItem, reader: str | None) -> None:
+    """The model's answer kept back until the read is recorded, so that the read is the
+    reader's own (blinded); a reader may ask for it first, and their read is then recorded as
+    not blinded."""
+    st.info(
+        f"{HIDDEN}: it shows once your read is recorded, so that your read is your own "
+        "(blinded to the model)."
+    )
+    if reader is None:
+        return
+    if st.button(
+        "Show the model's answer before reading",
+        key=f"reveal_{item.scan_id}",
+        help="Your read of this scan is then recorded as made after seeing the model's answer.",
+    ):
+        try:
+            review.reveal(item.scan_id, reader)
+        except MedfedError as exc:
+            st.error(common.escape(str(exc)))
+            return
+        st.rerun()
+
+
+def answer_words(item: QueueItem) -> str:
+    """The model's answer in one sentence, for the note after a read."""
+    if item.status == "abstained":
+        return "The federation abstained on this scan (no site fits it): it gave no answer."
+    return (
+        f"The model's answer: {item.prediction or 'n/a'} (probability "
+        f"{fmt(item.prediction_prob, 2)}) at site {item.chosen_site}."
+    )
+
+
 def answer(item: QueueItem) -> None:
     """What the federation answered: the site and its prediction at the site's operating
-    point; for an abstained scan, the models' outputs marked as not to be relied on."""
+    point; for an abstained scan no answer, and the models' outputs folded away and marked as
+    not to be relied on."""
     if item.status == "abstained":
         st.warning(f"abstain: {common.escape(item.entry.reason or 'no site fits')}")
-        if item.prediction is not None:
-            st.markdown(f"**{NOT_RELIED_ON}**")
-            st.caption(
-                f"The models' answer had they been asked: {item.prediction} (probability "
-                f"{fmt(item.prediction_prob, 2)})."
-            )
-    else:
-        cols = st.columns(2)
-        cols[0].metric("Chosen site", item.chosen_site or "")
-        cols[1].metric(
-            "Prediction",
-            item.prediction or "n/a",
-            f"probability {fmt(item.prediction_prob, 2)}",
-            delta_color="off",
-            delta_arrow="off",
-        )
-        if item.entry.reason:  # how the site's operating threshold decided it
-            st.caption(common.escape(item.entry.reason))
+        if item.prediction is None and not item.site_probs:
+            return
+        with st.expander(HYPOTHETICAL, expanded=False):
+            if item.prediction is not None:
+                st.caption(
+                    f"Not an answer: {item.prediction} (probability "
+                    f"{fmt(item.prediction_prob, 2)}) had the models been asked."
+                )
+            site_probabilities(item)
+        return
+    cols = st.columns(2)
+    cols[0].metric("Chosen site", item.chosen_site or "")
+    cols[1].metric(
+        "Prediction",
+        item.prediction or "n/a",
+        f"probability {fmt(item.prediction_prob, 2)}",
+        delta_color="off",
+        delta_arrow="off",
+    )
+    if item.entry.reason:  # how the site's operating threshold decided it
+        st.caption(common.escape(item.entry.reason))
+    site_probabilities(item)
+
+
+def site_probabilities(item: QueueItem) -> None:
     if item.site_probs:
         probs = rundata.probabilities_frame(item.site_probs, item.chosen_site)
         st.dataframe(
@@ -232,7 +292,7 @@ def reads_so_far(item: QueueItem, reader: str | None, disagreement: Disagreement
             )
         return
     if disagreement is not None:
-        st.warning(f"Readers disagree: {common.escape(rundata.read_list(disagreement.reads))}")
+        st.warning(f"Readers disagree: {common.escape(reviewdata.read_list(disagreement.reads))}")
     for r in item.reads:
         note = f" ({r.note})" if r.note else ""
         st.caption(common.escape(f"Read {r.time}: {r.read} by {r.reader}{note}"))
@@ -255,18 +315,29 @@ def read_form(review: Review, item: QueueItem, labels: Labels, reader: str | Non
         return
     try:
         written = review.record(item.scan_id, reader, read, note or None)
+        review.reveal(item.scan_id, reader)  # the answer is shown now, after the read
     except MedfedError as exc:
         st.error(common.escape(str(exc)))
         return
+    how = "blinded to the model's answer" if written.blinded else "after seeing the model's answer"
     st.session_state[RECORDED] = common.escape(
         f"Recorded: scan {written.routed_id} read as {written.read} by {written.reader} "
-        f"({written.time})."
+        f"({written.time}, {how}). {answer_words(item)}"
     )
     st.rerun()  # the queue, reads and figures are read again, with this read in them
 
 
 # ------------------------------------------------------------------------------- the rest
-def disagreements_section(review: Review) -> None:
+def answers_seen(review: Review, reader: str | None) -> set[int]:
+    """The scans whose model answer ``reader`` may see in the tables: those they have read or
+    asked to see (none for a reader not yet named)."""
+    if reader is None:
+        return set()
+    read = {r.routed_id for r in review.reads() if r.reader == reader}
+    return read | {v.routed_id for v in review.log.reveals() if v.reader == reader}
+
+
+def disagreements_section(review: Review, reader: str | None) -> None:
     st.subheader("Disagreements")
     found = review.disagreements()
     if not found:
@@ -275,7 +346,8 @@ def disagreements_section(review: Review) -> None:
     st.caption(
         f"{count(len(found), 'scan')} whose readers disagree (each reader's latest read counts)."
     )
-    st.dataframe(rundata.disagreements_frame(found), hide_index=True, width="stretch")
+    shown = answers_seen(review, reader)
+    st.dataframe(reviewdata.disagreements_frame(found, shown), hide_index=True, width="stretch")
 
 
 def window_from(start: date | None, until: date | None, by: str) -> Window:
@@ -302,41 +374,44 @@ def figures_section(review: Review, run: Run) -> None:
         f"{window.describe()}. Each figure "
         "with its 95% CI and counts (k/n). Sensitivity, specificity and agreement score the "
         "federation's answer (at the chosen site's operating point) against each answered "
-        "scan's first gradable read; kappa compares the latest reads of a scan's first two "
-        "readers; a scan is ungradable when every read says so; the abstain rate counts the "
-        "scans routed in the window."
+        "scan's first gradable read; kappa compares the current reads of a scan's first two "
+        f"readers (from {MIN_DOUBLE_READS} double-read scans on); a scan is ungradable when "
+        "every read says so; the abstain rate counts the scans routed in the window. Reads: "
+        f"{figures.blinding()}."
     )
     st.table(clinical.prospective_table(figures))
     left, right = st.columns(2)
     left.download_button(
         "Download the figures (CSV)",
-        lambda: rundata.review_csv(lambda path: write_figures_csv(figures, path)),
+        lambda: reviewdata.review_csv(lambda path: write_figures_csv(figures, path)),
         file_name=f"{run.path.name}_prospective_figures.csv",
         mime="text/csv",
         key="figures_csv",
     )
     right.download_button(
         "Download the reads (CSV)",
-        lambda: rundata.review_csv(review.export_reads),
+        lambda: reviewdata.review_csv(review.export_reads),
         file_name=f"{run.path.name}_reads.csv",
         mime="text/csv",
         key="reads_csv",
-        help="Every read, then a blank row per scan nobody has read, as 'medfed review RUN "
-        "--export' writes it (a site can fill it in and import it).",
+        help="Each reader's current read, then a blank row per scan nobody has read, without "
+        "the model's answer, as 'medfed review RUN --export' writes it (a site can fill it in "
+        "and import it; importing it twice adds nothing).",
     )
 
 
-def reads_section(review: Review) -> None:
+def reads_section(review: Review, reader: str | None) -> None:
     st.subheader("Reads")
     reads = review.reads()
     if not reads:
         st.caption("No read recorded yet.")
         return
     st.caption(
-        f"{count(len(reads), 'read')}, newest first; a read is never changed, a new one is added."
+        f"{count(len(reads), 'read')}, newest first; a read is never overwritten: a changed "
+        "read is a new row that amends it. A scan's model answer shows once you have read it."
     )
     st.dataframe(
-        rundata.reads_frame(reads, review.scans()),
+        reviewdata.reads_frame(reads, review.scans(), answers_seen(review, reader)),
         hide_index=True,
         width="stretch",
     )
@@ -346,12 +421,14 @@ def main() -> None:
     st.title("Review")
     st.caption(
         "Read the scans the federation routed and record what you see: one of the run's classes, "
-        "or ungradable. Reads are kept in the run's audit log (audit.sqlite) next to the routing "
-        "decisions; a read is never changed, a second read is a new row. They give the "
-        "prospective figures below."
+        "or ungradable, before the model's answer is shown. Reads are kept in the run's audit "
+        "log (audit.sqlite) next to the routing decisions; a read is never overwritten: a "
+        "changed read is a new row that amends it. They give the prospective figures below."
     )
     runs = common.chosen_runs()
-    run = common.pick_run(runs, key="review_run")
+    run = common.pick_run(
+        runs, key="review_run", default=common.routing_run(runs, audit_first=True)
+    )
     review = Review(run.path)
     if not review.scans():
         where = run.path / "audit.sqlite"
@@ -371,9 +448,9 @@ def main() -> None:
     labels = review.labels
     reader = reader_name()
     queue_section(review, labels, reader)
-    disagreements_section(review)
+    disagreements_section(review, reader)
     figures_section(review, run)
-    reads_section(review)
+    reads_section(review, reader)
 
 
 common.guarded(main)

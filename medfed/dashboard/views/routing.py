@@ -17,6 +17,7 @@ from medfed.dashboard import MAX_UPLOAD_MB, charts, checks, common, rundata, thu
 from medfed.dashboard.rundata import Run
 from medfed.errors import ConfigError, MedfedError
 from medfed.reports import fmt
+from medfed.serving.kept import keep_scan
 from medfed.serving.routers import default_router, make_router, routers_for
 from medfed.serving.service import route_files
 from medfed.units import human_bytes
@@ -69,6 +70,8 @@ def route_upload(run: Run, fed: Any, router: Any, upload: Any) -> dict[str, Any]
         path.write_bytes(upload.getvalue())
         result = route_files(fed, router, [path], run.path, names=[name])[0]
         picture = thumbnails.scan_picture(path)
+        if result.entry.status != "error":  # kept for the Review page: an upload is read there
+            keep_scan(run.path, path, result.entry.sha256, name)
     done.add(key)
     # (route_files names the upload by ``name`` in the answer and the log, not its temporary copy)
     return to_show(run, result.to_dict(), picture, fed)
@@ -179,24 +182,30 @@ def thumbnail_caption(picture: np.ndarray) -> str:
     return "the scan" if picture.ndim == 3 else "the scan (middle slice)"
 
 
+# the folded-away section of an abstained scan's model outputs (a page script shows any bare
+# string, so this says it in a comment)
+HYPOTHETICAL = f"{NOT_RELIED_ON}: what the models would have answered (no site fits this scan)"
+
+
 def not_relied_on(entry: dict[str, Any]) -> None:
-    """An abstained scan's model outputs, shown small and marked: no site's model fits it."""
+    """An abstained scan's model outputs, folded away and marked: no site's model fits it, so
+    they are no answer."""
     if entry.get("prediction") is None and not entry.get("site_probs"):
         return
-    st.markdown(f"**{NOT_RELIED_ON}**")
-    st.caption(
-        "No site's model fits this scan, so what follows is shown for completeness only: it is "
-        "not a prediction and should not be relied on."
-    )
-    if entry.get("prediction") is not None:
+    with st.expander(HYPOTHETICAL, expanded=False):
         st.caption(
-            f"The models' answer had they been asked: {entry['prediction']} (probability "
-            f"{fmt(entry['prediction_prob'], 2)})."
+            "No site's model fits this scan, so what follows is shown for completeness only: it "
+            "is not a prediction and should not be relied on."
         )
-    if entry.get("site_probs"):
-        probs = rundata.probabilities_frame(entry["site_probs"], None)
-        st.plotly_chart(charts.site_probability_bars(probs, relied_on=False), key="site_probs")
-        st.table(probs.drop(columns="chosen").set_index("site"))
+        if entry.get("prediction") is not None:
+            st.caption(
+                f"Not an answer: {entry['prediction']} (probability "
+                f"{fmt(entry['prediction_prob'], 2)}) had the models been asked."
+            )
+        if entry.get("site_probs"):
+            probs = rundata.probabilities_frame(entry["site_probs"], None)
+            st.plotly_chart(charts.site_probability_bars(probs, relied_on=False), key="site_probs")
+            st.table(probs.drop(columns="chosen").set_index("site"))
 
 
 def audit_section(run: Run) -> None:
@@ -246,7 +255,7 @@ def main() -> None:
         "shown; the log keeps a hash of the file, never the image."
     )
     runs = common.chosen_runs()
-    run = common.pick_run(runs, key="routing_run")
+    run = common.pick_run(runs, key="routing_run", default=common.routing_run(runs))
     others = ", ".join(r.label for r in runs if r != run)
     pick_other = f" Pick another run above ({others})." if others else ""
     if not run.has_model:
