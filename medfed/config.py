@@ -15,6 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from medfed.devices import DEVICES
 from medfed.errors import ConfigError, ManifestError, MedfedError
 from medfed.versions import check_version
 
@@ -438,9 +439,6 @@ def load_manifests(paths: list[str | Path]) -> list[SiteManifest]:
     return manifests
 
 
-# cpu-bf16: the CPU with the GPU path's numerics (bf16 autocast, channels-last), for checking
-# that path on a machine without a GPU (medfed gpu-check); slower than cpu on most CPUs.
-DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "cpu-bf16")
 FAULT_KINDS: tuple[str, ...] = ("raise", "nan", "shape", "timeout", "drop")
 # How updates are encoded on the wire (medfed.federation.wire), with the line help shows.
 WIRE_PRECISION_NOTES: dict[str, str] = {

@@ -17,9 +17,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent / "medfed"
 # Importer (and every module under it) -> medfed packages it must never import.
 LAYERS: tuple[tuple[str, str], ...] = (
     # medfed.<importer>, must not import medfed.<each of these>
-    ("data", "models algorithms federation serving runs experiments flower dashboard"),
-    ("models", "algorithms federation serving runs experiments flower dashboard"),
-    ("algorithms", "federation runs serving experiments flower dashboard"),
+    ("data", "models algorithms federation serving runs metrics experiments flower dashboard"),
+    ("models", "data algorithms federation serving runs experiments flower dashboard"),
+    ("algorithms", "data federation runs serving experiments flower dashboard"),
     ("serving", "federation experiments flower dashboard"),
     ("runs", "federation algorithms serving experiments flower dashboard models data"),
     ("metrics", "models"),
@@ -456,10 +456,10 @@ def test_checker_accepts_a_clean_tree_and_package_self_imports() -> None:
             "from medfed.data import _impl\nimport numpy\ndef f():\n    import torch\n",
             False,
         ),
-        "medfed.models": ("from medfed.data import io\n", True),
+        "medfed.serving": ("from medfed.data import io\n", True),
     }
     tree = build_tree(clean)
     assert find_cycles(tree) == []
     assert find_private_imports(tree) == []
     assert find_layer_violations(tree) == []
-    assert find_forbidden_reach(tree, "medfed.models", ("torch",)) == []
+    assert find_forbidden_reach(tree, "medfed.serving", ("torch",)) == []
