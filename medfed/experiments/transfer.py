@@ -304,7 +304,7 @@ def run_transfer(
             "algorithm": "fedavg",
             "federation_seed": SOURCE_SEED,
             "rounds": budget.base_rounds,
-            "worst_site_test_auc": base_summary.worst_site_auc,
+            "worst_site_test_auc": base_summary.federation.worst_site_auc,
         },
         "target_seeds": target_seeds(budget),
         "device": {"run": device, **device_info()},
