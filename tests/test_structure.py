@@ -463,3 +463,86 @@ def test_checker_accepts_a_clean_tree_and_package_self_imports() -> None:
     assert find_private_imports(tree) == []
     assert find_layer_violations(tree) == []
     assert find_forbidden_reach(tree, "medfed.serving", ("torch",)) == []
+
+
+# ------------------------------------------------------------------------------ sizes
+MAX_FUNCTION_LINES = 100
+MAX_MODULE_LINES = 800
+_SPLITTING = "being split; see the structure issue"
+
+# Offenders allowed for now, each with why: "path" for a module, "path::name" for a function
+# (a method as Class.name, a nested function as outer.name). A listed one that no longer
+# offends fails the test too, so the list only shrinks.
+SIZE_EXCEPTIONS: dict[str, str] = {
+    "cli.py": _SPLITTING,
+    "config.py": _SPLITTING,
+    "dashboard/rundata.py": _SPLITTING,
+    "data/synth.py": _SPLITTING,
+    "experiments/bench.py": _SPLITTING,
+    "runs/study.py": _SPLITTING,
+    "serving/review.py": _SPLITTING,
+    "cli.py::train": _SPLITTING,
+    "cli.py::deploy_app_folder": _SPLITTING,
+    "experiments/privacy_curve.py::run_privacy_curve": _SPLITTING,
+    "experiments/transfer.py::run_transfer": _SPLITTING,
+}
+
+
+def _functions(node: ast.AST, prefix: str = "") -> Iterator[tuple[str, int]]:
+    """Every function under ``node`` as (qualified name, lines from ``def`` to its end)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield prefix + child.name, child.end_lineno - child.lineno + 1  # type: ignore[operator]
+            yield from _functions(child, f"{prefix}{child.name}.")
+        elif isinstance(child, ast.ClassDef):
+            yield from _functions(child, f"{prefix}{child.name}.")
+        else:
+            yield from _functions(child, prefix)
+
+
+def find_oversized(sources: Mapping[str, str]) -> dict[str, int]:
+    """``{"path": lines}`` for modules and ``{"path::name": lines}`` for functions too long."""
+    out = {}
+    for path, source in sources.items():
+        lines = len(source.splitlines())
+        if lines > MAX_MODULE_LINES:
+            out[path] = lines
+        for name, length in _functions(ast.parse(source, filename=path)):
+            if length > MAX_FUNCTION_LINES:
+                out[f"{path}::{name}"] = length
+    return out
+
+
+def test_no_function_over_100_lines_and_no_module_over_800() -> None:
+    sources = {
+        path.relative_to(PACKAGE_DIR).as_posix(): path.read_text(encoding="utf-8")
+        for path in sorted(PACKAGE_DIR.rglob("*.py"))
+    }
+    oversized = find_oversized(sources)
+
+    new = [
+        f"{name} ({n} lines)"
+        for name, n in sorted(oversized.items())
+        if name not in SIZE_EXCEPTIONS
+    ]
+    fixed = [name for name in SIZE_EXCEPTIONS if name not in oversized]
+    assert not new, _report(
+        f"modules over {MAX_MODULE_LINES} lines or functions over {MAX_FUNCTION_LINES} "
+        "(split them)",
+        new,
+    )
+    assert not fixed, _report(
+        "size exceptions that no longer offend (drop them from SIZE_EXCEPTIONS)", fixed
+    )
+    assert all(SIZE_EXCEPTIONS.values()), "every size exception says why"
+
+
+def test_size_checker_names_long_modules_and_functions() -> None:
+    def body(n: int) -> str:
+        return "\n".join(["        x = 1"] * n)
+
+    # A.long: its def and 100 lines (101); short: 100 lines with its nested function.
+    source = f"class A:\n    def long(self):\n{body(100)}\n\n\n"
+    source += f"def short():\n    def inner():\n{body(98)}\n"
+    found = find_oversized({"m.py": source, "big.py": "x = 1\n" * 801})
+    assert found == {"m.py::A.long": 101, "big.py": 801}
