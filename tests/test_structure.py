@@ -36,6 +36,20 @@ ONLY_FROM: tuple[tuple[str, str], ...] = (
     ("plotly", "medfed.dashboard medfed.cli"),
 )
 
+# Module -> the only medfed modules it may import (lazy imports count too).
+ONLY_IMPORTS: tuple[tuple[str, str], ...] = (
+    # module, may import only
+    ("medfed.errors", ""),
+    ("medfed.names", ""),
+    ("medfed.units", ""),
+    ("medfed.devices", ""),
+    ("medfed.kinds", ""),
+    ("medfed.operating_rule", ""),
+    ("medfed.reliability", ""),
+    ("medfed.normalization", ""),
+    ("medfed.versions", "medfed.errors"),
+)
+
 # Module -> third-party packages that neither it nor any medfed module it imports may import.
 # The run schema is read by the dashboard and report tools, which must not need torch.
 TORCH_FREE: tuple[tuple[str, str], ...] = (
@@ -313,6 +327,21 @@ def find_layer_violations(tree: Tree) -> list[str]:
     return out
 
 
+def find_imports_beyond(tree: Tree, module: str, allowed: Iterable[str]) -> list[str]:
+    """Imports by ``module`` of medfed modules outside ``allowed`` (the medfed package's own
+    ``__init__``, run on the way to any of them, aside)."""
+    allowed = set(allowed)
+    return [
+        f"{module} imports {edge.target} ({edge.where()}): it may import only "
+        f"{', '.join(sorted(allowed)) or 'no medfed module'}"
+        for edge in tree.edges.get(module, ())
+        if edge.internal
+        and not edge.implicit
+        and edge.target != "medfed"
+        and edge.target not in allowed
+    ]
+
+
 def find_forbidden_reach(tree: Tree, module: str, forbidden: Iterable[str]) -> list[str]:
     """Third-party ``forbidden`` packages that ``module`` pulls in, with the path.
 
@@ -376,6 +405,13 @@ def test_layers_point_downward(tree: Tree) -> None:
     assert not violations, _report("imports against the layer rules", violations)
 
 
+@pytest.mark.parametrize(("module", "allowed"), ONLY_IMPORTS)
+def test_module_imports_only_what_it_may(tree: Tree, module: str, allowed: str) -> None:
+    assert module in tree.modules, f"{module} is listed in ONLY_IMPORTS but does not exist"
+    beyond = find_imports_beyond(tree, module, allowed.split())
+    assert not beyond, _report(f"imports by {module} beyond what it may import", beyond)
+
+
 @pytest.mark.parametrize(("module", "forbidden"), TORCH_FREE)
 def test_module_stays_torch_free(tree: Tree, module: str, forbidden: str) -> None:
     if module not in tree.modules:
@@ -432,6 +468,10 @@ def test_checker_reports_cycles_forbidden_edges_private_names_and_torch() -> Non
 
     private = find_private_imports(tree)
     assert private == ["medfed.runs.rundir imports _cache from medfed.data.io (line 2)"]
+
+    assert find_imports_beyond(tree, "medfed.runs.schema", ["medfed.runs"]) == [
+        "medfed.runs.schema imports medfed.runs.rundir (line 2): it may import only medfed.runs"
+    ]
 
     # rundir's own lazy monai import is not followed; the schema's own lazy import is.
     safetensors, torch = sorted(
