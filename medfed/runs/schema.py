@@ -201,7 +201,8 @@ class Evaluation(Record):
     WHERE = "evaluation"
 
     sites: dict[str, SiteFigures]
-    # Written as its own keys; the figure weighted by training scans where files have it.
+    # Written flat, as summary.json always held these figures: its keys beside the others,
+    # average_accuracy_by_train (added later) after the routers.
     federation: FederationMetrics = kinds.part(
         flatten=True, after={"average_accuracy_by_train": "routers"}
     )
