@@ -192,6 +192,7 @@ def read(cls: type[R], data: Any, where: str, path: str = "") -> R:
 
 
 def read_fields(cls: type, data: Mapping[str, Any], where: str, path: str) -> dict[str, Any]:
+    """The constructor arguments of a ``cls`` record, read from ``data`` field by field."""
     values: dict[str, Any] = {}
     for slot in slots(cls):
         if slot.meta.get("rest"):
@@ -212,8 +213,6 @@ def _flat(slot: Slot, data: Mapping[str, Any], where: str, path: str) -> Any:
     keys = keys_of(slot.tp)
     if slot.optional and not any(prefix + key in data for key in keys):
         return None
-    if not prefix:
-        return slot.tp(**read_fields(slot.tp, data, where, path))
     inner = {key[len(prefix) :]: value for key, value in data.items() if key.startswith(prefix)}
     return slot.tp(**read_fields(slot.tp, inner, where, path + prefix))
 
@@ -257,11 +256,15 @@ def _scalar(slot: Slot, value: Any, where: str, path: str) -> Any:
             return value
         raise bad(where, path, "true, false or null" if null else "true or false", value)
     if slot.tp in (int, float):
-        kind = slot.kind or (WHOLE if slot.tp is int else FIGURE)
+        kind = _number_kind(slot)
         if kind.accepts(value):
             return slot.tp(value)
         raise bad(where, path, f"{kind.expected}, or null" if null else kind.expected, value)
     return value  # Any: as written
+
+
+def _number_kind(slot: Slot) -> Kind:
+    return slot.kind or (WHOLE if slot.tp is int else FIGURE)
 
 
 def _item(slot: Slot, tp: Any) -> Slot:
@@ -280,12 +283,12 @@ def _list(slot: Slot, value: Any, where: str, path: str) -> list[Any]:
         try:
             out.append(_value(item, entry, where, f"{path}.{k}"))
         except RunDirError:
-            if expected is None:
-                if item.tp in (int, float) and entry is not None:
-                    kind = slot.kind or (WHOLE if item.tp is int else FIGURE)
-                    raise bad(where, f"{path}.{k}", kind.expected, entry) from None
+            if expected is not None:  # the list is named as a whole
+                raise bad(where, path, expected, value) from None
+            if item.tp not in (int, float) or entry is None:
                 raise
-            raise bad(where, path, expected, value) from None
+            # A bad number in a list that may hold nulls is still named by its kind alone.
+            raise bad(where, f"{path}.{k}", _number_kind(item).expected, entry) from None
     return out
 
 
