@@ -166,27 +166,23 @@ def federation_lines(summary: Summary) -> list[str]:
     worst = summary.worst_site_auc_ci
     system = summary.routers.get(summary.routing_method)
     system_rate = system.rates.get("system_accuracy") if system is not None else None
+    fed = summary.federation
     pairs: list[tuple[str, Any]] = [
-        ("mean site AUC", summary.federation.mean_site_auc),
+        ("mean site AUC", fed.mean_site_auc),
         (
             "pooled AUC (random effects)",
             "n/a" if pooled is None else f"{pooled.text()} [{pooled.method}]",
         ),
         (
             "worst site AUC",
-            summary.federation.worst_site_auc
-            if worst is None
-            else f"{worst.text()} [{worst.method}]",
+            fed.worst_site_auc if worst is None else f"{worst.text()} [{worst.method}]",
         ),
-        ("worst site", summary.federation.worst_site),
-        ("AUC spread (std)", summary.federation.auc_std),
-        ("AUC Gini", summary.federation.auc_gini),
-        ("average accuracy (weighted by test scans)", summary.federation.average_accuracy),
-        (
-            "average accuracy (weighted by training scans)",
-            summary.federation.average_accuracy_by_train,
-        ),
-        ("mean accuracy (sites weighted equally)", summary.federation.mean_accuracy),
+        ("worst site", fed.worst_site),
+        ("AUC spread (std)", fed.auc_std),
+        ("AUC Gini", fed.auc_gini),
+        ("average accuracy (weighted by test scans)", fed.average_accuracy),
+        ("average accuracy (weighted by training scans)", fed.average_accuracy_by_train),
+        ("mean accuracy (sites weighted equally)", fed.mean_accuracy),
         (
             f"system accuracy ({summary.routing_method})",
             summary.system_accuracy if system_rate is None else system_rate.text(),
