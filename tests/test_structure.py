@@ -36,6 +36,12 @@ ONLY_FROM: tuple[tuple[str, str], ...] = (
     ("plotly", "medfed.dashboard medfed.cli"),
 )
 
+# Small utilities: leaves any layer may import (each imports at most another of them).
+SMALL_UTILITIES = (
+    "medfed.errors medfed.versions medfed.names medfed.units medfed.devices medfed.kinds "
+    "medfed.operating_rule medfed.reliability"
+)
+
 # Module -> the only medfed modules it may import (lazy imports count too).
 ONLY_IMPORTS: tuple[tuple[str, str], ...] = (
     # module, may import only
@@ -48,6 +54,7 @@ ONLY_IMPORTS: tuple[tuple[str, str], ...] = (
     ("medfed.reliability", ""),
     ("medfed.normalization", ""),
     ("medfed.versions", "medfed.errors"),
+    ("medfed.config", SMALL_UTILITIES),  # settings: a leaf every layer reads
 )
 
 # Module -> third-party packages that neither it nor any medfed module it imports may import.
