@@ -13,6 +13,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from medfed.devices import DEVICES
 from medfed.errors import ConfigError
 from medfed.manifest import (  # noqa: F401  (medfed.config names the manifests too)
     CT_HU_RANGE,
@@ -40,9 +41,6 @@ from medfed.manifest import (  # noqa: F401  (medfed.config names the manifests 
 from medfed.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
 from medfed.versions import check_version
 
-# cpu-bf16: the CPU with the GPU path's numerics (bf16 autocast, channels-last), for checking
-# that path on a machine without a GPU (medfed gpu-check); slower than cpu on most CPUs.
-DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "cpu-bf16")
 FAULT_KINDS: tuple[str, ...] = ("raise", "nan", "shape", "timeout", "drop")
 # How updates are encoded on the wire (medfed.federation.wire), with the line help shows.
 WIRE_PRECISION_NOTES: dict[str, str] = {

@@ -25,7 +25,14 @@ from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
 from medfed.federation.coordinator import Coordinator
 from medfed.federation.training import load_sites, train
-from medfed.metrics import Calibration, Interval, OperatingPoint, Pooled, wilson
+from medfed.metrics import (
+    Calibration,
+    FederationMetrics,
+    Interval,
+    OperatingPoint,
+    Pooled,
+    wilson,
+)
 from medfed.runs import RunDir
 from medfed.runs.schema import CrossSiteCell, RocPoints, RouterFigures, SiteFigures, Summary
 from tests.oldruns import before_intervals
@@ -190,26 +197,28 @@ def clinical_summary(**changes) -> Summary:
     aucs = {s: f.auc for s, f in sites.items()}
     values = dict(
         sites=sites,
-        n_sites=3,
-        mean_site_auc=sum(aucs.values()) / 3,
-        worst_site_auc=aucs["rimone"],
-        worst_site="rimone",
-        best_site_auc=aucs["refuge"],
-        best_site="refuge",
-        auc_std=0.088,
-        worst10_auc=aucs["rimone"],
-        auc_gini=0.05,
-        average_accuracy=0.8,
-        mean_accuracy=0.79,
-        accuracy_std=0.03,
-        sites_without_auc=[],
+        federation=FederationMetrics(
+            n_sites=3,
+            mean_site_auc=sum(aucs.values()) / 3,
+            worst_site_auc=aucs["rimone"],
+            worst_site="rimone",
+            best_site_auc=aucs["refuge"],
+            best_site="refuge",
+            auc_std=0.088,
+            worst10_auc=aucs["rimone"],
+            auc_gini=0.05,
+            average_accuracy=0.8,
+            mean_accuracy=0.79,
+            accuracy_std=0.03,
+            sites_without_auc=[],
+            average_accuracy_by_train=0.81,
+        ),
         routing_method="density_ratio",
         system_accuracy=280 / N_POOLED,
         routing_accuracy=250 / N_POOLED,
         abstain_rate=20 / N_POOLED,
         routers={n: _router(n, c) for n, c in ROUTERS["routers"].items()},
         routers_origin_known={n: _router(n, c) for n, c in ROUTERS["routers_origin_known"].items()},
-        average_accuracy_by_train=0.81,
         pooled_auc=POOLED,
         worst_site_auc_ci=sites["rimone"].auc_ci,
         cross_site={

@@ -73,7 +73,7 @@ def test_pooled_auc_and_worst_site_ci(feddrm_run):
     assert pooled is not None and pooled.n_sites == 3
     assert pooled.low <= pooled.estimate <= pooled.high
     assert 0.0 <= pooled.i2 <= 1.0
-    assert summary.worst_site_auc_ci == summary.sites[summary.worst_site].auc_ci
+    assert summary.worst_site_auc_ci == summary.sites[summary.federation.worst_site].auc_ci
 
 
 def test_both_protocols_report_every_router_with_intervals(feddrm_run):

@@ -12,13 +12,21 @@ import sys
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
 from medfed.errors import RunDirError
-from medfed.metrics import Interval, calibration, operating_point, pooled_auc, wilson
-from medfed.runs import SCHEMA_VERSION, RunDir, read_json, write_json
+from medfed.metrics import (
+    FederationMetrics,
+    Interval,
+    calibration,
+    operating_point,
+    pooled_auc,
+    wilson,
+)
+from medfed.runs import SCHEMA_VERSION, RunDir, read_json, schema, write_json
+from medfed.runs.fields import Record, slots
 from medfed.runs.schema import (
     Dropout,
     Evaluation,
@@ -208,7 +216,7 @@ def test_a_summary_written_before_versioning_reads_as_version_1(tmp_path: Path) 
 
     assert summary.routers == {} and summary.abstain_rate is None and summary.wire is None
     assert summary.sites["a"].roc is None and summary.skipped_rounds == []
-    assert summary.worst_site == "b"
+    assert summary.federation.worst_site == "b"
 
 
 def test_a_newer_summary_is_refused_with_what_to_do(tmp_path: Path) -> None:
@@ -456,3 +464,32 @@ def test_run_files_are_readable_by_the_group_as_a_plain_write_would_leave_them(t
     finally:
         os.umask(old)
     assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_every_figure_of_a_run_record_declares_its_kind() -> None:
+    records = [
+        cls
+        for cls in vars(schema).values()
+        if isinstance(cls, type) and issubclass(cls, Record) and cls is not Record
+    ]
+    undeclared = []
+    for cls in [*records, FederationMetrics]:
+        for slot in slots(cls):
+            inner = get_args(slot.tp)[-1] if get_args(slot.tp) else slot.tp
+            inner = get_args(inner)[0] if get_args(inner) else inner  # list[float | None]
+            if inner in (int, float) and slot.kind is None:
+                undeclared.append(f"{cls.__name__}.{slot.name}")
+    assert not undeclared, f"numbers without a kind (medfed.kinds): {undeclared}"
+
+
+def test_the_federation_figures_are_checked_against_their_kinds() -> None:
+    for key, value, expected in [
+        ("worst_site_auc", 1.5, "'worst_site_auc' should be a number from 0 to 1, or null"),
+        ("n_sites", -2, "'n_sites' should be a whole number, 0 or more"),
+        ("accuracy_std", float("nan"), "'accuracy_std' should be a finite number, 0 or more"),
+        ("sites_without_auc", [3], "'sites_without_auc' should be a list of site ids"),
+    ]:
+        with pytest.raises(RunDirError, match=expected):
+            Summary.from_dict(summary_dict(**{key: value}))
+    summary = make_summary()
+    assert summary.federation == FederationMetrics.from_dict(summary.to_dict())

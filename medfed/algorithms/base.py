@@ -29,7 +29,7 @@ from medfed.errors import ConfigError
 from medfed.models.fedmodel import HEAD_PREFIX, FedModel, ModelSpec, keys_with_prefix
 
 if TYPE_CHECKING:
-    from medfed.data.preprocess import NormalizedView
+    from medfed.normalization import NormalizedView
 
 State = dict[str, torch.Tensor]
 

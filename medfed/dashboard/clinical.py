@@ -135,18 +135,18 @@ def auc_points(summaries: Summaries) -> pd.DataFrame:
 
 def worst_site_text(summary: Summary) -> str:
     """``AUC 0.700 (0.550–0.850)`` of the worst site, ``⚠`` when it is unreliable."""
-    text = f"AUC {with_ci(summary.worst_site_auc_ci, summary.worst_site_auc)}"
-    worst = summary.sites.get(summary.worst_site or "")
+    text = f"AUC {with_ci(summary.worst_site_auc_ci, summary.federation.worst_site_auc)}"
+    worst = summary.sites.get(summary.federation.worst_site or "")
     return f"{text} {WARNING}" if worst is not None and worst.unreliable else text
 
 
 def worst_site_warning(summary: Summary) -> str:
     """``rimone: ⚠ unreliable: fewer than 10 positives (4)`` when the worst site's figure is
     unreliable, else ''."""
-    worst = summary.sites.get(summary.worst_site or "")
+    worst = summary.sites.get(summary.federation.worst_site or "")
     if worst is None or not worst.unreliable:
         return ""
-    return f"{summary.worst_site}: {unreliable_marker(worst.unreliable)}"
+    return f"{summary.federation.worst_site}: {unreliable_marker(worst.unreliable)}"
 
 
 def pooled_text(summary: Summary) -> str:

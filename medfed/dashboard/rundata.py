@@ -132,7 +132,10 @@ Summaries = Mapping[str, Summary]  # run label -> its summary.json
 
 def worst_sites(summaries: Summaries) -> dict[str, tuple[str | None, float | None]]:
     """Each run's worst site and its AUC, as summary.json names them."""
-    return {label: (s.worst_site, s.worst_site_auc) for label, s in summaries.items()}
+    return {
+        label: (s.federation.worst_site, s.federation.worst_site_auc)
+        for label, s in summaries.items()
+    }
 
 
 def undefined_aucs(summaries: Summaries) -> list[str]:
@@ -147,19 +150,25 @@ def undefined_aucs(summaries: Summaries) -> list[str]:
 
 
 FEDERATION_ROWS: tuple[tuple[str, Callable[[Summary], Any]], ...] = (
-    ("mean site AUC", lambda s: s.mean_site_auc),
+    ("mean site AUC", lambda s: s.federation.mean_site_auc),
     ("pooled AUC (random effects, 95% CI)", clinical.pooled_text),
-    ("worst site AUC", lambda s: s.worst_site_auc),
-    ("worst site AUC (95% CI)", lambda s: clinical.with_ci(s.worst_site_auc_ci, s.worst_site_auc)),
-    ("worst site", lambda s: s.worst_site),
-    ("best site AUC", lambda s: s.best_site_auc),
-    ("AUC spread (std)", lambda s: s.auc_std),
-    ("AUC Gini", lambda s: s.auc_gini),
-    ("worst 10% AUC", lambda s: s.worst10_auc),
-    ("average accuracy (weighted by scans)", lambda s: s.average_accuracy),
-    ("average accuracy (weighted by training scans)", lambda s: s.average_accuracy_by_train),
-    ("mean accuracy", lambda s: s.mean_accuracy),
-    ("accuracy spread (std)", lambda s: s.accuracy_std),
+    ("worst site AUC", lambda s: s.federation.worst_site_auc),
+    (
+        "worst site AUC (95% CI)",
+        lambda s: clinical.with_ci(s.worst_site_auc_ci, s.federation.worst_site_auc),
+    ),
+    ("worst site", lambda s: s.federation.worst_site),
+    ("best site AUC", lambda s: s.federation.best_site_auc),
+    ("AUC spread (std)", lambda s: s.federation.auc_std),
+    ("AUC Gini", lambda s: s.federation.auc_gini),
+    ("worst 10% AUC", lambda s: s.federation.worst10_auc),
+    ("average accuracy (weighted by scans)", lambda s: s.federation.average_accuracy),
+    (
+        "average accuracy (weighted by training scans)",
+        lambda s: s.federation.average_accuracy_by_train,
+    ),
+    ("mean accuracy", lambda s: s.federation.mean_accuracy),
+    ("accuracy spread (std)", lambda s: s.federation.accuracy_std),
     ("system accuracy", lambda s: s.system_accuracy),
     ("system accuracy (95% CI)", lambda s: clinical.default_router_rate(s, "system_accuracy")),
     ("answered by", lambda s: s.routing_method),

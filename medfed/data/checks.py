@@ -24,9 +24,9 @@ from medfed.data.records import Problem, Record, Split
 from medfed.data.sitedata import preprocess_record
 from medfed.data.splits import assign_splits
 from medfed.errors import ManifestError, MedfedError
-from medfed.metrics import RELIABLE_MIN, unreliable
 from medfed.names import printable
 from medfed.progress import bar
+from medfed.reliability import RELIABLE_MIN, unreliable
 
 EXIT_READY, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
 

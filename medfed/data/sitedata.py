@@ -234,7 +234,7 @@ def no_validation_warning(site: SiteData, operating_point: str) -> str | None:
     """Words for a two-class site without validation scans whose operating point must be
     chosen on them (any rule but ``threshold:T``): training falls back to threshold 0.5 there
     and reports no validation AUC. None when nothing falls back."""
-    from medfed.metrics import OperatingRule
+    from medfed.operating_rule import OperatingRule
 
     if len(site.manifest.class_names()) != 2 or site.n(Split.VAL) > 0:
         return None

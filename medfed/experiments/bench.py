@@ -118,10 +118,10 @@ def _origin_known_accuracy(summary: Summary) -> float | None:
 
 # The figures results.json averages over the seeds, by name.
 FIGURES: dict[str, Callable[[SeedRun], float | None]] = {
-    "mean_site_auc": lambda r: r.summary.mean_site_auc,
-    "worst_site_auc": lambda r: r.summary.worst_site_auc,
-    "average_accuracy": lambda r: r.summary.average_accuracy,
-    "average_accuracy_by_train": lambda r: r.summary.average_accuracy_by_train,
+    "mean_site_auc": lambda r: r.summary.federation.mean_site_auc,
+    "worst_site_auc": lambda r: r.summary.federation.worst_site_auc,
+    "average_accuracy": lambda r: r.summary.federation.average_accuracy,
+    "average_accuracy_by_train": lambda r: r.summary.federation.average_accuracy_by_train,
     "system_accuracy": lambda r: r.summary.system_accuracy,
     "system_accuracy_origin_known": lambda r: _origin_known_accuracy(r.summary),
     "routing_accuracy": lambda r: r.summary.routing_accuracy,
@@ -395,7 +395,7 @@ def train_federation(
         summary = run.summary
         echo(
             f"[{modality} seed {seed}] {method}: worst-site AUC "
-            f"{fixed(summary.worst_site_auc)}, system accuracy {ORIGIN_UNKNOWN} "
+            f"{fixed(summary.federation.worst_site_auc)}, system accuracy {ORIGIN_UNKNOWN} "
             f"{fixed(summary.system_accuracy)}, {ORIGIN_KNOWN} "
             f"{fixed(_origin_known_accuracy(summary))} ({summary.routing_method})"
         )

@@ -237,19 +237,19 @@ def ci_table(summaries: Mapping[str, Summary]) -> str:
     rows = []
     for name, s in summaries.items():
         worst = "n/a"
-        if s.worst_site is not None:
+        if s.federation.worst_site is not None:
             interval = s.worst_site_auc_ci
-            flag = " \u2020" if s.sites[s.worst_site].unreliable else ""
-            value = ci_cell(interval.to_dict()) if interval else fmt(s.worst_site_auc, 2)
-            worst = f"{s.worst_site} {value}{flag}"
+            flag = " \u2020" if s.sites[s.federation.worst_site].unreliable else ""
+            value = ci_cell(interval.to_dict()) if interval else fmt(s.federation.worst_site_auc, 2)
+            worst = f"{s.federation.worst_site} {value}{flag}"
         rows.append(
             [
                 name,
                 s.routing_method,
                 *(_auc_cell(s.sites[sid]) for sid in site_ids),
                 worst,
-                fmt(s.average_accuracy),
-                fmt(s.average_accuracy_by_train),
+                fmt(s.federation.average_accuracy),
+                fmt(s.federation.average_accuracy_by_train),
                 _rate_cell(s.routers, s.routing_method),
                 _rate_cell(s.routers_origin_known, s.routing_method),
                 fmt(s.routing_accuracy),

@@ -123,7 +123,7 @@ def run_figures(summary: Summary, run: Path) -> dict[str, float | None]:
     return {
         "first_round_loss": statistics.fmean(first) if first else None,
         "last_val_loss": statistics.fmean(val) if val else None,
-        "worst_site_auc": summary.worst_site_auc,
+        "worst_site_auc": summary.federation.worst_site_auc,
     }
 
 

@@ -236,7 +236,7 @@ def run_transfer(
             "algorithm": "fedavg",
             "federation_seed": SOURCE_SEED,
             "rounds": budget.base_rounds,
-            "worst_site_test_auc": base.summary.worst_site_auc,
+            "worst_site_test_auc": base.summary.federation.worst_site_auc,
         },
         "target_seeds": target_seeds(budget),
         "device": {"run": last.summary.device, **device_info()},

@@ -12,7 +12,6 @@ is imported only inside the functions that use it.
 """
 
 from medfed.metrics.intervals import (
-    RELIABLE_MIN,
     Interval,
     Pooled,
     Proportion,
@@ -25,7 +24,6 @@ from medfed.metrics.intervals import (
     delong_paired,
     paired_bootstrap,
     pooled_auc,
-    unreliable,
     verdict,
     weighted_auc,
     wilson,
@@ -51,6 +49,7 @@ from medfed.metrics.point import (
     system_accuracy,
 )
 from medfed.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
+from medfed.reliability import RELIABLE_MIN, unreliable
 
 __all__ = [
     "ABSTAIN",

@@ -28,9 +28,6 @@ from scipy.special import expit, logit
 
 from medfed.metrics._common import binary_inputs, finite, labels
 
-RELIABLE_MIN = 10
-"""A figure on fewer positives or fewer negatives than this is flagged unreliable."""
-
 # pooled_auc: an AUC of exactly 0 or 1 has no logit, and a variance of 0 (DeLong's answer for a
 # perfectly separated site) would give that site infinite weight. AUCs are clipped into
 # [_AUC_EPS, 1 - _AUC_EPS] and variances floored at _VAR_FLOOR (a standard error of 0.001 on
@@ -393,17 +390,6 @@ def wilson(k: int, n: int, level: float = 0.95) -> Proportion:
     low = min(max(0.0, float(low)), value)
     high = max(min(1.0, float(high)), value)
     return Proportion(k, n, Interval(value, low, high, "Wilson", level))
-
-
-def unreliable(n_pos: int, n_neg: int) -> str | None:
-    """Why a figure on ``n_pos`` positives and ``n_neg`` negatives is unreliable (fewer than
-    ``RELIABLE_MIN`` of either), e.g. ``fewer than 10 positives (4)``; ``None`` when it is not."""
-    parts = []
-    if n_pos < RELIABLE_MIN:
-        parts.append(f"fewer than {RELIABLE_MIN} positives ({n_pos})")
-    if n_neg < RELIABLE_MIN:
-        parts.append(f"fewer than {RELIABLE_MIN} negatives ({n_neg})")
-    return " and ".join(parts) or None
 
 
 # ------------------------------------------------------------------------------ pooling

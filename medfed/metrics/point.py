@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from medfed import kinds
 from medfed.metrics._common import (
     binary_scores,
     check_label_range,
@@ -76,20 +77,20 @@ class FederationMetrics:
     the FedDRM reference code), and is ``None`` when the training counts were not given.
     """
 
-    n_sites: int
-    mean_site_auc: float | None
-    worst_site_auc: float | None
+    n_sites: int = kinds.count()
+    mean_site_auc: float | None = kinds.auc()
+    worst_site_auc: float | None = kinds.auc()
     worst_site: str | None
-    best_site_auc: float | None
+    best_site_auc: float | None = kinds.auc()
     best_site: str | None
-    auc_std: float | None
-    worst10_auc: float | None
-    auc_gini: float | None
-    average_accuracy: float
-    mean_accuracy: float
-    accuracy_std: float
-    sites_without_auc: list[str] = field(hash=False)
-    average_accuracy_by_train: float | None = None
+    auc_std: float | None = kinds.amount()
+    worst10_auc: float | None = kinds.auc()
+    auc_gini: float | None = kinds.rate()
+    average_accuracy: float = kinds.rate()
+    mean_accuracy: float = kinds.rate()
+    accuracy_std: float = kinds.amount()
+    sites_without_auc: list[str] = kinds.part(hash=False, expected="a list of site ids")
+    average_accuracy_by_train: float | None = kinds.rate(None)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict for JSON."""

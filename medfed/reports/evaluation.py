@@ -127,22 +127,23 @@ def federation_lines(summary: Summary) -> list[str]:
     worst = summary.worst_site_auc_ci
     system = summary.routers.get(summary.routing_method)
     system_rate = system.rates.get("system_accuracy") if system is not None else None
+    fed = summary.federation
     pairs: list[tuple[str, Any]] = [
-        ("mean site AUC", summary.mean_site_auc),
+        ("mean site AUC", fed.mean_site_auc),
         (
             "pooled AUC (random effects)",
             "n/a" if pooled is None else f"{pooled_text(pooled, sites=True)} [{pooled.method}]",
         ),
         (
             "worst site AUC",
-            summary.worst_site_auc if worst is None else f"{ci_text(worst)} [{worst.method}]",
+            fed.worst_site_auc if worst is None else f"{ci_text(worst)} [{worst.method}]",
         ),
-        ("worst site", summary.worst_site),
-        ("AUC spread (std)", summary.auc_std),
-        ("AUC Gini", summary.auc_gini),
-        ("average accuracy (weighted by test scans)", summary.average_accuracy),
-        ("average accuracy (weighted by training scans)", summary.average_accuracy_by_train),
-        ("mean accuracy (sites weighted equally)", summary.mean_accuracy),
+        ("worst site", fed.worst_site),
+        ("AUC spread (std)", fed.auc_std),
+        ("AUC Gini", fed.auc_gini),
+        ("average accuracy (weighted by test scans)", fed.average_accuracy),
+        ("average accuracy (weighted by training scans)", fed.average_accuracy_by_train),
+        ("mean accuracy (sites weighted equally)", fed.mean_accuracy),
         (
             f"system accuracy ({summary.routing_method})",
             summary.system_accuracy if system_rate is None else rate_text(system_rate),
@@ -329,8 +330,8 @@ def methods_table(summaries: Mapping[str, Summary]) -> str:
             [
                 name,
                 *(s.sites[sid].auc for sid in site_ids),
-                s.worst_site_auc,
-                s.average_accuracy,
+                s.federation.worst_site_auc,
+                s.federation.average_accuracy,
                 s.system_accuracy,
                 s.routing_method,
                 s.routing_accuracy,
@@ -355,8 +356,8 @@ def communication_table(summaries: Mapping[str, Summary], baseline: str) -> str:
                 f"{ratio:.1f}x" if ratio else "n/a",
                 s.system_accuracy,
                 change,
-                s.mean_site_auc,
-                s.worst_site_auc,
+                s.federation.mean_site_auc,
+                s.federation.worst_site_auc,
             ]
         )
     return markdown_table(header, rows)

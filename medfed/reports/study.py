@@ -144,13 +144,13 @@ def _glance(runs: Sequence[StudyRun]) -> Html:
     for run in runs:
         s = run.summary
         worst = s.worst_site_auc_ci
-        worst_text = ci_text(worst) if worst is not None else fmt(s.worst_site_auc)
+        worst_text = ci_text(worst) if worst is not None else fmt(s.federation.worst_site_auc)
         pooled = s.pooled_auc
         rows.append(
             [
                 run.label,
                 fig(pooled_text(pooled)),
-                join([s.worst_site or "n/a", ": ", fig(worst_text)]),
+                join([s.federation.worst_site or "n/a", ": ", fig(worst_text)]),
                 _system_cell(s.routers, s.routing_method),
                 _system_cell(s.routers_origin_known, s.routing_method),
                 human_bytes(s.bytes_per_round),
@@ -317,10 +317,12 @@ def _ci_methods(run: StudyRun) -> Html:
 
 
 def _worst(s: Summary) -> Html:
-    if s.worst_site is None:
+    if s.federation.worst_site is None:
         return esc("n/a")
-    value = ci_text(s.worst_site_auc_ci) if s.worst_site_auc_ci else fmt(s.worst_site_auc)
-    return join([s.worst_site, ": ", fig(value)])
+    value = (
+        ci_text(s.worst_site_auc_ci) if s.worst_site_auc_ci else fmt(s.federation.worst_site_auc)
+    )
+    return join([s.federation.worst_site, ": ", fig(value)])
 
 
 def _operating_section(runs: Sequence[StudyRun], sites: list[str]) -> list[Html]:

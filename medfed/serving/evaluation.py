@@ -313,7 +313,7 @@ def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> E
     worst = federation.worst_site
     return Evaluation(
         sites=sites,
-        **federation.to_dict(),  # the figures over sites, field for field
+        federation=federation,
         routing_method=default_router(fed).name,
         system_accuracy=main.system_accuracy,
         routing_accuracy=main.routing_accuracy,
