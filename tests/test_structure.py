@@ -55,7 +55,8 @@ ONLY_IMPORTS: tuple[tuple[str, str], ...] = (
     ("medfed.reliability", ""),
     ("medfed.normalization", ""),
     ("medfed.versions", "medfed.errors"),
-    ("medfed.config", SMALL_UTILITIES),  # settings: a leaf every layer reads
+    ("medfed.manifest", SMALL_UTILITIES),  # site manifests: read by data and the settings
+    ("medfed.config", f"{SMALL_UTILITIES} medfed.manifest"),  # settings: what every layer reads
 )
 
 # Module -> third-party packages that neither it nor any medfed module it imports may import.
@@ -517,23 +518,14 @@ def test_checker_accepts_a_clean_tree_and_package_self_imports() -> None:
 # ------------------------------------------------------------------------------ sizes
 MAX_FUNCTION_LINES = 100
 MAX_MODULE_LINES = 800
-_SPLITTING = "being split; see the structure issue"
 
 # Offenders allowed for now, each with why: "path" for a module, "path::name" for a function
 # (a method as Class.name, a nested function as outer.name). A listed one that no longer
 # offends fails the test too, so the list only shrinks.
 SIZE_EXCEPTIONS: dict[str, str] = {
-    "cli.py": _SPLITTING,
-    "config.py": _SPLITTING,
-    "dashboard/rundata.py": _SPLITTING,
-    "data/synth.py": _SPLITTING,
-    "experiments/bench.py": _SPLITTING,
-    "runs/study.py": _SPLITTING,
-    "serving/review.py": _SPLITTING,
-    "cli.py::train": _SPLITTING,
-    "cli.py::deploy_app_folder": _SPLITTING,
-    "experiments/privacy_curve.py::run_privacy_curve": _SPLITTING,
-    "experiments/transfer.py::run_transfer": _SPLITTING,
+    # The fundus and the CT writers with their manifests, sharing the folder, seed and file
+    # helpers; they part when a third generator (DR grading) joins them.
+    "data/synth.py": "927 lines: two generators that share their writing helpers",
 }
 
 
