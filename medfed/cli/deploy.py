@@ -173,7 +173,9 @@ def deploy_worker(
 
 def register(app: typer.Typer) -> None:
     deploy_app = typer.Typer(
-        help="Run a federation across real machines on Flower (SuperLink + one SuperNode per site)."
+        help="Run a federation across real machines on Flower (SuperLink + one SuperNode per "
+        "site).",
+        suggest_commands=False,  # click suggests (see medfed.cli.app)
     )
     app.add_typer(deploy_app, name="deploy", rich_help_panel=DEPLOYMENT)
     add = adder(deploy_app)

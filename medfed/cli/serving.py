@@ -92,8 +92,8 @@ def review(
     result = work.figures(window)
     typer.echo(
         f"prospective review of {run} ({window.describe()}): {result.n_reads} read(s) of "
-        f"{result.n_scans} scan(s); classes {', '.join(labels.classes)}"
-        + (f", positive {labels.positive}" if labels.positive else "")
+        f"{result.n_scans} scan(s); classes: {', '.join(labels.classes)}"
+        + (f" (positive class: {labels.positive})" if labels.positive else "")
     )
     if not work.log.path.is_file():
         typer.echo(f"no scan has been routed with {run} yet; route scans with 'medfed route'")
