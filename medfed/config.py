@@ -94,6 +94,17 @@ DP_DELTA_PER_SCAN = 0.1
 """delta defaults to this over the site's number of training scans (below 1/n)."""
 
 
+# Opacus finds the noise for a budget to within 0.01 of epsilon: a smaller budget is not held.
+DP_MIN_EPSILON = 0.01
+# Settings whose 0 means "none" or "the default": given on the command line, a 0 (or a number
+# so small that it reads as 0) would quietly mean no privacy, or another delta than the one given.
+DP_ZERO_MEANS = {
+    "dp_epsilon": "no privacy budget",
+    "dp_delta": "the default delta (0.1 / each site's n train)",
+    "dp_noise": "no noise multiplier",
+}
+
+
 @dataclass(frozen=True)
 class DPSettings:
     """A run's privacy settings (``medfed train --dp-*``); ``enabled`` once a budget or a noise
@@ -118,6 +129,12 @@ class DPSettings:
         out = []
         if not 0 <= self.epsilon < math.inf:
             out.append(f"dp_epsilon (--dp-epsilon) must be a number > 0, got {self.epsilon}")
+        elif 0 < self.epsilon < DP_MIN_EPSILON:
+            out.append(
+                f"dp_epsilon (--dp-epsilon) {self.epsilon:g} is below {DP_MIN_EPSILON}, the "
+                "precision the noise is searched to: the run could spend several times the "
+                f"budget given; give an epsilon of at least {DP_MIN_EPSILON}"
+            )
         if not 0 <= self.delta < 1:
             out.append(f"dp_delta (--dp-delta) must be in (0, 1), got {self.delta}")
         if not 0 < self.clip < math.inf:
@@ -599,6 +616,14 @@ def merge_train_settings(
     Given ``params`` merge over the stored ones; when the algorithm changes, the stored params
     are dropped, since they were another algorithm's.
     """
+    for name, meaning in DP_ZERO_MEANS.items():
+        value = given.get(name)
+        if value is not None and not value > 0:
+            option = "--" + name.replace("_", "-")
+            raise ConfigError(
+                f"{option} {value!r}: {name} must be a number > 0 ({value!r} would mean "
+                f"{meaning}); leave {option} out for that"
+            )
     values = dict(stored)
     extra = dict(given)
     params = extra.pop("params", None) or {}

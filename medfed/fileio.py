@@ -62,6 +62,70 @@ def check_out_folder(path: Path, option: str = "--out") -> None:
         ) from None
 
 
+# A run folder's own records (docs/architecture.md, "The run folder"): at its top, these files;
+# below it, everything in these folders. Only training and the run's readers (through
+# medfed.runs and the audit log) write them; no output option of any command may name one.
+RUN_FILES = frozenset(
+    {"config.toml", "metrics.jsonl", "events.jsonl", "summary.json", "predictions.csv"}
+    | {f"audit.sqlite{tail}" for tail in ("", "-journal", "-wal", "-shm")}
+)
+RUN_FOLDERS = frozenset({"checkpoints", "model", "site_overview", "warmup"})
+_RUN_RECORDS = ("metrics.jsonl", "events.jsonl", "summary.json")
+
+
+def run_folder_of(path: Path) -> Path | None:
+    """The run folder ``path`` is or lies in (resolved), or None: the nearest folder, ``path``
+    included, with a config.toml beside a metrics.jsonl, events.jsonl or summary.json."""
+    for folder in (p := Path(path).resolve(), *p.parents):
+        if (folder / "config.toml").is_file() and any(
+            (folder / name).exists() for name in _RUN_RECORDS
+        ):
+            return folder
+    return None
+
+
+def check_not_in_run(path: Path, option: str = "--out", *, may_be_run: bool = False) -> None:
+    """Refuse an output folder that is a run folder or lies inside one (with ``may_be_run``,
+    only one inside: training writes, and resumes, its own run): what the command writes there
+    would mix with the run's records and replace some of them."""
+    from medfed.errors import ConfigError
+
+    path = Path(path)
+    run = run_folder_of(path)
+    if run is None or (may_be_run and run == path.resolve()):
+        return
+    where = "is the run folder" if run == path.resolve() else "lies inside the run folder"
+    raise ConfigError(
+        f"{option} {path} {where} {run}: what this command writes would replace that run's "
+        "files; choose a folder outside every run folder"
+    )
+
+
+def check_out_file(path: Path, option: str = "--out") -> None:
+    """Refuse an output file that could not be written (see :func:`check_out_folder`, for its
+    folder) or that is one of a run's own records (:data:`RUN_FILES`, a file in a run's
+    model/ or checkpoints/): ``medfed review RUN --export RUN/summary.json`` would otherwise
+    replace the run's figures with a reads sheet. A ConfigError naming ``option``."""
+    from medfed.errors import ConfigError
+
+    path = Path(path)
+    check_out_folder(path.parent, f"{option} {path}: its folder")
+    # the path as named, and the file it leads to when it is a link
+    for candidate in (path.parent.resolve() / path.name, path.resolve()):
+        run = run_folder_of(candidate.parent)
+        if run is None:
+            continue
+        inside = candidate.relative_to(run).parts
+        if (len(inside) == 1 and inside[0] in RUN_FILES) or (
+            len(inside) > 1 and inside[0] in RUN_FOLDERS
+        ):
+            raise ConfigError(
+                f"{option} {path} is one of the run {run}'s own files "
+                f"({'/'.join(inside)}): writing it would replace the run's record; choose a "
+                "file outside the run's records (another name, or another folder)"
+            )
+
+
 def fresh_folder(folder: Path) -> Path:
     """``folder``, emptied of what an earlier run of an experiment left there (it is created
     by whoever writes into it)."""

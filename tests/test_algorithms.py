@@ -104,6 +104,41 @@ def test_unknown_algorithm_and_parameter_are_named() -> None:
     assert make_algorithm("feddrm", {"lam": "0.7"}).params.lam == pytest.approx(0.7)
 
 
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_each_parameter_keeps_its_kind_as_given_and_recorded(name: str) -> None:
+    """A whole-number parameter stays one (config.toml records ``finetune_rounds = 2``, not
+    2.0), given as text, as a whole float (a TOML 2.0) or as an int; a float stays a float."""
+    defaults = make_algorithm(name).resolved_params()
+    for key, value in defaults.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or "." in key:
+            continue
+        for given in (str(value), value, float(value)):
+            got = make_algorithm(name, {key: given}).resolved_params()[key]
+            assert type(got) is type(value) and got == value, (name, key, given, got)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "words"),
+    [
+        ("fedavgft", {"finetune_rounds": "2.5"}, "finetune_rounds='2.5' must be a whole number"),
+        ("fedavgft", {"finetune_rounds": 2.5}, "finetune_rounds=2.5 must be a whole number"),
+        ("pfedme", {"inner_steps": True}, "inner_steps=True must be a whole number"),
+        ("fedprox", {"mu": "nan"}, "mu='nan' must be a finite number"),
+        ("fedprox", {"mu": math.inf}, "mu=inf must be a finite number"),
+        ("ditto", {"lam": "-inf"}, "lam='-inf' must be a finite number"),
+        ("feddrm", {"lam": math.nan}, "lam=nan must be a finite number"),
+        ("lora", {"alpha": 0}, "alpha must be > 0"),
+        ("lora", {"alpha": -1.5}, "alpha must be > 0"),
+        ("lora", {"rank": 257}, "rank must be between 1 and 256"),
+        ("lora", {"rank": 0}, "rank must be between 1 and 256"),
+    ],
+)
+def test_a_parameter_out_of_bounds_is_refused_by_name(name: str, params: dict, words: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        make_algorithm(name, params)
+    assert words in str(refused.value)
+
+
 def test_feddrm_loss_matches_hand_computation() -> None:
     target = torch.tensor([[0.0, 0.0]])  # CE = log 2
     client = torch.tensor([[0.0, math.log(3.0)]])  # CE for site 0 = log 4

@@ -50,6 +50,13 @@ def _objects(path: Path) -> None:
     torch.save({"backbone.features.0.weight": Path("not-a-tensor")}, path)
 
 
+def _unrelated(path: Path) -> None:
+    """Weights of another model: not one tensor name matches this one's."""
+    save_file(
+        {"encoder.layer1.weight": torch.zeros(8, 4), "decoder.bias": torch.zeros(4)}, str(path)
+    )
+
+
 def _wrong_shape(path: Path) -> None:
     save_file({"backbone.features.0.weight": torch.zeros(16, 3, 5, 5)}, str(path))
 
@@ -99,6 +106,20 @@ CASES = [
         2,
         ("summary.json", "finish"),
     ),
+    Case(
+        "init weights of which no tensor fits the model",
+        _train("--init", _file("unrelated.safetensors", _unrelated)),
+        2,
+        ("unrelated.safetensors", "none of its 2 tensor(s) fits", "random weights"),
+    ),
+    Case(
+        "init weights all of the wrong shape (without --init-strict)",
+        _train("--backbone", "cnn", "--init", _file("shape.safetensors", _wrong_shape)),
+        2,
+        ("shape.safetensors", "fits this model", "(16, 3, 5, 5)"),
+    ),
+    Case("init is empty", _train("--init", ""), 2, ("--init is empty", "leave --init out")),
+    Case("init is blank", _train("--init", "  "), 2, ("--init is empty",)),
     Case("init-strict without init", _train("--init-strict"), 2, ("--init-strict", "--init")),
     Case(
         "init-normalization that does not exist",

@@ -258,7 +258,55 @@ def test_a_setting_out_of_its_declared_bounds_is_refused_in_its_words() -> None:
 def test_only_the_options_given_override_a_stored_setting() -> None:
     from medfed.cli.settings import given_settings
 
-    given = given_settings(
-        {"rounds": None, "seed": 7, "params": ["lam=0.9"], "faults": [], "init": ""}
-    )
-    assert given == {"seed": 7, "params": {"lam": "0.9"}, "init": ""}
+    given = given_settings({"rounds": None, "seed": 7, "params": ["lam=0.9"], "faults": []})
+    assert given == {"seed": 7, "params": {"lam": "0.9"}}
+    # an empty --init (an unset variable) is refused, not read as "random weights"
+    with pytest.raises(ConfigError, match="--init is empty"):
+        given_settings({"init": ""})
+
+
+def test_a_mistyped_command_gets_one_suggestion() -> None:
+    for argv, close in ((["site"], "'sites'"), (["sites", "chek"], "'check'")):
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 2, result.output
+        assert result.output.count("Did you mean") == 1, result.output
+        assert close in result.output
+
+
+def test_train_without_a_terminal_tells_each_round(tiny_run) -> None:
+    """No progress bar in a log file or a pipe: a line per round instead of silence; none with
+    --no-progress."""
+    out = tiny_run.base / "told"
+    argv = ["train", "--sites", *map(str, tiny_run.manifests), "--algorithm", "fedavg"]
+    argv += [*TINY, "--rounds", "2", "--cache-dir", str(tiny_run.base / "cache")]
+    result = runner.invoke(app, [*argv, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "fedavg round 1/2, loss " in result.output
+    assert "fedavg round 2/2, loss " in result.output
+    quiet = runner.invoke(app, [*argv, "--out", str(tiny_run.base / "quiet"), "--no-progress"])
+    assert quiet.exit_code == 0 and "round 1/2" not in quiet.output
+
+
+def test_every_reader_lists_the_sites_in_the_manifests_order(tiny_run) -> None:
+    """summary.json keeps its keys sorted; readers show the sites as the run lists them."""
+    from medfed.runs import RunDir
+
+    listed = [s["id"] for s in read_toml(tiny_run.config)["sites"]]
+    reversed_run = tiny_run.base / "reversed"
+    shutil.copytree(tiny_run.run, reversed_run)
+    import tomli_w
+
+    config = read_toml(reversed_run / "config.toml")
+    config["sites"].reverse()
+    (reversed_run / "config.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
+    assert list(RunDir(tiny_run.run).read_summary().sites) == listed
+    assert list(RunDir(reversed_run).read_summary().sites) == listed[::-1]
+
+
+def test_a_whole_number_parameter_is_recorded_as_one(tmp_path, tiny_run) -> None:
+    argv = ["--sites", *map(str, tiny_run.manifests), "--algorithm", "fedavgft", *TINY]
+    result = tiny_run.train(*argv, "--param", "finetune_rounds=1", "--out", str(tmp_path / "ft"))
+    assert result.exit_code == 0, result.output
+    text = (tmp_path / "ft" / "config.toml").read_text(encoding="utf-8")
+    assert "finetune_rounds = 1\n" in text
+    assert read_toml(tmp_path / "ft" / "config.toml")["train"]["params"]["finetune_rounds"] == 1

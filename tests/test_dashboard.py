@@ -27,7 +27,13 @@ from medfed.config import Modality, TrainConfig
 from medfed.dashboard import APP, RUNS_ENV
 from medfed.dashboard.charts import CHOSEN, NOT_RELIED_ON, WORST
 from medfed.dashboard.launch import streamlit_command
-from medfed.dashboard.rundata import audit_frame, filter_audit, find_runs, label_runs
+from medfed.dashboard.rundata import (
+    audit_frame,
+    audit_table,
+    filter_audit,
+    find_runs,
+    label_runs,
+)
 from medfed.data.overview import read_site_overview, to_picture, write_site_overview
 from medfed.federation.training import load_sites, train
 from medfed.runs import SCHEMA_VERSION, RunDir
@@ -177,6 +183,34 @@ def test_audit_filters_combine(tmp_path: Path, runs: DashboardRuns) -> None:
     assert filter_audit(frame, statuses=["error"])["file"].tolist() == [str(tmp_path / "no.jpg")]
     assert filter_audit(frame, text="ct_SMALL")["status"].tolist() == ["abstained"]
     assert filter_audit(frame, statuses=["error"], text="ct_small").empty
+    # an abstained or failed scan has no probability and a routed one no reason: shown as
+    # n/a or blank, never None or nan
+    shown = audit_table(frame)
+    cells = [str(v) for v in shown.to_numpy().ravel()]
+    assert not [c for c in cells if c in ("None", "nan", "NaN", "<NA>")], shown.to_dict("records")
+    assert "n/a" in shown["probability"].tolist()
+
+
+def test_the_traffic_panels_titles_keep_clear_of_the_panels_above() -> None:
+    """Four methods: two rows of panels; each row's titles sit in a gap of their own, not on
+    the round axis of the row above."""
+    import pandas as pd
+
+    from medfed.dashboard.charts import traffic_lines
+
+    rows = [
+        {"method": m, "site": s, "round": r, "bytes_up": 1000.0 * (i + 1)}
+        for i, m in enumerate(["fedavg", "feddrm", "fedprox", "lora"])
+        for s in ("a", "b")
+        for r in (1, 2, 3)
+    ]
+    fig = traffic_lines(pd.DataFrame(rows), "bytes_up")
+    domains = sorted({tuple(fig.layout[k].domain) for k in fig.layout if k.startswith("yaxis")})
+    assert len(domains) == 2
+    (low_bottom, low_top), (high_bottom, _) = domains
+    margin = fig.layout.margin
+    height = fig.layout.height - (margin.t or 100) - (margin.b or 80)  # plotly's defaults
+    assert (high_bottom - low_top) * height >= 60  # pixels for the axis labels and the titles
 
 
 # ------------------------------------------------------------------------------------- pages

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -50,6 +51,10 @@ def test_a_clean_site_is_ready(make_acrima_site, tmp_path) -> None:
     result = check(str(manifest))
     assert result.exit_code == 0, result.output
     assert "[READY] site acrima" in result.output
+    # read as text, not as Python's dicts: "sizes: 64x64 pixels", "intensity: mean ... (std ...)"
+    assert "{'" not in result.output and "[3" not in result.output
+    assert re.search(r"^  sizes: \d+x\d+( to \d+x\d+)? pixels", result.output, re.M)
+    assert re.search(r"^  intensity: mean [\d.]+, [\d.]+, [\d.]+ \(std ", result.output, re.M)
     report = json.loads(check(str(manifest), "--json").output)[0]
     assert report["ready"] and report["n_readable"] == 12
     assert sum(report["counts"]["train"].values()) > 0
@@ -139,8 +144,11 @@ def test_card_is_written_with_counts_and_fields_to_fill(make_acrima_site, tmp_pa
     out = tmp_path / "cards"
     result = runner.invoke(app, ["sites", "card", str(manifest), "--out-dir", str(out)])
     assert result.exit_code == 0, result.output
+    assert "checking site acrima: reading every scan" in result.output  # said before the wait
     card = (out / "acrima.md").read_text()
     assert "# Data card: acrima" in card
+    assert re.search(r"^- image sizes: \d+x\d+.* pixels", card, re.M), card
+    assert re.search(r"^- intensity before preprocessing: mean .*, 0-255$", card, re.M), card
     assert "| all | 6 | 6 | 12 |" in card.replace("  ", " ")
     assert "## Licence" in card and "to fill in" in card
 
@@ -171,6 +179,10 @@ def test_small_splits_are_warned_about_but_the_site_stays_ready(make_acrima_site
     result = check(str(manifest))
     assert result.exit_code == 0, result.output
     assert "[READY] site acrima" in result.output
+    # read as text, not as Python's dicts: "sizes: 64x64 pixels", "intensity: mean ... (std ...)"
+    assert "{'" not in result.output and "[3" not in result.output
+    assert re.search(r"^  sizes: \d+x\d+( to \d+x\d+)? pixels", result.output, re.M)
+    assert re.search(r"^  intensity: mean [\d.]+, [\d.]+, [\d.]+ \(std ", result.output, re.M)
     report = json.loads(check(str(manifest), "--json").output)[0]
     assert report["ready"] and report["problems"] == []
     for split, per in report["counts"].items():  # 12 scans: every split is small

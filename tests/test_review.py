@@ -668,7 +668,8 @@ def test_medfed_review_prints_the_figures_and_the_disagreements(tmp_path) -> Non
     result = runner.invoke(app, ["review", str(run), "--figures", str(out)])
     assert result.exit_code == 0, result.output
     assert "33 read(s) of 25 scan(s)" in result.output
-    assert "positive glaucoma" in result.output and "kappa between readers" in result.output
+    assert "; classes: normal, glaucoma (positive class: glaucoma)\n" in result.output
+    assert "kappa between readers" in result.output
     assert "readers disagree on scan 4" in result.output  # i = 3: odd, disagrees
     assert "reads: all 33 read(s) blinded to the model's answer" in result.output
     lines = [line for line in result.output.splitlines() if line.startswith("| ")]

@@ -155,15 +155,41 @@ class Params:
         for name, value in values.items():
             kind = type(known[name].default)
             try:
-                typed[name] = kind(value) if kind is not bool else _as_bool(value)
-            except (TypeError, ValueError):
+                typed[name] = _typed(kind, value)
+            except (TypeError, ValueError, OverflowError):
                 raise ConfigError(
-                    f"algorithm {algorithm!r}: parameter {name}={value!r} must be a {kind.__name__}"
+                    f"algorithm {algorithm!r}: parameter {name}={value!r} must be "
+                    f"{_KIND_WORDS.get(kind, 'a ' + kind.__name__)}"
                 ) from None
         try:
             return cls(**typed)
         except ValueError as exc:
             raise ConfigError(f"algorithm {algorithm!r}: {exc}") from None
+
+
+_KIND_WORDS = {int: "a whole number", float: "a finite number", bool: "true or false"}
+
+
+def _typed(kind: type, value: Any) -> Any:
+    """``value`` as a parameter of ``kind``, refused rather than changed: a whole-number
+    parameter given 2.5 is not silently 2 (nor kept as 2.0: config.toml records it as given),
+    and NaN or an infinity is no setting of any number (a proximal weight of inf or NaN trains
+    nothing sensible and says nothing)."""
+    if kind is bool:
+        return _as_bool(value)
+    if kind is int:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        number = float(value) if not isinstance(value, int) else value
+        if number != int(number):
+            raise ValueError(value)
+        return int(number)
+    if kind is float:
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(value)
+        return number
+    return kind(value)
 
 
 def _as_bool(value: Any) -> bool:

@@ -9,7 +9,7 @@ from medfed.algorithms.base import Algorithm, Params
 
 @dataclass(frozen=True)
 class FedAvgFTParams(Params):
-    finetune_rounds: float = 2.0  # fine-tuning budget, in rounds' worth of local steps
+    finetune_rounds: int = 2  # fine-tuning budget, in rounds' worth of local steps
 
     def __post_init__(self) -> None:
         if self.finetune_rounds < 0:
@@ -22,4 +22,4 @@ class FedAvgFT(Algorithm):
     params_class = FedAvgFTParams
 
     def finetune_steps(self, local_steps: int) -> int:
-        return int(round(self.params.finetune_rounds * local_steps))
+        return self.params.finetune_rounds * local_steps

@@ -54,6 +54,9 @@ SITE, COUNT, SUM, SCATTER = "feature_site", "feature_count", "feature_sum", "fea
 SENT = "feature_statistics_sent"  # site-private: whether its statistics have gone out
 DIGITS = 7  # significant digits of each statistic as it travels (float32 precision)
 FEATURE_BATCH = 256
+# The widest layer of the backbones here has 512 channels; an adapter of rank r holds r * (in +
+# out) numbers per layer, so beyond this a "low-rank" adapter outgrows the layer it adapts.
+MAX_RANK = 256
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,16 @@ class LoRAParams(Params):
     shrinkage: float = 0.1  # of the pooled feature covariance toward its mean variance
 
     def __post_init__(self) -> None:
-        if self.rank < 1:
-            raise ValueError("rank must be >= 1")
+        if not 1 <= self.rank <= MAX_RANK:
+            raise ValueError(
+                f"rank must be between 1 and {MAX_RANK} (got {self.rank}): a higher rank is "
+                "more than a full update of any layer here, and its adapters can exhaust memory"
+            )
+        if not self.alpha > 0:
+            raise ValueError(
+                f"alpha must be > 0 (got {self.alpha:g}): the adapters' scale alpha / rank would "
+                "switch them off or reverse them"
+            )
         if self.mode not in ("private", "shared"):
             raise ValueError("mode must be private or shared")
         if self.base not in ("frozen", "federated"):

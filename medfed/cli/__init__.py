@@ -38,6 +38,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # click names the close commands of a mistyped one itself ("Did you mean 'sites'?"): typer
+    # adding its own would print the suggestion twice.
+    suggest_commands=False,
 )
 
 

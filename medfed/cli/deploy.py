@@ -94,11 +94,11 @@ def deploy_app_folder(
         {**(settings or {}), "algorithm": algorithm or (None if stored else "feddrm")}
     )
     where = str(train_config) if train_config is not None else None
-    from medfed.federation.plan import checked_algorithm, resolved_settings
+    from medfed.federation.plan import checked_deployment, resolved_settings
 
     config = resolved_settings(merge_train_settings(stored, given, where=where), where=where)
     try:
-        checked_algorithm(config, site)
+        checked_deployment(config, site)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}" if where else str(exc)) from None
     path = write_app(
@@ -173,7 +173,9 @@ def deploy_worker(
 
 def register(app: typer.Typer) -> None:
     deploy_app = typer.Typer(
-        help="Run a federation across real machines on Flower (SuperLink + one SuperNode per site)."
+        help="Run a federation across real machines on Flower (SuperLink + one SuperNode per "
+        "site).",
+        suggest_commands=False,  # click suggests (see medfed.cli.app)
     )
     app.add_typer(deploy_app, name="deploy", rich_help_panel=DEPLOYMENT)
     add = adder(deploy_app)

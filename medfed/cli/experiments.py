@@ -21,7 +21,7 @@ from medfed.cli.common import (
 )
 from medfed.config import Modality
 from medfed.errors import ConfigError, require_extra
-from medfed.fileio import check_out_folder
+from medfed.fileio import check_not_in_run, check_out_folder
 
 
 @friendly
@@ -51,6 +51,7 @@ def demo(
     for chosen in demo_modalities(modality):
         check_readme(update_readme, DEMO_MARKERS[chosen])
     check_out_folder(out)
+    check_not_in_run(out)
     run_demos(out, modality, quick=quick, seed=seed, echo=typer.echo, readme=update_readme)
 
 
@@ -119,6 +120,7 @@ def bench(
     check_methods(plan.methods, 0)
     check_readme(update_readme, plan.marker)
     check_out_folder(out)
+    check_not_in_run(out)
     echo = functools.partial(typer.echo, err=as_json)
     results = run_bench(out, plan, echo=echo, readme=update_readme)
     if as_json:
@@ -148,6 +150,7 @@ def transfer(
     against random weights: curves, 95% CIs and paired comparisons (OUT/transfer.md)."""
     check_readme(update_readme, "transfer")
     check_out_folder(out)
+    check_not_in_run(out)
     from medfed.experiments.transfer import run_transfer
 
     run_transfer(out, quick=quick, echo=typer.echo, readme=update_readme)
@@ -175,6 +178,7 @@ def privacy_curve(
     Worst-site AUC with 95% CIs and paired differences (OUT/privacy.md, OUT/privacy.png)."""
     check_readme(update_readme, "privacy")
     check_out_folder(out)
+    check_not_in_run(out)
     from medfed.experiments.privacy_curve import run_privacy_curve
 
     run_privacy_curve(out, quick=quick, echo=typer.echo, readme=update_readme)
@@ -211,6 +215,7 @@ def gpu_check(
     per second per backbone, peak GPU memory, the bench's quick table; OUT/gpu_check.json and
     OUT/gpu_check.md."""
     check_out_folder(out)
+    check_not_in_run(out)
     from medfed.experiments.gpucheck import FULL, MODALITIES, SHORT, run_gpu_check
 
     budget = SHORT if short else FULL
@@ -266,6 +271,7 @@ def bench_deploy(
     require_extra("flwr", "flower", "medfed bench-deploy")
     check_readme(update_readme, "deploy-bench")
     check_out_folder(out)
+    check_not_in_run(out)
     if not 3 <= rounds <= 1000:
         raise ConfigError(
             f"--rounds must be 3..1000 (the first and the last rounds are left out), got {rounds}"

@@ -11,7 +11,7 @@ import typer
 from medfed.cli.common import SERVING, adder, friendly, with_registries
 from medfed.config import DEVICES
 from medfed.errors import ConfigError, require_extra
-from medfed.fileio import check_out_folder
+from medfed.fileio import check_out_file
 
 
 @friendly
@@ -78,7 +78,7 @@ def review(
     work = Review(run)
     labels = work.labels
     if export is not None:
-        check_out_folder(export.parent, f"--export {export}: its folder")
+        check_out_file(export, "--export")
         written = work.export_reads(export, unblinded=unblinded)
         typer.echo(f"wrote {export}: {written} row(s); fill in reader and read, then --import it")
         return
@@ -92,8 +92,8 @@ def review(
     result = work.figures(window)
     typer.echo(
         f"prospective review of {run} ({window.describe()}): {result.n_reads} read(s) of "
-        f"{result.n_scans} scan(s); classes {', '.join(labels.classes)}"
-        + (f", positive {labels.positive}" if labels.positive else "")
+        f"{result.n_scans} scan(s); classes: {', '.join(labels.classes)}"
+        + (f" (positive class: {labels.positive})" if labels.positive else "")
     )
     if not work.log.path.is_file():
         typer.echo(f"no scan has been routed with {run} yet; route scans with 'medfed route'")
@@ -105,7 +105,7 @@ def review(
         reads = ", ".join(f"{who}: {what}" for who, what in d.reads.items())
         typer.echo(f"readers disagree on scan {d.scan_id} ({d.file}): {reads}")
     if figures is not None:
-        check_out_folder(figures.parent, f"--figures {figures}: its folder")
+        check_out_file(figures, "--figures")
         write_figures_csv(result, figures)
         typer.echo(f"wrote {figures}")
     if import_ is not None and done.refused:

@@ -113,7 +113,13 @@ def _init_source(text: str) -> str:
     """--init as the run records it: a path made absolute (so resuming from elsewhere finds
     it), a ``torchvision:NAME`` as given."""
     if not text.strip():
-        return ""
+        # An empty --init (an unset shell variable) would start from random weights, as if
+        # it had been left out: said, not guessed.
+        raise ConfigError(
+            "--init is empty: name the starting weights (a finished run's folder, a "
+            ".safetensors or state-dict file, torchvision:resnet18), or leave --init out to "
+            "start from random weights"
+        )
     if text.startswith("torchvision:"):
         return text
     return str(Path(text).expanduser().resolve())

@@ -68,9 +68,9 @@ def _print_report(report: Any) -> None:
     for split, per in report.counts.items():
         typer.echo(f"  {split}: " + ", ".join(f"{k}={v}" for k, v in per.items()))
     if report.sizes:
-        typer.echo(f"  sizes: {report.sizes}")
+        typer.echo(f"  sizes: {report.sizes_text()}")
     if report.intensity:
-        typer.echo(f"  intensity: {report.intensity}")
+        typer.echo(f"  intensity: {report.intensity_text()}")
     for other, d in report.distances.items():
         typer.echo(f"  distance to {other} (MMD): {d:.4f}")
     for warning in report.warnings:
@@ -116,6 +116,13 @@ def sites_card(
             )
         seen[other_id] = other
     cache = TensorCache(cache_dir or default_cache_dir())
+    # Every scan is read (minutes for a large site): said first, whether or not a bar shows.
+    typer.echo(
+        f"checking site {site.id}"
+        + (f" and {len(others)} other site(s) for the distances" if others else "")
+        + ": reading every scan ...",
+        err=True,
+    )
     reports = check_manifests([manifest, *(others or [])], cache)
     if reports[0].unusable:
         raise MedfedError(reports[0].unusable)
@@ -131,7 +138,10 @@ def sites_card(
 
 def register(app: typer.Typer) -> None:
     adder(app, SITES)(synth)
-    sites_app = typer.Typer(help="Onboard sites: validate them and write their data cards.")
+    sites_app = typer.Typer(
+        help="Onboard sites: validate them and write their data cards.",
+        suggest_commands=False,  # click suggests (see medfed.cli.app)
+    )
     app.add_typer(sites_app, name="sites", rich_help_panel=SITES)
     add = adder(sites_app)
     add(sites_check, "check")

@@ -22,7 +22,7 @@ from medfed.cli.common import (
 )
 from medfed.cli.settings import given_settings, training_options
 from medfed.errors import ConfigError, ManifestError
-from medfed.fileio import check_out_folder
+from medfed.fileio import check_not_in_run, check_out_file, check_out_folder
 
 if TYPE_CHECKING:
     from medfed.config import RunConfigFile, SiteManifest
@@ -84,6 +84,10 @@ def _load_sites(
         f"no sites to train on: {where_sites}pass --sites a.toml b.toml "
         "(or --config RUN/config.toml, which lists the sites of that run)"
     )
+
+
+def _to_stderr(line: str) -> None:
+    typer.echo(line, err=True)
 
 
 def _print_outcome(summary: Any, out: Path, seconds: float) -> None:
@@ -162,6 +166,7 @@ def train(
 
     config = resolved_settings(config, where=where)
     check_out_folder(out)  # before the sites are loaded: that can take minutes
+    check_not_in_run(out, may_be_run=True)
     if config.init:
         from medfed.federation.pretrained import resolve_init
 
@@ -185,6 +190,8 @@ def train(
         progress=show,
         echo=typer.echo,
         lr_from_modality=lr_from_modality,
+        # No bar in a log file or a pipe: a line per round (or every few) instead of silence.
+        say=_to_stderr if progress and not show else None,
     )
     _print_outcome(summary, out, time.perf_counter() - started)
 
@@ -232,7 +239,7 @@ def report(
     from medfed.serving.review import prospective_rows
 
     if not out.is_dir():  # (a folder is refused by the report, with its own words)
-        check_out_folder(out.parent, f"--out {out}: its folder")
+        check_out_file(out, "--out")
     prospective = {run: rows for run in runs if (rows := prospective_rows(run))}
     # each run's model/ checked too
     written = write_study_report(runs, out, title=title, prospective=prospective)
@@ -272,6 +279,7 @@ def compare(
     """Train several methods on the synthetic fundus federation; accuracy and bytes per round."""
     check_readme(update_readme, "compare-table")
     check_out_folder(out)
+    check_not_in_run(out)
     from medfed.experiments.demo import COMMUNICATION_METHODS, run_demo
 
     chosen = tuple(methods or COMMUNICATION_METHODS)

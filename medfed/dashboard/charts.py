@@ -439,12 +439,18 @@ def site_probability_bars(probs: pd.DataFrame, relied_on: bool = True) -> go.Fig
 TRAFFIC = {"bytes total": "sent + received", "bytes sent": "sent", "bytes received": "received"}
 
 
+TRAFFIC_PANEL_HEIGHT = 280  # pixels per row of traffic_lines' panels
+TRAFFIC_ROW_GAP = 90  # pixels between two rows: the round axis below, the next title above
+
+
 def traffic_lines(traffic: pd.DataFrame, column: str) -> go.Figure:
     """Bytes per round per site, one panel per method, in one unit (title and axis say
     which). Each panel's axis starts at 0 and fits its own method; sites that send the same
     bytes share a line, so each site has its own marker and dash and the hover lists all."""
     unit, size = byte_unit(traffic[column])
     data = traffic.assign(**{unit: traffic[column] / size})
+    rows = max(1, -(-traffic["method"].nunique() // 2))
+    height = TRAFFIC_PANEL_HEIGHT * rows + TRAFFIC_ROW_GAP * (rows - 1) + 120
     fig = px.line(
         data,
         x="round",
@@ -454,6 +460,10 @@ def traffic_lines(traffic: pd.DataFrame, column: str) -> go.Figure:
         symbol="site",
         facet_col="method",
         facet_col_wrap=2,
+        # Each panel's title sits above it: with plotly's default spacing it lands on the
+        # round axis of the panel above, so the rows get room for both, at a fixed height each.
+        facet_row_spacing=TRAFFIC_ROW_GAP / height,
+        height=height,
         markers=True,
         title=f"{TRAFFIC.get(column, column)} per round and site ({unit})",
         color_discrete_map=site_colours(traffic["site"]),

@@ -645,9 +645,22 @@ AUDIT_LABELS = {
 """Audit log columns as the page heads them."""
 
 
+def _cell(value: Any, digits: int | None = None) -> str:
+    """A cell as a reader sees it: a missing value (an abstained or failed scan has no
+    probability, a routed one no reason) is ``n/a`` or blank, never ``None`` or ``nan``."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a" if digits is not None else ""
+    return f"{float(value):.{digits}f}" if digits is not None else str(value)
+
+
 def audit_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """An audit frame with readable column names, for the page."""
-    return frame.rename(columns=AUDIT_LABELS)
+    """An audit frame with readable column names and cells, for the page."""
+    shown = frame.copy()
+    for column, digits in (("prediction_prob", 3), ("ood_score", 3)):
+        shown[column] = [_cell(v, digits) for v in shown[column].astype(object)]
+    for column in ("reason", "chosen_site", "router", "prediction"):
+        shown[column] = [_cell(v) for v in shown[column].astype(object)]
+    return shown.rename(columns=AUDIT_LABELS)
 
 
 def filter_audit(

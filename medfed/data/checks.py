@@ -65,6 +65,16 @@ class SiteReport:
     def ready(self) -> bool:
         return self.exit_code == EXIT_READY
 
+    def sizes_text(self) -> str:
+        """The scans' sizes for a reader: ``300x300 to 512x512 pixels (most often 300x300, 2
+        distinct sizes)``; with CT, the voxel spacing too. ``n/a`` when no scan was read."""
+        return sizes_text(self.sizes)
+
+    def intensity_text(self) -> str:
+        """The scans' mean intensity and spread before preprocessing, per channel, with its
+        unit: ``mean 120.5, 80.2, 40.1 (std 30.2, 20.1, 10.3), 0-255``."""
+        return intensity_text(self.intensity)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "manifest": self.manifest,
@@ -88,6 +98,41 @@ class SiteReport:
             "orientation": self.orientation,
             "distances": self.distances,
         }
+
+
+def _dims(values: Any, digits: int | None = None) -> str:
+    numbers = [round(float(v), digits) if digits is not None else v for v in values]
+    return "x".join(f"{v:g}" if isinstance(v, float) else str(v) for v in numbers)
+
+
+def sizes_text(sizes: dict[str, Any]) -> str:
+    """See :meth:`SiteReport.sizes_text` (also for a report read back from JSON)."""
+    if not sizes:
+        return "n/a"
+    if "min" not in sizes:  # a run's overview records only the size after preprocessing
+        return "; ".join(
+            f"{k}: {_dims(v) if isinstance(v, list | tuple) else v}" for k, v in sizes.items()
+        )
+    low, high = _dims(sizes["min"]), _dims(sizes["max"])
+    span = low if low == high else f"{low} to {high}"
+    distinct = int(sizes.get("distinct", 1))
+    text = f"{span} pixels" if len(sizes["min"]) == 2 else f"{span} voxels"
+    if distinct > 1:
+        text += f" (most often {_dims(sizes['most_common'])}, {distinct} distinct sizes)"
+    if sizes.get("spacing_mm_min"):
+        low, high = _dims(sizes["spacing_mm_min"], 3), _dims(sizes["spacing_mm_max"], 3)
+        text += f"; spacing {low if low == high else f'{low} to {high}'} mm"
+    return text
+
+
+def intensity_text(intensity: dict[str, Any]) -> str:
+    """See :meth:`SiteReport.intensity_text`."""
+    if not intensity:
+        return "n/a"
+    mean = ", ".join(f"{v:g}" for v in intensity.get("mean", []))
+    std = ", ".join(f"{v:g}" for v in intensity.get("std", []))
+    unit = intensity.get("unit")
+    return f"mean {mean} (std {std})" + (f", {unit}" if unit else "")
 
 
 def _raw_stats(decoded: np.ndarray | Volume) -> tuple[tuple[int, ...], np.ndarray, tuple]:

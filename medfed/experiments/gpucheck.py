@@ -109,6 +109,20 @@ def accelerated_device() -> tuple[str, str | None]:
     return "cpu", "no CUDA device and no CPU bf16 autocast: both runs are float32 on the CPU"
 
 
+def _require_two_devices(chosen: str, note: str | None) -> None:
+    """Refuse a check of the float32 CPU against itself: every figure would agree, and the
+    check would pass having compared nothing."""
+    setup = resolve_device(chosen)
+    if setup.device.type != "cpu" or setup.autocast_dtype is not None or setup.channels_last:
+        return
+    why = note or f"--device {chosen} is the float32 CPU"
+    raise ConfigError(
+        f"gpu-check compares a device with the CPU in float32, and {why}: the check would "
+        "compare the CPU with itself and prove nothing. Run it where a CUDA device is (or "
+        "give --device cuda / cpu-bf16)"
+    )
+
+
 # ---------------------------------------------------------------------------- figures
 def run_figures(summary: Summary, run: Path) -> dict[str, float | None]:
     """The figures compared between the two devices, from one finished run."""
@@ -328,6 +342,7 @@ def run_gpu_check(
     unknown = sorted(set(modalities) - set(MODALITIES))
     if unknown or not modalities:
         raise ConfigError(f"gpu-check: modalities must be among {list(MODALITIES)}, got {unknown}")
+    _require_two_devices(chosen, note)
     setup = resolve_device(chosen)
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)

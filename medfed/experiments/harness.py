@@ -79,7 +79,9 @@ def synthesize_federation(
             folder, modality=modality, n_per_site=n_per_site, seed=seed, image_size=image_size
         )
     )
-    return Federation(manifests, load_sites(manifests, cache))
+    # Preprocessing every scan into the cache can take minutes: a bar says so on a terminal
+    # (medfed.progress shows none in a log file or a pipe).
+    return Federation(manifests, load_sites(manifests, cache, progress=True))
 
 
 # ---------------------------------------------------------------------------- train
@@ -94,7 +96,7 @@ class Trained:
 
 def train_run(sites: list[Any], config: TrainConfig, folder: Path) -> Trained:
     """Train into ``folder``, emptied first of what an earlier run left there."""
-    summary = train(sites, config, fresh_folder(folder))
+    summary = train(sites, config, fresh_folder(folder), progress=True)  # a rounds bar, as above
     return Trained(summary, folder, load_scans(folder))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -214,14 +215,16 @@ class Engine:
         *,
         progress: bool = False,
         init: str | None = None,
+        say: Callable[[str], Any] | None = None,
     ) -> None:
         """``plan``: the run :func:`~medfed.federation.plan.plan_run` made of ``sites``;
-        ``init``: starting weights in place of ``config.init`` (a warm-up base)."""
+        ``init``: starting weights in place of ``config.init`` (a warm-up base); ``say``:
+        hears the rounds as lines (see :class:`RoundLoop`)."""
         sites = normalized(sites, plan.config)
         setup = resolve_device(plan.config.device)
         self.server = Coordinator(plan, run, setup, init=init)
         self.link = LocalLink(self.server, sites)
-        self.loop = RoundLoop(self.server, self.link, progress=progress)
+        self.loop = RoundLoop(self.server, self.link, progress=progress, say=say)
 
     def train(self, *, resume: bool = False) -> Summary:
         return self.loop.train(resume=resume)

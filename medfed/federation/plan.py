@@ -177,6 +177,27 @@ def checked_algorithm(config: TrainConfig, site_ids: Sequence[str]) -> Algorithm
     return algorithm
 
 
+def checked_deployment(config: TrainConfig, site_ids: Sequence[str]) -> Algorithm:
+    """The run's algorithm, once every setting :func:`plan_run` and :func:`starting_model`
+    would refuse is refused, as far as it can be known without the sites' scans (``medfed
+    deploy app`` writes a run that trains elsewhere, later): what :func:`checked_algorithm`
+    refuses, a start the algorithm is not for (LoRA without trained weights), and a backbone
+    differential privacy cannot train (BatchNorm, slices as one batch)."""
+    algorithm = checked_algorithm(config, site_ids)
+    algorithm.check_start(bool(config.init))
+    if config.dp.enabled and config.backbone != "auto":  # auto picks a private backbone
+        spec = ModelSpec(
+            backbone=config.backbone,
+            # fundus photos are RGB, CT volumes one channel: the norm layers are the same
+            in_channels=3 if spatial_dims(config.backbone) == 2 else 1,
+            n_sites=len(site_ids),
+            client_branch=algorithm.needs_client_branch,
+        )
+        spec = algorithm.adapt_spec(spec, list(site_ids))
+        check_dp_model(build_model(spec), config.backbone)
+    return algorithm
+
+
 def _refuse(algorithm: Algorithm, config: TrainConfig, site_ids: Sequence[str]) -> None:
     refuse_private(algorithm, config)
     config.check_faults(list(site_ids), communicates=algorithm.communicates)

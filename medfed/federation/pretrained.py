@@ -652,6 +652,21 @@ def _check_strict(file: Path, target_state: Mapping[str, torch.Tensor], plan: _P
     )
 
 
+def _refuse_nothing_loaded(file: Path, n_tensors: int, plan: _Plan) -> None:
+    """Starting weights of which no tensor fits the model would leave every weight at its
+    random start: the run would train as if no --init were given, while its config.toml says
+    it started from them."""
+    reasons = list(dict.fromkeys(s["reason"] for s in plan.skipped))
+    more = f"; ... (+{len(reasons) - FEW} more)" if len(reasons) > FEW else ""
+    shown = "; ".join(reasons[:FEW]) + more
+    raise ConfigError(
+        f"--init {file}: none of its {n_tensors} tensor(s) fits this model, so the run would "
+        f"start from random weights ({shown or 'no tensor name matches the model'}); give "
+        "weights saved from this backbone, choose the backbone they were saved from "
+        "(--backbone), or leave --init out to start from random weights"
+    )
+
+
 def apply_init(model: FedModel, source: InitSource, *, strict: bool = False) -> InitReport:
     """Load ``source``'s weights into ``model`` in place and report what happened.
 
@@ -664,6 +679,8 @@ def apply_init(model: FedModel, source: InitSource, *, strict: bool = False) -> 
     own = model.state_dict()
     if strict:
         _check_strict(file, own, plan)
+    if not plan.loaded:
+        _refuse_nothing_loaded(file, len(state), plan)
     merged = dict(own)
     merged.update(plan.loaded)
     model.load_state_dict(merged, strict=True)

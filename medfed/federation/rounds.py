@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -153,6 +154,9 @@ class SiteLink(Protocol):
         """What the summary records about this engine (``Coordinator.summary``'s keywords)."""
 
 
+ROUND_LINES = 20  # at most about this many lines per run where rounds are told line by line
+
+
 class RoundLoop:
     """A whole run: rounds, then finishing, over a :class:`Coordinator` and a :class:`SiteLink`."""
 
@@ -163,9 +167,13 @@ class RoundLoop:
         *,
         progress: bool = False,
         inputs: RoundSource | None = None,
+        say: Callable[[str], Any] | None = None,
     ) -> None:
-        """``inputs``: where the rounds' inputs come from (the one the link asks, if it does)."""
+        """``inputs``: where the rounds' inputs come from (the one the link asks, if it does);
+        ``say``: hears a line per round (or every few rounds) where no bar can show, so that a
+        run written to a log file is not silent for its whole length."""
         self.server, self.link, self.progress = server, link, progress
+        self.say = say
         self.config, self.run = server.config, server.run
         self.inputs = inputs or RoundSource(server)
 
@@ -176,11 +184,19 @@ class RoundLoop:
         rounds = range(first, self.config.rounds + 1)
         name = self.server.algorithm.run_name
         bar = counter(f"{name} rounds", len(rounds), show=self.progress)
+        every = max(1, -(-self.config.rounds // ROUND_LINES))
+        started = time.perf_counter()
         try:
             for round_ in rounds:
                 records = self.round(round_)
                 bar.set_postfix(round_postfix(records), refresh=False)
                 bar.update()
+                if self.say is not None and (round_ % every == 0 or round_ == rounds[-1]):
+                    figures = "".join(f", {k} {v}" for k, v in round_postfix(records).items())
+                    self.say(
+                        f"{name} round {round_}/{self.config.rounds}{figures} "
+                        f"({time.perf_counter() - started:.1f} s)"
+                    )
         finally:
             bar.close()
         self.require_an_aggregated_round()

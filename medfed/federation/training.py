@@ -40,17 +40,19 @@ def train(
     progress: bool = False,
     echo: Callable[[str], Any] | None = None,
     lr_from_modality: bool = False,
+    say: Callable[[str], Any] | None = None,
 ) -> Summary:
     """Train ``config.algorithm`` over ``sites`` and write the run directory ``out``.
 
     An algorithm with ``warmup_rounds = N`` (LoRA) first trains FedAvg for N rounds into
     ``out/warmup`` and starts from its weights; ``echo`` hears what the starting weights were.
-    ``lr_from_modality``: no learning rate was chosen; the sites' modality sets it.
+    ``lr_from_modality``: no learning rate was chosen; the sites' modality sets it. ``say``
+    hears the rounds line by line (where no progress bar shows).
     """
     # Planned before anything trains, a warm-up base included.
     plan = plan_run(config, [SiteInfo.of(s) for s in sites], lr_from_modality=lr_from_modality)
-    base = warmup_base(sites, plan, Path(out), resume, progress, echo)
-    engine = Engine(sites, plan, RunDir(out), progress=progress, init=base)
+    base = warmup_base(sites, plan, Path(out), resume, progress, echo, say=say)
+    engine = Engine(sites, plan, RunDir(out), progress=progress, init=base, say=say)
     report = engine.server.init_report
     if echo is not None and report is not None:
         for line in report.lines():
@@ -67,6 +69,7 @@ def warmup_base(
     resume: bool,
     progress: bool,
     echo: Callable[[str], Any] | None,
+    say: Callable[[str], Any] | None = None,
 ) -> str | None:
     """The run's warm-up base, trained first (or resumed, or reused when finished), when the
     algorithm asks for one (``warmup_rounds``); None otherwise. config.toml keeps the setting
@@ -99,7 +102,7 @@ def warmup_base(
         if echo is not None:
             echo(f"warm-up: {rounds} rounds of fedavg into {base}, then {config.algorithm}")
         warmup_plan = plan_run(warmup, plan.sites)
-        Engine(sites, warmup_plan, run, progress=progress).train(
+        Engine(sites, warmup_plan, run, progress=progress, say=say).train(
             resume=resume and run.config_path.is_file()
         )
         write_site_overview(base, sites)

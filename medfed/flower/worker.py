@@ -149,7 +149,9 @@ class WorkerServer(socketserver.UnixStreamServer):
         self.path = Path(path)
         check_socket_path(self.path)
         with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()  # a socket a stopped worker left (check_socket_path saw it)
+            # a socket a stopped worker of this account left (check_socket_path saw that no
+            # one listens on it and that it is this account's)
+            self.path.unlink()
         old = os.umask(0o177)
         try:
             super().__init__(str(self.path), _Handler)
@@ -171,16 +173,37 @@ def check_socket_path(path: Path) -> None:
         raise ConfigError(
             f"{where}: a Unix socket path must be at most 100 bytes; use a shorter one"
         )
-    if path.exists() and not stat.S_ISSOCK(path.lstat().st_mode):
+    if os.path.lexists(path) and not stat.S_ISSOCK(path.lstat().st_mode):
         raise ConfigError(f"{where}: exists and is not a socket; choose another path")
     folder = path.parent
     if not folder.is_dir():
         raise ConfigError(f"{where}: the folder {folder} does not exist; make it first")
-    if (
-        folder.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        and not folder.stat().st_mode & stat.S_ISVTX
-    ):
+    # Even a sticky folder (/tmp) lets another account take the socket's name first, and the
+    # SuperNode would then hand its messages to that account's process.
+    if folder.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise ConfigError(
-            f"{where}: others may write to {folder}, so they could replace the socket; "
-            "put it in a folder only the SuperNode's account can write to"
+            f"{where}: others may write to {folder}, so they could replace the socket or take "
+            "its name first; put it in a folder only the SuperNode's account can write to"
         )
+    if os.path.lexists(path):
+        _check_left_socket(path, where)
+
+
+def _check_left_socket(path: Path, where: str) -> None:
+    """An existing socket is taken over only when it is this account's and nothing listens on
+    it (a stopped worker's): a running worker keeps its socket, another account's is refused."""
+    if path.lstat().st_uid != os.getuid():
+        raise ConfigError(
+            f"{where}: an existing socket of another account; remove it (as that account) or "
+            "choose another path"
+        )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return  # nobody listens: a stopped worker's socket, safe to replace
+    raise ConfigError(
+        f"{where}: another process is listening on it (a worker already running?); stop it "
+        "first, or give this worker another path"
+    )

@@ -79,6 +79,25 @@ def _unique_labels(summaries: Sequence[Summary], paths: Sequence[Path]) -> list[
     return [f"{lab} #{i + 1}" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels)]
 
 
+def _require_one_federation(runs: Sequence[tuple[Path, Summary]]) -> None:
+    """A study compares methods on one federation: runs of another modality or other sites
+    would put unrelated figures side by side under one site's name or one table."""
+    first_path, first = runs[0]
+    for path, summary in runs[1:]:
+        if summary.modality != first.modality:
+            raise ConfigError(
+                f"{path} is a {summary.modality} run but {first_path} a {first.modality} one: "
+                "a study report compares methods on the same sites; write one report per "
+                "federation"
+            )
+        if set(summary.sites) != set(first.sites):
+            raise ConfigError(
+                f"{path} was trained on sites {', '.join(summary.sites)} but {first_path} on "
+                f"{', '.join(first.sites)}: a study report compares methods on the same "
+                "sites; write one report per federation"
+            )
+
+
 def load_study(paths: Sequence[str | Path], *, models: bool = False) -> list[StudyRun]:
     """Read every run of the study (RunDirError names the first unusable one; a run given
     twice is refused). ``models``: check each run's model/ too (a damaged one makes the run
@@ -99,6 +118,7 @@ def load_study(paths: Sequence[str | Path], *, models: bool = False) -> list[Stu
             run.verify_model()
         facts = _site_facts(run.read_config())
         read.append((run, summary, facts, read_overview(run.path), _finished(run)))
+    _require_one_federation([(r[0].path, r[1]) for r in read])
     labels = _unique_labels([r[1] for r in read], [r[0].path for r in read])
     return [
         StudyRun(run.path, label, summary, facts, overview, finished)

@@ -42,7 +42,7 @@ from typing import Any
 
 import tomli_w
 
-from medfed.errors import RunDirError
+from medfed.errors import MedfedError, RunDirError
 from medfed.fileio import atomic_write
 from medfed.runs.schema import PREDICTION_COLUMNS, RoundRecord, Summary, prediction_row
 from medfed.units import human_bytes
@@ -282,7 +282,24 @@ class RunDir:
                 f"missing; training failed ({self.failed()}; see {self.events_path}); "
                 "train again into a new --out"
             )
-        return Summary.from_dict(read_json(self.summary_path, missing), str(self.summary_path))
+        data = read_json(self.summary_path, missing)
+        return Summary.from_dict(self._in_site_order(data), str(self.summary_path))
+
+    def _in_site_order(self, data: dict[str, Any]) -> dict[str, Any]:
+        """summary.json keeps its keys sorted; every reader shows the sites in the run's own
+        order (config.toml's [[sites]], the manifests' order), as training printed them."""
+        sites = data.get("sites")
+        if not isinstance(sites, Mapping):
+            return data
+        try:
+            listed = self.read_config().get("sites")
+        except (MedfedError, OSError):
+            return data  # a damaged config.toml is its own readers' to report
+        if not isinstance(listed, list):
+            return data
+        order = [str(s.get("id")) for s in listed if isinstance(s, Mapping)]
+        ranked = [k for k in order if k in sites] + [k for k in sites if k not in order]
+        return {**data, "sites": {k: sites[k] for k in ranked}}
 
     def failed(self) -> str | None:
         """Why training failed, when its last event says it did (then there is no summary)."""
