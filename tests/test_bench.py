@@ -151,6 +151,8 @@ def test_bench_mean_and_std_match_the_per_seed_summaries(bench_run):
                 run /= MethodSpec.parse(method).dirname
                 summary = json.loads((run / "summary.json").read_text())
                 assert metrics["system_accuracy"]["values"][seed] == summary["system_accuracy"]
+                operating = metrics["average_accuracy_operating"]["values"][seed]
+                assert operating == summary["average_accuracy_operating"]
                 known = summary["routers_origin_known"][summary["routing_method"]]
                 assert (
                     metrics["system_accuracy_origin_known"]["values"][seed]
