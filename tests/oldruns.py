@@ -15,6 +15,8 @@ CLINICAL_KEYS = (
     "normalization",
     "augment",
     "operating_rule",
+    "average_accuracy_operating",
+    "average_accuracy_operating_by_train",
 )
 CLINICAL_SITE_KEYS = ("n_pos", "n_neg", "auc_ci", "unreliable", "operating_point", "calibration")
 

@@ -29,13 +29,14 @@ from medfed.experiments.bench import (
     parse_budget,
     stat,
 )
-from medfed.experiments.bench_tables import findings_lines
+from medfed.experiments.bench_tables import findings_lines, methods_markdown, reading_note
 from medfed.experiments.demo import Budget, MethodSpec, run_demo
 from medfed.experiments.paired import FIGURES_BY_KEY
 from medfed.metrics import Interval, verdict
 from medfed.models.fedmodel import FedModel, ModelSpec
 from medfed.reports.comparisons import VERDICTS
 from medfed.runs import RunDir
+from tests.test_report import assert_every_accuracy_column_names_its_rule
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -150,6 +151,8 @@ def test_bench_mean_and_std_match_the_per_seed_summaries(bench_run):
                 run /= MethodSpec.parse(method).dirname
                 summary = json.loads((run / "summary.json").read_text())
                 assert metrics["system_accuracy"]["values"][seed] == summary["system_accuracy"]
+                operating = metrics["average_accuracy_operating"]["values"][seed]
+                assert operating == summary["average_accuracy_operating"]
                 known = summary["routers_origin_known"][summary["routing_method"]]
                 assert (
                     metrics["system_accuracy_origin_known"]["values"][seed]
@@ -347,8 +350,9 @@ def test_bench_writes_markdown_and_plots(bench_run):
     # scans per site most AUCs have no interval: "(no CI)").
     assert len(CI_CELL.findall(table)) >= 2 * 2 * len(METHODS)
     assert re.search(r"\| \d\.\d\d \(no CI\) \u2020 ", table)
-    for column in ("system acc. (origin unknown)", "system acc. (origin known)"):
-        assert column in table
+    for protocol in ("origin unknown", "origin known"):
+        assert f"system acc. at op. point ({protocol})" in table
+    assert_every_accuracy_column_names_its_rule(table)
     assert "AUC columns: each site's model on its own test scans (origin known)" in table
     assert "weights the sites by their test scans, or by their training scans" in table
     assert "Test scans per site on each seed: acrima " in table
@@ -426,13 +430,15 @@ def test_demo_table_shows_cis_counts_both_protocols_and_verdicts(tmp_path: Path)
     header = next(line for line in table.splitlines() if line.startswith("| method"))
     site = next(iter(summaries["feddrm"].sites.values()))
     assert f"(n={site.n_test}, {site.n_pos} pos)" in header
-    assert "system acc. (origin unknown)" in header and "system acc. (origin known)" in header
+    assert "system acc. at op. point (origin unknown)" in header
+    assert "system acc. at op. point (origin known)" in header
+    assert_every_accuracy_column_names_its_rule(table)
     row = next(line for line in table.splitlines() if line.startswith("| feddrm "))
     rate = summaries["feddrm"].routers["density_ratio"].rates["system_accuracy"]
     assert f" {rate.k}/{rate.n} " in row  # system accuracy with its Wilson CI and its counts
     assert "95% CIs: each site's AUC by " in table and "Wilson interval" in table
     assert "\u2020 unreliable" in table
-    assert "| feddrm \u2212 method: system accuracy (origin unknown) " in table
+    assert "| feddrm \u2212 method: system accuracy at op. point (origin unknown) " in table
     assert any(
         line.startswith("- seed 0, worst-site AUC (origin known): feddrm ")
         for line in table.splitlines()
@@ -456,3 +462,46 @@ def test_a_bench_of_some_methods_on_one_federation_has_its_own_readme_section():
     both = bench.BenchPlan.make(quick=True)
     assert both.methods == bench.bench_methods() and "--method" not in both.command
     assert both.marker == MARKER and both.plot_dir.as_posix() == "bench"
+
+
+def test_bench_table_takes_every_accuracy_at_one_rule_and_labels_argmax_apart():
+    def figure(mean: float | None) -> dict[str, Any]:
+        return {"mean": mean, "std": 0.0, "n": 1}
+
+    metrics = {
+        "site_auc": {"a": figure(0.8)},
+        "mean_site_auc": figure(0.8),
+        "worst_site_auc": figure(0.8),
+        "average_accuracy_operating": figure(0.711),
+        "average_accuracy_operating_by_train": figure(0.712),
+        "average_accuracy": figure(0.772),
+        "average_accuracy_by_train": figure(0.773),
+        "system_accuracy": figure(0.701),
+        "system_accuracy_origin_known": figure(0.702),
+        "routing_accuracy": figure(0.97),
+        "median_seconds_per_round": figure(1.0),
+    }
+    old = {k: v for k, v in metrics.items() if "operating" not in k}  # results.json before
+    federation = {
+        "sites": ["a"],
+        "methods": {
+            "feddrm": {"metrics": metrics, "routing_method": "density_ratio"},
+            "fedavg": {"metrics": old, "routing_method": "majority_vote"},
+        },
+    }
+
+    table = methods_markdown(federation)
+
+    assert_every_accuracy_column_names_its_rule(table)
+    header = [c.strip() for c in table.splitlines()[0].split("|")[1:-1]]
+    row = [c.strip() for c in table.splitlines()[2].split("|")[1:-1]]
+    cells = dict(zip(header, row, strict=True))
+    assert cells["avg acc. at op. point (by test scans)"] == "0.711"
+    assert cells["system acc. at op. point (origin unknown)"] == "0.701"
+    assert cells["avg acc. at argmax (by test scans)"] == "0.772"
+    assert header.index("avg acc. at argmax (by test scans)") > header.index("s/round (median)")
+    old_row = [c.strip() for c in table.splitlines()[3].split("|")[1:-1]]
+    assert dict(zip(header, old_row, strict=True))["avg acc. at op. point (by test scans)"] == "n/a"
+    assert "at op. point: each site's model calls a scan positive" in reading_note(
+        {"seeds": [0], "ci": "95% CI"}
+    )

@@ -160,8 +160,8 @@ def test_verdicts_are_read_from_the_intervals_only(method):
     assert len(lines) == len(FIGURES_BY_KEY)
     assert lines[0].startswith("- fundus, worst-site AUC (origin known): ref ahead of poor")
     assert "no difference detected against same" in lines[0]
-    assert any("system accuracy (origin unknown)" in line for line in lines)
-    assert any("system accuracy (origin known)" in line for line in lines)
+    assert any("system accuracy at op. point (origin unknown)" in line for line in lines)
+    assert any("system accuracy at op. point (origin known)" in line for line in lines)
     header, rows = comparison_rows(found)
     assert header[1] == "ref \u2212 method: worst-site AUC (origin known)"
     poor = next(r for r in rows if r[0] == "poor")

@@ -80,7 +80,9 @@ def test_evaluate_tables_show_each_site_the_federation_and_every_router() -> Non
 
     row_b = next(line for line in sites.splitlines() if line.startswith("| b "))
     assert "n/a (test split holds one class)" in row_b and "1.00 MB" in row_b
-    assert "worst site: b" in lines and "system accuracy (density_ratio): 0.720" in lines
+    assert (
+        "worst site: b" in lines and "system accuracy at op. point (density_ratio): 0.720" in lines
+    )
     assert "| majority_vote " in routers and "| density_ratio " in routers
 
 
@@ -227,9 +229,9 @@ def test_federation_lines_give_the_pool_the_worst_site_and_both_weightings() -> 
 
     assert "pooled AUC (random effects): 0.800 (0.700–0.880), I² 35% over 2 sites" in lines[1]
     assert "worst site AUC: 0.700 (0.600–0.800) [DeLong]" in lines
-    assert "average accuracy (weighted by test scans): 0.700" in lines
-    assert "average accuracy (weighted by training scans): 0.660" in lines
-    assert "system accuracy (density_ratio): 0.722 (0.653–0.782) 130/180" in lines
+    assert "average accuracy at argmax (weighted by test scans): 0.700" in lines
+    assert "average accuracy at argmax (weighted by training scans): 0.660" in lines
+    assert "system accuracy at op. point (density_ratio): 0.722 (0.653–0.782) 130/180" in lines
 
 
 def test_routers_are_shown_under_both_protocols_with_their_intervals() -> None:
@@ -272,7 +274,7 @@ def test_an_old_run_without_the_new_fields_still_prints_everything_as_na() -> No
     assert "Calibration: n/a (not in this run)" in text
     assert "Cross-site matrix: n/a (not in this run)" in text
     assert "pooled AUC (random effects): n/a" in text
-    assert "average accuracy (weighted by training scans): n/a" in text
+    assert "average accuracy at argmax (weighted by training scans): n/a" in text
     assert (
         "Routers, origin known (the scan is normalized" in text and "n/a (not in this run)" in text
     )
@@ -383,3 +385,124 @@ def test_medfed_report_adds_the_prospective_review_of_a_run_with_reads(
     section = text.split('<section id="review">')[1].split("</section>")[0]
     assert "<h2>Prospective review</h2>" in section
     assert "0.500 (0.095\u20130.905) 1/2" in section  # sensitivity: one of two positives called
+    assert 'id="disagreements"' not in text  # one reader so far: nobody disagrees
+    # A second reader reads scan 1 otherwise: the report lists it, with both reads.
+    Review(run).record(1, "Dr Baker", classes[0], time=at(3))
+    again = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "again.html")])
+    assert again.exit_code == 0, again.output
+    text = (tmp_path / "again.html").read_text(encoding="utf-8")
+    section = text.split('<section id="disagreements">')[1].split("</section>")[0]
+    assert "<h2>Reader disagreements</h2>" in section and 'href="#disagreements"' in text
+    assert f"Dr Ames: {classes[1]}; Dr Baker: {classes[0]}" in section
+
+
+def test_the_study_report_holds_the_paired_comparisons_written_beside_the_runs(tmp_path) -> None:
+    from medfed.reports.study import load_study, render_study
+    from medfed.reports.study_checks import comparisons_section, read_comparisons
+    from medfed.serving.review import disagreement_rows
+
+    out = tmp_path / "demo_out"
+    run = _reviewed_run(out / "runs")
+    comparisons = {
+        "reference": "feddrm",
+        "ci": "feddrm minus each method; 95% percentile interval of a paired bootstrap",
+        "verdict_rule": "ahead: the whole interval above 0",
+        "figures": {
+            "system_accuracy": {
+                "label": "system accuracy at op. point",
+                "protocol": "origin unknown",
+            }
+        },
+        "methods": {
+            "fedavg": {
+                "system_accuracy": {
+                    "interval": {"estimate": 0.05, "low": 0.01, "high": 0.09},
+                    "verdict": "ahead",
+                }
+            }
+        },
+    }
+    record = {"command": "medfed demo", "seed": 0, "methods": ["feddrm", "fedavg"]}
+    (out / "demo-table.json").write_text(json.dumps(record | {"comparisons": comparisons}))
+    (out / "compare-table.json").write_text("{not json")  # unreadable: left out
+
+    runs = load_study([run])
+    found = read_comparisons(runs)
+    text = render_study(runs, comparisons=found, disagreements={run: disagreement_rows(run)})
+
+    assert list(found) == [out / "demo-table.json"]
+    section = text.split('<section id="comparisons">')[1].split("</section>")[0]
+    assert "<h2>Paired comparisons</h2>" in section
+    assert "feddrm \u2212 method: system accuracy at op. point (origin unknown)" in section
+    assert "+0.050 (+0.010 to +0.090) ahead" in section
+    assert (
+        "seed 0, system accuracy at op. point (origin unknown): feddrm ahead of fedavg." in section
+    )
+    # Scan 2: Dr Ames read glaucoma, Dr Baker normal.
+    section = text.split('<section id="disagreements">')[1].split("</section>")[0]
+    assert "Dr Ames: glaucoma; Dr Baker: normal" in section
+    assert comparisons_section({}) == []
+    plain = render_study(runs)
+    assert 'id="comparisons"' not in plain and 'id="disagreements"' not in plain
+
+
+# The decision rules an accuracy column may be taken at; routing accuracy (the share of scans
+# sent to their own site) decides no label and has none.
+RULE_WORDS = ("at op. point", "at argmax")
+
+
+def assert_every_accuracy_column_names_its_rule(markdown: str) -> None:
+    """Every header cell of every markdown table in ``markdown`` that holds an accuracy names
+    the rule it is taken at."""
+    lines = markdown.splitlines()
+    headers = [
+        line
+        for line, below in zip(lines, lines[1:], strict=False)
+        if line.startswith("|") and below.startswith("| ---")
+    ]
+    assert headers, "no markdown table found"
+    for line in headers:
+        for cell in (c.strip() for c in line.split("|")[1:-1]):
+            if "acc" in cell.lower() and "routing acc" not in cell.lower():
+                assert any(rule in cell for rule in RULE_WORDS), f"{cell!r} names no rule"
+
+
+def test_every_accuracy_column_of_the_evaluate_tables_names_its_rule() -> None:
+    run = rich_summary()
+    text = evaluation_text(run)
+
+    assert_every_accuracy_column_names_its_rule(text)
+    assert_every_accuracy_column_names_its_rule(methods_table({"fedavg": summary(0.8, 4e6)}))
+    assert_every_accuracy_column_names_its_rule(
+        communication_table({"fedavg": summary(0.8, 4e6)}, baseline="fedavg")
+    )
+    assert "at op. point: each site's model calls a scan positive at the threshold" in text
+    a = run.sites["a"]
+    op = a.operating_point
+    at_point = (op.tp + op.tn) / (op.tp + op.fp + op.tn + op.fn)
+    assert a.operating_accuracy == pytest.approx(at_point)
+    cells = [c.strip() for c in row_of(site_table(run), "a").split("|")[1:-1]]
+    assert cells[5:7] == [f"{at_point:.3f}", f"{a.accuracy:.3f}"]
+
+
+def test_the_average_accuracy_at_the_operating_point_is_stored_and_read_from_old_runs() -> None:
+    run = rich_summary()
+    sites = run.sites.values()
+    by_test = sum(m.operating_accuracy * m.n_test for m in sites) / sum(m.n_test for m in sites)
+    by_train = sum(m.operating_accuracy * m.n_train for m in sites) / sum(m.n_train for m in sites)
+
+    assert run.average_accuracy_operating == pytest.approx(by_test)
+    assert run.average_accuracy_operating_by_train == pytest.approx(by_train)
+    written = run.to_dict()
+    assert written["average_accuracy_operating"] == pytest.approx(by_test)
+    assert Summary.from_dict(written) == run
+    # A run written before the field reads it from its sites' operating points; a site
+    # without one counts at argmax, the rule its system answers by.
+    old = Summary.from_dict(old_summary_dict())
+    assert "average_accuracy_operating" not in old_summary_dict()
+    expected = sum(m.accuracy * m.n_test for m in old.sites.values()) / sum(
+        m.n_test for m in old.sites.values()
+    )
+    assert old.average_accuracy_operating == pytest.approx(expected)
+    lines = federation_lines(run)
+    assert f"average accuracy at op. point (weighted by test scans): {by_test:.3f}" in lines

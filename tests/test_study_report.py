@@ -104,6 +104,18 @@ def test_the_report_holds_every_section_for_the_clinicians(study: Study) -> None
     assert "feddrm" in text and 'class="own"' in text  # the matrix outlines its diagonal
 
 
+def test_every_accuracy_column_of_the_report_names_its_rule(study: Study) -> None:
+    headers = re.findall(r'<th scope="col">([^<]*)</th>', study.text)
+    accuracy = [h for h in headers if "acc" in h.lower() and "routing acc" not in h.lower()]
+    assert accuracy
+    for header in accuracy:
+        assert "at op. point" in header or "at argmax" in header, header
+    assert "accuracy at argmax" in study.text  # the cross-site matrix's cells
+    # Wide tables scroll inside the page rather than past it.
+    assert ".scroll { overflow-x: auto;" in study.text
+    assert study.text.count('<div class="scroll"><table') == study.text.count("<table")
+
+
 def test_an_old_run_reads_as_na_and_every_string_from_its_files_is_escaped(tmp_path) -> None:
     hostile = '<img src=x onerror="alert(1)">'
     run = RunDir(tmp_path / "old")

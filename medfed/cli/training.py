@@ -234,15 +234,20 @@ def report(
 
     Sites and data, AUCs with CIs, operating points, calibration, cross-site matrix, routing,
     traffic. It loads nothing from a network and opens from a USB stick. Runs whose routed
-    scans clinicians have read ('medfed review') get a prospective review section."""
+    scans clinicians have read ('medfed review') get a prospective review section and the scans
+    their readers disagree on; the paired comparisons 'medfed demo' or 'medfed compare' wrote
+    beside the runs get their own."""
     from medfed.reports.study import write_study_report
-    from medfed.serving.review import prospective_rows
+    from medfed.serving.review import disagreement_rows, prospective_rows
 
     if not out.is_dir():  # (a folder is refused by the report, with its own words)
         check_out_file(out, "--out")
     prospective = {run: rows for run in runs if (rows := prospective_rows(run))}
+    disagree = {run: rows for run in runs if (rows := disagreement_rows(run))}
     # each run's model/ checked too
-    written = write_study_report(runs, out, title=title, prospective=prospective)
+    written = write_study_report(
+        runs, out, title=title, prospective=prospective, disagreements=disagree
+    )
     typer.echo(
         f"wrote {written.path}: {len(written.methods)} method(s) "
         f"({', '.join(written.methods)}) on {len(written.sites)} site(s)"

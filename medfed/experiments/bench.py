@@ -120,6 +120,8 @@ def _origin_known_accuracy(summary: Summary) -> float | None:
 FIGURES: dict[str, Callable[[SeedRun], float | None]] = {
     "mean_site_auc": lambda r: r.summary.federation.mean_site_auc,
     "worst_site_auc": lambda r: r.summary.federation.worst_site_auc,
+    "average_accuracy_operating": lambda r: r.summary.average_accuracy_operating,
+    "average_accuracy_operating_by_train": lambda r: r.summary.average_accuracy_operating_by_train,
     "average_accuracy": lambda r: r.summary.federation.average_accuracy,
     "average_accuracy_by_train": lambda r: r.summary.federation.average_accuracy_by_train,
     "system_accuracy": lambda r: r.summary.system_accuracy,

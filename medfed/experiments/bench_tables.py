@@ -9,6 +9,7 @@ from typing import Any
 from medfed.experiments.demo import REFERENCE, WARMUP_BASE, comparisons_markdown
 from medfed.experiments.paired import ORIGIN_KNOWN, ORIGIN_UNKNOWN, PROTOCOLS
 from medfed.reports.comparisons import ci_cell, verdict_lines
+from medfed.reports.evaluation import AT_ARGMAX, AT_OPERATING, rules_note
 from medfed.reports.markdown import markdown_table
 
 
@@ -17,8 +18,8 @@ def fixed(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def _cell(s: dict[str, Any], digits: int = 3, scale: float = 1.0) -> str:
-    if s["mean"] is None:
+def _cell(s: dict[str, Any] | None, digits: int = 3, scale: float = 1.0) -> str:
+    if s is None or s["mean"] is None:  # None: results.json predates the figure
         return "n/a"
     text = f"{s['mean'] * scale:.{digits}f}"
     if s["n"] > 1:
@@ -58,12 +59,15 @@ def _interval_cell(row: dict[str, Any], key: str, site: str | None = None, flag:
 
 def methods_markdown(federation: dict[str, Any]) -> str:
     """Rows = methods: each figure's mean over the seeds with its 95% CI (accuracy averaged
-    over sites and timing: mean ± std)."""
+    over sites and timing: mean ± std); every accuracy at the operating point but the last two
+    columns', at argmax."""
     sites = federation["sites"]
+    weights = ("test scans", "training scans")
     header = ["method", "norm.", "answered by", *(f"AUC {s}" for s in sites)]
-    header += ["mean AUC", "worst AUC", "avg acc. (by test scans)", "avg acc. (by training scans)"]
-    header += [f"system acc. ({ORIGIN_UNKNOWN})", f"system acc. ({ORIGIN_KNOWN})"]
+    header += ["mean AUC", "worst AUC", *(f"avg acc. {AT_OPERATING} (by {w})" for w in weights)]
+    header += [f"system acc. {AT_OPERATING} ({p})" for p in (ORIGIN_UNKNOWN, ORIGIN_KNOWN)]
     header += [f"routing acc. ({ORIGIN_UNKNOWN})", "s/round (median)"]
+    header += [f"avg acc. {AT_ARGMAX} (by {w})" for w in weights]
     rows = []
     for name, row in federation["methods"].items():
         m = row["metrics"]
@@ -80,12 +84,14 @@ def methods_markdown(federation: dict[str, Any]) -> str:
                 ),
                 _interval_cell(row, "mean_site_auc", flag=any_weak),
                 _interval_cell(row, "worst_site_auc", flag=any_weak),
-                _cell(m["average_accuracy"]),
-                _cell(m["average_accuracy_by_train"]),
+                _cell(m.get("average_accuracy_operating")),
+                _cell(m.get("average_accuracy_operating_by_train")),
                 _interval_cell(row, "system_accuracy"),
                 _interval_cell(row, "system_accuracy_origin_known"),
                 _cell(m["routing_accuracy"]),
                 _cell(m["median_seconds_per_round"], 2),
+                _cell(m["average_accuracy"]),
+                _cell(m["average_accuracy_by_train"]),
             ]
         )
     return markdown_table(header, rows)
@@ -131,7 +137,7 @@ def reading_note(results: dict[str, Any]) -> str:
         "normalization. Average accuracy weights the sites by their test scans, or by their "
         "training scans; it, routing accuracy and seconds per round are mean \u00b1 std over "
         "seeds. \u2020: the figure rests on fewer than 10 positives or negatives in some seed's "
-        "test split (unreliable)."
+        f"test split (unreliable). {rules_note()}"
     )
 
 

@@ -26,7 +26,7 @@ from medfed.experiments.paired import (
 from medfed.federation.plan import default_lr
 from medfed.federation.training import train
 from medfed.reports.comparisons import ci_cell, comparison_rows, verdict_lines
-from medfed.reports.evaluation import communication_table
+from medfed.reports.evaluation import AT_ARGMAX, AT_OPERATING, communication_table, rules_note
 from medfed.reports.markdown import markdown_table, replace_marked_section
 from medfed.reports.text import fmt
 from medfed.runs import Summary
@@ -226,14 +226,17 @@ def _site_header(site: str, figures: SiteFigures) -> str:
 
 def ci_table(summaries: Mapping[str, Summary]) -> str:
     """One row per method (one seed): each site's AUC with its 95% CI, the worst site with its
-    CI, average accuracy weighted two ways, and system accuracy with its Wilson CI and counts
-    under both protocols."""
+    CI, average accuracy weighted two ways and system accuracy with its Wilson CI and counts
+    under both protocols, all at the operating point; routing accuracy; then the average
+    accuracy at argmax, in columns of its own."""
     first = next(iter(summaries.values()))
     site_ids = list(first.sites)
     header = ["method", "answered by", *(_site_header(s, first.sites[s]) for s in site_ids)]
-    header += ["worst site: AUC", "avg acc. (by test scans)", "avg acc. (by training scans)"]
-    header += [f"system acc. ({ORIGIN_UNKNOWN})", f"system acc. ({ORIGIN_KNOWN})"]
+    header += ["worst site: AUC"]
+    header += [f"avg acc. {AT_OPERATING} (by {w})" for w in ("test scans", "training scans")]
+    header += [f"system acc. {AT_OPERATING} ({p})" for p in (ORIGIN_UNKNOWN, ORIGIN_KNOWN)]
     header += [f"routing acc. ({ORIGIN_UNKNOWN})"]
+    header += [f"avg acc. {AT_ARGMAX} (by {w})" for w in ("test scans", "training scans")]
     rows = []
     for name, s in summaries.items():
         worst = "n/a"
@@ -248,11 +251,13 @@ def ci_table(summaries: Mapping[str, Summary]) -> str:
                 s.routing_method,
                 *(_auc_cell(s.sites[sid]) for sid in site_ids),
                 worst,
-                fmt(s.federation.average_accuracy),
-                fmt(s.federation.average_accuracy_by_train),
+                fmt(s.average_accuracy_operating),
+                fmt(s.average_accuracy_operating_by_train),
                 _rate_cell(s.routers, s.routing_method),
                 _rate_cell(s.routers_origin_known, s.routing_method),
                 fmt(s.routing_accuracy),
+                fmt(s.federation.average_accuracy),
+                fmt(s.federation.average_accuracy_by_train),
             ]
         )
     return markdown_table(header, rows)
@@ -282,6 +287,7 @@ def ci_notes(summaries: Mapping[str, Summary]) -> str:
         "site's AUC with that site's CI; system accuracy with its Wilson "
         "interval and counts (correct / pooled test scans). Average accuracy weights the sites "
         "by their test scans, or by their training scans.",
+        rules_note(),
         f"Protocols: site AUCs are each site's model on its own test scans ({ORIGIN_KNOWN}); "
         f"system accuracy {ORIGIN_UNKNOWN}: {PROTOCOLS[ORIGIN_UNKNOWN]}; {ORIGIN_KNOWN}: "
         f"{PROTOCOLS[ORIGIN_KNOWN]}.",

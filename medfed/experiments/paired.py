@@ -37,6 +37,7 @@ import numpy as np
 
 from medfed.errors import RunDirError
 from medfed.metrics import Interval, cluster_weights, paired_bootstrap, verdict, weighted_auc
+from medfed.reports.evaluation import AT_OPERATING
 from medfed.runs import RunDir
 
 N_BOOT = 2000
@@ -203,7 +204,7 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure(
         "system_accuracy",
-        "system accuracy",
+        f"system accuracy {AT_OPERATING}",
         ORIGIN_UNKNOWN,
         "correct",
         "mean over seeds of the share of all sites' test scans, pooled, that the federation "
@@ -212,7 +213,7 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure(
         "system_accuracy_origin_known",
-        "system accuracy",
+        f"system accuracy {AT_OPERATING}",
         ORIGIN_KNOWN,
         "correct_origin_known",
         "mean over seeds of the share of all sites' test scans, pooled, that the federation "

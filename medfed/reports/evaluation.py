@@ -20,6 +20,21 @@ PROTOCOLS: dict[str, str] = {
 }
 """The two routing protocols of :class:`~medfed.runs.schema.Evaluation`, in words."""
 
+AT_OPERATING = "at op. point"
+AT_ARGMAX = "at argmax"
+RULES: dict[str, str] = {
+    AT_OPERATING: "each site's model calls a scan positive at the threshold chosen on its "
+    "validation split (the class of highest probability where a site has no threshold), the "
+    "rule the routed system answers by",
+    AT_ARGMAX: "the class of highest probability, whatever the site's threshold",
+}
+"""The decision rules an accuracy is taken at, as table headers name them, and in words."""
+
+
+def rules_note() -> str:
+    """One sentence naming each decision rule of the accuracy columns."""
+    return "Accuracy " + "; ".join(f"{rule}: {words}" for rule, words in RULES.items()) + "."
+
 
 NO_CI = "fewer than 2 positives or negatives"
 
@@ -69,14 +84,16 @@ def site_table(summary: Summary) -> str:
                 method,
                 m.n_test,
                 class_counts(m),
+                m.operating_accuracy,
                 m.accuracy,
                 m.balanced_accuracy,
                 up,
                 down,
             ]
         )
-    header = ["site", "AUC (95% CI)", "CI method", "n test", "pos/neg", "accuracy"]
-    header += ["balanced acc.", "sent/round", "received/round"]
+    header = ["site", "AUC (95% CI)", "CI method", "n test", "pos/neg"]
+    header += [f"accuracy {AT_OPERATING}", f"accuracy {AT_ARGMAX}"]
+    header += [f"balanced acc. {AT_ARGMAX}", "sent/round", "received/round"]
     return "\n".join([markdown_table(header, rows), *unreliable_notes(summary)])
 
 
@@ -141,11 +158,22 @@ def federation_lines(summary: Summary) -> list[str]:
         ("worst site", fed.worst_site),
         ("AUC spread (std)", fed.auc_std),
         ("AUC Gini", fed.auc_gini),
-        ("average accuracy (weighted by test scans)", fed.average_accuracy),
-        ("average accuracy (weighted by training scans)", fed.average_accuracy_by_train),
-        ("mean accuracy (sites weighted equally)", fed.mean_accuracy),
         (
-            f"system accuracy ({summary.routing_method})",
+            f"average accuracy {AT_OPERATING} (weighted by test scans)",
+            summary.average_accuracy_operating,
+        ),
+        (
+            f"average accuracy {AT_OPERATING} (weighted by training scans)",
+            summary.average_accuracy_operating_by_train,
+        ),
+        (f"average accuracy {AT_ARGMAX} (weighted by test scans)", fed.average_accuracy),
+        (
+            f"average accuracy {AT_ARGMAX} (weighted by training scans)",
+            fed.average_accuracy_by_train,
+        ),
+        (f"mean accuracy {AT_ARGMAX} (sites weighted equally)", fed.mean_accuracy),
+        (
+            f"system accuracy {AT_OPERATING} ({summary.routing_method})",
             summary.system_accuracy if system_rate is None else rate_text(system_rate),
         ),
         ("routing accuracy", summary.routing_accuracy),
@@ -225,7 +253,7 @@ def cross_site_table(summary: Evaluation, figure: str = "auc") -> str:
             cell = summary.cross_site[model].get(d)
             cells.append(None if cell is None else getattr(cell, figure))
         rows.append([model, *cells])
-    name = "AUC" if figure == "auc" else "accuracy"
+    name = "AUC" if figure == "auc" else f"accuracy {AT_ARGMAX}"
     return markdown_table([f"{name}: model \\ test data", *data], rows)
 
 
@@ -243,7 +271,7 @@ def system_by_site_rows(summary: Evaluation) -> tuple[list[str], list[list[str]]
         if rates:
             label = f"routed system ({summary.routing_method}), {protocol}"
             rows.append([label, *(rate_text(rates.get(site)) for site in sites)])
-    return ["system accuracy \\ test data", *sites], rows
+    return [f"system accuracy {AT_OPERATING} \\ test data", *sites], rows
 
 
 def routers_table(summary: Evaluation, protocol: str = ORIGIN_UNKNOWN) -> str:
@@ -252,7 +280,8 @@ def routers_table(summary: Evaluation, protocol: str = ORIGIN_UNKNOWN) -> str:
     forward passes and latency, under ``protocol`` (:data:`ORIGIN_UNKNOWN` or
     :data:`ORIGIN_KNOWN`)."""
     routers = _routers(summary, protocol)
-    header = ["router", "system acc.", "routing acc.", "abstain rate", "answered acc."]
+    header = ["router", f"system acc. {AT_OPERATING}", "routing acc.", "abstain rate"]
+    header += [f"answered acc. {AT_OPERATING}"]
     header += ["sensitivity", "specificity", "forward passes", "ms per scan"]
     rows = []
     for name, r in routers.items():
@@ -289,6 +318,7 @@ def evaluation_text(summary: Summary) -> str:
         "",
         "Per site (each site's model on its own test split; AUC with 95% CI)",
         site_table(summary),
+        rules_note(),
     ]
     rule = summary.operating_rule or "n/a"
     if any(m.operating_point is not None for m in summary.sites.values()):
@@ -320,10 +350,12 @@ def evaluation_text(summary: Summary) -> str:
 
 
 def methods_table(summaries: Mapping[str, Summary]) -> str:
-    """One row per method: each site's AUC, worst-site AUC, average and system accuracy."""
+    """One row per method: each site's AUC, worst-site AUC, average and system accuracy (both at
+    the operating point)."""
     site_ids = list(next(iter(summaries.values())).sites)
     header = ["method", *(f"AUC {s}" for s in site_ids), "worst-site AUC"]
-    header += ["avg accuracy", "system accuracy", "answered by", "routing acc."]
+    header += [f"avg accuracy {AT_OPERATING}", f"system accuracy {AT_OPERATING}"]
+    header += ["answered by", "routing acc."]
     rows = []
     for name, s in summaries.items():
         rows.append(
@@ -331,7 +363,7 @@ def methods_table(summaries: Mapping[str, Summary]) -> str:
                 name,
                 *(s.sites[sid].auc for sid in site_ids),
                 s.federation.worst_site_auc,
-                s.federation.average_accuracy,
+                s.average_accuracy_operating,
                 s.system_accuracy,
                 s.routing_method,
                 s.routing_accuracy,
@@ -343,7 +375,8 @@ def methods_table(summaries: Mapping[str, Summary]) -> str:
 def communication_table(summaries: Mapping[str, Summary], baseline: str) -> str:
     """Bytes per round against ``baseline`` (FedAvg, float32) and what the savings cost."""
     base = summaries[baseline]
-    header = ["method", "bytes per round", "fewer than " + baseline, "system accuracy"]
+    header = ["method", "bytes per round", "fewer than " + baseline]
+    header += [f"system accuracy {AT_OPERATING}"]
     header += ["change (points)", "mean site AUC", "worst-site AUC"]
     rows = []
     for name, s in summaries.items():

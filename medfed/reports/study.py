@@ -5,9 +5,10 @@ directories (several methods trained on the same sites).
 
 It shows the sites and their data, each site's AUC with its 95% CI (a table, and a forest plot
 per method), the operating points, calibration (reliability diagrams), the cross-site matrix,
-routing under both protocols, what each method sent over the network, and the prospective review
-of a run whose routed scans clinicians have read (figures the caller passes in; this module does
-not read the audit log, which belongs to serving). The plots are inline
+routing under both protocols, what each method sent over the network, the paired comparisons
+written beside the runs, and the prospective review and reader disagreements of a run whose
+routed scans clinicians have read (figures the caller passes in; this module does not read the
+audit log, which belongs to serving). The plots are inline
 SVG drawn here; the file loads nothing (no script, stylesheet, font or image from elsewhere, and
 its content security policy forbids it), so it opens from a USB stick. Every string read from a
 run's files is escaped.
@@ -29,6 +30,8 @@ from medfed import __version__
 from medfed.errors import ConfigError
 from medfed.fileio import atomic_write
 from medfed.reports.evaluation import (
+    AT_ARGMAX,
+    AT_OPERATING,
     ORIGIN_KNOWN,
     ORIGIN_UNKNOWN,
     PRIVACY_COLUMNS,
@@ -36,6 +39,7 @@ from medfed.reports.evaluation import (
     auc_text,
     class_counts,
     privacy_cells,
+    rules_note,
     system_by_site_rows,
 )
 from medfed.reports.html import (
@@ -53,16 +57,17 @@ from medfed.reports.html import (
     tag,
 )
 from medfed.reports.prospective import PROSPECTIVE_LEGEND, prospective_grid, prospective_notes
+from medfed.reports.study_checks import comparisons_section, disagreements_section, read_comparisons
 from medfed.reports.study_runs import StudyRun, load_study
 from medfed.reports.text import UNRELIABLE_MARK, ci_text, fmt, pooled_text
 from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
 from medfed.units import human_bytes
 
 RATE_NAMES = {
-    "system_accuracy": "system accuracy",
+    "system_accuracy": f"system accuracy {AT_OPERATING}",
     "routing_accuracy": "routing accuracy",
     "abstain_rate": "abstain rate",
-    "answered_accuracy": "accuracy on answered scans",
+    "answered_accuracy": f"accuracy on answered scans {AT_OPERATING}",
     "sensitivity": "sensitivity",
     "specificity": "specificity",
 }
@@ -158,8 +163,8 @@ def _glance(runs: Sequence[StudyRun]) -> Html:
         )
     header = ["method", "pooled AUC (95% CI), I\u00b2", "worst site: AUC (95% CI)"]
     header += [
-        f"system accuracy, {ORIGIN_UNKNOWN}",
-        f"system accuracy, {ORIGIN_KNOWN}",
+        f"system accuracy {AT_OPERATING}, {ORIGIN_UNKNOWN}",
+        f"system accuracy {AT_OPERATING}, {ORIGIN_KNOWN}",
         "sent per round",
     ]
     return table(header, rows, class_="glance")
@@ -402,7 +407,7 @@ def _cross_site_section(runs: Sequence[StudyRun]) -> list[Html]:
                     cells.append("n/a")
                     continue
                 auc = "n/a" if cell.auc is None else fmt(cell.auc)
-                detail = f"accuracy {fmt(cell.accuracy)} \u00b7 n {cell.n}"
+                detail = f"accuracy {AT_ARGMAX} {fmt(cell.accuracy)} \u00b7 n {cell.n}"
                 if cell.auc is None and cell.auc_reason:
                     detail += f" \u00b7 {cell.auc_reason}"
                 content = join([auc, tag("span", detail, class_="counts")])
@@ -511,7 +516,7 @@ caption { caption-side: top; text-align: left; font-weight: 600; padding: 0.3rem
 th, td { border: 1px solid #ccc; padding: 0.3rem 0.55rem; text-align: left;
   vertical-align: top; } thead th { background: #f2f2f2; }
 tbody th { font-weight: 600; white-space: nowrap; }
-.fig { white-space: nowrap; } .scroll { overflow-x: auto; }
+.fig { white-space: nowrap; } .scroll { overflow-x: auto; max-width: 100%; }
 .counts { display: block; color: #555; font-size: 0.82rem; }
 table.matrix td { min-width: 7rem; } table.matrix td .counts { color: inherit; opacity: 0.85; }
 td.own { outline: 3px solid #111; outline-offset: -3px; font-weight: 600; }
@@ -531,7 +536,8 @@ svg polygon { fill: #D55E00; } svg .series { fill: none; stroke-width: 2; }
 footer { margin-top: 3rem; color: #666; font-size: 0.85rem; }
 @media print { body { margin: 0; max-width: none; font-size: 10pt; }
   h2 { break-before: page; } table, figure { break-inside: avoid; }
-  table { font-size: 8pt; } .scroll { overflow: visible; } nav { display: none; } }
+  table { font-size: 8pt; } .scroll { overflow: visible; } nav { display: none; }
+  .fig { white-space: normal; } th, td { overflow-wrap: anywhere; } }
 """
 
 # Nothing may be fetched: inline styles and data: images only.
@@ -553,7 +559,8 @@ INTRO = {
     "glance": (
         "One line per method. The pooled AUC combines the sites' AUCs (random effects); I\u00b2 "
         "is the share of their spread not explained by chance. System accuracy is the whole "
-        "federation answering every site's test scans, each sent to a site by the default router."
+        "federation answering every site's test scans, each sent to a site by the default "
+        f"router. {rules_note()}"
     ),
     "methods": "How each method was trained.",
     "sites": (
@@ -603,6 +610,15 @@ INTRO = {
         "its patients. It does not cover the figures sites report (AUCs) nor the feature "
         "statistics they publish for abstention. A site that reached its budget stopped training."
     ),
+    "comparisons": (
+        "Each method against the reference on the same test scans (written by medfed demo or "
+        "medfed compare beside the runs): the paired difference with its interval, and the "
+        "verdict it supports."
+    ),
+    "disagreements": (
+        "Routed scans whose clinicians' latest reads differ: each needs a consensus read "
+        "before it counts as a label (medfed review lists them too)."
+    ),
     "review": (
         "New patients' scans routed after training and read by the sites' clinicians (each "
         f"run's audit log, every read so far). {PROSPECTIVE_LEGEND}"
@@ -612,6 +628,10 @@ REVIEW_SECTION = ("review", "Prospective review")
 """Shown after the others, only for runs whose scans clinicians have read."""
 PRIVACY_SECTION = ("privacy", "Differential privacy")
 """Shown only when a run trained with differential privacy."""
+COMPARISONS_SECTION = ("comparisons", "Paired comparisons")
+"""Shown when medfed demo or medfed compare wrote comparisons beside the runs."""
+DISAGREEMENTS_SECTION = ("disagreements", "Reader disagreements")
+"""Shown when clinicians read a run's scans differently."""
 
 
 def default_title(runs: Sequence[StudyRun]) -> str:
@@ -640,11 +660,17 @@ def render_study(
     runs: Sequence[StudyRun],
     title: str | None = None,
     prospective: Mapping[Path, Sequence[Mapping[str, Any]]] | None = None,
+    *,
+    comparisons: Mapping[Path, Mapping[str, Any]] | None = None,
+    disagreements: Mapping[Path, Sequence[Mapping[str, Any]]] | None = None,
 ) -> str:
     """The report's HTML text (one document, nothing loaded from elsewhere).
 
     ``prospective``: each run's prospective review figures by run path (the rows of
     ``medfed.serving.review.Prospective.rows``); a "Prospective review" section shows them.
+    ``comparisons``: the paired comparisons by file (:func:`read_comparisons`);
+    ``disagreements``: each run's scans read differently, by run path; each has its section
+    when present.
     """
     if not runs:
         raise ConfigError("the study report needs at least one run directory")
@@ -669,10 +695,15 @@ def render_study(
     if privacy:
         bodies["privacy"] = privacy
         shown.append(PRIVACY_SECTION)
-    review = _review_section(runs, prospective or {})
-    if review:
-        bodies["review"] = review
-        shown.append(REVIEW_SECTION)
+    extra = {
+        COMPARISONS_SECTION: comparisons_section(comparisons or {}),
+        REVIEW_SECTION: _review_section(runs, prospective or {}),
+        DISAGREEMENTS_SECTION: disagreements_section(runs, disagreements or {}),
+    }
+    for section, body in extra.items():
+        if body:
+            bodies[section[0]] = body
+            shown.append(section)
     nav = tag(
         "nav",
         tag("ol", join(tag("li", tag("a", name, href=f"#{key}")) for key, name in shown)),
@@ -734,12 +765,20 @@ def write_study_report(
     *,
     title: str | None = None,
     prospective: Mapping[Path, Sequence[Mapping[str, Any]]] | None = None,
+    disagreements: Mapping[Path, Sequence[Mapping[str, Any]]] | None = None,
 ) -> WrittenReport:
-    """Read the runs, render the report and write it to ``out`` atomically (``prospective``:
-    see :func:`render_study`)."""
+    """Read the runs and the comparisons written beside them, render the report and write it
+    to ``out`` atomically (``prospective``, ``disagreements``: see :func:`render_study`)."""
     runs = load_study(paths, models=True)
     out = Path(out)
     if out.is_dir():
         raise ConfigError(f"--out {out} is a folder; give the HTML file to write")
-    atomic_write(out, render_study(runs, title, prospective))
+    html = render_study(
+        runs,
+        title,
+        prospective,
+        comparisons=read_comparisons(runs),
+        disagreements=disagreements,
+    )
+    atomic_write(out, html)
     return WrittenReport(out, [r.label for r in runs], _sites_of(runs))

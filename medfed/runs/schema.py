@@ -85,6 +85,15 @@ class SiteFigures(Record):
     operating_point: OperatingPoint | None = None
     calibration: Calibration | None = None
 
+    @property
+    def operating_accuracy(self) -> float:
+        """Accuracy at the site's operating point (the threshold chosen on its validation
+        split), the rule the routed system answers by; at argmax where the site has none."""
+        op = self.operating_point
+        if op is None:
+            return self.accuracy
+        return (op.tp + op.tn) / (op.tp + op.fp + op.tn + op.fn)
+
 
 @dataclass(frozen=True)
 class CrossSiteCell(Record):
@@ -216,10 +225,34 @@ class Evaluation(Record):
     cross_site: dict[str, dict[str, CrossSiteCell]] = field(default_factory=dict)
     routers_origin_known: dict[str, RouterFigures] = field(default_factory=dict)
     system_by_site: dict[str, dict[str, Proportion]] = field(default_factory=dict)
+    # Each site's accuracy at its operating point (SiteFigures.operating_accuracy), weighted by
+    # test scans or by training scans: the rule system accuracy is taken at. Added later: a
+    # run written before them reads them from its sites' operating points.
+    average_accuracy_operating: float | None = kinds.rate(None)
+    average_accuracy_operating_by_train: float | None = kinds.rate(None)
+
+    def __post_init__(self) -> None:
+        if self.sites and self.average_accuracy_operating is None:
+            object.__setattr__(
+                self, "average_accuracy_operating", _operating_average(self, "n_test")
+            )
+        if self.sites and self.average_accuracy_operating_by_train is None:
+            by_train = _operating_average(self, "n_train")
+            object.__setattr__(self, "average_accuracy_operating_by_train", by_train)
 
     def field_values(self) -> dict[str, Any]:
         """The evaluation's fields as they are (typed), to build a :class:`Summary` from."""
         return {f.name: getattr(self, f.name) for f in fields(Evaluation)}
+
+
+def _operating_average(evaluation: Evaluation, weight: str) -> float | None:
+    sites = evaluation.sites.values()
+    if not all(isinstance(m, SiteFigures) for m in sites):
+        return None
+    total = sum(getattr(m, weight) for m in sites)
+    if not total:
+        return None
+    return sum(m.operating_accuracy * getattr(m, weight) for m in sites) / total
 
 
 # ---------------------------------------------------------------------------- per-scan predictions

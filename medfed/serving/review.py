@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -515,6 +515,15 @@ def prospective_rows(run_dir: str | Path, window: Window | None = None) -> list[
     if not log.path.is_file() or not log.reads():
         return []
     return Review(run_dir).figures(window).rows()
+
+
+def disagreement_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The scans of a run whose readers' latest reads differ, as dicts
+    (:class:`Disagreement`'s fields); ``[]`` for a run without an audit log or reads."""
+    log = AuditLog(run_dir)
+    if not log.path.is_file() or not log.reads():
+        return []
+    return [asdict(d) for d in Review(run_dir).disagreements()]
 
 
 QUEUE_SHOWN = 20
