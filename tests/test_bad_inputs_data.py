@@ -539,7 +539,7 @@ CASES = [
          _acrima(_replace_with("tiny", _GRADIENT[:16, :16], n=2)), 0,
          ("2 tiny image(s)", "smaller than image_size 64", "tiny0_")),
     Case("images of different sizes in one site", _acrima(_mixed_sizes), 0,
-         ("'distinct': 2", "READY")),
+         ("2 distinct sizes", "READY")),
     # --- files that do not belong in a site
     Case("stray non-image files among the images", _acrima(_strays), 0,
          ("3 file(s) not an image file; ignored", ".DS_Store", "Thumbs.db", "notes.txt")),
