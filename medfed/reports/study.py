@@ -53,6 +53,7 @@ from medfed.reports.html import (
     tag,
 )
 from medfed.reports.prospective import PROSPECTIVE_LEGEND, prospective_grid, prospective_notes
+from medfed.reports.routing import CALIBRATION_HEADER, posterior_rows, reliability_rows
 from medfed.reports.study_runs import StudyRun, load_study
 from medfed.reports.text import UNRELIABLE_MARK, ci_text, fmt, pooled_text
 from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
@@ -452,6 +453,22 @@ def _routing_section(runs: Sequence[StudyRun]) -> list[Html]:
             header = ["router", *(RATE_NAMES.get(k, k) for k in ROUTER_RATES)]
             header += ["forward passes", "ms per scan"]
             out.append(table(header, rows, caption=caption))
+        out += _posterior_tables(run)
+    return out
+
+
+def _posterior_tables(run: StudyRun) -> list[Html]:
+    """How far the run's site probabilities can be trusted (none for a run without them)."""
+    s = run.summary
+    rows = [[c if isinstance(c, str) else fmt(c) for c in r] for r in posterior_rows(s)]
+    if not rows:
+        return []
+    caption = f"{run.label}: routing posterior P(site | scan) on the pooled test scans"
+    out = [table(CALIBRATION_HEADER, rows, caption=caption)]
+    if s.routing_calibration is not None:
+        bins = [[fmt(c) for c in r] for r in reliability_rows(s.routing_calibration)]
+        header = ["n", "mean P(chosen)", "fraction routed right"]
+        out.append(table(header, bins, caption=f"{run.label}: reliability, as routed"))
     return out
 
 
@@ -590,7 +607,9 @@ INTRO = {
         "screening programme: each candidate site normalizes the scan with its own statistics) "
         "and origin known (a member hospital's archived scan, normalized with its own site's "
         "statistics). Sensitivity and specificity count the answered scans only, each at the "
-        "answering site's operating point."
+        "answering site's operating point. The routing posterior's table says how far its site "
+        "probabilities can be trusted: of the scans routed with probability p, a fraction p "
+        "should reach their own site (ECE: the mean gap)."
     ),
     "network": (
         "What each method exchanged between the sites and the coordinator: model updates only, "
