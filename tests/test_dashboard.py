@@ -1021,3 +1021,14 @@ def test_routing_review_and_method_detail_open_on_the_run_that_routes(monkeypatc
         at = open_page(monkeypatch, [runs.fedavg, runs.feddrm], page)
         box = at.selectbox(key=key or "roc_method")
         assert "fedavg" in " ".join(box.options) and "feddrm" in box.value, (page, box.options)
+
+
+def test_routing_page_says_how_far_the_site_probabilities_can_be_trusted(monkeypatch, runs) -> None:
+    at = open_page(monkeypatch, [runs.feddrm, runs.data], "routing")
+    assert not at.exception
+    assert "How far the site probabilities can be trusted" in texts(at, "subheader")
+    shown = at.dataframe[-1].value
+    assert shown["posterior"].tolist()[1] == "uncalibrated (temperature 1)"
+    assert shown["posterior"].tolist()[0].startswith("as routed (temperature ")
+    names = [trace.get("name") for f in figures(at) for trace in f["data"]]
+    assert "P(chosen site), as routed" in names  # the reliability curve

@@ -180,6 +180,10 @@ def test_deployed_run_equals_the_in_process_engine(deployed: Path, tiny_sites, t
     for key in ("mean_site_auc", "worst_site_auc", "system_accuracy", "routing_accuracy"):
         assert remote[key] == pytest.approx(local[key], abs=1e-6)
     assert remote["bytes_per_round"] == local["bytes_per_round"]
+    # The routing posterior's temperature is fitted on the same validation scores.
+    routed, here_routed = remote.routing_calibration, local.routing_calibration
+    assert routed.temperature == pytest.approx(here_routed.temperature, rel=1e-3)
+    assert routed.ece == pytest.approx(here_routed.ece, abs=1e-3)
     # The same operating points, intervals and per-scan predictions, wherever the sites are.
     for site in SITES:
         mine, theirs = local.sites[site], remote.sites[site]

@@ -34,7 +34,10 @@ runner = CliRunner()
 def fake_fed(priors, thresholds=None) -> SimpleNamespace:
     """The parts of a federation the routers read (no operating points: argmax answers)."""
     return SimpleNamespace(
-        priors=np.asarray(priors), sites=[None] * len(priors), thresholds=thresholds
+        priors=np.asarray(priors),
+        sites=[None] * len(priors),
+        thresholds=thresholds,
+        routing_temperature=1.0,
     )
 
 
@@ -42,10 +45,10 @@ def outputs(class_probs, client_logits=None) -> SiteOutputs:
     return SiteOutputs(np.asarray(class_probs, float), client_logits, features=[])
 
 
-def test_density_ratio_router_compares_each_sites_own_posterior_and_prior() -> None:
-    # Two sites, one scan. Site i's view gives client logits; only p(site i | view i) counts.
-    # View 0's own logit is the larger (5 > 3), but its posterior is 0.5 against view 1's 0.95:
-    # logits of different views have different normalizers, so posteriors are compared.
+def test_density_ratio_router_pools_every_sites_posterior_and_divides_out_the_prior() -> None:
+    # Two sites, one scan. Site i's view gives client logits over both sites; the sites'
+    # log-posteriors are averaged (logits of different views have different normalizers).
+    # View 0 is undecided (0.5 / 0.5), view 1 says site 1 (0.95): site 1 wins.
     client = np.array([[[5.0, 5.0]], [[0.0, 3.0]]])  # (K views, n, K)
     probs = [[[0.9, 0.1]], [[0.2, 0.8]]]
     site_probs, routed, answer = DensityRatioRouter().decide(
@@ -57,8 +60,9 @@ def test_density_ratio_router_compares_each_sites_own_posterior_and_prior() -> N
         fake_fed([0.1, 0.9]), outputs(probs, client)
     )
     assert routed.tolist() == [0] and answer[0] == pytest.approx([0.9, 0.1])
-    own_post = np.array([0.5, np.exp(3.0) / (1.0 + np.exp(3.0))])
-    expected = own_post / np.array([0.1, 0.9])
+    view1 = np.array([1.0, np.exp(3.0)]) / (1.0 + np.exp(3.0))
+    pooled = np.sqrt(np.array([0.5, 0.5]) * view1)  # the geometric mean of the posteriors
+    expected = pooled / np.array([0.1, 0.9])
     assert site_probs[0] == pytest.approx(expected / expected.sum())
 
 
@@ -78,8 +82,8 @@ def test_density_ratio_with_one_view_is_the_papers_logit_rule() -> None:
 
 
 def test_soft_router_mixes_the_top_sites_by_probability() -> None:
-    # Own posteriors 0.6, 0.2 and 0.0001: the top two mix 3:1.
-    client = np.log(np.array([[[0.6, 0.2, 0.2]], [[0.4, 0.2, 0.4]], [[0.5, 0.4999, 0.0001]]]))
+    # Every view's posterior 0.6, 0.2 and 0.0001 (up to its normalizer): the top two mix 3:1.
+    client = np.log(np.array([[[0.6, 0.2, 0.0001]]] * 3))
     probs = [[[1.0, 0.0]], [[0.0, 1.0]], [[0.5, 0.5]]]
     _, routed, mixed = SoftRouter().decide(fake_fed([1 / 3] * 3), outputs(probs, client))
     assert routed.tolist() == [0]
@@ -272,3 +276,39 @@ def test_majority_vote_answers_with_the_vote_not_the_mean() -> None:
     # At operating points of 0.6 the first two sites vote 0 and the third (threshold 0) 1.
     fed = fake_fed([1 / 3] * 3, thresholds=np.array([0.6, 0.6, 0.0]))
     assert router.predict(fed, class_probs, site_probs, outputs(probs)).tolist() == [0]
+
+
+def test_feddrm_publishes_a_routing_temperature_that_calibrates_its_posterior(tensor_run):
+    out, sites, summary = tensor_run
+    fed = TrainedFederation.load(out, "cpu")
+    assert fed.routing is not None and fed.routing.n_val == sum(s.n(Split.VAL) for s in sites)
+    calibrated = summary.routing_calibration
+    raw = summary.routing_calibration_uncalibrated
+    assert calibrated.temperature == pytest.approx(fed.routing.temperature)
+    assert raw.temperature == 1.0 and calibrated.accuracy == pytest.approx(raw.accuracy)
+    print(f"routing ECE: {raw.ece:.3f} at temperature 1, {calibrated.ece:.3f} calibrated")
+    assert calibrated.ece < raw.ece
+    # The router answers with the calibrated posterior.
+    views = [torch.cat([o.as_seen_by(m, Split.TEST) for o in sites]) for m in sites]
+    result = DensityRatioRouter().route(fed, views)
+    scores = DensityRatioRouter().scores(fed, fed.outputs(views))
+    expected = np.exp(scores / fed.routing.temperature)
+    assert result.site_probs == pytest.approx(expected / expected.sum(axis=1, keepdims=True))
+    text = runner.invoke(app, ["evaluate", str(out)]).output
+    assert "Routing posterior P(site | scan)" in text and "uncalibrated (temperature 1)" in text
+
+
+def test_a_model_published_without_a_routing_fit_routes_at_temperature_one(tensor_run, tmp_path):
+    out, sites, _ = tensor_run
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    info = json.loads((old / "model" / "model.json").read_text())
+    info.pop("routing")
+    (old / "model" / "model.json").write_text(json.dumps(info))
+    fed = TrainedFederation.load(old, "cpu")
+    assert fed.routing is None and fed.routing_temperature == 1.0
+    views = [torch.cat([o.as_seen_by(m, Split.TEST) for o in sites]) for m in sites]
+    scores = DensityRatioRouter().scores(fed, fed.outputs(views))
+    expected = np.exp(scores - scores.max(axis=1, keepdims=True))
+    result = DensityRatioRouter().route(fed, views)
+    assert result.site_probs == pytest.approx(expected / expected.sum(axis=1, keepdims=True))

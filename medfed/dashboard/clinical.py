@@ -17,6 +17,7 @@ import pandas as pd
 from medfed import reports
 from medfed.metrics import Interval, Proportion, unreliable
 from medfed.reports import NA, fmt
+from medfed.reports.routing import CALIBRATION_HEADER, posterior_rows
 from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
 
 WARNING = "\u26a0"
@@ -436,3 +437,27 @@ def prospective_table(figures: Any) -> pd.DataFrame:
         rows.append(row)
         index.append(scope.scope)
     return pd.DataFrame(rows, columns=columns, index=pd.Index(index, name="scope"))
+
+
+def routing_posterior_frame(summary: Summary) -> pd.DataFrame:
+    """The routing posterior's calibration on the pooled test scans, one row per posterior
+    (as routed, and at temperature 1), its figures as text; empty for a run without them."""
+    rows = [
+        [cell if isinstance(cell, str) else fmt(cell) for cell in row]
+        for row in posterior_rows(summary)
+    ]
+    return pd.DataFrame(rows, columns=CALIBRATION_HEADER)
+
+
+def routing_reliability_frame(summary: Summary) -> pd.DataFrame:
+    """The reliability curve of the posterior as routed, in the columns
+    :func:`~medfed.dashboard.charts.reliability_diagram` draws (empty without one)."""
+    calibration = summary.routing_calibration
+    columns = ["site", "curve", "mean_predicted", "fraction_positive", "n"]
+    if calibration is None:
+        return pd.DataFrame(columns=columns)
+    curve = "P(chosen site), as routed"
+    rows = [
+        [curve, curve, b["mean_predicted"], b["fraction_correct"], b["n"]] for b in calibration.bins
+    ]
+    return pd.DataFrame(rows, columns=columns)

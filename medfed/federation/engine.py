@@ -39,6 +39,7 @@ from medfed.runs.schema import Summary
 from medfed.runs.weights import check_tensors
 from medfed.serving.bundle import TrainedFederation
 from medfed.serving.evaluation import site_evaluation
+from medfed.serving.posterior import routing_scores
 
 
 class LocalLink:
@@ -159,6 +160,9 @@ class LocalLink:
 
     def abstention_scores(self, fed: TrainedFederation) -> list[np.ndarray]:
         return [fed.abstention_scores(w.data.raw[Split.VAL]) for w in self.workers]
+
+    def routing_scores(self, fed: TrainedFederation) -> dict[str, np.ndarray]:
+        return {w.id: routing_scores(fed, w.data.raw[Split.VAL]) for w in self.workers}
 
     def test(self, fed: TrainedFederation) -> list[dict[str, Any]]:
         norms = [s.normalization for s in fed.sites]

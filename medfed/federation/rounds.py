@@ -3,8 +3,9 @@
 The loop owns everything that must be the same wherever the sites are: the round record of each
 site, dropouts and skipped rounds, aggregation, checkpoints, validation figures, and finishing
 (the sites' final models, abstention fitted on their features and calibrated on their validation
-scans, the test evaluation, the summary and the saved model). How a message reaches a site is a
-:class:`SiteLink`'s business: a direct call in one process, a Flower message across machines.
+scans, the routing posterior's temperature fitted on the same scans, the test evaluation, the
+summary and the saved model). How a message reaches a site is a :class:`SiteLink`'s business:
+a direct call in one process, a Flower message across machines.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from medfed.runs.schema import Summary
 from medfed.serving.abstention import DEFAULT_FALSE_ABSTAIN, calibrate, uncalibrated
 from medfed.serving.bundle import SiteEntry, TrainedFederation
 from medfed.serving.evaluation import combine_evaluation, prediction_rows
+from medfed.serving.posterior import fit_routing
 
 
 def stats_bytes(stats: Stats) -> int:
@@ -146,6 +148,10 @@ class SiteLink(Protocol):
 
     def abstention_scores(self, fed: TrainedFederation) -> list[np.ndarray]:
         """Abstention scores of each site's validation scans, computed where they are."""
+
+    def routing_scores(self, fed: TrainedFederation) -> dict[str, np.ndarray]:
+        """Each site's validation scans' density-ratio scores (n, K), by site id, computed
+        where they are (for a federation that routes; called after :meth:`abstention_scores`)."""
 
     def test(self, fed: TrainedFederation) -> list[dict[str, Any]]:
         """Each site's part of the test evaluation (figures and counts, no scans)."""
@@ -339,6 +345,8 @@ class RoundLoop:
         )
         fed.abstention = uncalibrated([p.gaussian for p in published], DEFAULT_FALSE_ABSTAIN)
         calibrate(fed.abstention, self.link.abstention_scores(fed))
+        if fed.routes:
+            fed.routing = fit_routing(fed, self.link.routing_scores(fed))
         parts = self.link.test(fed)
         evaluation = combine_evaluation(fed, parts)
         privacy = {p.entry.id: p.privacy for p in published if p.privacy is not None}

@@ -50,6 +50,7 @@ from medfed.flower.records import (
 )
 from medfed.serving.bundle import TrainedFederation
 from medfed.serving.evaluation import site_evaluation
+from medfed.serving.posterior import routing_scores
 
 
 def _answer(work: Callable[[], RecordDict]) -> RecordDict:
@@ -225,8 +226,12 @@ def _federation(content: RecordDict, node: SiteNode) -> TrainedFederation:
 def calibrate(content: RecordDict, context: Context) -> RecordDict:
     def work() -> RecordDict:
         node = _node(content, context)
-        scores = _federation(content, node).abstention_scores(node.data.raw[Split.VAL])
-        return RecordDict({"scores": ArrayRecord({"scores": Array(np.asarray(scores))})})
+        fed = _federation(content, node)
+        raw = node.data.raw[Split.VAL]
+        arrays = {"scores": Array(np.asarray(fed.abstention_scores(raw)))}
+        if fed.routes:  # the routing posterior's temperature is fitted on these
+            arrays["routing"] = Array(np.ascontiguousarray(routing_scores(fed, raw)))
+        return RecordDict({"scores": ArrayRecord(arrays)})
 
     return _answer(work)
 

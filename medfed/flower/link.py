@@ -157,6 +157,8 @@ class FlowerLink:
         self.weights = ValidatedWeights()
         self.init_given: set[str] = set()  # sites that hold the starting weights
         self.folded: Folded | None = None
+        # Each site's validation routing scores, from its abstention calibration answer.
+        self.routing_val: dict[str, np.ndarray] = {}
 
     # ------------------------------------------------------------------ messages
     def _content(self, step: dict[str, Any], payload: bytes = b"") -> RecordDict:
@@ -378,11 +380,17 @@ class FlowerLink:
 
     def abstention_scores(self, fed: TrainedFederation) -> list[np.ndarray]:
         answers = self.messenger.send(f"{MessageType.EVALUATE}.calibrate", self._federation(fed))
-        return [
-            a.content.array_records["scores"]["scores"].numpy()
-            for a in answers.values()
+        replied = {
+            s: a.content.array_records["scores"]
+            for s, a in answers.items()
             if isinstance(a, Message)
-        ]
+        }
+        # The same answer carries the routing scores: kept for routing_scores, one message less.
+        self.routing_val = {s: r["routing"].numpy() for s, r in replied.items() if "routing" in r}
+        return [r["scores"].numpy() for r in replied.values()]
+
+    def routing_scores(self, fed: TrainedFederation) -> dict[str, np.ndarray]:
+        return dict(self.routing_val)
 
     def test(self, fed: TrainedFederation) -> list[dict[str, Any]]:
         answers = self.messenger.send(f"{MessageType.EVALUATE}.test", self._federation(fed))

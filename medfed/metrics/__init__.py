@@ -6,6 +6,8 @@
   site AUCs, paired differences between methods.
 * ``medfed.metrics.operating``: operating points (threshold rules, sensitivity, specificity,
   PPV, NPV) and calibration.
+* ``medfed.metrics.routing``: the routing posterior's temperature, calibration (ECE, Brier,
+  reliability curve) and the review queue's margin threshold.
 
 Everything is importable from ``medfed.metrics``. Nothing here imports torch, and statsmodels
 is imported only inside the functions that use it.
@@ -48,12 +50,22 @@ from medfed.metrics.point import (
     site_metrics,
     system_accuracy,
 )
+from medfed.metrics.routing import (
+    MARGIN_TARGET,
+    RoutingCalibration,
+    fit_temperature,
+    margin_threshold,
+    routing_calibration,
+    softmax_rows,
+    top_margin,
+)
 from medfed.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
 from medfed.reliability import RELIABLE_MIN, unreliable
 
 __all__ = [
     "ABSTAIN",
     "DEFAULT_OPERATING_RULE",
+    "MARGIN_TARGET",
     "RELIABLE_MIN",
     "Calibration",
     "FederationMetrics",
@@ -62,6 +74,7 @@ __all__ = [
     "OperatingRule",
     "Pooled",
     "Proportion",
+    "RoutingCalibration",
     "SiteMetrics",
     "abstain_rate",
     "auc_fast",
@@ -74,15 +87,20 @@ __all__ = [
     "delong",
     "delong_paired",
     "federation_metrics",
+    "fit_temperature",
     "gini",
     "majority_vote",
+    "margin_threshold",
     "operating_point",
     "paired_bootstrap",
     "pooled_auc",
     "roc_points",
     "routing_accuracy",
+    "routing_calibration",
     "site_metrics",
+    "softmax_rows",
     "system_accuracy",
+    "top_margin",
     "unreliable",
     "verdict",
     "weighted_auc",

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from medfed.reports.markdown import markdown_table
+from medfed.reports.routing import routing_calibration_text
 from medfed.reports.text import UNRELIABLE_MARK, ci_text, count_text, fmt, pooled_text, rate_text
 from medfed.runs.schema import Evaluation, PrivacySpent, RouterFigures, SiteFigures, Summary
 from medfed.units import human_bytes
@@ -346,6 +347,8 @@ def evaluation_text(summary: Summary) -> str:
             parts += ["", title, routers_table(summary, protocol)]
         else:
             parts += ["", f"{title}: n/a (not in this run)"]
+    if summary.routing_method != "majority_vote":
+        parts += ["", *routing_calibration_text(summary)]
     return "\n".join(parts)
 
 

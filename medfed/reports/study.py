@@ -57,7 +57,12 @@ from medfed.reports.html import (
     tag,
 )
 from medfed.reports.prospective import PROSPECTIVE_LEGEND, prospective_grid, prospective_notes
-from medfed.reports.study_checks import comparisons_section, disagreements_section, read_comparisons
+from medfed.reports.study_checks import (
+    comparisons_section,
+    disagreements_section,
+    posterior_tables,
+    read_comparisons,
+)
 from medfed.reports.study_runs import StudyRun, load_study
 from medfed.reports.text import UNRELIABLE_MARK, ci_text, fmt, pooled_text
 from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
@@ -457,6 +462,7 @@ def _routing_section(runs: Sequence[StudyRun]) -> list[Html]:
             header = ["router", *(RATE_NAMES.get(k, k) for k in ROUTER_RATES)]
             header += ["forward passes", "ms per scan"]
             out.append(table(header, rows, caption=caption))
+        out += posterior_tables(run.label, run.summary)
     return out
 
 
@@ -597,7 +603,9 @@ INTRO = {
         "screening programme: each candidate site normalizes the scan with its own statistics) "
         "and origin known (a member hospital's archived scan, normalized with its own site's "
         "statistics). Sensitivity and specificity count the answered scans only, each at the "
-        "answering site's operating point."
+        "answering site's operating point. The routing posterior's table says how far its site "
+        "probabilities can be trusted: of the scans routed with probability p, a fraction p "
+        "should reach their own site (ECE: the mean gap)."
     ),
     "network": (
         "What each method exchanged between the sites and the coordinator: model updates only, "

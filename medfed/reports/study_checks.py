@@ -1,7 +1,8 @@
-"""Two sections of the study report that check the figures against something else: the paired
+"""Sections of the study report that check the figures against something else: the paired
 comparisons ``medfed demo`` and ``medfed compare`` wrote beside the runs (each method against the
-reference on the same test scans), and the scans whose clinicians disagree (figures the caller
-passes in; the audit log belongs to serving)."""
+reference on the same test scans), the scans whose clinicians disagree (figures the caller
+passes in; the audit log belongs to serving), and how far the routing posterior can be trusted
+(its calibration on the pooled test scans)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from typing import Any
 
 from medfed.reports.comparisons import comparison_rows, verdict_lines
 from medfed.reports.html import Html, join, table, tag
+from medfed.reports.routing import CALIBRATION_HEADER, posterior_rows, reliability_rows
 from medfed.reports.study_runs import StudyRun
+from medfed.reports.text import fmt
+from medfed.runs.schema import Evaluation
 
 COMPARISON_FILES = ("demo-table.json", "demo-ct-table.json", "compare-table.json")
 """What ``medfed demo`` and ``medfed compare`` write into OUT, beside OUT/runs/METHOD."""
@@ -85,3 +89,18 @@ def disagreements_section(
         caption = f"{run.label}: {len(rows)} scan(s) read differently"
         parts.append(table(list(DISAGREEMENT_HEADER), rows, caption=caption))
     return parts
+
+
+def posterior_tables(label: str, summary: Evaluation) -> list[Html]:
+    """How far a run's site probabilities can be trusted, as report.html's tables (none for a
+    run without them)."""
+    rows = [[c if isinstance(c, str) else fmt(c) for c in r] for r in posterior_rows(summary)]
+    if not rows:
+        return []
+    caption = f"{label}: routing posterior P(site | scan) on the pooled test scans"
+    out = [table(CALIBRATION_HEADER, rows, caption=caption)]
+    if summary.routing_calibration is not None:
+        bins = [[fmt(c) for c in r] for r in reliability_rows(summary.routing_calibration)]
+        header = ["n", "mean P(chosen)", "fraction routed right"]
+        out.append(table(header, bins, caption=f"{label}: reliability, as routed"))
+    return out

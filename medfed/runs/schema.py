@@ -34,6 +34,7 @@ from medfed.metrics import (
     OperatingPoint,
     Pooled,
     Proportion,
+    RoutingCalibration,
 )
 from medfed.runs.fields import Record, keys_of
 from medfed.versions import REDO
@@ -204,7 +205,10 @@ class Evaluation(Record):
     random-effects pool of the sites' AUCs with its heterogeneity, ``cross_site[model][data]``
     every site's model on every site's test scans, and ``system_by_site[protocol][data]`` the
     accuracy of the routed system (the default router) on each site's test scans, under
-    ``origin_unknown`` and ``origin_known``.
+    ``origin_unknown`` and ``origin_known``. ``routing_calibration``: how well the routing
+    posterior's probability of the chosen site matches how often it is right (ECE, Brier score,
+    reliability curve, the temperature it was taken at), on the pooled test scans (origin
+    unknown); ``routing_calibration_uncalibrated`` the same at temperature 1.
     """
 
     WHERE = "evaluation"
@@ -230,6 +234,10 @@ class Evaluation(Record):
     # run written before them reads them from its sites' operating points.
     average_accuracy_operating: float | None = kinds.rate(None)
     average_accuracy_operating_by_train: float | None = kinds.rate(None)
+    # Added later (absent from older runs): the default router's P(site | scan) on the pooled
+    # test scans (origin unknown), as routed and at temperature 1.
+    routing_calibration: RoutingCalibration | None = kinds.part(None, omit_none=True)
+    routing_calibration_uncalibrated: RoutingCalibration | None = kinds.part(None, omit_none=True)
 
     def __post_init__(self) -> None:
         if self.sites and self.average_accuracy_operating is None:

@@ -104,6 +104,41 @@ class SiteEntry:
         )
 
 
+@dataclass(frozen=True)
+class RoutingFit:
+    """The routing posterior's calibration, fitted on the sites' validation scans when the
+    federation is published and stored with the model (model.json ``routing``).
+
+    ``temperature``: the density-ratio scores are divided by it before the softmax (fitted by
+    the validation NLL of the true site). ``low_margin``: the top-2 margin of the calibrated
+    posterior below which routing on validation was right less often than ``target``; the
+    review queue takes it as its low-margin line. ``n_val``: validation scans it was fitted on.
+    A model without it (written before) routes at temperature 1."""
+
+    temperature: float
+    low_margin: float
+    target: float
+    n_val: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "low_margin": self.low_margin,
+            "target": self.target,
+            "n_val": self.n_val,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RoutingFit:
+        temperature = float(data["temperature"])
+        if not (np.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"routing temperature {temperature} is not a positive number")
+        low_margin = float(data["low_margin"])
+        if not 0.0 <= low_margin <= 1.0:
+            raise ValueError(f"routing low_margin {low_margin} is outside [0, 1]")
+        return cls(temperature, low_margin, float(data["target"]), int(data["n_val"]))
+
+
 def manifest_from_dict(data: dict[str, Any]) -> SiteManifest:
     """Rebuild a resolved manifest stored in model.json or config.toml."""
     fields = {k: v for k, v in data.items() if k != "manifest_path" and v is not None}
@@ -131,9 +166,11 @@ class TrainedFederation:
         states: list[State],
         setup: DeviceSetup,
         abstention: Abstention | None = None,
+        routing: RoutingFit | None = None,
     ) -> None:
         self.spec, self.algorithm, self.sites, self.setup = spec, algorithm, sites, setup
         self.abstention = abstention
+        self.routing = routing
         base = build_model(spec).to(setup.device).eval()
         self.models: list[FedModel] = []
         for site, state in zip(sites, states, strict=True):
@@ -151,6 +188,11 @@ class TrainedFederation:
     @property
     def routes(self) -> bool:
         return self.spec.client_branch
+
+    @property
+    def routing_temperature(self) -> float:
+        """What the routing scores are divided by (1 for a model published before the fit)."""
+        return 1.0 if self.routing is None else self.routing.temperature
 
     @property
     def priors(self) -> np.ndarray:
@@ -226,6 +268,7 @@ class TrainedFederation:
             "classes": self.class_names(),
             "sites": [s.to_dict() for s in self.sites],
             "abstention": self.abstention.info() if self.abstention else None,
+            **({"routing": self.routing.to_dict()} if self.routing else {}),
             **(extra or {}),
         }
 
@@ -287,7 +330,10 @@ class TrainedFederation:
         if info.get("abstention"):
             abstention = Abstention.load(weights["abstention"], info["abstention"], len(sites))
         spec = ModelSpec.from_dict(info["spec"])
-        return cls(spec, info["algorithm"], sites, states, resolve_device(device), abstention)
+        routing = RoutingFit.from_dict(info["routing"]) if info.get("routing") else None
+        return cls(
+            spec, info["algorithm"], sites, states, resolve_device(device), abstention, routing
+        )
 
 
 def _damaged(where: Path, what: str) -> RunDirError:
@@ -311,6 +357,9 @@ def _check_info(info: dict[str, Any], where: Path) -> None:
     abstention = info.get("abstention")
     if abstention is not None and not isinstance(abstention, dict):
         raise _damaged(where, "field 'abstention' should be a JSON object or null")
+    routing = info.get("routing")
+    if routing is not None and not isinstance(routing, dict):
+        raise _damaged(where, "field 'routing' should be a JSON object (the routing fit)")
 
 
 def _check_normalization(site: dict[str, Any], channels: int, where: Path) -> None:

@@ -27,6 +27,7 @@ from medfed.metrics import (
     Calibration,
     Interval,
     OperatingPoint,
+    RoutingCalibration,
     SiteMetrics,
     auc_interval,
     auc_variance,
@@ -35,7 +36,9 @@ from medfed.metrics import (
     operating_point,
     pooled_auc,
     roc_points,
+    routing_calibration,
     site_metrics,
+    softmax_rows,
     unreliable,
     wilson,
 )
@@ -48,7 +51,13 @@ from medfed.runs.schema import (
     SiteFigures,
 )
 from medfed.serving.bundle import SiteOutputs, TrainedFederation
-from medfed.serving.routers import Router, RouteResult, default_router, routers_for
+from medfed.serving.routers import (
+    DensityRatioRouter,
+    Router,
+    RouteResult,
+    default_router,
+    routers_for,
+)
 
 LATENCY_SCANS = 16  # per router, spread over the sites
 Z95 = 1.959964  # the standard normal's 97.5% quantile
@@ -187,7 +196,7 @@ def site_evaluation(
         for protocol in PROTOCOLS:
             routers[protocol][router.name]["latency_ms"] = latency
     cross = outputs["origin_unknown"].class_probs
-    return {
+    part = {
         "id": site.id,
         "metrics": site_metrics(y, probs, split=str(split)).to_dict(),
         "figures": figures,
@@ -200,6 +209,29 @@ def site_evaluation(
         "routers_origin_known": routers["origin_known"],
         "scans": _scan_rows(fed, site, index, y, probs, main, split),
     }
+    if fed.routes:  # the uncalibrated scores: the posterior's calibration is judged on them
+        scores = DensityRatioRouter().scores(fed, outputs["origin_unknown"])
+        part["routing_scores"] = scores.tolist()
+    return part
+
+
+def _routing_calibrations(
+    fed: TrainedFederation, parts: list[dict[str, Any]]
+) -> tuple[RoutingCalibration | None, RoutingCalibration | None]:
+    """The routing posterior on the pooled test scans (origin unknown), as routed (at the
+    published temperature) and at temperature 1; None for a federation that does not route."""
+    ids = [s.id for s in fed.sites]
+    scored = [(ids.index(p["id"]), p["routing_scores"]) for p in parts if p.get("routing_scores")]
+    if not fed.routes or not scored:
+        return None, None
+    z = np.concatenate([np.asarray(s, dtype=np.float64) for _, s in scored])
+    y = np.concatenate([np.full(len(s), i) for i, s in scored])
+    temperature = fed.routing_temperature
+    low = None if fed.routing is None else fed.routing.low_margin
+    routed = routing_calibration(
+        softmax_rows(z, temperature), y, temperature=temperature, low_margin=low
+    )
+    return routed, routing_calibration(softmax_rows(z), y)
 
 
 def _scan_rows(
@@ -311,6 +343,7 @@ def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> E
     main_name = default_router(fed).name
     main = routers[main_name]
     worst = federation.worst_site
+    calibrated, uncalibrated = _routing_calibrations(fed, parts)
     return Evaluation(
         sites=sites,
         federation=federation,
@@ -329,6 +362,8 @@ def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> E
             for model in fed.sites
         },
         routers_origin_known=_router_figures(fed, parts, "routers_origin_known"),
+        routing_calibration=calibrated,
+        routing_calibration_uncalibrated=uncalibrated,
         system_by_site={
             protocol: {
                 p["id"]: wilson(p[key][main_name]["correct"], p[key][main_name]["n"]) for p in parts

@@ -92,11 +92,29 @@ __all__ = [
     "prospective_rows",
     "queue_text",
     "run_labels",
+    "run_low_margin",
     "write_figures_csv",
 ]
 
 LOW_MARGIN = 0.2
-"""A scan whose top two site probabilities are closer than this is reviewed early."""
+"""A scan whose top two site probabilities are closer than this is reviewed early, for a run
+whose model was published without a low-margin line fitted on validation (model.json
+``routing.low_margin``, see :mod:`medfed.serving.posterior`)."""
+
+
+def run_low_margin(run_dir: str | Path) -> float:
+    """The run's low-margin line: the one fitted on the sites' validation scans and published
+    with the model, else :data:`LOW_MARGIN` (an older model, a run without one)."""
+    path = RunDir(run_dir).model_json_path
+    if not path.is_file():
+        return LOW_MARGIN
+    try:
+        routing = RunDir(run_dir).read_model_json().get("routing")
+    except MedfedError:
+        return LOW_MARGIN
+    value = routing.get("low_margin") if isinstance(routing, dict) else None
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
+    return float(value) if ok else LOW_MARGIN
 
 
 def margin(site_probs: Mapping[str, float]) -> float | None:
@@ -177,6 +195,14 @@ class Review:
         self.path = Path(run_dir)
         self.log = AuditLog(self.path)
         self._labels: Labels | None = None
+        self._low_margin: float | None = None
+
+    @property
+    def low_margin(self) -> float:
+        """Top-2 margins below this are reviewed early (:func:`run_low_margin`, read once)."""
+        if self._low_margin is None:
+            self._low_margin = run_low_margin(self.path)
+        return self._low_margin
 
     @property
     def labels(self) -> Labels:
@@ -204,15 +230,17 @@ class Review:
         *,
         reader: str | None = None,
         include_read: bool = False,
-        low_margin: float = LOW_MARGIN,
+        low_margin: float | None = None,
     ) -> list[QueueItem]:
         """Scans to review: abstained first, then low margin (top two site probabilities closer
-        than ``low_margin``), then the rest; oldest first within each.
+        than ``low_margin``, by default the run's :attr:`low_margin`), then the rest; oldest
+        first within each.
 
         By default only scans nobody has read; with ``reader``, the scans that reader has not
         read (a second reader sees scans the first one read); ``include_read`` keeps all.
         """
         reads_of = by_scan(self.log.reads())
+        low_margin = self.low_margin if low_margin is None else low_margin
         items = []
         for scan_id, entry in self.scans().items():
             reads = tuple(reads_of.get(scan_id, ()))
@@ -237,7 +265,8 @@ class Review:
             )
         gap = margin(entry.site_probs)
         reads = tuple(self.log.reads(int(scan_id)))
-        return QueueItem(int(scan_id), entry, gap, priority_of(entry, gap, LOW_MARGIN), reads)
+        priority = priority_of(entry, gap, self.low_margin)
+        return QueueItem(int(scan_id), entry, gap, priority, reads)
 
     def revealed(self, scan_id: int, reader: str) -> bool:
         """Whether ``reader`` has been shown the model's answer for scan ``scan_id``."""
@@ -541,8 +570,8 @@ def queue_text(review: Review, reader: str | None = None) -> str:
     lines = [
         f"queue: {len(items)} scan(s) {whom}: {tiers['abstained']} abstained, "
         f"{tiers['low margin']} low margin (top two site probabilities less than "
-        f"{LOW_MARGIN:.2f} apart), {tiers['routine']} routine; abstained and low-margin first, "
-        "then oldest first"
+        f"{review.low_margin:.2f} apart), {tiers['routine']} routine; abstained and low-margin "
+        "first, then oldest first"
     ]
     for it in items[:QUEUE_SHOWN]:
         gap = "" if it.margin is None else f", top-2 margin {it.margin:.2f}"

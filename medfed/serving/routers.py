@@ -64,6 +64,20 @@ def route_density_ratio(
     return softmax(scores), scores.argmax(axis=1)
 
 
+def posterior_scores(client_logits: np.ndarray, priors: np.ndarray) -> np.ndarray:
+    """FedDRM's density-ratio scores from every site model's client posterior: (K, n, K) -> (n, K).
+
+    By Bayes, p(site k | x) / pi_k = p(x | site k) / p(x): the client posterior divided by the
+    training share is a density ratio, and with every site equally likely to be asked, the
+    routing posterior is P(site k | x) = softmax_k(log p(k | x) - log pi_k). Site i's model
+    gives one such estimate on its own view of the scan (its normalization, its private norm
+    layers); the sites' estimates are pooled as the mean of their log-posteriors (one shared
+    client head read K times), so every site's model speaks for every site, not only for itself.
+    """
+    log_post = np.stack([log_softmax(c) for c in client_logits])  # (K models, n, K sites)
+    return density_ratio_scores(log_post.mean(axis=0), priors)
+
+
 @dataclass
 class RouteResult:
     """One router's decision for a batch of n scans over K sites and C classes."""
@@ -143,13 +157,14 @@ class DensityRatioRouter(Router):
     summary = "FedDRM: the site maximizing its client posterior minus log of its data share"
     needs_client_head = True
 
+    def scores(self, fed: TrainedFederation, out: SiteOutputs) -> np.ndarray:
+        """The uncalibrated density-ratio scores (n, K): log p(x | site k) up to a constant."""
+        return posterior_scores(out.client_logits, fed.priors)
+
     def decide(self, fed, out):
-        k = len(fed.sites)
-        # Site i judges the scan as it preprocesses it (its own view, and its own model where
-        # models differ beyond the heads): log p(site i | view i) from its client posterior.
-        # The posteriors, not the raw logits, are compared: each view has its own normalizer.
-        log_post = np.stack([log_softmax(out.client_logits[i])[:, i] for i in range(k)], axis=1)
-        site_probs, routed = route_density_ratio(log_post, fed.priors)
+        scores = self.scores(fed, out)
+        site_probs = softmax(scores / fed.routing_temperature)
+        routed = scores.argmax(axis=1)
         return site_probs, routed, _pick(out.class_probs, routed)
 
 

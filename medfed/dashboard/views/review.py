@@ -24,7 +24,6 @@ from medfed.errors import MedfedError
 from medfed.reports import fmt
 from medfed.serving.kept import kept_scan
 from medfed.serving.review import (
-    LOW_MARGIN,
     MIN_DOUBLE_READS,
     Disagreement,
     Labels,
@@ -140,8 +139,8 @@ def queue_section(review: Review, labels: Labels, reader: str | None) -> None:
     st.caption(
         f"{count(len(items), 'scan')} ({show}): {tiers['abstained']} abstained, "
         f"{tiers['low margin']} low margin (top two site probabilities less than "
-        f"{LOW_MARGIN:.2f} apart), {tiers['routine']} routine; abstained and low-margin "
-        "scans first, then oldest first."
+        f"{review.low_margin:.2f} apart), {tiers['routine']} routine; abstained and "
+        "low-margin scans first, then oldest first."
     )
     st.dataframe(
         reviewdata.queue_frame(items),

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from medfed.dashboard import MAX_UPLOAD_MB, charts, checks, common, rundata, thumbnails
+from medfed.dashboard import MAX_UPLOAD_MB, charts, checks, clinical, common, rundata, thumbnails
 from medfed.dashboard.rundata import Run
 from medfed.errors import ConfigError, MedfedError
 from medfed.reports import fmt
@@ -247,6 +247,29 @@ def audit_section(run: Run) -> None:
     )
 
 
+def posterior_section(run: Run) -> None:
+    """How far the site probabilities can be trusted: the routing posterior's calibration on
+    the run's pooled test scans (nothing for a run without it)."""
+    summary = common.read_summary(run)
+    if summary is None:
+        return
+    table = clinical.routing_posterior_frame(summary)
+    if table.empty:
+        return
+    st.subheader("How far the site probabilities can be trusted")
+    st.caption(
+        "The routing posterior P(site | scan) on the run's test scans pooled (origin unknown): "
+        "of the scans routed with probability p, a fraction p should reach their own site. "
+        "ECE: the mean gap between the two; the temperature was fitted on the sites' "
+        "validation scans when the model was published."
+    )
+    st.dataframe(table, hide_index=True, width="stretch")
+    bins = clinical.routing_reliability_frame(summary)
+    if not bins.empty:
+        title = "Routing: P(chosen site) against how often it was right"
+        st.plotly_chart(charts.reliability_diagram(bins, title), key="routing_reliability")
+
+
 def main() -> None:
     st.title("Routing")
     st.caption(
@@ -313,6 +336,7 @@ def main() -> None:
     if isinstance(last, dict) and last.get("run") == str(run.path):
         show_result(last)
     audit_section(run)
+    posterior_section(run)
 
 
 common.guarded(main)

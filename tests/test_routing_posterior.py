@@ -1,0 +1,106 @@
+"""The routing posterior P(site | scan): its temperature, calibration figures and margin line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from medfed.metrics import (
+    RoutingCalibration,
+    fit_temperature,
+    margin_threshold,
+    routing_calibration,
+    softmax_rows,
+    top_margin,
+)
+from medfed.metrics.routing import nll
+from medfed.runs import RunDir
+from medfed.serving.bundle import RoutingFit
+from medfed.serving.review import LOW_MARGIN, run_low_margin
+
+
+def sampled_sites(scores: np.ndarray, temperature: float, seed: int = 0) -> np.ndarray:
+    """True sites drawn from softmax(scores / temperature): a posterior that is right at it."""
+    rng = np.random.default_rng(seed)
+    probs = softmax_rows(scores, temperature)
+    return np.array([rng.choice(probs.shape[1], p=p) for p in probs])
+
+
+def test_fitted_temperature_minimises_the_validation_nll() -> None:
+    rng = np.random.default_rng(1)
+    scores = rng.normal(size=(3000, 3)) * 0.05  # far too flat: the true temperature is 0.02
+    sites = sampled_sites(scores, 0.02)
+    fitted = fit_temperature(scores, sites)
+    assert fitted == pytest.approx(0.02, rel=0.15)
+    best = nll(scores, sites, fitted)
+    for other in (fitted * 0.8, fitted * 1.25, 1.0):
+        assert best <= nll(scores, sites, other)
+
+
+def test_temperature_is_one_with_nothing_to_fit_and_keeps_every_decision() -> None:
+    assert fit_temperature(np.zeros((0, 3)), np.zeros(0)) == 1.0
+    assert fit_temperature(np.zeros((5, 1)), np.zeros(5)) == 1.0
+    scores = np.random.default_rng(2).normal(size=(50, 4))
+    sharp = softmax_rows(scores, 0.1)
+    assert sharp.argmax(axis=1).tolist() == scores.argmax(axis=1).tolist()
+    with pytest.raises(ValueError, match="temperature"):
+        softmax_rows(scores, 0.0)
+
+
+def test_routing_calibration_ece_brier_and_reliability_by_hand() -> None:
+    probs = np.array([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8]])
+    sites = np.array([0, 1, 1])  # chosen 0, 0, 1: right, wrong, right
+    c = routing_calibration(probs, sites, temperature=0.5, low_margin=0.1, bins=3)
+    assert c.n == 3 and c.accuracy == pytest.approx(2 / 3)
+    # Each scan its own bin: |1 - 0.9| + |0 - 0.6| + |1 - 0.8| over 3 scans.
+    assert c.ece == pytest.approx(0.9 / 3)
+    assert c.brier == pytest.approx((0.01 * 2 + 0.36 * 2 + 0.04 * 2) / 3)
+    assert c.mean_chosen == pytest.approx((0.9 + 0.6 + 0.8) / 3)
+    assert c.mean_chosen_correct == pytest.approx(0.85)
+    assert [b["fraction_correct"] for b in c.bins] == [0.0, 1.0, 1.0]
+    assert RoutingCalibration.from_dict(c.to_dict()) == c
+
+
+def test_a_calibrated_posterior_has_small_ece_and_an_overconfident_one_large() -> None:
+    scores = np.random.default_rng(3).normal(size=(4000, 3)) * 2
+    sites = sampled_sites(scores, 1.0, seed=4)
+    assert routing_calibration(softmax_rows(scores), sites).ece < 0.03
+    assert routing_calibration(softmax_rows(scores, 0.2), sites).ece > 0.1
+
+
+def test_routing_calibration_refuses_bad_figures_when_read() -> None:
+    c = routing_calibration(np.array([[0.7, 0.3]]), np.array([0])).to_dict()
+    with pytest.raises(ValueError, match="ece"):
+        RoutingCalibration.from_dict(c | {"ece": 1.5})
+    with pytest.raises(ValueError, match="temperature"):
+        RoutingCalibration.from_dict(c | {"temperature": 0})
+
+
+def test_margin_threshold_is_where_validation_routing_falls_under_the_target() -> None:
+    right = np.linspace(0.4, 0.9, 10)
+    margins = np.concatenate([[0.05, 0.10, 0.15], right])
+    correct = np.array([False, True, False] + [True] * 10)
+    # Below the line: 2 errors among 7 scans (0.71 < 0.75); adding the next scan: 6/8 = 0.75.
+    line = margin_threshold(margins, correct, target=0.75)
+    assert line == pytest.approx((right[3] + right[4]) / 2)
+    below = margins < line
+    assert correct[below].mean() < 0.75 and correct[~below].all()
+    assert margin_threshold(margins, np.ones(13, bool)) == 0.0  # never wrong: none is low
+    assert top_margin(np.array([[0.5, 0.2, 0.3]])) == pytest.approx([0.2])
+
+
+def test_the_review_queue_takes_its_low_margin_line_from_the_published_model(tmp_path) -> None:
+    run = RunDir(tmp_path)
+    assert run_low_margin(tmp_path) == LOW_MARGIN  # no model: the fixed line
+    run.model_dir.mkdir(parents=True)
+    run.write_model_json({"algorithm": "fedavg"})
+    assert run_low_margin(tmp_path) == LOW_MARGIN  # published before the fit
+    run.write_model_json({"routing": RoutingFit(0.05, 0.12, 0.9, 60).to_dict()})
+    assert run_low_margin(tmp_path) == pytest.approx(0.12)
+
+
+def test_routing_fit_round_trips_and_refuses_a_bad_temperature() -> None:
+    fit = RoutingFit(0.05, 0.12, 0.9, 60)
+    assert RoutingFit.from_dict(fit.to_dict()) == fit
+    with pytest.raises(ValueError, match="temperature"):
+        RoutingFit.from_dict(fit.to_dict() | {"temperature": -1})
