@@ -147,7 +147,7 @@ def test_browser_shows_per_site_auc_and_routes_an_uploaded_scan(runs, tmp_path) 
                     expect(page.get_by_text("Not to be relied on")).to_be_visible()
                     expect(metrics.filter(has_text="Prediction")).to_have_count(0)
                 else:
-                    expect(page.get_by_text("Site probabilities")).to_be_visible()
+                    expect(page.get_by_text("Site probabilities", exact=True)).to_be_visible()
                     expect(metrics.filter(has_text="Prediction")).to_contain_text(
                         re.compile("normal|glaucoma")
                     )
