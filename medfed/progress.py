@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 from tqdm import tqdm
@@ -36,3 +36,16 @@ def bar(
 def counter(desc: str, total: int, *, show: bool = True, **kw: Any) -> tqdm:
     """A manual bar (``update``/``set_postfix``/``close``) for loops that are not iterables."""
     return tqdm(total=total, desc=desc, disable=not wanted(show), leave=False, **kw)
+
+
+def _line_to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def lines_instead(requested: bool = True) -> Callable[[str], None] | None:
+    """Where a bar was asked for but stderr is a log file or a pipe: a printer of one line per
+    step (a round, or every few) to stderr, so a long step is not silent; None where the bar
+    shows, or progress is off (``requested`` false, or ENV set)."""
+    if not requested or os.environ.get(ENV, "").strip() not in ("", "0") or wanted():
+        return None
+    return _line_to_stderr

@@ -224,7 +224,9 @@ def test_bench_speed_section_has_positive_side_by_side_figures(bench_run):
         expected = concurrent["seconds_per_round"] / engine["plain_seconds_per_round"]
         assert concurrent["ratio"] == pytest.approx(expected)
     assert speed["engine_overhead_larger_rounds"]["local_steps"] == LARGER_ROUND_STEPS
-    assert "every site at once" in (bench_run["out"] / "results.md").read_text(encoding="utf-8")
+    markdown = (bench_run["out"] / "results.md").read_text(encoding="utf-8")
+    assert "every site at once" in markdown
+    assert "| one_pass " in markdown and "density_ratio (default)" in markdown
     for modality in ("fundus", "ct"):
         data = speed["data_path"][modality]
         assert data["cache_misses"] == 0
@@ -234,6 +236,16 @@ def test_bench_speed_section_has_positive_side_by_side_figures(bench_run):
         assert routing["methods"]["feddrm"]["router"] == "density_ratio"
         assert routing["feddrm_density_ratio_ms_per_scan"] > 0
         assert routing["majority_vote_ms_per_scan"] > 0
+        # FedDRM's routers side by side: the m-pass default, the one-pass reading, the vote.
+        feddrm = routing["methods"]["feddrm"]["routers"]
+        assert {"density_ratio", "one_pass", "majority_vote"} <= set(feddrm)
+        assert feddrm["one_pass"]["forward_passes"] == 2
+        assert feddrm["density_ratio"]["forward_passes"] == (3 if modality == "fundus" else 2)
+        for r in feddrm.values():
+            assert 0 < r["ms_low"] <= r["ms_per_scan"] <= r["ms_high"]
+            assert r["system_accuracy"]["n"] > 0
+        assert feddrm["majority_vote"]["routing_accuracy"] is None  # a vote sends no scan anywhere
+        assert feddrm["one_pass"]["routing_accuracy"]["n"] > 0
         figures = speed["bytes"][modality]
         assert figures["baseline_bytes_per_round"] > 0
         assert figures["methods"]["fedavg"]["ratio_to_baseline"] == 1.0

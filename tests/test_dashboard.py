@@ -255,7 +255,8 @@ def test_federation_page_puts_each_methods_per_site_auc_side_by_side(monkeypatch
             assert f"Worst site of {method}, {warning}" in texts(at, "caption")
         figures_ = at.table[1].value
         assert figures_.loc["worst site", method] == summary["worst_site"]
-        assert figures_.loc["system accuracy", method] == f"{summary['system_accuracy']:.3f}"
+        system = f"{summary['system_accuracy']:.3f}"
+        assert figures_.loc["system accuracy at op. point", method] == system
         assert figures_.loc["AUC Gini", method] == f"{summary['auc_gini']:.3f}"
 
 
@@ -358,7 +359,8 @@ def test_per_site_table_shows_cis_counts_and_flags_a_site_with_4_positives(craft
     assert pooled_row["clinical"] == "0.820 (0.710\u20130.890), I\u00b2 35% over 3 sites"
     assert pooled_row["old"] == "n/a"
     assert federation.loc["worst site AUC (95% CI)", "clinical"] == "0.700 (0.450\u20130.920)"
-    assert federation.loc["system accuracy (95% CI)", "clinical"] == wilson_text(280, 350)
+    system = federation.loc["system accuracy at op. point (95% CI)", "clinical"]
+    assert system == wilson_text(280, 350)
 
     bars = next(f for f in figures(at) if f["data"][0]["type"] == "bar")
     clinical = next(t for t in bars["data"] if t["name"] == "clinical")
@@ -419,11 +421,11 @@ def test_cross_site_heatmap_and_both_protocols(crafted_page) -> None:
     assert cells["customdata"][1][0][:2] == ["0.690", "120"]  # accuracy and scans in hover
     assert "accuracy" in cells["hovertemplate"]
 
-    systems = table_with(at, "system accuracy")
+    systems = table_with(at, "system accuracy at op. point")
     unknown = systems.loc[("origin unknown", "density_ratio (default)")]
     known = systems.loc[("origin known", "density_ratio (default)")]
-    assert unknown["system accuracy"] == wilson_text(280, 350)
-    assert known["system accuracy"] == wilson_text(300, 350)
+    assert unknown["system accuracy at op. point"] == wilson_text(280, 350)
+    assert known["system accuracy at op. point"] == wilson_text(300, 350)
     assert known["sensitivity"] == wilson_text(70, 88)
     assert systems.loc[("origin unknown", "majority_vote"), "routing accuracy"] == "n/a"
 
@@ -441,10 +443,9 @@ def test_a_run_written_before_the_clinical_figures_shows_n_a(monkeypatch, crafte
     for missing in ("no operating points", "no calibration figures", "no cross-site figures"):
         assert missing in info
     assert "no ROC curve (summary.json holds no ROC points" in info
-    systems = table_with(at, "system accuracy")
-    assert systems.loc[("origin unknown", "density_ratio (default)"), "system accuracy"] == (
-        "0.800 (CI n/a)"
-    )
+    systems = table_with(at, "system accuracy at op. point")
+    at_op = "system accuracy at op. point"
+    assert systems.loc[("origin unknown", "density_ratio (default)"), at_op] == ("0.800 (CI n/a)")
     assert "no origin-known figures" in texts(at, "caption")
 
 

@@ -34,6 +34,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: dashboard/app.py is here
 SITES = ("acrima", "refuge", "rimone")
 START_TIMEOUT_S = 90
+READ = "glaucoma"  # the demo federation's positive class, as a reader picks it
 CI = re.compile(r"\d\.\d{3} \(\d\.\d{3}\u2013\d\.\d{3}\)")  # 0.840 (0.780–0.900)
 
 
@@ -154,6 +155,28 @@ def test_browser_shows_per_site_auc_and_routes_an_uploaded_scan(runs, tmp_path) 
                 expect(page.get_by_text("1 of 1 routed scans")).to_be_visible()
                 shown = chosen.inner_text()
                 page.screenshot(path=str(tmp_path / "routing.png"))
+
+                # The uploaded scan is read on Review: its kept copy is the picture shown.
+                page.get_by_role("link", name="Review").click()
+                expect(page.get_by_role("heading", name="Review", exact=True)).to_be_visible()
+                name = page.get_by_role("textbox", name="Your name (recorded with every read)")
+                name.fill("dr.upload")
+                name.press("Enter")
+                expect(page.get_by_text("Give your name above")).to_have_count(0)
+                expect(page.get_by_text(f"Scan 1: {photo.name}")).to_be_visible()
+                picture = page.locator('[data-testid="stImage"] img').first
+                expect(picture).to_be_visible()
+                page.wait_for_function(
+                    "img => img.complete && img.naturalWidth > 0", arg=picture.element_handle()
+                )
+                expect(page.get_by_text("No picture")).to_have_count(0)
+                form = page.locator('[data-testid="stForm"]').first
+                form.locator('[data-testid="stRadio"]').get_by_text(READ, exact=True).click()
+                form.get_by_role("button", name="Record read").click()
+                expect(
+                    page.get_by_text(f"Recorded: scan 1 read as {READ} by dr.upload")
+                ).to_be_visible()
+                page.screenshot(path=str(tmp_path / "review_upload.png"), full_page=True)
             finally:
                 browser.close()
     finally:
@@ -163,7 +186,11 @@ def test_browser_shows_per_site_auc_and_routes_an_uploaded_scan(runs, tmp_path) 
     assert [e.file for e in entries] == [photo.name]
     assert (runs.feddrm / "review" / "scans" / entries[0].sha256 / photo.name).is_file()
     assert (entries[0].chosen_site or "abstain") in shown  # the page showed what was logged
-    for shot in ("federation.png", "routing.png"):
+    reads = AuditLog(runs.feddrm).reads()
+    assert [(r.routed_id, r.reader, r.read, r.source) for r in reads] == [
+        (1, "dr.upload", READ, "dashboard")
+    ]
+    for shot in ("federation.png", "routing.png", "review_upload.png"):
         assert (tmp_path / shot).stat().st_size > 10_000
 
 

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from medfed.cli import app
 from medfed.config import TrainConfig
 from medfed.data.records import Split
+from medfed.errors import ConfigError
 from medfed.federation.training import train
 from medfed.serving.audit import AuditEntry, AuditLog
 from medfed.serving.bundle import SiteOutputs, TrainedFederation
@@ -25,6 +26,8 @@ from medfed.serving.routers import (
     MajorityVoteRouter,
     MaxConfidenceRouter,
     SoftRouter,
+    make_router,
+    routers_for,
 )
 from tests.tensorsites import tensor_sites
 
@@ -137,14 +140,48 @@ def test_abstention_fires_on_noise_and_another_modality_not_on_held_out_scans(te
 
 def test_evaluate_reports_every_router_with_latency(tensor_run):
     out, _, summary = tensor_run
-    assert set(summary["routers"]) == {"density_ratio", "soft", "majority_vote", "max_confidence"}
-    dr, mv = summary["routers"]["density_ratio"], summary["routers"]["majority_vote"]
+    routers = summary["routers"]
+    assert set(routers) == {"density_ratio", "one_pass", "soft", "majority_vote", "max_confidence"}
+    dr, mv = routers["density_ratio"], routers["majority_vote"]
     # FedDRM keeps its backbone norms on each site: every site's own model judges the scan.
     assert dr["forward_passes"] == 3 and mv["forward_passes"] == 3
-    assert dr["latency_ms_per_scan"] > 0 and mv["latency_ms_per_scan"] > 0
+    assert routers["one_pass"]["forward_passes"] == 2
+    for r in routers.values():  # the median with its distribution-free interval
+        assert 0 < r["latency_ms_low"] <= r["latency_ms_per_scan"] <= r["latency_ms_high"]
     result = runner.invoke(app, ["evaluate", str(out)])
     assert result.exit_code == 0 and "density_ratio" in result.output
-    assert "ms per scan" in result.output
+    assert "ms per scan (95% CI)" in result.output and "one_pass" in result.output
+
+
+def test_one_pass_router_reads_one_site_model_and_runs_only_the_chosen_ones(tensor_run):
+    out, sites, summary = tensor_run
+    fed = TrainedFederation.load(out, "cpu")
+    fit = fed.routing
+    assert fit.one_pass_site in range(3) and fit.one_pass_temperature > 0
+    views = [torch.cat([o.as_seen_by(m, Split.TEST) for o in sites]) for m in sites]
+    everything = fed.outputs(views)
+    router = make_router("one_pass", fed)
+    lean = router.route(fed, views)  # only the routing site's model and the chosen sites'
+    full = router.answer(fed, everything)  # the same decision from every model's outputs
+    assert lean.routed.tolist() == full.routed.tolist()
+    assert lean.class_probs == pytest.approx(full.class_probs, abs=1e-5)
+    assert lean.abstained.tolist() == full.abstained.tolist()
+    # Its posterior is the routing site's own density ratio at the published temperature.
+    own = everything.client_logits[fit.one_pass_site]
+    z = own - np.log(np.exp(own).sum(axis=1, keepdims=True)) - np.log(fed.priors)
+    expected = np.exp((z - z.max(axis=1, keepdims=True)) / fit.one_pass_temperature)
+    assert lean.site_probs == pytest.approx(expected / expected.sum(axis=1, keepdims=True))
+    # Its passes: the routing model once, then each chosen site's model on its scans only.
+    calls = []
+    real = fed.site_pass
+    fed.site_pass = lambda i, x: calls.append((i, x.shape[0])) or real(i, x)
+    router.route(fed, views)
+    assert calls[0] == (fit.one_pass_site, views[0].shape[0])
+    assert sum(n for _, n in calls[1:]) == int((lean.routed != fit.one_pass_site).sum())
+    # Measured beside the m-pass router under the same protocol: both in summary.json.
+    home = np.concatenate([[i] * s.n(Split.TEST) for i, s in enumerate(sites)])
+    accuracy = float((full.routed == home).mean())
+    assert summary["routers"]["one_pass"]["routing_accuracy"] == pytest.approx(accuracy)
 
 
 def test_a_federation_whose_sites_differ_only_in_heads_routes_in_one_batched_pass(tensor_run):
@@ -307,6 +344,9 @@ def test_a_model_published_without_a_routing_fit_routes_at_temperature_one(tenso
     (old / "model" / "model.json").write_text(json.dumps(info))
     fed = TrainedFederation.load(old, "cpu")
     assert fed.routing is None and fed.routing_temperature == 1.0
+    assert "one_pass" not in [r.name for r in routers_for(fed)]  # no routing site chosen
+    with pytest.raises(ConfigError, match="one_pass.*use density_ratio"):
+        make_router("one_pass", fed).route(fed, [torch.zeros(1, 3, 16, 16)] * 3)
     views = [torch.cat([o.as_seen_by(m, Split.TEST) for o in sites]) for m in sites]
     scores = DensityRatioRouter().scores(fed, fed.outputs(views))
     expected = np.exp(scores - scores.max(axis=1, keepdims=True))

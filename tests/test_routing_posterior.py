@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.stats import binom
 
 from medfed.metrics import (
     RoutingCalibration,
@@ -13,6 +14,7 @@ from medfed.metrics import (
     softmax_rows,
     top_margin,
 )
+from medfed.metrics.latency import median_interval
 from medfed.metrics.routing import nll
 from medfed.runs import RunDir
 from medfed.serving.bundle import RoutingFit
@@ -104,3 +106,25 @@ def test_routing_fit_round_trips_and_refuses_a_bad_temperature() -> None:
     assert RoutingFit.from_dict(fit.to_dict()) == fit
     with pytest.raises(ValueError, match="temperature"):
         RoutingFit.from_dict(fit.to_dict() | {"temperature": -1})
+
+
+def test_routing_fit_keeps_the_one_pass_site_and_refuses_a_bad_one() -> None:
+    fit = RoutingFit(0.05, 0.12, 0.9, 60, one_pass_site=2, one_pass_temperature=0.7)
+    assert RoutingFit.from_dict(fit.to_dict()) == fit
+    assert "one_pass_site" not in RoutingFit(0.05, 0.12, 0.9, 60).to_dict()  # as before
+    with pytest.raises(ValueError, match="one_pass"):
+        RoutingFit.from_dict(fit.to_dict() | {"one_pass_temperature": 0.0})
+
+
+def test_median_interval_is_the_sign_test_interval() -> None:
+    x = np.arange(18.0)[::-1]  # order does not matter
+    median, low, high = median_interval(x)
+    # n = 18: the 5th and 14th order statistics cover the median with probability >= 95%.
+    assert (median, low, high) == (8.5, 4.0, 13.0)
+    assert binom.cdf(4, 18, 0.5) * 2 <= 0.05 < binom.cdf(5, 18, 0.5) * 2
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None  # too few to reach 95%
+    assert median_interval([*range(6), np.nan]) == median_interval(range(6))
+    rng = np.random.default_rng(0)  # coverage of a skewed distribution's median
+    intervals = [median_interval(rng.exponential(size=18)) for _ in range(400)]
+    hits = [low <= np.log(2) <= high for _, low, high in intervals]
+    assert np.mean(hits) >= 0.93

@@ -23,6 +23,7 @@ from medfed.cli.common import (
 from medfed.cli.settings import given_settings, training_options
 from medfed.errors import ConfigError, ManifestError
 from medfed.fileio import check_not_in_run, check_out_file, check_out_folder
+from medfed.progress import lines_instead
 
 if TYPE_CHECKING:
     from medfed.config import RunConfigFile, SiteManifest
@@ -84,10 +85,6 @@ def _load_sites(
         f"no sites to train on: {where_sites}pass --sites a.toml b.toml "
         "(or --config RUN/config.toml, which lists the sites of that run)"
     )
-
-
-def _to_stderr(line: str) -> None:
-    typer.echo(line, err=True)
 
 
 def _print_outcome(summary: Any, out: Path, seconds: float) -> None:
@@ -191,7 +188,7 @@ def train(
         echo=typer.echo,
         lr_from_modality=lr_from_modality,
         # No bar in a log file or a pipe: a line per round (or every few) instead of silence.
-        say=_to_stderr if progress and not show else None,
+        say=lines_instead(progress),
     )
     _print_outcome(summary, out, time.perf_counter() - started)
 

@@ -17,6 +17,7 @@ import pandas as pd
 from medfed import reports
 from medfed.metrics import Interval, Proportion, unreliable
 from medfed.reports import NA, fmt
+from medfed.reports.evaluation import AT_OPERATING
 from medfed.reports.routing import CALIBRATION_HEADER, posterior_rows
 from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
 
@@ -321,10 +322,10 @@ PROTOCOLS = {
     "origin known": "routers_origin_known",
 }
 RATE_NAMES = {
-    "system_accuracy": "system accuracy",
+    "system_accuracy": f"system accuracy {AT_OPERATING}",
     "routing_accuracy": "routing accuracy",
     "abstain_rate": "abstain rate",
-    "answered_accuracy": "accuracy when answered",
+    "answered_accuracy": f"accuracy when answered {AT_OPERATING}",
     "sensitivity": "sensitivity",
     "specificity": "specificity",
 }

@@ -24,7 +24,7 @@ from medfed.data.cards import TO_FILL
 from medfed.errors import ConfigError
 from medfed.names import printable
 from medfed.reports import fmt
-from medfed.reports.evaluation import PRIVACY_COLUMNS, privacy_cells
+from medfed.reports.evaluation import AT_ARGMAX, AT_OPERATING, PRIVACY_COLUMNS, privacy_cells
 from medfed.runs import RunDir
 from medfed.runs.schema import DROPPED, OK, RoundRecord, Summary
 from medfed.serving.audit import AuditEntry
@@ -149,6 +149,8 @@ def undefined_aucs(summaries: Summaries) -> list[str]:
     return notes
 
 
+OP, ARGMAX = AT_OPERATING, AT_ARGMAX  # each accuracy row names its decision rule
+SYSTEM = "system_accuracy"
 FEDERATION_ROWS: tuple[tuple[str, Callable[[Summary], Any]], ...] = (
     ("mean site AUC", lambda s: s.federation.mean_site_auc),
     ("pooled AUC (random effects, 95% CI)", clinical.pooled_text),
@@ -162,15 +164,17 @@ FEDERATION_ROWS: tuple[tuple[str, Callable[[Summary], Any]], ...] = (
     ("AUC spread (std)", lambda s: s.federation.auc_std),
     ("AUC Gini", lambda s: s.federation.auc_gini),
     ("worst 10% AUC", lambda s: s.federation.worst10_auc),
-    ("average accuracy (weighted by scans)", lambda s: s.federation.average_accuracy),
+    (f"average accuracy {OP} (by test scans)", lambda s: s.average_accuracy_operating),
+    (f"average accuracy {OP} (by training scans)", lambda s: s.average_accuracy_operating_by_train),
+    (f"system accuracy {OP}", lambda s: s.system_accuracy),
+    (f"system accuracy {OP} (95% CI)", lambda s: clinical.default_router_rate(s, SYSTEM)),
+    (f"average accuracy {ARGMAX} (by test scans)", lambda s: s.federation.average_accuracy),
     (
-        "average accuracy (weighted by training scans)",
+        f"average accuracy {ARGMAX} (by training scans)",
         lambda s: s.federation.average_accuracy_by_train,
     ),
-    ("mean accuracy", lambda s: s.federation.mean_accuracy),
-    ("accuracy spread (std)", lambda s: s.federation.accuracy_std),
-    ("system accuracy", lambda s: s.system_accuracy),
-    ("system accuracy (95% CI)", lambda s: clinical.default_router_rate(s, "system_accuracy")),
+    (f"mean accuracy {ARGMAX}", lambda s: s.federation.mean_accuracy),
+    (f"accuracy spread {ARGMAX} (std)", lambda s: s.federation.accuracy_std),
     ("answered by", lambda s: s.routing_method),
     ("routing accuracy", lambda s: s.routing_accuracy),
     ("abstain rate", lambda s: s.abstain_rate),

@@ -8,9 +8,11 @@ from typing import Any
 
 from medfed.experiments.demo import REFERENCE, WARMUP_BASE, comparisons_markdown
 from medfed.experiments.paired import ORIGIN_KNOWN, ORIGIN_UNKNOWN, PROTOCOLS
+from medfed.metrics import Proportion
 from medfed.reports.comparisons import ci_cell, verdict_lines
 from medfed.reports.evaluation import AT_ARGMAX, AT_OPERATING, rules_note
 from medfed.reports.markdown import markdown_table
+from medfed.reports.text import rate_text
 
 
 def fixed(value: float | None, digits: int = 3) -> str:
@@ -213,10 +215,49 @@ def speed_markdown(speed: dict[str, Any]) -> str:
             for m, r in speed["routing_latency"].items()
         ],
     )
-    parts = [engine, data, routing, bytes_markdown(speed["bytes"])]
+    parts = [engine, data, routing]
+    runs = [f for r in speed["routing_latency"].values() for f in r["methods"].values()]
+    if any(len(f.get("routers") or {}) > 1 for f in runs):
+        parts.append(routing_cost_markdown(speed["routing_latency"]))
+    parts.append(bytes_markdown(speed["bytes"]))
     if speed.get("ct_backbones"):
         parts.append(backbones_markdown(speed["ct_backbones"]))
     return "\n\n".join(parts)
+
+
+def routing_cost_markdown(latency: dict[str, Any]) -> str:
+    """Every router of each run that routes (FedDRM, LoRA) on the first seed: forward passes
+    and milliseconds per scan (median, 95% interval) beside its routing and system accuracy
+    on the pooled test scans (origin unknown, Wilson 95% CIs); the majority vote of the same
+    run is the reference that needs no client head."""
+    rows = []
+    for modality, found in latency.items():
+        for method, figures in found["methods"].items():
+            routers = figures.get("routers") or {}
+            if len(routers) < 2:
+                continue  # a run that only votes: the routing table above has it
+            for name, r in routers.items():
+                low, high = r.get("ms_low"), r.get("ms_high")
+                ms = fixed(r["ms_per_scan"], 2)
+                if low is not None and high is not None:
+                    ms += f" ({fixed(low, 2)}\u2013{fixed(high, 2)})"
+                rows.append(
+                    [
+                        modality,
+                        method,
+                        f"{name} (default)" if name == figures["router"] else name,
+                        r["forward_passes"],
+                        ms,
+                        *(_rate(r.get(k)) for k in ("routing_accuracy", "system_accuracy")),
+                    ]
+                )
+    header = ["federation", "method", "router", "forward passes", "ms/scan (95% CI)"]
+    header += ["routing acc. (origin unknown)", f"system acc. {AT_OPERATING} (origin unknown)"]
+    return markdown_table(header, rows)
+
+
+def _rate(found: dict[str, Any] | None) -> str:
+    return rate_text(None if found is None else Proportion.from_dict(found))
 
 
 def _norm_family(norm: str) -> str:

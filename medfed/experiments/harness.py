@@ -22,6 +22,7 @@ from medfed.errors import ConfigError
 from medfed.experiments.paired import FIGURES_BY_KEY, Scans, figure_intervals, load_scans
 from medfed.federation.training import load_sites, train
 from medfed.fileio import fresh_folder
+from medfed.progress import lines_instead
 from medfed.reports.markdown import update_readme_section, write_results
 from medfed.runs import Summary
 
@@ -96,7 +97,8 @@ class Trained:
 
 def train_run(sites: list[Any], config: TrainConfig, folder: Path) -> Trained:
     """Train into ``folder``, emptied first of what an earlier run left there."""
-    summary = train(sites, config, fresh_folder(folder), progress=True)  # a rounds bar, as above
+    # a rounds bar, as above; a line every few rounds where no bar can show
+    summary = train(sites, config, fresh_folder(folder), progress=True, say=lines_instead())
     return Trained(summary, folder, load_scans(folder))
 
 

@@ -37,13 +37,14 @@ from medfed.federation.lanes import Lanes
 from medfed.federation.plan import default_backbone, initial_model
 from medfed.federation.site import cosine_lr, derive_seed
 from medfed.federation.training import train
+from medfed.metrics.latency import median_interval
 from medfed.models.backbones import SLICE_BACKBONES
 from medfed.models.device import DeviceSetup, resolve_device
 from medfed.models.fedmodel import ModelSpec
 from medfed.runs import RunDir
 from medfed.serving.bundle import TrainedFederation
 from medfed.serving.evaluation import pooled_views
-from medfed.serving.routers import default_router
+from medfed.serving.routers import Router, default_router, routers_for
 
 ENGINE_OVERHEAD_GOAL = 1.05
 # Every site of the round at once, the cores divided between them, against the plain loop.
@@ -260,27 +261,52 @@ def _one_epoch(tensors: list[NormalizedView], batch_size: int = 32) -> None:
 def routing_latency(
     run_dirs: dict[str, Path], sites: list[SiteData], *, scans: int = 32
 ) -> dict[str, Any]:
-    """Median milliseconds to answer one scan with each run's default router."""
+    """Median milliseconds (with its 95% interval) to answer one scan with each run's default
+    router; for a run that routes (FedDRM, LoRA), every router it offers, each beside the
+    routing and system accuracy its run measured on the pooled test scans (origin unknown)."""
     views = pooled_views(sites, Split.TEST)
     n = min(scans, int(views[0].shape[0]))
     methods = {}
     for method, run in run_dirs.items():
         fed = TrainedFederation.load(run)
-        router = default_router(fed)
-        times = []
-        for k in range(-2, n):  # two warm-up scans
-            one = [v[k % n : k % n + 1] for v in views]
-            start = time.perf_counter()
-            router.route(fed, one)
-            if k >= 0:
-                times.append(time.perf_counter() - start)
+        default = default_router(fed)
+        routers = {r.name: r for r in (routers_for(fed) if fed.routes else [default])}
+        measured = {name: _timed(r, fed, views, n) for name, r in routers.items()}
+        summary = RunDir(run).read_summary()
+        for name, figures in measured.items():
+            found = summary.routers.get(name)
+            figures["forward_passes"] = routers[name].forward_passes(fed)
+            for rate in ("routing_accuracy", "system_accuracy"):
+                value = None if found is None else found.rates.get(rate)
+                figures[rate] = None if value is None else value.to_dict()
         methods[method] = {
-            "router": router.name,
-            # Sites that hold the same body (FedAvg, the paper's FedDRM) answer in one batched pass.
-            "forward_passes": 1 if fed.shared_body else len(fed.sites),
-            "ms_per_scan": 1000 * statistics.median(times),
+            "router": default.name,
+            "forward_passes": default.forward_passes(fed),
+            "ms_per_scan": measured[default.name]["ms_per_scan"],
+            "routers": measured,
         }
     return {"m_sites": len(sites), "scans": n, "methods": methods, **_router_summary(methods)}
+
+
+TIMED_ROUTES = 12  # at least this many timings per router: enough for the median's interval
+
+
+def _timed(
+    router: Router, fed: TrainedFederation, views: list[NormalizedView], n: int
+) -> dict[str, Any]:
+    """Milliseconds to route each of ``n`` scans alone (cycled to at least
+    :data:`TIMED_ROUTES` timings), after two warm-up scans: the median and its
+    distribution-free 95% interval."""
+    times = []
+    for k in range(-2, max(n, TIMED_ROUTES)):
+        one = [v[k % n : k % n + 1] for v in views]
+        start = time.perf_counter()
+        router.route(fed, one)
+        if k >= 0:
+            times.append(1000 * (time.perf_counter() - start))
+    found = median_interval(times)
+    median, low, high = found if found else (statistics.median(times), None, None)
+    return {"ms_per_scan": median, "ms_low": low, "ms_high": high}
 
 
 def _router_summary(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -179,7 +179,7 @@ def federation_lines(summary: Summary) -> list[str]:
         ),
         ("routing accuracy", summary.routing_accuracy),
         ("abstain rate", summary.abstain_rate),
-        ("bytes per round", summary.bytes_per_round),
+        ("bytes per round", human_bytes(summary.bytes_per_round)),
         ("seconds per round", summary.seconds_per_round),
         ("dropouts", summary.dropouts),
     ]
@@ -283,7 +283,7 @@ def routers_table(summary: Evaluation, protocol: str = ORIGIN_UNKNOWN) -> str:
     routers = _routers(summary, protocol)
     header = ["router", f"system acc. {AT_OPERATING}", "routing acc.", "abstain rate"]
     header += [f"answered acc. {AT_OPERATING}"]
-    header += ["sensitivity", "specificity", "forward passes", "ms per scan"]
+    header += ["sensitivity", "specificity", "forward passes", "ms per scan (95% CI)"]
     rows = []
     for name, r in routers.items():
         rows.append(
@@ -296,10 +296,18 @@ def routers_table(summary: Evaluation, protocol: str = ORIGIN_UNKNOWN) -> str:
                 rate_text(r.rates.get("sensitivity")),
                 rate_text(r.rates.get("specificity")),
                 r.forward_passes,
-                r.latency_ms_per_scan,
+                latency_text(r),
             ]
         )
     return markdown_table(header, rows)
+
+
+def latency_text(r: RouterFigures) -> str:
+    """``3.29 (3.10–3.52)``: the median milliseconds per scan with its 95% interval."""
+    if r.latency_ms_low is None or r.latency_ms_high is None:
+        return fmt(r.latency_ms_per_scan, 2)
+    low, high = fmt(r.latency_ms_low, 2), fmt(r.latency_ms_high, 2)
+    return f"{fmt(r.latency_ms_per_scan, 2)} ({low}\u2013{high})"
 
 
 def _routers(summary: Evaluation, protocol: str) -> dict[str, RouterFigures]:

@@ -38,6 +38,7 @@ from medfed.reports.evaluation import (
     PROTOCOLS,
     auc_text,
     class_counts,
+    latency_text,
     privacy_cells,
     rules_note,
     system_by_site_rows,
@@ -456,11 +457,11 @@ def _routing_section(runs: Sequence[StudyRun]) -> list[Html]:
                         label,
                         *(rate_cell(r.rates.get(k), getattr(r, k, None)) for k in ROUTER_RATES),
                         r.forward_passes,
-                        fmt(r.latency_ms_per_scan, 2),
+                        latency_text(r),
                     ]
                 )
             header = ["router", *(RATE_NAMES.get(k, k) for k in ROUTER_RATES)]
-            header += ["forward passes", "ms per scan"]
+            header += ["forward passes", "ms per scan (95% CI)"]
             out.append(table(header, rows, caption=caption))
         out += posterior_tables(run.label, run.summary)
     return out

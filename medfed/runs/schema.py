@@ -138,6 +138,9 @@ class RouterFigures(Record):
     forward_passes: int = kinds.count()
     latency_ms_per_scan: float = kinds.amount()
     n_pooled: int = kinds.count()
+    # the median's distribution-free 95% interval; None with too few timings or in older runs
+    latency_ms_low: float | None = kinds.amount(None, omit_none=True)
+    latency_ms_high: float | None = kinds.amount(None, omit_none=True)
     rates: dict[str, Proportion] = field(default_factory=dict)
 
 

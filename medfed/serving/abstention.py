@@ -39,12 +39,21 @@ class Abstention:
 
     def scores(self, features: list[torch.Tensor]) -> np.ndarray:
         """(n,) distance to the closest site; ``features[i]`` is site model i's view."""
-        per_site = []
-        for f, mean, precision in zip(features, self.means, self.precisions, strict=True):
-            d = f.double() - mean.double()
-            per_site.append(((d @ precision.double()) * d).sum(dim=1))
-        closest = torch.stack(per_site, dim=1).min(dim=1).values
-        return closest.clamp_min(0).sqrt().cpu().numpy()  # rounding can dip just below 0
+        if len(features) != len(self.means):
+            raise ValueError(f"{len(features)} feature sets for {len(self.means)} sites")
+        return self.closest_of(dict(enumerate(features)))
+
+    def closest_of(self, features: dict[int, torch.Tensor]) -> np.ndarray:
+        """(n,) distance to the closest of the sites in ``features`` (site index: its model's
+        features of the scans): the one-pass router measures only the models it ran."""
+        per_site = [self.distance(i, f) for i, f in features.items()]
+        return np.stack(per_site, axis=1).min(axis=1)
+
+    def distance(self, site: int, features: torch.Tensor) -> np.ndarray:
+        """(n,) Mahalanobis distance of site ``site``'s model features to that site."""
+        d = features.double() - self.means[site].double()
+        squared = ((d @ self.precisions[site].double()) * d).sum(dim=1)
+        return squared.clamp_min(0).sqrt().cpu().numpy()  # rounding can dip just below 0
 
     def state(self) -> State:
         out: State = {}

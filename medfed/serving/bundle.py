@@ -113,20 +113,31 @@ class RoutingFit:
     the validation NLL of the true site). ``low_margin``: the top-2 margin of the calibrated
     posterior below which routing on validation was right less often than ``target``; the
     review queue takes it as its low-margin line. ``n_val``: validation scans it was fitted on.
-    A model without it (written before) routes at temperature 1."""
+    A model without it (written before) routes at temperature 1.
+
+    ``one_pass_site`` and ``one_pass_temperature``: the one-pass router reads the client head
+    of one site's model only; this is the site whose model alone routed the validation scans
+    best (by the NLL of the true site at its own fitted temperature). None for a federation
+    whose sites share everything but their target heads (one pass routes with all of them)."""
 
     temperature: float
     low_margin: float
     target: float
     n_val: int
+    one_pass_site: int | None = None
+    one_pass_temperature: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "temperature": self.temperature,
             "low_margin": self.low_margin,
             "target": self.target,
             "n_val": self.n_val,
         }
+        if self.one_pass_site is not None:
+            out["one_pass_site"] = self.one_pass_site
+            out["one_pass_temperature"] = self.one_pass_temperature
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RoutingFit:
@@ -136,7 +147,15 @@ class RoutingFit:
         low_margin = float(data["low_margin"])
         if not 0.0 <= low_margin <= 1.0:
             raise ValueError(f"routing low_margin {low_margin} is outside [0, 1]")
-        return cls(temperature, low_margin, float(data["target"]), int(data["n_val"]))
+        site, one_t = data.get("one_pass_site"), data.get("one_pass_temperature")
+        if site is not None:
+            site, one_t = int(site), float(one_t)
+            if site < 0 or not (np.isfinite(one_t) and one_t > 0):
+                raise ValueError(
+                    f"routing one_pass_site {site} / one_pass_temperature {one_t} are not a "
+                    "site index and a positive number"
+                )
+        return cls(temperature, low_margin, float(data["target"]), int(data["n_val"]), site, one_t)
 
 
 def manifest_from_dict(data: dict[str, Any]) -> SiteManifest:
@@ -212,8 +231,16 @@ class TrainedFederation:
 
     def site_outputs(self, index: int, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray | None]:
         """Class probabilities and client logits of site ``index``'s model on ``x``."""
-        probs, client, _ = run_model(self.models[index], x, self.setup, heads=None)
-        return probs, self._present(client)
+        probs, client, _ = self.site_pass(index, x)
+        return probs, client
+
+    @torch.no_grad()
+    def site_pass(
+        self, index: int, x: torch.Tensor
+    ) -> tuple[np.ndarray, np.ndarray | None, torch.Tensor]:
+        """Class probabilities, client logits and features of site ``index``'s model on ``x``."""
+        probs, client, feats = run_model(self.models[index], x, self.setup, heads=None)
+        return probs, self._present(client), feats
 
     def _present(self, client: np.ndarray | None) -> np.ndarray | None:
         """Client logits of the sites in this federation only."""
@@ -331,6 +358,8 @@ class TrainedFederation:
             abstention = Abstention.load(weights["abstention"], info["abstention"], len(sites))
         spec = ModelSpec.from_dict(info["spec"])
         routing = RoutingFit.from_dict(info["routing"]) if info.get("routing") else None
+        if routing is not None and (routing.one_pass_site or 0) >= len(sites):
+            raise ValueError(f"routing one_pass_site {routing.one_pass_site} is not a site here")
         return cls(
             spec, info["algorithm"], sites, states, resolve_device(device), abstention, routing
         )

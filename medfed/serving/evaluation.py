@@ -42,6 +42,7 @@ from medfed.metrics import (
     unreliable,
     wilson,
 )
+from medfed.metrics.latency import median_interval
 from medfed.runs.schema import (
     ROUTER_RATES,
     CrossSiteCell,
@@ -293,6 +294,7 @@ def _router_figures(
         rates = _rates(total, routes)
         if len(fed.class_names()) != 2:
             rates.pop("sensitivity"), rates.pop("specificity")
+        timing = median_interval(latency)
         figures[router.name] = RouterFigures(
             system_accuracy=rates["system_accuracy"].value,
             routing_accuracy=rates["routing_accuracy"].value if routes else None,
@@ -301,6 +303,8 @@ def _router_figures(
             forward_passes=router.forward_passes(fed),
             latency_ms_per_scan=float(np.median(latency)) if latency else float("nan"),
             n_pooled=total["n"],
+            latency_ms_low=None if timing is None else timing[1],
+            latency_ms_high=None if timing is None else timing[2],
             rates=rates,
         )
     return figures

@@ -8,6 +8,9 @@ preprocessing) and returns per-site probabilities, the chosen site (or abstain) 
   differ); site probabilities are the softmax of the scores; the chosen site's target head
   answers. With one view and one model this is the paper's client logit_i - log(pi_i). When only
   the target heads differ between sites this is one batched forward pass;
+- ``one_pass`` (FedDRM): the density ratio read from one site model's client head (chosen on
+  the validation scans at publish time), then the chosen site's model answers: two forward
+  passes at most, however many sites, as the reference method's one shared model routes;
 - ``soft`` (FedDRM): as density_ratio, but the answer mixes the top sites' predictions by their
   probability;
 - ``majority_vote`` (baselines): every site model answers (m forward passes), the majority wins;
@@ -109,7 +112,11 @@ class Router:
         raise NotImplementedError
 
     def predict(
-        self, fed: TrainedFederation, answer: np.ndarray, site_probs: np.ndarray, out: SiteOutputs
+        self,
+        fed: TrainedFederation,
+        answer: np.ndarray,
+        site_probs: np.ndarray,
+        out: SiteOutputs | None,
     ) -> np.ndarray:
         """The answer's class per scan: for a two-class task whose sites have operating points,
         positive iff P(positive) reaches the answering site's threshold; otherwise the most
@@ -132,9 +139,21 @@ class Router:
     def answer(self, fed: TrainedFederation, out: SiteOutputs) -> RouteResult:
         """The decision from every site's outputs (computed once, shared between routers)."""
         site_probs, routed, class_probs = self.decide(fed, out)
+        score = None if fed.abstention is None else fed.abstention.scores(out.features)
+        return self.result(fed, site_probs, routed, class_probs, score, out)
+
+    def result(
+        self,
+        fed: TrainedFederation,
+        site_probs: np.ndarray,
+        routed: np.ndarray,
+        class_probs: np.ndarray,
+        score: np.ndarray | None,
+        out: SiteOutputs | None,
+    ) -> RouteResult:
+        """The result of a decision, with abstention by ``score`` (None: never abstains)."""
         n = class_probs.shape[0]
-        if fed.abstention is not None:
-            score = fed.abstention.scores(out.features)
+        if score is not None and fed.abstention is not None:
             abstained = ~(score <= fed.abstention.threshold)  # a NaN score never routes
         else:
             score, abstained = np.full(n, np.nan), np.zeros(n, dtype=bool)
@@ -193,6 +212,72 @@ class SoftRouter(DensityRatioRouter):
         return self.weights(site_probs) @ thresholds
 
 
+class OnePassRouter(Router):
+    """FedDRM's density ratio read from one site model's client head, as the reference method
+    routes with its one shared model: that model's pass gives P(site | scan) for every site,
+    and the chosen site's model answers. Two forward passes at most, whatever the number of
+    sites (one when the routing site is chosen). The routing site and its temperature were
+    chosen on the validation scans when the model was published (``RoutingFit``). Abstention
+    measures the distance to the routing and the chosen sites only: the models it ran."""
+
+    name = "one_pass"
+    summary = "FedDRM: one site model's client head routes, the chosen site answers (<= 2 passes)"
+    needs_client_head = True
+
+    def forward_passes(self, fed: TrainedFederation) -> int:
+        return 1 if fed.shared_body else 2
+
+    def routing_site(self, fed: TrainedFederation) -> tuple[int, float]:
+        fit = fed.routing
+        if fit is None or fit.one_pass_site is None or fit.one_pass_temperature is None:
+            raise ConfigError(
+                "router 'one_pass' needs the routing site chosen when the model was published; "
+                "this model has none (published before it, or its sites share one model): "
+                "use density_ratio"
+            )
+        return fit.one_pass_site, fit.one_pass_temperature
+
+    def posterior(self, fed: TrainedFederation, client_logits: np.ndarray):
+        """(site probabilities (n, K), routed (n,)) from the routing site's client logits."""
+        _, temperature = self.routing_site(fed)
+        scores = density_ratio_scores(log_softmax(client_logits), fed.priors)
+        return softmax(scores / temperature), scores.argmax(axis=1)
+
+    def decide(self, fed, out):
+        site, _ = self.routing_site(fed)
+        site_probs, routed = self.posterior(fed, out.client_logits[site])
+        return site_probs, routed, _pick(out.class_probs, routed)
+
+    def answer(self, fed, out):
+        site_probs, routed, class_probs = self.decide(fed, out)
+        score = None
+        if fed.abstention is not None:
+            site, _ = self.routing_site(fed)
+            d = np.stack([fed.abstention.distance(i, f) for i, f in enumerate(out.features)])
+            n = np.arange(routed.shape[0])
+            score = np.minimum(d[site], d[routed, n])
+        return self.result(fed, site_probs, routed, class_probs, score, out)
+
+    def route(self, fed: TrainedFederation, views: list[torch.Tensor]) -> RouteResult:
+        """Runs the routing site's model, then each chosen site's model on its scans only."""
+        site, _ = self.routing_site(fed)
+        probs, client, feats = fed.site_pass(site, views[site])
+        site_probs, routed = self.posterior(fed, client)
+        class_probs = probs.copy()
+        distance = None if fed.abstention is None else fed.abstention.distance(site, feats)
+        for k in np.unique(routed):
+            if k == site:
+                continue
+            rows = np.flatnonzero(routed == k)
+            k_probs, _, k_feats = fed.site_pass(int(k), views[k][rows])
+            class_probs[rows] = k_probs
+            if distance is not None:
+                distance[rows] = np.minimum(
+                    distance[rows], fed.abstention.distance(int(k), k_feats)
+                )
+        return self.result(fed, site_probs, routed, class_probs, distance, None)
+
+
 class MajorityVoteRouter(Router):
     """Every site model votes; the site probabilities are each model's support for the winner.
 
@@ -240,13 +325,31 @@ class MaxConfidenceRouter(Router):
 
 
 ROUTERS: dict[str, type[Router]] = {
-    r.name: r for r in (DensityRatioRouter, SoftRouter, MajorityVoteRouter, MaxConfidenceRouter)
+    r.name: r
+    for r in (
+        DensityRatioRouter,
+        OnePassRouter,
+        SoftRouter,
+        MajorityVoteRouter,
+        MaxConfidenceRouter,
+    )
 }
+
+
+def one_pass_applies(fed: TrainedFederation) -> bool:
+    """The one-pass router needs a routing site chosen at publish time (none when the sites
+    share every weight but their target heads: density_ratio is one pass there already)."""
+    return fed.routes and fed.routing is not None and fed.routing.one_pass_site is not None
 
 
 def routers_for(fed: TrainedFederation) -> list[Router]:
     """Every router that applies to this federation (density ratio needs a client head)."""
-    return [cls() for cls in ROUTERS.values() if fed.routes or not cls.needs_client_head]
+    return [
+        cls()
+        for cls in ROUTERS.values()
+        if (fed.routes or not cls.needs_client_head)
+        and (cls is not OnePassRouter or one_pass_applies(fed))
+    ]
 
 
 def default_router(fed: TrainedFederation) -> Router:
