@@ -1,0 +1,123 @@
+"""The routing service and the PACS inboxes: ``medfed serve`` and ``medfed pacs ...``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from medfed.cli.common import SERVING, adder, friendly
+from medfed.config import DEVICES
+from medfed.errors import ConfigError, require_extra
+
+pacs_app = typer.Typer(
+    help="New scans from the hospital's PACS: a DICOMweb inbox, a DICOM listener, and the "
+    "routing service's load test.",
+    no_args_is_help=True,
+)
+
+RunsArg = Annotated[
+    list[Path], typer.Argument(help="Run directories written by 'medfed train'.")
+]
+RouterOpt = Annotated[str, typer.Option(help="auto or a router of 'medfed route --help'.")]
+DeviceOpt = Annotated[str, typer.Option(help=f"{', '.join(DEVICES)}.")]
+
+
+def _load(runs: list[Path], router: str, device: str) -> dict:
+    from medfed.pacs.api import Served
+    from medfed.serving.bundle import TrainedFederation
+    from medfed.serving.routers import make_router
+
+    served = {}
+    for path in runs:
+        name = path.resolve().name
+        if name in served:
+            raise ConfigError(f"{path}: two runs are named {name!r}; serve runs of distinct names")
+        fed = TrainedFederation.load(path, device)
+        served[name] = Served(name, path, fed, make_router(router, fed))
+    return served
+
+
+@friendly
+def serve(
+    runs: RunsArg,
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Address to listen on. Off loopback a bearer token is required and TLS is "
+            "served (--tls-cert, --tls-key); behind a reverse proxy, keep 127.0.0.1."
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.", min=1, max=65535)] = 8765,
+    router: RouterOpt = "auto",
+    device: DeviceOpt = "auto",
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="Bearer token file (made, owner-only, when missing). Required off loopback: "
+            "default FIRST_RUN/serve.token there; on loopback, only when given.",
+        ),
+    ] = None,
+    tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="TLS certificate (PEM).")] = (
+        None
+    ),
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="TLS private key (PEM).")] = None,
+    max_bytes: Annotated[int, typer.Option(help="Largest request (and unzipped series), bytes.")] = (
+        200 * 10**6
+    ),
+    max_pixels: Annotated[int, typer.Option(help="Most pixels (voxels) of one scan.")] = 100 * 10**6,
+    max_files: Annotated[int, typer.Option(help="Most files in one zipped series.")] = 2000,
+) -> None:
+    """Start the routing service: an HTTP API that answers scans as 'medfed route --json' does.
+
+    POST /route (the scan's bytes with ?name=FILE, or a form field 'file'), GET /health,
+    GET /model-card, GET /review-queue; ?run=NAME picks a run when several are served. Every
+    answer is in the run's audit log before it is sent."""
+    require_extra("fastapi", "serve", "medfed serve")
+    require_extra("uvicorn", "serve", "medfed serve")
+    import uvicorn
+
+    from medfed.pacs.api import create_app
+    from medfed.pacs.bearer import TOKEN_FILE, bearer_token, is_loopback
+    from medfed.pacs.uploads import Limits
+
+    limits = Limits(max_bytes, max_pixels, max_files)
+    if not runs:
+        raise ConfigError("name at least one run directory to serve")
+    local = is_loopback(host)
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError("give --tls-cert and --tls-key together")
+    if not local and tls_cert is None:
+        raise ConfigError(
+            f"--host {host} is not loopback: the service must serve TLS there (--tls-cert, "
+            "--tls-key), or listen on 127.0.0.1 behind a TLS reverse proxy"
+        )
+    for path in (tls_cert, tls_key):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{path}: no such file (a PEM file is needed)")
+    token = None
+    if token_file is not None or not local:
+        where = token_file or runs[0] / TOKEN_FILE
+        token, made = bearer_token(where)
+        typer.echo(f"bearer token {'written to' if made else 'read from'} {where} (owner-only)")
+    served = _load(runs, router, device)
+    app = create_app(served, limits, token)
+    scheme = "https" if tls_cert else "http"
+    typer.echo(f"serving {', '.join(served)} on {scheme}://{host}:{port}", err=True)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,  # request lines name no patient, but keep logs free of them all
+        ssl_certfile=str(tls_cert) if tls_cert else None,
+        ssl_keyfile=str(tls_key) if tls_key else None,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    add = adder(app, SERVING)
+    add(serve)
+    app.add_typer(pacs_app, name="pacs", rich_help_panel=SERVING)
