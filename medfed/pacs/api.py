@@ -21,6 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
 from medfed.errors import DataError, MedfedError
 from medfed.pacs.uploads import LimitError, Limits, unpack_upload
 from medfed.serving.audit import AuditError
@@ -45,8 +49,6 @@ class Served:
 
 
 def _error(status: int, detail: str) -> Any:
-    from fastapi.responses import JSONResponse
-
     return JSONResponse({"detail": detail}, status_code=status)
 
 
@@ -72,7 +74,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-async def _read_body(request: Any, limit: int) -> bytes | None:
+async def _read_body(request: Request, limit: int) -> bytes | None:
     """The request's bytes, or None when more than ``limit`` arrive."""
     chunks, size = [], 0
     async for chunk in request.stream():
@@ -83,10 +85,8 @@ async def _read_body(request: Any, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-async def _form_file(request: Any, body: bytes) -> tuple[str | None, bytes | None]:
+async def _form_file(request: Request, body: bytes) -> tuple[str | None, bytes | None]:
     """The form field ``file`` of a multipart request whose bytes are ``body``."""
-    from starlette.requests import Request
-
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": body, "more_body": False}
 
@@ -107,13 +107,9 @@ def _route_upload(served: Served, name: str, data: bytes, limits: Limits) -> dic
     return {**done.to_dict(), "run": served.name}
 
 
-def create_app(runs: dict[str, Served], limits: Limits, token: str | None) -> Any:
+def create_app(runs: dict[str, Served], limits: Limits, token: str | None) -> FastAPI:
     """The FastAPI application over ``runs`` (name -> Served); ``token``: the bearer token
     every request must carry (None: none needed, loopback only)."""
-    from fastapi import FastAPI, Request
-    from fastapi.concurrency import run_in_threadpool
-    from fastapi.responses import JSONResponse
-
     app = FastAPI(title="medfed routing service", docs_url=None, redoc_url=None)
 
     @app.middleware("http")
