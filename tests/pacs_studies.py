@@ -14,6 +14,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,7 @@ def fundus_photo(png: Path, patient: str, *, modality: str = "OP") -> Dataset:
     meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds = Dataset()
     ds.file_meta = meta
+    ds.preamble = b"\0" * 128  # a Part 10 file as STOW-RS sends it (dicomweb-client keeps it)
     _patient(ds, patient, generate_uid())
     ds.SOPClassUID = sop_class
     ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
@@ -81,7 +83,7 @@ def ct_series(folder: Path, patient: str, n: int = 4) -> list[Dataset]:
     """A CT study of one series of ``n`` 8x8 slices."""
     import pydicom
 
-    study, series = generate_uid(), generate_uid()
+    study, series = generate_uid(), _short_uid()  # write_ct_slice appends ".0" to the series
     out = []
     for k in range(n):
         pixels = np.full((8, 8), 40 + 10 * k, dtype=np.int16)
@@ -95,6 +97,10 @@ def ct_series(folder: Path, patient: str, n: int = 4) -> list[Dataset]:
         ds.InstanceNumber = k + 1
         out.append(ds)
     return out
+
+
+def _short_uid() -> str:
+    return f"2.25.{uuid.uuid4().int % 10**30}"
 
 
 @dataclass
@@ -138,6 +144,7 @@ def orthanc(tmp: Path) -> Iterator[Orthanc]:
         "Plugins": [str(DICOMWEB_PLUGIN)],
         "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
     }
+    tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "orthanc.json"
     path.write_text(json.dumps(config), encoding="utf-8")
     log = (tmp / "orthanc.log").open("w")

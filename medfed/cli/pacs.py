@@ -117,7 +117,68 @@ def serve(
     )
 
 
+def _inbox(run: Path, router: str, device: str, source: str):  # -> Inbox
+    from medfed.pacs.handling import Inbox
+    from medfed.serving.bundle import TrainedFederation
+    from medfed.serving.routers import make_router
+
+    fed = TrainedFederation.load(run, device)
+    return Inbox(run, fed, make_router(router, fed), source)
+
+
+def _token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    from medfed.pacs.bearer import bearer_token
+
+    if not path.is_file():
+        raise ConfigError(f"--token-file {path}: no such file")
+    return bearer_token(path)[0]
+
+
+@friendly
+def watch(
+    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    dicomweb: Annotated[
+        str,
+        typer.Option(
+            "--dicomweb",
+            help="The PACS's DICOMweb root (QIDO-RS, WADO-RS, STOW-RS), e.g. "
+            "https://pacs.example.org/dicom-web; plain http only on loopback.",
+        ),
+    ],
+    interval: Annotated[float, typer.Option(help="Seconds between polls.", min=1.0)] = 30.0,
+    polls: Annotated[
+        int | None, typer.Option(help="Stop after this many polls (default: run until stopped).")
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option("--token-file", help="Bearer token for the PACS (an owner-only file)."),
+    ] = None,
+    router: RouterOpt = "auto",
+    device: DeviceOpt = "auto",
+) -> None:
+    """Answer new studies in the PACS: search (QIDO-RS), fetch (WADO-RS), route, store the
+    answer back in each study as a DICOM Basic Text SR (STOW-RS).
+
+    Each scan (a CT series, or one photo) is answered once, also across restarts
+    (RUN/pacs.sqlite); series of another modality, and unreadable ones, are reported as
+    skipped, with why."""
+    require_extra("dicomweb_client", "serve", "medfed pacs watch")
+    from medfed.pacs.watcher import DicomwebWatcher, check_url
+
+    url = check_url(dicomweb)
+    watcher = DicomwebWatcher.connect(_inbox(run, router, device, url), url, _token(token_file))
+    typer.echo(f"watching {url} for {watcher.inbox.fed.modality} studies", err=True)
+    try:
+        watcher.watch(interval, typer.echo, polls)
+    except KeyboardInterrupt:
+        typer.echo("stopped", err=True)
+
+
 def register(app: typer.Typer) -> None:
+    pacs_add = adder(pacs_app)
+    pacs_add(watch)
     add = adder(app, SERVING)
     add(serve)
     app.add_typer(pacs_app, name="pacs", rich_help_panel=SERVING)

@@ -1,0 +1,145 @@
+"""The DICOMweb inbox against a real Orthanc on loopback: 5 fundus photos and 2 CT studies are
+stored, the watcher answers each fundus study once and stores the answer back (read back from
+Orthanc), skips the CT studies saying why, and a restarted watcher answers nothing twice."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from medfed.cli import app as cli
+from tests.badinput import Shared
+from tests.pacs_studies import DICOMWEB_PLUGIN, ct_series, fundus_photo, orthanc
+
+pytest.importorskip("dicomweb_client")
+pytestmark = pytest.mark.skipif(
+    shutil.which("Orthanc") is None or not DICOMWEB_PLUGIN.exists(),
+    reason="needs Orthanc and its DICOMweb plugin (Debian packages orthanc, orthanc-dicomweb)",
+)
+
+
+def _reports(server, study: str) -> list:
+    from dicomweb_client.api import DICOMwebClient
+
+    client = DICOMwebClient(server.dicomweb)
+    found = client.search_for_series(study, search_filters={"Modality": "SR"})
+    reports = []
+    for series in found:
+        uid = series["0020000E"]["Value"][0]
+        reports += client.retrieve_series(study, uid)
+    return reports
+
+
+def _watch(run: Path, url: str) -> str:
+    argv = ["pacs", "watch", str(run), "--dicomweb", url, "--polls", "1", "--device", "cpu"]
+    result = CliRunner().invoke(cli, argv)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_watcher_answers_each_study_once_and_stores_the_answer_back(
+    shared: Shared, tmp_path: Path
+) -> None:
+    from medfed.pacs.answer import read_answer
+    from medfed.pacs.records import PacsLog
+    from medfed.serving.audit import AuditLog
+
+    run = shared.copy_run(tmp_path)
+    photos = sorted((shared.data / "ACRIMA").glob("*.jpg"))[:3]
+    photos += sorted((shared.data / "REFUGE").rglob("*.jpg"))[:2]
+    fundus = [fundus_photo(p, f"PF{i}", modality="OP" if i < 3 else "OT") for i, p in enumerate(photos)]
+    cts = [ct_series(tmp_path / "ct", f"PCT{i}") for i in range(2)]
+    with orthanc(tmp_path / "orthanc") as server:
+        server.store(fundus)
+        for series in cts:
+            server.store(series)
+        assert len(server.get("/studies")) == 7
+
+        first = _watch(run, server.dicomweb)
+
+        assert first.count("answered study") == 5, first
+        assert first.count("skipped study") == 2 and "wrong modality: CT" in first
+        log = PacsLog(run)
+        answered = log.scans("answered")
+        assert len(answered) == 5
+        audit = dict(AuditLog(run).records())
+        for ds in fundus:
+            study = str(ds.StudyInstanceUID)
+            reports = _reports(server, study)
+            assert len(reports) == 1, study
+            texts = read_answer(reports[0])
+            answer = json.loads(texts["json"])
+            scan = next(s for s in answered if s.study_uid == study)
+            assert answer["audit_id"] == scan.audit_id
+            assert audit[scan.audit_id].status == answer["status"]
+            assert audit[scan.audit_id].file == f"pacs:{scan.key}"
+            assert reports[0].PatientID == ds.PatientID
+            assert texts["status"] in ("routed", "abstained")
+        for series in cts:
+            assert _reports(server, str(series[0].StudyInstanceUID)) == []
+        rows = len(audit)
+
+        again = _watch(run, server.dicomweb)  # a restarted watcher
+
+        assert "answered" not in again and "skipped" not in again
+        assert len(AuditLog(run).records()) == rows
+        for ds in fundus:
+            assert len(_reports(server, str(ds.StudyInstanceUID))) == 1
+        assert log.checkpoint(server.dicomweb.rstrip("/")) == "20261201"
+
+
+def test_an_answer_stored_before_a_crash_is_sent_again_never_routed_again(
+    shared: Shared, tmp_path: Path
+) -> None:
+    from medfed.pacs.watcher import DicomwebWatcher
+    from medfed.pacs.handling import Inbox
+    from medfed.serving.audit import AuditLog
+    from medfed.serving.bundle import TrainedFederation
+    from medfed.serving.routers import make_router
+
+    run = shared.copy_run(tmp_path)
+    photo = sorted((shared.data / "ACRIMA").glob("*.jpg"))[0]
+    with orthanc(tmp_path / "orthanc") as server:
+        server.store([fundus_photo(photo, "PCRASH")])
+        fed = TrainedFederation.load(run, "cpu")
+        inbox = Inbox(run, fed, make_router("auto", fed), server.dicomweb)
+        watcher = DicomwebWatcher.connect(inbox, server.dicomweb)
+
+        def crash(report) -> None:
+            raise KeyboardInterrupt  # killed between the audit log and the PACS
+
+        watcher._store, real = crash, watcher._store
+        with pytest.raises(KeyboardInterrupt):
+            watcher.poll()
+        assert [s.status for s in inbox.log.scans()] == ["pending"]
+        watcher._store = real
+
+        outcomes = watcher.poll()
+
+        assert [o.scan.status for o in outcomes] == ["answered"]
+        assert len(AuditLog(run).records()) == 1
+
+
+def test_plain_http_to_another_machine_is_refused(shared: Shared) -> None:
+    argv = ["pacs", "watch", str(shared.run), "--dicomweb", "http://pacs.example.org/dicom-web"]
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code != 0 and "https" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_an_unreachable_pacs_is_a_warning_and_nothing_is_recorded(
+    shared: Shared, tmp_path: Path
+) -> None:
+    from medfed.pacs.records import PacsLog
+    from tests.pacs_studies import free_port
+
+    run = shared.copy_run(tmp_path)
+    output = _watch(run, f"http://127.0.0.1:{free_port()}/dicom-web")
+    assert "warning" in output and "Nothing was recorded" in output
+    assert PacsLog(run).scans() == []
