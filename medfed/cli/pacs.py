@@ -176,9 +176,79 @@ def watch(
         typer.echo("stopped", err=True)
 
 
+@friendly
+def listen(
+    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    allow: Annotated[
+        list[str],
+        typer.Option(
+            "--allow", help="Calling AE title allowed to store scans (repeat for each sender)."
+        ),
+    ],
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; off loopback, DICOM TLS is required.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="DICOM port.", min=1, max=65535)] = 11112,
+    ae_title: Annotated[str, typer.Option("--ae-title", help="This listener's AE title.")] = (
+        "MEDFED"
+    ),
+    quiet: Annotated[
+        float,
+        typer.Option(help="Seconds with no new instance after which a series is complete."),
+    ] = 10.0,
+    answer_to: Annotated[
+        str | None,
+        typer.Option(
+            "--answer-to",
+            help="Send each answer (Basic Text SR) by C-STORE to AE_TITLE@HOST:PORT (the "
+            "PACS); without it answers are kept in RUN/pacs/answers/.",
+        ),
+    ] = None,
+    tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="TLS certificate.")] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="TLS private key.")] = None,
+    router: RouterOpt = "auto",
+    device: DeviceOpt = "auto",
+) -> None:
+    """Listen for scans sent by DICOM (C-STORE) and answer each complete series.
+
+    Only the allowed calling AE titles may associate. A series is answered once no instance
+    of it arrived for --quiet seconds, once, with the same audit log and answer as
+    'medfed pacs watch'."""
+    require_extra("pynetdicom", "serve", "medfed pacs listen")
+    import ssl
+    import threading
+
+    from medfed.pacs.bearer import is_loopback
+    from medfed.pacs.listener import Listener, parse_destination
+
+    destination = parse_destination(answer_to) if answer_to else None
+    tls = None
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError("give --tls-cert and --tls-key together")
+    if tls_cert is not None:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(tls_cert, tls_key)
+    elif not is_loopback(host):
+        raise ConfigError(
+            f"--host {host} is not loopback: DICOM there must use TLS (--tls-cert, --tls-key)"
+        )
+    inbox = _inbox(run, router, device, f"{ae_title}@{host}:{port}")
+    listener = Listener(inbox, ae_title, tuple(allow), quiet, destination, typer.echo)
+    listener.start(host, port, tls)
+    typer.echo(f"listening as {ae_title} on {host}:{port} for {', '.join(allow)}", err=True)
+    try:
+        threading.Event().wait()  # until interrupted
+    except KeyboardInterrupt:
+        typer.echo("stopping: answering the series received so far", err=True)
+    finally:
+        listener.stop()
+        listener.flush(force=True)
+
+
 def register(app: typer.Typer) -> None:
     pacs_add = adder(pacs_app)
     pacs_add(watch)
+    pacs_add(listen)
     add = adder(app, SERVING)
     add(serve)
     app.add_typer(pacs_app, name="pacs", rich_help_panel=SERVING)

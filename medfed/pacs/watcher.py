@@ -63,7 +63,9 @@ class DicomwebWatcher:
         from dicomweb_client.api import DICOMwebClient
 
         headers = {"Authorization": f"Bearer {token}"} if token else None
-        return cls(inbox, DICOMwebClient(check_url(url), headers=headers))
+        client = DICOMwebClient(check_url(url), headers=headers)
+        client.set_http_retry_params(retry=False)  # the next poll is the retry
+        return cls(inbox, client)
 
     def _call(self, what: str, call: Callable[[], Any]) -> Any:
         import requests
