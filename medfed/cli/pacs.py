@@ -245,10 +245,51 @@ def listen(
         listener.flush(force=True)
 
 
+@friendly
+def load(
+    run: Annotated[Path, typer.Argument(help="A run directory (served from a copy).")],
+    scan: Annotated[Path, typer.Option("--scan", help="The scan every request sends.")],
+    clients: Annotated[int, typer.Option(help="Concurrent clients.", min=1)] = 8,
+    requests: Annotated[int, typer.Option(help="Requests per phase.", min=2)] = 200,
+    device: DeviceOpt = "cpu",
+    update_docs: Annotated[
+        Path | None,
+        typer.Option(
+            "--update-docs",
+            help="Write the table between the serve-load markers of this page (docs/pacs.md).",
+        ),
+    ] = None,
+) -> None:
+    """Load-test 'medfed serve' on loopback: throughput, p50/p99 latency, and lost answers
+    (accepted, no audit row), steadily and across a kill and restart mid-load."""
+    require_extra("httpx", "serve", "medfed pacs load")
+    from medfed.pacs.load import load_table, load_test
+    from medfed.reports.markdown import replace_marked_section
+
+    if update_docs is not None:
+        if not update_docs.is_file():
+            raise ConfigError(f"--update-docs {update_docs}: no such file")
+        text = update_docs.read_text(encoding="utf-8")
+        try:  # the markers are checked before the test runs
+            replace_marked_section(text, "serve-load", "")
+        except ValueError as exc:
+            raise ConfigError(f"--update-docs {update_docs}: {exc}") from None
+    results = load_test(run, scan, clients, requests, device, typer.echo)
+    table = load_table(results, scan)
+    typer.echo(table)
+    if update_docs is not None:
+        text = update_docs.read_text(encoding="utf-8")
+        update_docs.write_text(replace_marked_section(text, "serve-load", table), encoding="utf-8")
+        typer.echo(f"updated the serve-load section of {update_docs}")
+    if any(r.lost for r in results):
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     pacs_add = adder(pacs_app)
     pacs_add(watch)
     pacs_add(listen)
+    pacs_add(load)
     add = adder(app, SERVING)
     add(serve)
     app.add_typer(pacs_app, name="pacs", rich_help_panel=SERVING)
