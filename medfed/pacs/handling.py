@@ -123,7 +123,7 @@ class Inbox:
                 )
             except (DataError, OSError, ValueError, AttributeError) as exc:
                 return self.skip(ids, modality, f"unreadable: {exc}")
-            done = record_scan(self.fed, self.router, path, self.run, name=f"pacs:{ids.key}")
+            done = record_scan(self.fed, self.router, path, self.run, name=ids.name)
             if photo and done.entry.status != "error":
                 keep_scan(self.run, path, done.entry.sha256, "photo.png")
         scan = PacsScan(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,7 @@ DICOM_MODALITIES = {"fundus": PHOTO_MODALITIES, "ct": frozenset({"CT"})}
 # Objects medfed itself writes or that carry no image: never routed.
 NOT_IMAGES = frozenset({"SR", "DOC", "PR", "KO", "REG", "SEG"})
 _UID = re.compile(r"^[0-9.]{1,64}$")
+PACS_PREFIX = "pacs:"  # how the audit log names a scan from a PACS: pacs:STUDY/SERIES[/SOP]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,36 @@ class Ids:
     def key(self) -> str:
         """What is answered once: a CT series, or one photo."""
         return f"{self.study}/{self.series}" + (f"/{self.instance}" if self.instance else "")
+
+    @property
+    def name(self) -> str:
+        """The scan's name in the audit log (and so on the dashboard's pages)."""
+        return PACS_PREFIX + self.key
+
+
+def ids_from_name(name: str) -> Ids | None:
+    """The identifiers in an audit log name written by :attr:`Ids.name`, else None (an upload
+    or a file routed by path)."""
+    if not name.startswith(PACS_PREFIX):
+        return None
+    parts = name[len(PACS_PREFIX) :].split("/")
+    if len(parts) not in (2, 3) or not all(_UID.match(p) for p in parts):
+        return None
+    return Ids(parts[0], parts[1], parts[2] if len(parts) == 3 else None)
+
+
+def with_pacs_ids(table: Any) -> Any:
+    """``table`` (a DataFrame with a ``file`` column, as the dashboard's Routing and Review
+    pages show) with the study and series of each scan from a PACS beside its file (blank for
+    uploads and files); unchanged when none came from a PACS."""
+    ids = [ids_from_name(str(name)) for name in table["file"]]
+    if not any(ids):
+        return table
+    at = list(table.columns).index("file") + 1
+    table = table.copy()
+    table.insert(at, "study", [i.study if i else "" for i in ids])
+    table.insert(at + 1, "series", [i.series if i else "" for i in ids])
+    return table
 
 
 def uid(value: object, what: str) -> str:
