@@ -53,7 +53,9 @@ def test_watcher_answers_each_study_once_and_stores_the_answer_back(
     run = shared.copy_run(tmp_path)
     photos = sorted((shared.data / "ACRIMA").glob("*.jpg"))[:3]
     photos += sorted((shared.data / "REFUGE").rglob("*.jpg"))[:2]
-    fundus = [fundus_photo(p, f"PF{i}", modality="OP" if i < 3 else "OT") for i, p in enumerate(photos)]
+    fundus = [
+        fundus_photo(p, f"PF{i}", modality="OP" if i < 3 else "OT") for i, p in enumerate(photos)
+    ]
     cts = [ct_series(tmp_path / "ct", f"PCT{i}") for i in range(2)]
     with orthanc(tmp_path / "orthanc") as server:
         server.store(fundus)
@@ -97,8 +99,8 @@ def test_watcher_answers_each_study_once_and_stores_the_answer_back(
 def test_an_answer_stored_before_a_crash_is_sent_again_never_routed_again(
     shared: Shared, tmp_path: Path
 ) -> None:
-    from medfed.pacs.watcher import DicomwebWatcher
     from medfed.pacs.handling import Inbox
+    from medfed.pacs.watcher import DicomwebWatcher
     from medfed.serving.audit import AuditLog
     from medfed.serving.bundle import TrainedFederation
     from medfed.serving.routers import make_router

@@ -45,7 +45,9 @@ def pacs(tmp_path: Path):
     ae = AE(ae_title="PACS")
     ae.supported_contexts = [build_context("1.2.840.10008.5.1.4.1.1.88.11")]
     port = free_port()
-    server = ae.start_server(("127.0.0.1", port), block=False, evt_handlers=[(evt.EVT_C_STORE, keep)])
+    server = ae.start_server(
+        ("127.0.0.1", port), block=False, evt_handlers=[(evt.EVT_C_STORE, keep)]
+    )
     try:
         yield port, received
     finally:

@@ -17,9 +17,7 @@ pacs_app = typer.Typer(
     no_args_is_help=True,
 )
 
-RunsArg = Annotated[
-    list[Path], typer.Argument(help="Run directories written by 'medfed train'.")
-]
+RunsArg = Annotated[list[Path], typer.Argument(help="Run directories written by 'medfed train'.")]
 RouterOpt = Annotated[str, typer.Option(help="auto or a router of 'medfed route --help'.")]
 DeviceOpt = Annotated[str, typer.Option(help=f"{', '.join(DEVICES)}.")]
 
@@ -63,11 +61,14 @@ def serve(
     tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="TLS certificate (PEM).")] = (
         None
     ),
-    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="TLS private key (PEM).")] = None,
-    max_bytes: Annotated[int, typer.Option(help="Largest request (and unzipped series), bytes.")] = (
-        200 * 10**6
-    ),
-    max_pixels: Annotated[int, typer.Option(help="Most pixels (voxels) of one scan.")] = 100 * 10**6,
+    tls_key: Annotated[
+        Path | None, typer.Option("--tls-key", help="TLS private key (PEM).")
+    ] = None,
+    max_bytes: Annotated[
+        int, typer.Option(help="Largest request (and unzipped series), bytes.")
+    ] = (200 * 10**6),
+    max_pixels: Annotated[int, typer.Option(help="Most pixels (voxels) of one scan.")] = 100
+    * 10**6,
     max_files: Annotated[int, typer.Option(help="Most files in one zipped series.")] = 2000,
 ) -> None:
     """Start the routing service: an HTTP API that answers scans as 'medfed route --json' does.
@@ -79,7 +80,7 @@ def serve(
     require_extra("uvicorn", "serve", "medfed serve")
     import uvicorn
 
-    from medfed.pacs.api import create_app
+    from medfed.pacs.api import create_app, warm_up
     from medfed.pacs.bearer import TOKEN_FILE, bearer_token, is_loopback
     from medfed.pacs.uploads import Limits
 
@@ -103,6 +104,7 @@ def serve(
         token, made = bearer_token(where)
         typer.echo(f"bearer token {'written to' if made else 'read from'} {where} (owner-only)")
     served = _load(runs, router, device)
+    warm_up()  # before listening: the first patient does not wait for imports
     app = create_app(served, limits, token)
     scheme = "https" if tls_cert else "http"
     typer.echo(f"serving {', '.join(served)} on {scheme}://{host}:{port}", err=True)

@@ -78,8 +78,7 @@ def answer_texts(answer: dict[str, Any], run_name: str) -> dict[str, str]:
         "status": str(answer.get("status")),
         "site": str(answer.get("chosen_site") or "none (no site answers this scan)"),
         "prediction": (
-            f"{prediction} ({prob:.3f})" if prediction is not None and prob is not None
-            else "none"
+            f"{prediction} ({prob:.3f})" if prediction is not None and prob is not None else "none"
         ),
         "operating": str(answer.get("reason") or "n/a"),
         "posterior": posterior or "n/a",

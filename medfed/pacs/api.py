@@ -33,7 +33,7 @@ from medfed.serving.kept import keep_scan
 from medfed.serving.recorded import record_scan
 from medfed.serving.routers import Router
 
-__all__ = ["Served", "create_app"]
+__all__ = ["Served", "create_app", "warm_up"]
 
 _CHUNK = 1 << 16
 
@@ -56,8 +56,10 @@ def _pick(runs: dict[str, Served], name: str | None) -> Served:
     if name is None:
         if len(runs) == 1:
             return next(iter(runs.values()))
-        raise DataError(f"this service answers with {len(runs)} runs: name one with ?run=NAME "
-                        f"({', '.join(sorted(runs))})")
+        raise DataError(
+            f"this service answers with {len(runs)} runs: name one with ?run=NAME "
+            f"({', '.join(sorted(runs))})"
+        )
     if name not in runs:
         raise DataError(f"no run named {name!r} here; choose one of {', '.join(sorted(runs))}")
     return runs[name]
@@ -87,6 +89,7 @@ async def _read_body(request: Request, limit: int) -> bytes | None:
 
 async def _form_file(request: Request, body: bytes) -> tuple[str | None, bytes | None]:
     """The form field ``file`` of a multipart request whose bytes are ``body``."""
+
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": body, "more_body": False}
 
@@ -107,6 +110,12 @@ def _route_upload(served: Served, name: str, data: bytes, limits: Limits) -> dic
     return {**done.to_dict(), "run": served.name}
 
 
+def warm_up() -> None:
+    """Import what the first scan would otherwise wait for: MONAI's transforms, imported on
+    first use by the preprocessing pipelines (seconds on a small machine)."""
+    import monai.transforms  # noqa: F401
+
+
 def create_app(runs: dict[str, Served], limits: Limits, token: str | None) -> FastAPI:
     """The FastAPI application over ``runs`` (name -> Served); ``token``: the bearer token
     every request must carry (None: none needed, loopback only)."""
@@ -120,8 +129,11 @@ def create_app(runs: dict[str, Served], limits: Limits, token: str | None) -> Fa
                 return _error(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limits.max_bytes):
-            return _error(413, f"the request is over the {limits.max_bytes} bytes this service "
-                               "accepts (--max-bytes)")
+            return _error(
+                413,
+                f"the request is over the {limits.max_bytes} bytes this service "
+                "accepts (--max-bytes)",
+            )
         return await call_next(request)
 
     @app.get("/health")
@@ -155,13 +167,19 @@ def create_app(runs: dict[str, Served], limits: Limits, token: str | None) -> Fa
             return _error(404, str(exc))
         data = await _read_body(request, limits.max_bytes)
         if data is None:
-            return _error(413, f"the request is over the {limits.max_bytes} bytes this service "
-                               "accepts (--max-bytes)")
+            return _error(
+                413,
+                f"the request is over the {limits.max_bytes} bytes this service "
+                "accepts (--max-bytes)",
+            )
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
             name, data = await _form_file(request, data)
         if not name or data is None:
-            return _error(400, "no scan: send its bytes with ?name=FILE_NAME, or as the form "
-                               "field 'file' (multipart/form-data)")
+            return _error(
+                400,
+                "no scan: send its bytes with ?name=FILE_NAME, or as the form "
+                "field 'file' (multipart/form-data)",
+            )
         try:
             answer = await run_in_threadpool(_route_upload, served, name, data, limits)
         except AuditError as exc:
@@ -192,8 +210,15 @@ def _card(served: Served) -> dict[str, Any]:
     card: dict[str, Any] = {"run": served.name, **_describe(served)}
     if run.summary_path.is_file():
         summary = json.loads(run.summary_path.read_text(encoding="utf-8"))
-        keys = ("rounds", "mean_site_auc", "worst_site_auc", "worst_site", "average_accuracy",
-                "system_accuracy", "routing_accuracy")
+        keys = (
+            "rounds",
+            "mean_site_auc",
+            "worst_site_auc",
+            "worst_site",
+            "average_accuracy",
+            "system_accuracy",
+            "routing_accuracy",
+        )
         card["figures"] = {k: summary.get(k) for k in keys if k in summary}
         card["sites_figures"] = {
             site: {k: v for k, v in figures.items() if k in ("auc", "accuracy", "n_test")}

@@ -70,10 +70,7 @@ def ids_of(ds: Dataset, photo: bool) -> Ids:
 
 def wrong_modality(modality: str, fed_modality: str) -> str:
     wanted = "/".join(sorted(DICOM_MODALITIES.get(fed_modality, ())))
-    return (
-        f"wrong modality: {modality or 'none given'}; this run answers {fed_modality} "
-        f"({wanted})"
-    )
+    return f"wrong modality: {modality or 'none given'}; this run answers {fed_modality} ({wanted})"
 
 
 @dataclass

@@ -59,7 +59,9 @@ def parse_destination(text: str) -> Destination:
     title, at, rest = text.partition("@")
     host, colon, port = rest.rpartition(":")
     if not (at and colon and title.strip() and host and port.isdigit()):
-        raise ConfigError(f"--answer-to {text!r}: expected AE_TITLE@HOST:PORT, e.g. ORTHANC@pacs:4242")
+        raise ConfigError(
+            f"--answer-to {text!r}: expected AE_TITLE@HOST:PORT, e.g. ORTHANC@pacs:4242"
+        )
     if len(title.strip()) > 16:
         raise ConfigError(f"--answer-to {text!r}: an AE title has at most 16 characters")
     return Destination(title.strip(), host, int(port))
@@ -200,5 +202,6 @@ class Listener:
             assoc.release()
         code = getattr(status, "Status", None)
         if code != _SUCCESS:
-            raise SendError(f"{d.ae_title}@{d.host}:{d.port} did not store the answer "
-                            f"(status {code})")
+            raise SendError(
+                f"{d.ae_title}@{d.host}:{d.port} did not store the answer (status {code})"
+            )

@@ -43,7 +43,7 @@ class LoadResult:
     clients: int
     requests: int
     accepted: int = 0
-    refused: int = 0  # connection refused or dropped: retried, never answered
+    retries: int = 0  # requests sent again: the service was down (refused or dropped)
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
     lost: int = 0
@@ -136,11 +136,12 @@ def _phase(
                 while True:
                     began = time.perf_counter()
                     try:
-                        reply = http.post(f"{service.url}/route", params={"name": name},
-                                          content=data)
+                        reply = http.post(
+                            f"{service.url}/route", params={"name": name}, content=data
+                        )
                     except httpx.TransportError:
                         with lock:
-                            result.refused += 1
+                            result.retries += 1
                         time.sleep(0.2)
                         continue  # the service is down: try again until it is back
                     elapsed = time.perf_counter() - began
@@ -158,7 +159,7 @@ def _phase(
                             restarted.set()
                     else:
                         with lock:
-                            result.refused += 1
+                            result.retries += 1
                     break
 
     threads = [threading.Thread(target=client) for _ in range(result.clients)]
@@ -219,7 +220,11 @@ def describe(r: LoadResult) -> str:
         f"{r.phase}: {r.accepted}/{r.requests} answered by {r.clients} clients in "
         f"{r.seconds:.1f} s ({r.throughput:.1f}/s), p50 {r.percentile(50):.0f} ms, "
         f"p99 {r.percentile(99):.0f} ms, lost {r.lost}"
-        + (f", {r.restarts} kill and restart, {r.refused} refused while down" if r.restarts else "")
+        + (
+            f", {r.restarts} kill and restart, {r.retries} requests sent again while it was down"
+            if r.restarts
+            else ""
+        )
     )
 
 
@@ -236,10 +241,12 @@ def load_table(results: list[LoadResult], scan: Path) -> str:
             f"{r.percentile(50):.0f} | {r.percentile(99):.0f} | {r.lost} |"
         )
     cpus = os.cpu_count() or 0
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines += [
         "",
         f"One `medfed serve` process on 127.0.0.1 ({cpus} CPU cores, {platform.machine()}, "
-        f"Python {platform.python_version()}), each request the {scan.stat().st_size}-byte "
+        f"Python {platform.python_version()}; load average {load:.1f} at the end, other work "
+        f"included), each request the {scan.stat().st_size}-byte "
         f"scan `{scan.name}`; latency from request to answer at the client. *kill*: the "
         "service is killed (SIGKILL) after half the requests were answered and started again; "
         "clients send again what the dead service could not take. *lost*: answers given "

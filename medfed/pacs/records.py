@@ -17,7 +17,7 @@ from pathlib import Path
 
 from medfed.errors import MedfedError
 
-__all__ = ["PACS_FILE", "PacsLog", "PacsScan"]
+__all__ = ["PACS_FILE", "PacsLog", "PacsLogError", "PacsScan"]
 
 PACS_FILE = "pacs.sqlite"
 _SCHEMA = (
@@ -135,18 +135,3 @@ class PacsLog:
                 "INSERT OR REPLACE INTO checkpoints (source, study_date, time) VALUES (?, ?, ?)",
                 (source, study_date, now()),
             )
-
-
-def study_ids(run_dir: str | Path) -> dict[int, tuple[str, str]]:
-    """Audit id -> (study UID, series UID) of every scan that came from a PACS."""
-    path = Path(run_dir) / PACS_FILE
-    if not path.is_file():
-        return {}
-    try:
-        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)) as db:
-            rows = db.execute(
-                "SELECT audit_id, study_uid, series_uid FROM scans WHERE audit_id IS NOT NULL"
-            ).fetchall()
-    except sqlite3.Error:
-        return {}  # an unreadable PACS log hides the ids, never the routed scans
-    return {int(a): (str(s), str(r)) for a, s, r in rows}

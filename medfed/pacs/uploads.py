@@ -112,12 +112,16 @@ def _unzip(folder: Path, archive: Path, limits: Limits) -> Path:
         with zipfile.ZipFile(archive) as zipped:
             members = [m for m in zipped.infolist() if not m.is_dir()]
             if len(members) > limits.max_files:
-                raise LimitError(f"{archive.name}: {len(members)} files, over the limit of "
-                                 f"{limits.max_files} (--max-files)")
+                raise LimitError(
+                    f"{archive.name}: {len(members)} files, over the limit of "
+                    f"{limits.max_files} (--max-files)"
+                )
             unpacked = sum(m.file_size for m in members)
             if unpacked > limits.max_bytes:
-                raise LimitError(f"{archive.name}: unpacks to {unpacked} bytes, over the limit "
-                                 f"of {limits.max_bytes} (--max-bytes)")
+                raise LimitError(
+                    f"{archive.name}: unpacks to {unpacked} bytes, over the limit "
+                    f"of {limits.max_bytes} (--max-bytes)"
+                )
             out = folder / "series"
             out.mkdir()
             for i, member in enumerate(members):
@@ -140,8 +144,9 @@ def unpack_upload(folder: Path, name: str, data: bytes, limits: Limits) -> Path:
     them as an 'error' decision naming the file."""
     base = safe_name(name)
     if len(data) > limits.max_bytes:
-        raise LimitError(f"{base}: {len(data)} bytes, over the limit of {limits.max_bytes} "
-                         "(--max-bytes)")
+        raise LimitError(
+            f"{base}: {len(data)} bytes, over the limit of {limits.max_bytes} (--max-bytes)"
+        )
     path = folder / base
     path.write_bytes(data)
     lower = base.lower()

@@ -39,9 +39,7 @@ class Recorded:
 
 def _row_id(run_dir: Path, entry: AuditEntry) -> int:
     """The id of the newest row holding ``entry`` (just written under the lock)."""
-    query = (
-        "SELECT max(id) FROM routed WHERE time = ? AND file = ? AND sha256 = ? AND status = ?"
-    )
+    query = "SELECT max(id) FROM routed WHERE time = ? AND file = ? AND sha256 = ? AND status = ?"
     path = Path(run_dir) / AUDIT_FILE
     try:
         with closing(sqlite3.connect(path, timeout=30.0)) as db:
