@@ -1,6 +1,7 @@
-"""The DICOMweb inbox against a real Orthanc on loopback: 5 fundus photos and 2 CT studies are
-stored, the watcher answers each fundus study once and stores the answer back (read back from
-Orthanc), skips the CT studies saying why, and a restarted watcher answers nothing twice."""
+"""The DICOMweb inbox against a real Orthanc on loopback: 5 fundus photo studies and 2 CT
+studies are stored; the fundus run's watcher answers each fundus study once and skips the CT
+studies saying why, the CT run's watcher answers the CT studies; every answer is read back from
+Orthanc, and restarted watchers answer nothing twice."""
 
 from __future__ import annotations
 
@@ -13,13 +14,31 @@ from typer.testing import CliRunner
 
 from medfed.cli import app as cli
 from tests.badinput import Shared
-from tests.pacs_studies import DICOMWEB_PLUGIN, ct_series, fundus_photo, orthanc
+from tests.pacs_studies import DICOMWEB_PLUGIN, fundus_photo, orthanc
 
 pytest.importorskip("dicomweb_client")
 pytestmark = pytest.mark.skipif(
     shutil.which("Orthanc") is None or not DICOMWEB_PLUGIN.exists(),
     reason="needs Orthanc and its DICOMweb plugin (Debian packages orthanc, orthanc-dicomweb)",
 )
+
+
+@pytest.fixture(scope="module")
+def ct_run(tmp_path_factory) -> tuple[Path, list[list]]:
+    """A tiny CT federation (one round) and two of its synthetic CT series as studies."""
+    import pydicom
+
+    from medfed.config import TrainConfig
+    from medfed.data.synth import synthesize
+    from medfed.federation.training import load_sites, train
+
+    base = tmp_path_factory.mktemp("ct")
+    manifests = synthesize(base / "data", modality="ct", n_per_site=8, seed=1)
+    config = TrainConfig("fedavg", rounds=1, local_steps=1, batch_size=8, device="cpu")
+    train(load_sites(manifests, base / "cache"), config, base / "run_ct")
+    folders = sorted({p.parent for p in (base / "data" / "CT_DICOM").rglob("*.dcm")})[:2]
+    studies = [[pydicom.dcmread(p) for p in sorted(f.glob("*.dcm"))] for f in folders]
+    return base / "run_ct", studies
 
 
 def _reports(server, study: str) -> list:
@@ -44,7 +63,7 @@ def _watch(run: Path, url: str) -> str:
 
 
 def test_watcher_answers_each_study_once_and_stores_the_answer_back(
-    shared: Shared, tmp_path: Path
+    shared: Shared, ct_run, tmp_path: Path
 ) -> None:
     from medfed.pacs.answer import read_answer
     from medfed.pacs.records import PacsLog
@@ -56,7 +75,9 @@ def test_watcher_answers_each_study_once_and_stores_the_answer_back(
     fundus = [
         fundus_photo(p, f"PF{i}", modality="OP" if i < 3 else "OT") for i, p in enumerate(photos)
     ]
-    cts = [ct_series(tmp_path / "ct", f"PCT{i}") for i in range(2)]
+    ct_copy = tmp_path / "run_ct"
+    shutil.copytree(ct_run[0], ct_copy)
+    cts = ct_run[1]
     with orthanc(tmp_path / "orthanc") as server:
         server.store(fundus)
         for series in cts:
@@ -85,13 +106,25 @@ def test_watcher_answers_each_study_once_and_stores_the_answer_back(
             assert texts["status"] in ("routed", "abstained")
         for series in cts:
             assert _reports(server, str(series[0].StudyInstanceUID)) == []
-        rows = len(audit)
 
-        again = _watch(run, server.dicomweb)  # a restarted watcher
+        on_ct = _watch(ct_copy, server.dicomweb)  # the CT run's watcher
+
+        assert on_ct.count("answered study") == 2 and on_ct.count("skipped study") == 5
+        assert "wrong modality: OP" in on_ct and "wrong modality: OT" in on_ct
+        ct_scans = PacsLog(ct_copy).scans("answered")
+        for series in cts:
+            reports = _reports(server, str(series[0].StudyInstanceUID))
+            assert len(reports) == 1
+            answer = json.loads(read_answer(reports[0])["json"])
+            scan = next(s for s in ct_scans if s.study_uid == series[0].StudyInstanceUID)
+            assert answer["audit_id"] == scan.audit_id and answer["status"] != "error"
+        rows = len(audit), len(AuditLog(ct_copy).records())
+
+        again = _watch(run, server.dicomweb) + _watch(ct_copy, server.dicomweb)  # restarted
 
         assert "answered" not in again and "skipped" not in again
-        assert len(AuditLog(run).records()) == rows
-        for ds in fundus:
+        assert (len(AuditLog(run).records()), len(AuditLog(ct_copy).records())) == rows
+        for ds in [*fundus, *(series[0] for series in cts)]:
             assert len(_reports(server, str(ds.StudyInstanceUID))) == 1
         assert log.checkpoint(server.dicomweb.rstrip("/")) == "20261201"
 

@@ -181,3 +181,25 @@ def _zip(n: int) -> bytes:
         for i in range(n):
             zipped.writestr(f"{i}.dcm", b"x")
     return buffer.getvalue()
+
+
+def test_no_answer_is_sent_when_the_audit_log_cannot_record_it(shared: Shared, tmp_path) -> None:
+    from medfed.pacs.api import Served, create_app
+    from medfed.pacs.uploads import Limits
+    from medfed.serving.bundle import TrainedFederation
+    from medfed.serving.routers import make_router
+
+    run = shared.copy_run(tmp_path)
+    (run / "audit.sqlite").write_bytes(b"this is no database" * 100)
+    fed = TrainedFederation.load(run, "cpu")
+    client = TestClient(
+        create_app({"r": Served("r", run, fed, make_router("auto", fed))}, Limits(), None)
+    )
+    photo = _photo(shared)
+    answer = client.post("/route", params={"name": photo.name}, content=photo.read_bytes())
+    assert answer.status_code == 503
+    assert (
+        "not answered" in answer.json()["detail"]
+        and "not a SQLite database" in answer.json()["detail"]
+    )
+    assert "status" not in answer.json()
