@@ -178,3 +178,21 @@ def test_an_unreachable_pacs_is_a_warning_and_nothing_is_recorded(
     output = _watch(run, f"http://127.0.0.1:{free_port()}/dicom-web")
     assert "warning" in output and "Nothing was recorded" in output
     assert PacsLog(run).scans() == []
+
+
+def test_an_unreadable_photo_is_skipped_with_why_once(shared: Shared, tmp_path: Path) -> None:
+    from medfed.pacs.records import PacsLog
+
+    run = shared.copy_run(tmp_path)
+    photo = fundus_photo(sorted((shared.data / "ACRIMA").glob("*.jpg"))[0], "PBROKEN")
+    photo.PixelData = photo.PixelData[:100]  # cut short: the pixels cannot be decoded
+    with orthanc(tmp_path / "orthanc") as server:
+        server.store([photo])
+        first = _watch(run, server.dicomweb)
+        again = _watch(run, server.dicomweb)
+        assert _reports(server, str(photo.StudyInstanceUID)) == []
+    assert first.count("skipped study") == 1 and "unreadable" in first, first
+    assert "skipped" not in again
+    [scan] = PacsLog(run).scans()
+    assert scan.status == "skipped" and scan.instance_uid == photo.SOPInstanceUID
+    assert not (run / "audit.sqlite").exists()  # never routed

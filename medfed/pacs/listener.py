@@ -130,6 +130,7 @@ class Listener:
             ds.file_meta = event.file_meta
             if modality_of(ds) in NOT_IMAGES or ds.SOPClassUID == BASIC_TEXT_SR:
                 return _SUCCESS  # a report, e.g. an answer sent back to us: nothing to route
+            uid(ds.get("StudyInstanceUID"), "StudyInstanceUID")  # refused now, not later
             series = uid(ds.get("SeriesInstanceUID"), "SeriesInstanceUID")
             sop = uid(ds.get("SOPInstanceUID"), "SOPInstanceUID")
             folder = self.incoming / series
@@ -162,8 +163,9 @@ class Listener:
         for series in ready:
             try:
                 outcomes += self._answer(self.incoming / series)
-            except MedfedError as exc:  # kept: tried again after another quiet time
-                self.echo(f"warning: series {series}: {exc}")
+            except Exception as exc:  # kept: tried again after another quiet time
+                words = str(exc) if isinstance(exc, MedfedError) else repr(exc)
+                self.echo(f"warning: series {series}: {words}; tried again")
                 with self._lock:
                     self._seen.setdefault(series, time.monotonic())
         return outcomes

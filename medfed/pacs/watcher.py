@@ -136,8 +136,8 @@ class DicomwebWatcher:
         if not instances:
             return [inbox.skip(Ids(study, series), modality, "unreadable: the series is empty")]
         if photo:
-            return [self._one(inbox, [ds]) for ds in instances]
-        return [self._one(inbox, instances)]
+            return [self._one(Ids(study, series), modality, [ds]) for ds in instances]
+        return [self._one(Ids(study, series), modality, instances)]
 
     def _all_known(self, study: str, series: str) -> bool:
         """Whether every photo of the series was answered or skipped (no fetch needed)."""
@@ -149,13 +149,13 @@ class DicomwebWatcher:
         done = [self.inbox.log.get(k) for k in keys]
         return bool(keys) and all(d is not None and d.status != "pending" for d in done)
 
-    def _one(self, inbox: Inbox, instances: list[Dataset]) -> Outcome:
+    def _one(self, listed: Ids, modality: str, instances: list[Dataset]) -> Outcome:
+        """Answer one scan; one whose own UIDs are missing or malformed is skipped under the
+        series the PACS listed it in."""
         try:
-            return inbox.handle(instances, self._store)
-        except DataError as exc:  # a missing or malformed UID: nothing can be keyed
-            first = instances[0]
-            study = str(first.get("StudyInstanceUID", "?"))
-            raise DataError(f"{inbox.source}: study {study}: {exc}") from exc
+            return self.inbox.handle(instances, self._store)
+        except DataError as exc:
+            return self.inbox.skip(listed, modality, f"unreadable: {exc}")
 
     def _store(self, report: Dataset) -> None:
         self._call(
