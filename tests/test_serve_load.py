@@ -13,9 +13,9 @@ from medfed.cli import app
 from tests.badinput import Shared
 
 pytest.importorskip("fastapi")
-pytestmark = pytest.mark.slow  # starts medfed serve three times (~30 s)
 
 
+@pytest.mark.slow  # starts medfed serve three times (~45 s)
 def test_load_then_kill_and_restart_loses_no_answer(shared: Shared, tmp_path: Path) -> None:
     page = tmp_path / "pacs.md"
     page.write_text("# x\n<!-- serve-load:start -->\nold\n<!-- serve-load:end -->\nafter\n")
@@ -34,10 +34,22 @@ def test_load_then_kill_and_restart_loses_no_answer(shared: Shared, tmp_path: Pa
     assert not (shared.run / "audit.sqlite").exists()  # served from a copy
 
 
-def test_a_page_without_the_markers_is_refused_before_loading(shared: Shared, tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("page_text", "scan_name", "words"),
+    [
+        ("no markers\n", None, "serve-load:start"),
+        (None, None, "no such file"),
+        ("<!-- serve-load:start -->\n<!-- serve-load:end -->\n", "missing.jpg", "--scan"),
+    ],
+)
+def test_bad_load_settings_are_refused_before_loading(
+    shared: Shared, tmp_path, page_text, scan_name, words
+) -> None:
     page = tmp_path / "page.md"
-    page.write_text("no markers\n")
-    scan = sorted((shared.data / "ACRIMA").glob("*.jpg"))[0]
+    if page_text is not None:
+        page.write_text(page_text)
+    scan = tmp_path / scan_name if scan_name else sorted((shared.data / "ACRIMA").glob("*.jpg"))[0]
     argv = ["pacs", "load", str(shared.run), "--scan", str(scan), "--update-docs", str(page)]
     result = CliRunner().invoke(app, argv)
-    assert result.exit_code != 0 and "serve-load:start" in result.output
+    assert result.exit_code != 0 and words in result.output, result.output
+    assert "Traceback" not in result.output

@@ -12,8 +12,8 @@ from medfed.config import DEVICES
 from medfed.errors import ConfigError, require_extra
 
 pacs_app = typer.Typer(
-    help="New scans from the hospital's PACS: a DICOMweb inbox, a DICOM listener, and the "
-    "routing service's load test.",
+    help="New scans from the hospital's PACS: a DICOMweb inbox and a DICOM listener.\n\n"
+    "Also the routing service's load test (medfed pacs load).",
     no_args_is_help=True,
 )
 
@@ -160,10 +160,10 @@ def watch(
     router: RouterOpt = "auto",
     device: DeviceOpt = "auto",
 ) -> None:
-    """Answer new studies in the PACS: search (QIDO-RS), fetch (WADO-RS), route, store the
-    answer back in each study as a DICOM Basic Text SR (STOW-RS).
+    """Answer new studies in the PACS through DICOMweb, once each, beside each study.
 
-    Each scan (a CT series, or one photo) is answered once, also across restarts
+    Search (QIDO-RS), fetch (WADO-RS), route, and store the answer back in each study as a
+    DICOM Basic Text SR (STOW-RS). Each scan (a CT series, or one photo) is answered once, also across restarts
     (RUN/pacs.sqlite); series of another modality, and unreadable ones, are reported as
     skipped, with why."""
     require_extra("dicomweb_client", "serve", "medfed pacs watch")
@@ -262,8 +262,10 @@ def load(
         ),
     ] = None,
 ) -> None:
-    """Load-test 'medfed serve' on loopback: throughput, p50/p99 latency, and lost answers
-    (accepted, no audit row), steadily and across a kill and restart mid-load."""
+    """Load-test 'medfed serve' on loopback: throughput, p50/p99 latency, lost answers.
+
+    Lost: accepted requests with no audit row; measured steadily, then across a kill
+    (SIGKILL) and restart of the service mid-load."""
     require_extra("httpx", "serve", "medfed pacs load")
     from medfed.pacs.load import load_table, load_test
     from medfed.reports.markdown import replace_marked_section
