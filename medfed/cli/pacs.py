@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from medfed.cli.common import SERVING, adder, friendly
 from medfed.config import DEVICES
 from medfed.errors import ConfigError, require_extra
+from medfed.pacs import MAX_BYTES, MAX_FILES, MAX_PIXELS
 
 pacs_app = typer.Typer(
     help="New scans from the hospital's PACS: a DICOMweb inbox and a DICOM listener.\n\n"
@@ -20,9 +21,11 @@ pacs_app = typer.Typer(
 RunsArg = Annotated[list[Path], typer.Argument(help="Run directories written by 'medfed train'.")]
 RouterOpt = Annotated[str, typer.Option(help="auto or a router of 'medfed route --help'.")]
 DeviceOpt = Annotated[str, typer.Option(help=f"{', '.join(DEVICES)}.")]
+TlsCertOpt = Annotated[Path | None, typer.Option("--tls-cert", help="TLS certificate (PEM).")]
+TlsKeyOpt = Annotated[Path | None, typer.Option("--tls-key", help="TLS private key (PEM).")]
 
 
-def _load(runs: list[Path], router: str, device: str) -> dict:
+def _load(runs: list[Path], router: str, device: str) -> dict[str, Any]:
     from medfed.pacs.api import Served
     from medfed.serving.bundle import TrainedFederation
     from medfed.serving.routers import make_router
@@ -58,18 +61,13 @@ def serve(
             "default FIRST_RUN/serve.token there; on loopback, only when given.",
         ),
     ] = None,
-    tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="TLS certificate (PEM).")] = (
-        None
-    ),
-    tls_key: Annotated[
-        Path | None, typer.Option("--tls-key", help="TLS private key (PEM).")
-    ] = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     max_bytes: Annotated[
         int, typer.Option(help="Largest request (and unzipped series), bytes.")
-    ] = (200 * 10**6),
-    max_pixels: Annotated[int, typer.Option(help="Most pixels (voxels) of one scan.")] = 100
-    * 10**6,
-    max_files: Annotated[int, typer.Option(help="Most files in one zipped series.")] = 2000,
+    ] = MAX_BYTES,
+    max_pixels: Annotated[int, typer.Option(help="Most pixels (voxels) of one scan.")] = MAX_PIXELS,
+    max_files: Annotated[int, typer.Option(help="Most files in one zipped series.")] = MAX_FILES,
 ) -> None:
     """Start the routing service: an HTTP API that answers scans as 'medfed route --json' does.
 
@@ -119,7 +117,7 @@ def serve(
     )
 
 
-def _inbox(run: Path, router: str, device: str, source: str):  # -> Inbox
+def _inbox(run: Path, router: str, device: str, source: str) -> Any:  # an Inbox
     from medfed.pacs.handling import Inbox
     from medfed.serving.bundle import TrainedFederation
     from medfed.serving.routers import make_router
@@ -163,9 +161,9 @@ def watch(
     """Answer new studies in the PACS through DICOMweb, once each, beside each study.
 
     Search (QIDO-RS), fetch (WADO-RS), route, and store the answer back in each study as a
-    DICOM Basic Text SR (STOW-RS). Each scan (a CT series, or one photo) is answered once, also across restarts
-    (RUN/pacs.sqlite); series of another modality, and unreadable ones, are reported as
-    skipped, with why."""
+    DICOM Basic Text SR (STOW-RS). Each scan (a CT series, or one photo) is answered once,
+    also across restarts (RUN/pacs.sqlite); series of another modality, and unreadable ones,
+    are reported as skipped, with why."""
     require_extra("dicomweb_client", "serve", "medfed pacs watch")
     from medfed.pacs.watcher import DicomwebWatcher, check_url
 
@@ -206,8 +204,8 @@ def listen(
             "PACS); without it answers are kept in RUN/pacs/answers/.",
         ),
     ] = None,
-    tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="TLS certificate.")] = None,
-    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="TLS private key.")] = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     router: RouterOpt = "auto",
     device: DeviceOpt = "auto",
 ) -> None:
@@ -279,7 +277,7 @@ def load(
         except ValueError as exc:
             raise ConfigError(f"--update-docs {update_docs}: {exc}") from None
     results = load_test(run, scan, clients, requests, device, typer.echo)
-    table = load_table(results, scan)
+    table = load_table(results, scan, run)
     typer.echo(table)
     if update_docs is not None:
         text = update_docs.read_text(encoding="utf-8")

@@ -232,7 +232,21 @@ def describe(r: LoadResult) -> str:
     )
 
 
-def load_table(results: list[LoadResult], scan: Path) -> str:
+def _run_words(run: Path) -> str:
+    """The served run in words: its algorithm, backbone, sites and input size."""
+    from medfed.runs import RunDir
+
+    config = RunDir(run).read_config()
+    sites = config.get("sites") or []
+    size = ((sites[0] if sites else {}).get("preprocess") or {}).get("image_size")
+    return (
+        f"run `{run.resolve().name}` ({config.get('train', {}).get('algorithm')}, backbone "
+        f"{config.get('model', {}).get('backbone')}, {len(sites)} sites"
+        + (f", {size}-pixel inputs)" if size else ")")
+    )
+
+
+def load_table(results: list[LoadResult], scan: Path, run: Path) -> str:
     """The markdown table of the phases, and how they were measured."""
     lines = [
         "| phase | clients | requests | answered | throughput (scans/s) | p50 (ms) | p99 (ms) "
@@ -249,7 +263,8 @@ def load_table(results: list[LoadResult], scan: Path) -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     lines += [
         "",
-        f"One `medfed serve` process on 127.0.0.1 ({cpus} CPU cores, {platform.machine()}, "
+        f"One `medfed serve` process serving {_run_words(run)} on 127.0.0.1 "
+        f"({cpus} CPU cores, {platform.machine()}, "
         f"Python {platform.python_version()}; load average {load:.1f} at the end, other work "
         f"included), each request the {scan.stat().st_size}-byte "
         f"scan `{scan.name}`; latency from request to answer at the client, of the attempt "

@@ -15,6 +15,7 @@ from pathlib import Path
 from medfed.data.io import DICOM_SUFFIX, IMAGE_SUFFIXES, NIFTI_SUFFIXES, probe_dicom
 from medfed.errors import DataError
 from medfed.names import printable
+from medfed.pacs import MAX_BYTES, MAX_FILES, MAX_PIXELS
 from medfed.pacs.instances import PHOTO_MODALITIES, modality_of, write_photo
 
 __all__ = ["Limits", "LimitError", "unpack_upload"]
@@ -28,9 +29,9 @@ class LimitError(DataError):
 class Limits:
     """What the service accepts: bytes per request, pixels (voxels) per scan, files per zip."""
 
-    max_bytes: int = 200 * 10**6
-    max_pixels: int = 100 * 10**6
-    max_files: int = 2000
+    max_bytes: int = MAX_BYTES
+    max_pixels: int = MAX_PIXELS
+    max_files: int = MAX_FILES
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "max_pixels", "max_files"):
