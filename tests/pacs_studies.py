@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
@@ -29,6 +31,21 @@ from tests import realfiles
 OP_STORAGE = "1.2.840.10008.5.1.4.1.1.77.1.5.1"  # Ophthalmic Photography 8 Bit Image Storage
 SC_STORAGE = "1.2.840.10008.5.1.4.1.1.7"  # Secondary Capture Image Storage
 DICOMWEB_PLUGIN = Path("/usr/share/orthanc/plugins/libOrthancDicomWeb.so")
+ORTHANC = Path(shutil.which("Orthanc") or "/usr/sbin/Orthanc")  # /usr/sbin: off some PATHs
+
+
+def require_orthanc() -> None:
+    """Skip (fail under CI, whose .ci/run installs Orthanc) when Orthanc cannot be started."""
+    missing = [
+        f"{path} (Debian package {package})"
+        for path, package in ((ORTHANC, "orthanc"), (DICOMWEB_PLUGIN, "orthanc-dicomweb"))
+        if not path.exists()
+    ]
+    if missing:
+        message = "the PACS test needs " + " and ".join(missing)
+        if os.environ.get("CI"):
+            pytest.fail(message + "; .ci/run installs them before the tests")
+        pytest.skip(message)
 
 
 def free_port() -> int:
@@ -130,7 +147,7 @@ class Orthanc:
 @contextlib.contextmanager
 def orthanc(tmp: Path) -> Iterator[Orthanc]:
     """A fresh Orthanc with DICOMweb on loopback, storage under ``tmp``; killed on exit."""
-    binary = shutil.which("Orthanc") or "/usr/sbin/Orthanc"
+    require_orthanc()
     http, dicom = free_port(), free_port()
     config = {
         "Name": "medfed-test",
@@ -148,7 +165,7 @@ def orthanc(tmp: Path) -> Iterator[Orthanc]:
     path = tmp / "orthanc.json"
     path.write_text(json.dumps(config), encoding="utf-8")
     log = (tmp / "orthanc.log").open("w")
-    process = subprocess.Popen([binary, str(path)], stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen([str(ORTHANC), str(path)], stdout=log, stderr=subprocess.STDOUT)
     server = Orthanc(http, dicom, process)
     try:
         deadline = time.monotonic() + 30

@@ -14,13 +14,9 @@ from typer.testing import CliRunner
 
 from medfed.cli import app as cli
 from tests.badinput import Shared
-from tests.pacs_studies import DICOMWEB_PLUGIN, fundus_photo, orthanc
+from tests.pacs_studies import fundus_photo, orthanc
 
 pytest.importorskip("dicomweb_client")
-pytestmark = pytest.mark.skipif(
-    shutil.which("Orthanc") is None or not DICOMWEB_PLUGIN.exists(),
-    reason="needs Orthanc and its DICOMweb plugin (Debian packages orthanc, orthanc-dicomweb)",
-)
 
 
 @pytest.fixture(scope="module")
