@@ -144,3 +144,35 @@ def test_listen_refuses_bad_settings(shared: Shared, argv, words) -> None:
     result = CliRunner().invoke(app, ["pacs", "listen", str(shared.run), *argv])
     assert result.exit_code != 0 and words in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_a_series_received_before_a_restart_is_answered_after_it(shared: Shared, tmp_path) -> None:
+    from medfed.pacs.handling import Inbox
+    from medfed.pacs.listener import Listener
+    from medfed.pacs.records import PacsLog
+    from medfed.serving.bundle import TrainedFederation
+    from medfed.serving.routers import make_router
+
+    run = shared.copy_run(tmp_path)
+    fed = TrainedFederation.load(run, "cpu")
+    inbox = Inbox(run, fed, make_router("auto", fed), "MEDFED")
+    photo = fundus_photo(sorted((shared.data / "ACRIMA").glob("*.jpg"))[1], "PRESTART")
+    first = Listener(inbox, "MEDFED", ("CAMERA",), quiet=3600.0)  # never quiet before the stop
+    port = free_port()
+    first.start("127.0.0.1", port)
+    try:
+        assert _send(port, "CAMERA", [photo]) == "stored"
+    finally:
+        first.stop()  # stopped (as if killed) before the series was complete
+    assert PacsLog(run).scans() == []
+    assert len(list((run / "pacs" / "incoming").iterdir())) == 1
+
+    second = Listener(inbox, "MEDFED", ("CAMERA",), quiet=0.2, echo=lambda _: None)
+    second.start("127.0.0.1", free_port())
+    try:
+        _wait(lambda: len(PacsLog(run).scans("answered")) == 1)
+    finally:
+        second.stop()
+    [scan] = PacsLog(run).scans()
+    assert scan.instance_uid == photo.SOPInstanceUID
+    assert (run / "pacs" / "answers" / f"{scan.answer_uid}.dcm").is_file()

@@ -239,10 +239,13 @@ def listen(
     try:
         threading.Event().wait()  # until interrupted
     except KeyboardInterrupt:
-        typer.echo("stopping: answering the series received so far", err=True)
+        typer.echo(
+            f"stopped; series not yet complete stay in {listener.incoming} and are answered "
+            "after the next start",
+            err=True,
+        )
     finally:
         listener.stop()
-        listener.flush(force=True)
 
 
 @friendly
