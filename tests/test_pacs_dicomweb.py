@@ -182,13 +182,19 @@ def test_an_unreadable_photo_is_skipped_with_why_once(shared: Shared, tmp_path: 
     run = shared.copy_run(tmp_path)
     photo = fundus_photo(sorted((shared.data / "ACRIMA").glob("*.jpg"))[0], "PBROKEN")
     photo.PixelData = photo.PixelData[:100]  # cut short: the pixels cannot be decoded
+    headless = fundus_photo(sorted((shared.data / "ACRIMA").glob("*.jpg"))[1], "PHEADLESS")
+    del headless.preamble  # stored without the Part 10 preamble: served back as no DICOM file
     with orthanc(tmp_path / "orthanc") as server:
         server.store([photo])
+        server.store([headless])
         first = _watch(run, server.dicomweb)
         again = _watch(run, server.dicomweb)
         assert _reports(server, str(photo.StudyInstanceUID)) == []
-    assert first.count("skipped study") == 1 and "unreadable" in first, first
+    assert first.count("skipped study") == 2, first
+    assert "unreadable" in first and "not a DICOM file" in first
     assert "skipped" not in again
-    [scan] = PacsLog(run).scans()
-    assert scan.status == "skipped" and scan.instance_uid == photo.SOPInstanceUID
+    scans = {s.study_uid: s for s in PacsLog(run).scans()}
+    assert {s.status for s in scans.values()} == {"skipped"}
+    assert scans[photo.StudyInstanceUID].instance_uid == photo.SOPInstanceUID
+    assert scans[headless.StudyInstanceUID].instance_uid is None  # the series it was listed in
     assert not (run / "audit.sqlite").exists()  # never routed

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from pydicom.errors import InvalidDicomError
+
 from medfed.errors import ConfigError, DataError, MedfedError
 from medfed.pacs.bearer import is_loopback
 from medfed.pacs.handling import Inbox, Outcome, wrong_modality
@@ -124,15 +126,19 @@ class DicomwebWatcher:
             reason = wrong_modality(modality, inbox.fed.modality)
             return [inbox.skip(Ids(study, series), modality, reason)]
         photo = modality in PHOTO_MODALITIES
-        if photo and self._all_known(study, series):
-            return []
-        found = None if photo else inbox.log.get(Ids(study, series).key)
+        found = inbox.log.get(Ids(study, series).key)  # a CT series, or a skipped series
         if found is not None and found.status != "pending":
             return [Outcome(found, new=False)]
-        instances: list[Dataset] = self._call(
-            f"fetching series {series} of study {study} (WADO-RS)",
-            lambda: self.client.retrieve_series(study, series),
-        )
+        if photo and self._all_known(study, series):
+            return []
+        try:
+            instances: list[Dataset] = self._call(
+                f"fetching series {series} of study {study} (WADO-RS)",
+                lambda: self.client.retrieve_series(study, series),
+            )
+        except InvalidDicomError as exc:  # e.g. an object stored without its Part 10 header
+            reason = f"unreadable: the PACS returned an object that is not a DICOM file ({exc})"
+            return [inbox.skip(Ids(study, series), modality, reason)]
         if not instances:
             return [inbox.skip(Ids(study, series), modality, "unreadable: the series is empty")]
         if photo:
