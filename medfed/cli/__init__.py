@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from medfed import __version__
-from medfed.cli import deploy, experiments, serving, sites, training
+from medfed.cli import deploy, experiments, pacs, serving, sites, training
 from medfed.cli.common import PANELS, friendly, registry_help
 
 __all__ = ["app", "friendly", "registry_help"]
@@ -62,5 +62,5 @@ def main(
     """medfed: federated learning across hospitals."""
 
 
-for group in (sites, training, serving, deploy, experiments):  # the order help shows them in
+for group in (sites, training, serving, pacs, deploy, experiments):  # the order help shows them in
     group.register(app)

@@ -21,6 +21,7 @@ import streamlit as st
 from medfed.dashboard import checks, clinical, common, reviewdata, rundata, thumbnails
 from medfed.dashboard.rundata import Run
 from medfed.errors import MedfedError
+from medfed.pacs.instances import ids_from_name, with_pacs_ids
 from medfed.reports import fmt
 from medfed.serving.kept import kept_scan
 from medfed.serving.review import (
@@ -143,7 +144,7 @@ def queue_section(review: Review, labels: Labels, reader: str | None) -> None:
         "low-margin scans first, then oldest first."
     )
     st.dataframe(
-        reviewdata.queue_frame(items),
+        with_pacs_ids(reviewdata.queue_frame(items)),
         hide_index=True,
         width="stretch",
         column_config={
@@ -178,6 +179,9 @@ def scan_card(
 ) -> None:
     with st.container(border=True):
         st.markdown(f"**Scan {item.scan_id}**: {common.escape(item.file)}")
+        ids = ids_from_name(item.file)
+        if ids is not None:
+            st.caption(f"From the PACS: study {ids.study}, series {ids.series}.")
         st.caption(f"Routed {item.time} (UTC); {priority_words(item)}.")
         picture_column, answer_column, read_column = st.columns([1, 2, 2])
         with picture_column:

@@ -16,6 +16,7 @@ import streamlit as st
 from medfed.dashboard import MAX_UPLOAD_MB, charts, checks, clinical, common, rundata, thumbnails
 from medfed.dashboard.rundata import Run
 from medfed.errors import ConfigError, MedfedError
+from medfed.pacs.instances import with_pacs_ids
 from medfed.reports import fmt
 from medfed.serving.kept import keep_scan
 from medfed.serving.routers import default_router, make_router, routers_for
@@ -225,7 +226,7 @@ def audit_section(run: Run) -> None:
     shown = rundata.filter_audit(frame, statuses=statuses, sites=sites, routers=routers, text=text)
     st.caption(f"{len(shown)} of {len(frame)} routed scans (newest first).")
     st.dataframe(
-        rundata.audit_table(shown),
+        with_pacs_ids(rundata.audit_table(shown)),
         hide_index=True,
         width="stretch",
         key="audit_table",

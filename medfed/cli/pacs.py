@@ -1,0 +1,300 @@
+"""The routing service and the PACS inboxes: ``medfed serve`` and ``medfed pacs ...``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from medfed.cli.common import SERVING, adder, friendly
+from medfed.config import DEVICES
+from medfed.errors import ConfigError, require_extra
+from medfed.pacs import MAX_BYTES, MAX_FILES, MAX_PIXELS
+
+pacs_app = typer.Typer(
+    help="New scans from the hospital's PACS: a DICOMweb inbox and a DICOM listener.\n\n"
+    "Also the routing service's load test (medfed pacs load).",
+    no_args_is_help=True,
+)
+
+RunsArg = Annotated[list[Path], typer.Argument(help="Run directories written by 'medfed train'.")]
+RouterOpt = Annotated[str, typer.Option(help="auto or a router of 'medfed route --help'.")]
+DeviceOpt = Annotated[str, typer.Option(help=f"{', '.join(DEVICES)}.")]
+TlsCertOpt = Annotated[Path | None, typer.Option("--tls-cert", help="TLS certificate (PEM).")]
+TlsKeyOpt = Annotated[Path | None, typer.Option("--tls-key", help="TLS private key (PEM).")]
+
+
+def _load(runs: list[Path], router: str, device: str) -> dict[str, Any]:
+    from medfed.pacs.api import Served
+    from medfed.serving.bundle import TrainedFederation
+    from medfed.serving.routers import make_router
+
+    served = {}
+    for path in runs:
+        name = path.resolve().name
+        if name in served:
+            raise ConfigError(f"{path}: two runs are named {name!r}; serve runs of distinct names")
+        fed = TrainedFederation.load(path, device)
+        served[name] = Served(name, path, fed, make_router(router, fed))
+    return served
+
+
+@friendly
+def serve(
+    runs: RunsArg,
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Address to listen on. Off loopback a bearer token is required and TLS is "
+            "served (--tls-cert, --tls-key); behind a reverse proxy, keep 127.0.0.1."
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.", min=1, max=65535)] = 8765,
+    router: RouterOpt = "auto",
+    device: DeviceOpt = "auto",
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help="Bearer token file (made, owner-only, when missing). Required off loopback: "
+            "default FIRST_RUN/serve.token there; on loopback, only when given.",
+        ),
+    ] = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    max_bytes: Annotated[
+        int, typer.Option(help="Largest request (and unzipped series), bytes.")
+    ] = MAX_BYTES,
+    max_pixels: Annotated[int, typer.Option(help="Most pixels (voxels) of one scan.")] = MAX_PIXELS,
+    max_files: Annotated[int, typer.Option(help="Most files in one zipped series.")] = MAX_FILES,
+) -> None:
+    """Start the routing service: an HTTP API that answers scans as 'medfed route --json' does.
+
+    POST /route (the scan's bytes with ?name=FILE, or a form field 'file'), GET /health,
+    GET /model-card, GET /review-queue; ?run=NAME picks a run when several are served. Every
+    answer is in the run's audit log before it is sent."""
+    require_extra("fastapi", "serve", "medfed serve")
+    require_extra("uvicorn", "serve", "medfed serve")
+    import uvicorn
+
+    from medfed.pacs.api import create_app, warm_up
+    from medfed.pacs.bearer import TOKEN_FILE, bearer_token, is_loopback
+    from medfed.pacs.uploads import Limits
+
+    limits = Limits(max_bytes, max_pixels, max_files)
+    if not runs:
+        raise ConfigError("name at least one run directory to serve")
+    local = is_loopback(host)
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError("give --tls-cert and --tls-key together")
+    if not local and tls_cert is None:
+        raise ConfigError(
+            f"--host {host} is not loopback: the service must serve TLS there (--tls-cert, "
+            "--tls-key), or listen on 127.0.0.1 behind a TLS reverse proxy"
+        )
+    for path in (tls_cert, tls_key):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{path}: no such file (a PEM file is needed)")
+    token = None
+    if token_file is not None or not local:
+        where = token_file or runs[0] / TOKEN_FILE
+        token, made = bearer_token(where)
+        typer.echo(f"bearer token {'written to' if made else 'read from'} {where} (owner-only)")
+    served = _load(runs, router, device)
+    warm_up()  # before listening: the first patient does not wait for imports
+    app = create_app(served, limits, token)
+    scheme = "https" if tls_cert else "http"
+    typer.echo(f"serving {', '.join(served)} on {scheme}://{host}:{port}", err=True)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,  # request lines name no patient, but keep logs free of them all
+        ssl_certfile=str(tls_cert) if tls_cert else None,
+        ssl_keyfile=str(tls_key) if tls_key else None,
+    )
+
+
+def _inbox(run: Path, router: str, device: str, source: str) -> Any:  # an Inbox
+    from medfed.pacs.handling import Inbox
+    from medfed.serving.bundle import TrainedFederation
+    from medfed.serving.routers import make_router
+
+    fed = TrainedFederation.load(run, device)
+    return Inbox(run, fed, make_router(router, fed), source)
+
+
+def _token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    from medfed.pacs.bearer import bearer_token
+
+    if not path.is_file():
+        raise ConfigError(f"--token-file {path}: no such file")
+    return bearer_token(path)[0]
+
+
+@friendly
+def watch(
+    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    dicomweb: Annotated[
+        str,
+        typer.Option(
+            "--dicomweb",
+            help="The PACS's DICOMweb root (QIDO-RS, WADO-RS, STOW-RS), e.g. "
+            "https://pacs.example.org/dicom-web; plain http only on loopback.",
+        ),
+    ],
+    interval: Annotated[float, typer.Option(help="Seconds between polls.", min=1.0)] = 30.0,
+    polls: Annotated[
+        int | None, typer.Option(help="Stop after this many polls (default: run until stopped).")
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option("--token-file", help="Bearer token for the PACS (an owner-only file)."),
+    ] = None,
+    router: RouterOpt = "auto",
+    device: DeviceOpt = "auto",
+) -> None:
+    """Answer new studies in the PACS through DICOMweb, once each, beside each study.
+
+    Search (QIDO-RS), fetch (WADO-RS), route, and store the answer back in each study as a
+    DICOM Basic Text SR (STOW-RS). Each scan (a CT series, or one photo) is answered once,
+    also across restarts (RUN/pacs.sqlite); series of another modality, and unreadable ones,
+    are reported as skipped, with why."""
+    require_extra("dicomweb_client", "serve", "medfed pacs watch")
+    from medfed.pacs.watcher import DicomwebWatcher, check_url
+
+    url = check_url(dicomweb)
+    watcher = DicomwebWatcher.connect(_inbox(run, router, device, url), url, _token(token_file))
+    typer.echo(f"watching {url} for {watcher.inbox.fed.modality} studies", err=True)
+    try:
+        watcher.watch(interval, typer.echo, polls)
+    except KeyboardInterrupt:
+        typer.echo("stopped", err=True)
+
+
+@friendly
+def listen(
+    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    allow: Annotated[
+        list[str],
+        typer.Option(
+            "--allow", help="Calling AE title allowed to store scans (repeat for each sender)."
+        ),
+    ],
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; off loopback, DICOM TLS is required.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="DICOM port.", min=1, max=65535)] = 11112,
+    ae_title: Annotated[str, typer.Option("--ae-title", help="This listener's AE title.")] = (
+        "MEDFED"
+    ),
+    quiet: Annotated[
+        float,
+        typer.Option(help="Seconds with no new instance after which a series is complete."),
+    ] = 10.0,
+    answer_to: Annotated[
+        str | None,
+        typer.Option(
+            "--answer-to",
+            help="Send each answer (Basic Text SR) by C-STORE to AE_TITLE@HOST:PORT (the "
+            "PACS); without it answers are kept in RUN/pacs/answers/.",
+        ),
+    ] = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    router: RouterOpt = "auto",
+    device: DeviceOpt = "auto",
+) -> None:
+    """Listen for scans sent by DICOM (C-STORE) and answer each complete series.
+
+    Only the allowed calling AE titles may associate. A series is answered once no instance
+    of it arrived for --quiet seconds, once, with the same audit log and answer as
+    'medfed pacs watch'."""
+    require_extra("pynetdicom", "serve", "medfed pacs listen")
+    import ssl
+    import threading
+
+    from medfed.pacs.bearer import is_loopback
+    from medfed.pacs.listener import Listener, parse_destination
+
+    destination = parse_destination(answer_to) if answer_to else None
+    tls = None
+    if (tls_cert is None) != (tls_key is None):
+        raise ConfigError("give --tls-cert and --tls-key together")
+    if tls_cert is not None:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(tls_cert, tls_key)
+    elif not is_loopback(host):
+        raise ConfigError(
+            f"--host {host} is not loopback: DICOM there must use TLS (--tls-cert, --tls-key)"
+        )
+    inbox = _inbox(run, router, device, f"{ae_title}@{host}:{port}")
+    listener = Listener(inbox, ae_title, tuple(allow), quiet, destination, typer.echo)
+    listener.start(host, port, tls)
+    typer.echo(f"listening as {ae_title} on {host}:{port} for {', '.join(allow)}", err=True)
+    try:
+        threading.Event().wait()  # until interrupted
+    except KeyboardInterrupt:
+        typer.echo(
+            f"stopped; series not yet complete stay in {listener.incoming} and are answered "
+            "after the next start",
+            err=True,
+        )
+    finally:
+        listener.stop()
+
+
+@friendly
+def load(
+    run: Annotated[Path, typer.Argument(help="A run directory (served from a copy).")],
+    scan: Annotated[Path, typer.Option("--scan", help="The scan every request sends.")],
+    clients: Annotated[int, typer.Option(help="Concurrent clients.", min=1)] = 8,
+    requests: Annotated[int, typer.Option(help="Requests per phase.", min=2)] = 200,
+    device: DeviceOpt = "cpu",
+    update_docs: Annotated[
+        Path | None,
+        typer.Option(
+            "--update-docs",
+            help="Write the table between the serve-load markers of this page (docs/pacs.md).",
+        ),
+    ] = None,
+) -> None:
+    """Load-test 'medfed serve' on loopback: throughput, p50/p99 latency, lost answers.
+
+    Lost: accepted requests with no audit row; measured steadily, then across a kill
+    (SIGKILL) and restart of the service mid-load."""
+    require_extra("httpx", "serve", "medfed pacs load")
+    from medfed.pacs.load import load_table, load_test
+    from medfed.reports.markdown import replace_marked_section
+
+    if update_docs is not None:
+        if not update_docs.is_file():
+            raise ConfigError(f"--update-docs {update_docs}: no such file")
+        text = update_docs.read_text(encoding="utf-8")
+        try:  # the markers are checked before the test runs
+            replace_marked_section(text, "serve-load", "")
+        except ValueError as exc:
+            raise ConfigError(f"--update-docs {update_docs}: {exc}") from None
+    results = load_test(run, scan, clients, requests, device, typer.echo)
+    table = load_table(results, scan, run)
+    typer.echo(table)
+    if update_docs is not None:
+        text = update_docs.read_text(encoding="utf-8")
+        update_docs.write_text(replace_marked_section(text, "serve-load", table), encoding="utf-8")
+        typer.echo(f"updated the serve-load section of {update_docs}")
+    if any(r.lost for r in results):
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    pacs_add = adder(pacs_app)
+    pacs_add(watch)
+    pacs_add(listen)
+    pacs_add(load)
+    add = adder(app, SERVING)
+    add(serve)
+    app.add_typer(pacs_app, name="pacs", rich_help_panel=SERVING)
