@@ -38,6 +38,7 @@ from medfed.federation import wire
 from medfed.federation.site import SiteWorker, failure_reason
 from medfed.federation.validate import validate_update
 from medfed.flower import secure
+from medfed.flower.gate import check_run
 from medfed.flower.node import RunSettings, SiteNode, describe
 from medfed.flower.records import (
     json_of,
@@ -63,6 +64,7 @@ def _answer(work: Callable[[], RecordDict]) -> RecordDict:
 def _node(content: RecordDict, context: Context) -> SiteNode:
     """This site in the message's run; the starting weights, when they come along, are
     checked against the run's hash and kept."""
+    check_run(content, dict(context.node_config))  # again here: SecAgg+'s training passes by
     init = state_of(content, "init") if "init" in content.array_records else None
     return SiteNode(dict(context.node_config), RunSettings.from_json(json_of(content, "run")), init)
 

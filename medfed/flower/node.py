@@ -93,6 +93,9 @@ class RunSettings:
     spec: ModelSpec
     sites: list[str]
     init_sha256: str = ""  # hash of the starting weights the server sends (--init); "": none
+    # The run's plan as the sites approve it (medfed.governance.plan), checked by each site's
+    # gate against its policy before the message goes further.
+    plan: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -101,6 +104,7 @@ class RunSettings:
             "spec": self.spec.to_dict(),
             "sites": self.sites,
             "init_sha256": self.init_sha256,
+            "plan": self.plan,
         }
 
     @classmethod
@@ -111,6 +115,7 @@ class RunSettings:
             spec=ModelSpec.from_dict(data["spec"]),
             sites=[str(s) for s in data["sites"]],
             init_sha256=str(data.get("init_sha256") or ""),
+            plan=data.get("plan"),
         )
 
 
