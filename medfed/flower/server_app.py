@@ -186,8 +186,8 @@ class FlowerRun:
                 "written (their sha256 is not the plan's); write the app again and have the "
                 "sites approve its plan"
             )
-        plan = self.d.plan()
-        infos = self.messenger.discover(plan.to_json())
+        approved = self.d.plan()  # what each site's gate checks (and its operator approved)
+        infos = self.messenger.discover(approved.to_json())
         refused = self.refused()
         plan = plan_run(self.d.config, infos, lr_from_modality=self.d.lr_from_modality)
         self.d = dataclasses.replace(self.d, config=plan.config)
@@ -199,12 +199,12 @@ class FlowerRun:
             self.server.spec,
             self.d.sites,
             init_sha256=report.sha256 if report else "",
-            plan=plan.to_json(),
+            plan=approved.to_json(),
         )
         inputs = RoundSource(self.server)
         secure_bound = self.d.secure_bound if self.d.secure_aggregation else None
         link = FlowerLink(self.messenger, self.server, settings, inputs, secure_bound)
-        event: dict[str, Any] = {"engine": "flower", "plan_sha256": plan.sha256}
+        event: dict[str, Any] = {"engine": "flower", "plan_sha256": approved.sha256}
         if refused:
             event["refused_sites"] = refused
         if self.d.secure_aggregation:

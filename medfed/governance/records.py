@@ -88,7 +88,7 @@ def log_message(state_dir: Path, **fields: Any) -> None:
     unknown = set(fields) - set(AUDIT_FIELDS)
     if unknown:
         raise ValueError(f"not audit fields: {sorted(unknown)}")
-    _append(state_dir / AUDIT, {"time": time.time(), **fields})
+    _append(state_dir / AUDIT, {**dict.fromkeys(AUDIT_FIELDS), "time": time.time(), **fields})
 
 
 def read_audit(state_dir: Path) -> list[dict[str, Any]]:
