@@ -140,11 +140,14 @@ def _init_sha256(run_config: dict[str, Any], init: str) -> str:
     value = run_config.get("init-sha256", "")
     if not isinstance(value, str) or (value and not SHA256.fullmatch(value)):
         raise ConfigError(f"run config 'init-sha256' must be a sha256 hash, got {value!r}")
-    if init and not value:
-        raise ConfigError(
-            "run config 'init-sha256' is missing for a run with starting weights; write the app "
-            "folder again with 'medfed deploy app'"
-        )
+    if init and not value:  # an app folder written before the plan named its weights' hash
+        try:
+            return starting_sha256(init)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"run config 'init-sha256' is missing and the starting weights cannot be read "
+                f"here ({exc}); write the app folder again with 'medfed deploy app'"
+            ) from None
     return value
 
 
