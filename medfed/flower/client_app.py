@@ -16,6 +16,9 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
 from medfed.flower.gate import governance
+from medfed.flower.masks import install
+
+install()  # SecAgg+'s masks from the whole shared key, as the server expands them
 
 
 def secure_aggregation(message: Message, context: Context, call_next: ClientAppCallable) -> Message:

@@ -37,7 +37,7 @@ from medfed.errors import MedfedError
 from medfed.federation import wire
 from medfed.federation.site import SiteWorker, failure_reason
 from medfed.federation.validate import validate_update
-from medfed.flower import secure
+from medfed.flower import masks, secure
 from medfed.flower.gate import check_run
 from medfed.flower.node import RunSettings, SiteNode, describe
 from medfed.flower.records import (
@@ -145,6 +145,12 @@ def secure_train(legacy: RecordDict, context: Context) -> RecordDict:
     content = secure.from_fitins(legacy)
     step = json_of(content, "step")
     keys, bound = list(step["keys"]), float(step["secure_bound"])
+    if step.get("masks") != masks.installed():
+        raise MedfedError(
+            f"the server expands SecAgg+'s masks with {step.get('masks') or 'stock'!r}, this "
+            f"site with {masks.installed()!r}: the sum would not unmask; run the same medfed "
+            "version on the server and every site"
+        )
     vectors: list[np.ndarray] = []
     weight: list[int] = []
 

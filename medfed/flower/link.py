@@ -27,6 +27,7 @@ from medfed.federation.coordinator import Coordinator, RoundPlan
 from medfed.federation.rounds import RoundInputs, SecureSum, SiteFailure, SiteReply, Trained
 from medfed.federation.site import Published
 from medfed.federation.wire import WireFormat, encode
+from medfed.flower.masks import MASKS
 from medfed.flower.messenger import Messenger
 from medfed.flower.node import RunSettings
 from medfed.flower.records import (
@@ -191,6 +192,7 @@ class FlowerLink:
         step["fault"] = inputs.faults.get(index)
         if self.secure_bound is not None and plan.keys:
             step["secure_bound"] = self.secure_bound
+            step["masks"] = MASKS  # a site masking otherwise would garble the sum
         return step
 
     def _to_all(
