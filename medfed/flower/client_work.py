@@ -28,9 +28,11 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
 from medfed.algorithms.base import State
+from medfed.algorithms.lora import SENT
 from medfed.algorithms.privacy import BudgetSpent
 from medfed.data.records import Split
 from medfed.errors import MedfedError
@@ -104,6 +106,11 @@ def _train_round(
     start = time.perf_counter()
     worker = node.worker(round_ - 1)
     dtypes = {k: worker.state[k] for k in step["keys"]}
+    if step.get("held_sha256"):  # a delta downlink: decode it against the server's reference
+        reference = node.held_matching(worker, round_ - 1, step["keys"], str(step["held_sha256"]))
+        worker.held.update(reference)
+    if step.get("stats_held") is False and float(worker.extra.get(SENT, torch.zeros(1)).sum()):
+        worker.extra[SENT] = torch.zeros(1)  # the server never took them: send them again
     payload = _weights(node, content)
     try:
         done = worker.train_round(

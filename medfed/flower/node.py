@@ -220,6 +220,34 @@ class SiteNode:
             worker.held.update(states.get("held", {}))
         return worker
 
+    def held_matching(
+        self, worker: SiteWorker, upto_round: int, keys: list[str], sha256: str
+    ) -> State:
+        """The global state (of ``keys``) this site held when the server computed its delta
+        downlink, whose reference hash is ``sha256``: what it holds now, or, when the server
+        never took its last reply, what it held after an earlier round (its checkpoints, then
+        the start). Only the reference goes back: the site's weights and its privacy
+        accounting stay."""
+
+        def fits(held: State) -> bool:
+            return set(keys) <= set(held) and state_sha256({k: held[k] for k in keys}) == sha256
+
+        if fits(worker.held):
+            return {k: worker.held[k] for k in keys}
+        for round_, folder in reversed(self.store.rounds()):
+            if round_ < upto_round:
+                held = self.store.load(folder)[0].get("held", {})
+                if fits(held):
+                    return {k: held[k] for k in keys}
+        start = self.worker(0).held
+        if fits(start):
+            return {k: start[k] for k in keys}
+        raise RunDirError(
+            f"{self.dir}: this site holds no copy of the global state the server's delta "
+            f"downlink was computed against (sha256 {sha256}); it sits this round out, and "
+            "its checkpoints of the last rounds are needed to rejoin (keep_checkpoints)"
+        )
+
     def worker_config(self) -> TrainConfig:
         """The run's settings as this node trains them: under a privacy budget with no noise
         given, the noise that budget allows, searched once and kept in the node's state folder
