@@ -19,7 +19,7 @@ from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
 from medfed.cli import app  # noqa: E402
 from medfed.config import TrainConfig  # noqa: E402
-from medfed.errors import RunDirError  # noqa: E402
+from medfed.errors import ConfigError, RunDirError  # noqa: E402
 from medfed.flower.deploy import write_app  # noqa: E402
 from medfed.flower.gate import ACCEPTED, REFUSED, UNCHECKED, refusals  # noqa: E402
 from medfed.flower.server_app import Deployment  # noqa: E402
@@ -260,3 +260,13 @@ def test_an_edited_audit_log_is_refused_by_line(tmp_path) -> None:
         out.write("not json\n")
     with pytest.raises(RunDirError, match="line 2"):
         read_audit(tmp_path)
+
+
+def test_a_bad_on_refusal_setting_is_refused_by_name(tmp_path) -> None:
+    app_args = ["deploy", "app", str(tmp_path / "app"), "--site", "a", "--site", "b"]
+    app_args += ["--run-dir", "/srv/runs/x", "--on-refusal", "maybe"]
+    result = runner.invoke(app, app_args)
+    assert result.exit_code == 2 and "--on-refusal 'maybe'" in result.output
+    config = {"train": "[train]\nalgorithm = 'fedavg'\n", "sites": "a,b", "run-dir": "/srv/r"}
+    with pytest.raises(ConfigError, match="'on-refusal' must be one of stop, continue"):
+        Deployment.from_run_config(config | {"on-refusal": "maybe"})
