@@ -190,3 +190,12 @@ def test_the_report_shows_each_runs_model_card(tmp_path) -> None:
     card = html.split('id="model-card"', 1)[1]
     assert "Performance at each site" in card and "Known limits" in card
     assert "TRIPOD+AI" in card
+
+
+def test_a_site_that_refused_the_run_is_named_among_the_limits(tmp_path) -> None:
+    refused = {"acrima": [{"rule": "allow.algorithms", "reason": "the run trains 'fedavg'"}]}
+    events = [{"kind": "start", "refused_sites": refused}]
+    found = limits(CardInputs.read(summary_run(tmp_path, events=events)))
+    assert (
+        "site refused the run by its policy (rule allow.algorithms): acrima; not trained" in found
+    )

@@ -385,6 +385,11 @@ def limits(inputs: CardInputs) -> list[str]:
             out.append(f"{UNRELIABLE_MARK} unreliable figures at {site}: {m.unreliable}")
         if m.auc is None:
             out.append(f"no AUC at {site}: {m.auc_reason or 'undefined'}")
+    refused = inputs.start_event.get("refused_sites")
+    if isinstance(refused, Mapping):
+        for site, rules in refused.items():
+            rule = rules[0].get("rule") if isinstance(rules, list) and rules else "?"
+            out.append(f"site refused the run by its policy (rule {rule}): {site}; not trained")
     for site, reason in (s.lost_sites or {}).items():
         out.append(f"site lost before publishing its model: {site} ({reason})")
     if s.dropouts:
