@@ -4,6 +4,8 @@ Shown on a reduced seed space (2**12 seeds), which the search covers in a moment
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ pytest.importorskip("flwr")
 from medfed.flower import secure  # noqa: E402, F401  (installs medfed's masks, as the apps do)
 from medfed.flower.masks import (  # noqa: E402
     MASKS,
+    MODULES,
     chacha20_masks,
     fold32,
     installed,
@@ -68,12 +71,9 @@ def test_medfeds_masks_depend_on_the_whole_seed_not_its_fold() -> None:
 
 
 def test_both_ends_of_a_medfed_run_use_medfeds_masks() -> None:
-    from flwr.client.mod.secure_aggregation import secaggplus_mod
-    from flwr.server.workflow.secure_aggregation import secaggplus_workflow
-
     assert installed() == MASKS
-    assert secaggplus_mod.pseudo_rand_gen is chacha20_masks
-    assert secaggplus_workflow.pseudo_rand_gen is chacha20_masks
+    for name in MODULES:  # where the mod and the workflow look the generator up
+        assert sys.modules[name].pseudo_rand_gen is chacha20_masks
 
 
 def test_masks_cancel_in_the_sum_as_secagg_needs() -> None:

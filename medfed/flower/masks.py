@@ -18,6 +18,7 @@ second, and so the hours 2**32 seeds take); docs/privacy.md's threat model gives
 from __future__ import annotations
 
 import hashlib
+import importlib
 import math
 import time
 from collections.abc import Sequence
@@ -29,6 +30,10 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 MASKS = "chacha20-sha256-v1"
 """The mask generator's name, as every secure training message carries it."""
 _DOMAIN = b"medfed secagg+ masks v1\x00"
+CLIENT_SIDE = "flwr.client.mod.secure_aggregation.secaggplus_mod"
+SERVER_SIDE = "flwr.server.workflow.secure_aggregation.secaggplus_workflow"
+MODULES = (CLIENT_SIDE, SERVER_SIDE)
+"""Where Flower's SecAgg+ looks its mask generator up, on a SuperNode and on the server."""
 
 
 def chacha20_masks(
@@ -55,18 +60,15 @@ def chacha20_masks(
 def install() -> None:
     """Have Flower's SecAgg+ (the SuperNode's mod and the server's workflow) expand its masks
     with :func:`chacha20_masks`: both ends of a medfed run, since medfed starts both apps."""
-    from flwr.client.mod.secure_aggregation import secaggplus_mod as client_side
-    from flwr.server.workflow.secure_aggregation import secaggplus_workflow as server_side
-
-    client_side.pseudo_rand_gen = chacha20_masks  # type: ignore[attr-defined]
-    server_side.pseudo_rand_gen = chacha20_masks  # type: ignore[attr-defined]
+    for module in MODULES:
+        # The modules themselves (a package re-exports the mod function under the same name).
+        importlib.import_module(module).pseudo_rand_gen = chacha20_masks
 
 
 def installed() -> str:
     """The generator Flower's client mod expands masks with now (:data:`MASKS`, or ``stock``)."""
-    from flwr.client.mod.secure_aggregation import secaggplus_mod as client_side
-
-    return MASKS if client_side.pseudo_rand_gen is chacha20_masks else "stock"
+    ours = [importlib.import_module(m).pseudo_rand_gen is chacha20_masks for m in MODULES]
+    return MASKS if all(ours) else "stock"
 
 
 # ---------------------------------------------------------------------------- the seed search
