@@ -270,3 +270,38 @@ def test_a_bad_on_refusal_setting_is_refused_by_name(tmp_path) -> None:
     config = {"train": "[train]\nalgorithm = 'fedavg'\n", "sites": "a,b", "run-dir": "/srv/r"}
     with pytest.raises(ConfigError, match="'on-refusal' must be one of stop, continue"):
         Deployment.from_run_config(config | {"on-refusal": "maybe"})
+
+
+def test_the_gate_refuses_without_going_further_and_logs_what_it_answered(tmp_path) -> None:
+    from flwr.app import Context, Message
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from medfed.flower.gate import governance
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[allow]\nalgorithms = ['feddrm']\n", encoding="utf-8")
+    node = {"policy": str(policy), "state-dir": str(tmp_path)}
+    context = Context(run_id=1, node_id=2, node_config=node, state=RecordDict(), run_config={})
+    asked = Message(message(plan().to_json()), dst_node_id=2, message_type="query.describe")
+
+    def must_not_run(message, context):
+        raise AssertionError("the refused message went further")
+
+    reply = governance(asked, context, must_not_run)
+
+    assert "refusal" in reply.content.config_records
+    assert "allow.algorithms" in str(reply.content.config_records["failure"]["reason"])
+    policy.write_text(OPEN, encoding="utf-8")
+
+    def fails(message, context):
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        governance(asked, context, fails)
+    lines = [(r["direction"], r["decision"]) for r in read_audit(tmp_path)]
+    assert lines == [
+        ("received", REFUSED), ("sent", REFUSED), ("received", ACCEPTED), ("decision", ACCEPTED),
+        ("sent", ACCEPTED),
+    ]  # fmt: skip
+    assert "raised RuntimeError: disk full" in read_audit(tmp_path)[-1]["reason"]

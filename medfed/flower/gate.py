@@ -163,7 +163,14 @@ def governance(message: Message, context: Context, call_next: ClientAppCallable)
     else:
         if decision == ACCEPTED and kind.endswith("describe"):
             _note_approval(folder, config, message.content, kind, where)
-        reply = call_next(message, context)
+        try:
+            reply = call_next(message, context)
+        except Exception as exc:  # the audit log says so, then Flower answers with the error
+            log_message(
+                folder, direction="sent", kind=kind, decision=decision,
+                reason=f"raised {type(exc).__name__}: {exc}", **where,
+            )  # fmt: skip
+            raise
     size, sha = digest(reply.content) if reply.has_content() else (0, "")
     log_message(
         folder, direction="sent", kind=kind, bytes=size, sha256=sha, decision=decision, **where
