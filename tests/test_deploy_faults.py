@@ -72,7 +72,6 @@ def deploy(root: Path, manifests, cache, config: TrainConfig, lose=()) -> Flower
     return run
 
 
-@pytest.mark.slow  # ~30 s here
 def test_a_lost_reply_leaves_the_next_delta_decoded_against_the_servers_reference(
     tiny_sites, tmp_path
 ) -> None:
@@ -110,7 +109,6 @@ def test_a_lost_reply_leaves_the_next_delta_decoded_against_the_servers_referenc
             assert held[key].equal(value), (round_, key)
 
 
-@pytest.mark.slow  # ~25 s here (a base trained first)
 def test_a_lora_site_whose_update_was_refused_sends_its_statistics_again(
     tiny_sites, tmp_path
 ) -> None:
