@@ -110,6 +110,7 @@ def test_an_empty_policy_leaves_every_rule_open_but_approval() -> None:
         ("[weights]\nstarting = ['" + "a" * 64 + "']", CONFIG, "weights.starting"),
         ("[outputs]\npredictions = false", CONFIG, "outputs.predictions"),
         ("[outputs]\nupdates = false", CONFIG, "outputs.updates"),
+        ("[outputs]\nmin_count = 10", CONFIG, "outputs.min_count"),
     ],
 )  # fmt: skip
 def test_each_rule_a_run_breaks_is_named(policy: str, config: TrainConfig, rule: str) -> None:

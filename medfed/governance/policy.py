@@ -26,7 +26,8 @@ it says ``required = false``::
     figures = true                        # aggregate figures (AUC, counts, calibration)
     predictions = false                   # each test scan's prediction
     data_card = true                      # the site's description and counts
-    min_count = 10                        # figures on fewer scans are not to leave
+    min_count = 0                         # cells on fewer scans must not leave (today's runs
+                                          # send their counts: any value above 0 refuses them)
 
     [approval]
     required = true                       # train only on an approved plan
