@@ -1,4 +1,4 @@
-"""Deployment on Flower: ``medfed deploy app|pki|worker``."""
+"""Deployment on Flower: ``medfed deploy app|pki|worker|approve|audit|policy check``."""
 
 from __future__ import annotations
 
@@ -71,6 +71,12 @@ def deploy_app_folder(
             "site clips the difference (counted in metrics.jsonl) \\[default: 1.0].",
         ),
     ] = None,
+    on_refusal: Annotated[
+        str,
+        typer.Option(
+            help="When a site's policy refuses the run: stop, or continue without that site."
+        ),
+    ] = "stop",
 ) -> None:
     """Write the Flower app folder of one run: medfed's ServerApp, ClientApp and settings."""
     from medfed.config import merge_train_settings
@@ -112,6 +118,7 @@ def deploy_app_folder(
         lr_from_modality="lr" not in stored,  # CT and fundus differ (see medfed train --lr)
         secure_aggregation=secure_aggregation,
         **({"secure_bound": secure_bound} if secure_bound is not None else {}),
+        on_refusal=on_refusal,
     )
     typer.echo(f"wrote {path}")
     typer.echo(f"submit it with: flwr run {out} <connection> --stream")
@@ -171,6 +178,97 @@ def deploy_worker(
         server.server_close()
 
 
+def _app_plan(run: Path) -> Any:
+    """The plan of the run in the app folder ``run`` (as the coordinator will send it)."""
+    require_extra("flwr", "flower", "medfed deploy policy check / approve")
+    from medfed.flower.server_app import Deployment
+    from medfed.governance.plan import app_run_config
+
+    return Deployment.from_run_config(app_run_config(run)).plan()
+
+
+RUN_HELP = "The run's app folder (written by 'medfed deploy app', as the coordinator sent it)."
+STATE_HELP = "The SuperNode's state-dir (its --node-config), where approvals are kept."
+
+
+@friendly
+def deploy_policy_check(
+    policy: Annotated[Path, typer.Argument(help="The site's policy TOML file.")],
+    run: Annotated[Path, typer.Option(help=RUN_HELP)],
+    site: Annotated[
+        str | None, typer.Option(help="The site's id, checked against the policy's 'site'.")
+    ] = None,
+    state_dir: Annotated[
+        Path | None, typer.Option(help=STATE_HELP + " Approvals there count as approved.")
+    ] = None,
+) -> None:
+    """Whether a site's policy would accept a run, rule by rule, before it is submitted.
+
+    Exit 0: accepted; 1: refused (each broken rule named); 2: an unusable policy or app."""
+    from medfed.governance.checks import check_plan
+    from medfed.governance.policy import load_policy
+    from medfed.governance.records import approved_plans
+
+    rules = load_policy(policy)
+    plan = _app_plan(run)
+    approved = approved_plans(state_dir) if state_dir is not None else set()
+    found = check_plan(rules, plan, site=site, approved=approved)
+    for line in plan.lines():
+        typer.echo(line)
+    if found:
+        for refusal in found:
+            typer.echo(f"refused: rule {refusal.rule}: {refusal.reason}")
+        raise typer.Exit(1)
+    typer.echo(f"accepted: {policy} allows this run")
+
+
+@friendly
+def deploy_approve(
+    run: Annotated[Path, typer.Option(help=RUN_HELP)],
+    state_dir: Annotated[Path, typer.Option(help=STATE_HELP)],
+    note: Annotated[str, typer.Option(help="Why, or on whose decision (kept with it).")] = "",
+) -> None:
+    """Approve a run's plan at this site: its SuperNode then trains on it (and on no other).
+
+    The plan is the app, the resolved settings and the starting weights' hash; any change to
+    them is a new plan, to be approved again. The approval is recorded in
+    STATE_DIR/approvals.jsonl (owner-only, append-only)."""
+    from medfed.governance.records import APPROVALS, record_approval
+
+    plan = _app_plan(run)
+    for line in plan.lines():
+        typer.echo(line)
+    record_approval(state_dir, plan, note=note)
+    typer.echo(f"approved plan {plan.sha256}; recorded in {state_dir / APPROVALS}")
+
+
+@friendly
+def deploy_audit(
+    state_dir: Annotated[Path, typer.Argument(help="The SuperNode's state-dir.")],
+    run: Annotated[str | None, typer.Option(help="Only this run's messages.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON record per line.")] = False,
+) -> None:
+    """The site's audit log: every message its SuperNode received and sent, with the decision.
+
+    Run, round, kind, size and sha256 of each message, and the policy's decision (accepted,
+    refused with the rule, or unchecked)."""
+    import json
+
+    from medfed.governance.records import AUDIT, AUDIT_HEADER, audit_rows, read_audit
+    from medfed.reports.markdown import markdown_table
+
+    if not (state_dir / AUDIT).is_file():
+        raise ConfigError(f"{state_dir / AUDIT}: no audit log; give the SuperNode's state-dir")
+    records = [r for r in read_audit(state_dir) if run is None or r.get("run") == run]
+    if as_json:
+        for record in records:
+            typer.echo(json.dumps(record, sort_keys=True))
+        return
+    typer.echo(markdown_table(AUDIT_HEADER, audit_rows(records)))
+    refused = sum(1 for r in records if r.get("decision") == "refused")
+    typer.echo(f"{len(records)} record(s); {refused} refused")
+
+
 def register(app: typer.Typer) -> None:
     deploy_app = typer.Typer(
         help="Run a federation across real machines on Flower (SuperLink + one SuperNode per "
@@ -182,3 +280,11 @@ def register(app: typer.Typer) -> None:
     add(deploy_app_folder, "app", cls=with_registries("algorithms"))
     add(deploy_pki, "pki")
     add(deploy_worker, "worker")
+    add(deploy_approve, "approve")
+    add(deploy_audit, "audit")
+    policy_app = typer.Typer(
+        help="A site's policy: what may run on its data and what may leave.",
+        suggest_commands=False,
+    )
+    deploy_app.add_typer(policy_app, name="policy")
+    adder(policy_app)(deploy_policy_check, "check")

@@ -199,17 +199,26 @@ def evaluate(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print summary.json (every figure, CIs and counts).")
     ] = False,
+    model_card: Annotated[
+        bool,
+        typer.Option(
+            "--model-card", help="Write RUN/model/MODEL_CARD.md again from the run's files."
+        ),
+    ] = False,
 ) -> None:
     """Print a run's figures: each site's AUC with its 95% CI, operating points, calibration.
 
     Then the federation figures, the cross-site matrix and every router under both
     protocols."""
     from medfed.reports.evaluation import evaluation_text
+    from medfed.reports.model_card import write_model_card
     from medfed.runs import RunDir
 
     run_dir = RunDir(run).require()
     summary = run_dir.read_summary()
     run_dir.verify_model()  # a damaged model/ makes the run unusable, whatever it measured
+    if model_card:
+        typer.echo(f"wrote {write_model_card(run_dir.path)}", err=as_json)
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=2, sort_keys=True, allow_nan=False))
         return

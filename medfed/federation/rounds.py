@@ -24,6 +24,7 @@ from medfed.errors import MedfedError
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan
 from medfed.federation.site import Published, SiteDropped, failure_reason
 from medfed.progress import counter
+from medfed.reports.model_card import write_model_card
 from medfed.runs.schema import Summary
 from medfed.serving.abstention import DEFAULT_FALSE_ABSTAIN, calibrate, uncalibrated
 from medfed.serving.bundle import SiteEntry, TrainedFederation
@@ -355,6 +356,7 @@ class RoundLoop:
         self.run.write_summary(summary)
         fed.save(self.run, {"n_train": {s.id: s.n_train for s in server.sites}})
         self.run.log_event("finish", rounds=self.config.rounds)
+        write_model_card(self.run.path)
         return summary
 
 

@@ -15,6 +15,7 @@ from medfed.errors import ConfigError
 from medfed.federation.engine import Engine
 from medfed.federation.plan import RunPlan, SiteInfo, plan_run
 from medfed.models.device import keep_freed_memory
+from medfed.reports.model_card import write_model_card
 from medfed.runs import RunDir, Summary
 
 WARMUP_DIR = "warmup"
@@ -59,6 +60,7 @@ def train(
             echo(line)
     summary = engine.train(resume=resume)
     write_site_overview(out, sites)  # the dashboard's Sites page
+    write_model_card(out)  # again, now with the data cards beside it
     return summary
 
 
@@ -106,4 +108,5 @@ def warmup_base(
             resume=resume and run.config_path.is_file()
         )
         write_site_overview(base, sites)
+        write_model_card(base)
     return str(base)

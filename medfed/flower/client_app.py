@@ -15,6 +15,11 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 
+from medfed.flower.gate import governance
+from medfed.flower.masks import install
+
+install()  # SecAgg+'s masks from the whole shared key, as the server expands them
+
 
 def secure_aggregation(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """SecAgg+ for the training messages that carry it; every other message passes by."""
@@ -25,7 +30,8 @@ def secure_aggregation(message: Message, context: Context, call_next: ClientAppC
     return secaggplus_mod(message, context, call_next) if secure else call_next(message, context)
 
 
-app = ClientApp(mods=[secure_aggregation])
+# The site's gate first: a refused run's message reaches nothing else (SecAgg+ included).
+app = ClientApp(mods=[governance, secure_aggregation])
 
 
 def _answer(kind: str, message: Message, context: Context) -> Message:

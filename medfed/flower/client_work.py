@@ -28,16 +28,19 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
 from medfed.algorithms.base import State
+from medfed.algorithms.lora import SENT
 from medfed.algorithms.privacy import BudgetSpent
 from medfed.data.records import Split
 from medfed.errors import MedfedError
 from medfed.federation import wire
 from medfed.federation.site import SiteWorker, failure_reason
 from medfed.federation.validate import validate_update
-from medfed.flower import secure
+from medfed.flower import masks, secure
+from medfed.flower.gate import check_run
 from medfed.flower.node import RunSettings, SiteNode, describe
 from medfed.flower.records import (
     json_of,
@@ -63,6 +66,7 @@ def _answer(work: Callable[[], RecordDict]) -> RecordDict:
 def _node(content: RecordDict, context: Context) -> SiteNode:
     """This site in the message's run; the starting weights, when they come along, are
     checked against the run's hash and kept."""
+    check_run(content, dict(context.node_config))  # again here: SecAgg+'s training passes by
     init = state_of(content, "init") if "init" in content.array_records else None
     return SiteNode(dict(context.node_config), RunSettings.from_json(json_of(content, "run")), init)
 
@@ -102,6 +106,11 @@ def _train_round(
     start = time.perf_counter()
     worker = node.worker(round_ - 1)
     dtypes = {k: worker.state[k] for k in step["keys"]}
+    if step.get("held_sha256"):  # a delta downlink: decode it against the server's reference
+        reference = node.held_matching(worker, round_ - 1, step["keys"], str(step["held_sha256"]))
+        worker.held.update(reference)
+    if step.get("stats_held") is False and float(worker.extra.get(SENT, torch.zeros(1)).sum()):
+        worker.extra[SENT] = torch.zeros(1)  # the server never took them: send them again
     payload = _weights(node, content)
     try:
         done = worker.train_round(
@@ -143,6 +152,12 @@ def secure_train(legacy: RecordDict, context: Context) -> RecordDict:
     content = secure.from_fitins(legacy)
     step = json_of(content, "step")
     keys, bound = list(step["keys"]), float(step["secure_bound"])
+    if step.get("masks") != masks.installed():
+        raise MedfedError(
+            f"the server expands SecAgg+'s masks with {step.get('masks') or 'stock'!r}, this "
+            f"site with {masks.installed()!r}: the sum would not unmask; run the same medfed "
+            "version on the server and every site"
+        )
     vectors: list[np.ndarray] = []
     weight: list[int] = []
 

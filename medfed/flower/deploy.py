@@ -27,6 +27,7 @@ from medfed.config import TrainConfig, valid_site_id
 from medfed.errors import ConfigError
 from medfed.fileio import check_out_folder
 from medfed.flower import secure
+from medfed.governance.plan import starting_sha256
 
 # A site id names its key files and the comment of its public key: kept short enough for both.
 MAX_SITE_ID = 64
@@ -156,14 +157,18 @@ def write_app(
     lr_from_modality: bool = False,
     secure_aggregation: bool = False,
     secure_bound: float = secure.DEFAULT_BOUND,
+    on_refusal: str = "stop",
 ) -> Path:
     """Write the Flower app folder for one run; returns its pyproject.toml.
 
     ``lr_from_modality``: ``config.lr`` was not chosen; the server sets the sites' modality's
     learning rate once it knows the modality (as ``medfed train`` does).
     ``secure_aggregation``: SecAgg+ (:mod:`medfed.flower.secure`), each update's differences
-    clipped to ``+-secure_bound``."""
+    clipped to ``+-secure_bound``. ``on_refusal``: when a site's policy refuses the run,
+    ``stop`` it or ``continue`` without that site."""
     _check_sites(sites)
+    if on_refusal not in ("stop", "continue"):
+        raise ConfigError(f"--on-refusal {on_refusal!r}: give stop or continue")
     refuse_unsupported(config)
     if secure_aggregation:
         from medfed.federation.plan import checked_algorithm
@@ -211,6 +216,9 @@ def write_app(
                         "lr-from-modality": bool(lr_from_modality),
                         "secure-aggregation": bool(secure_aggregation),
                         "secure-bound": float(secure_bound),
+                        "on-refusal": on_refusal,
+                        # The plan's starting weights: sites approve the run by this hash.
+                        "init-sha256": starting_sha256(config.init),
                     },
                 }
             },

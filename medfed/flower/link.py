@@ -24,9 +24,11 @@ from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 from medfed.algorithms.base import State
 from medfed.errors import MedfedError
 from medfed.federation.coordinator import Coordinator, RoundPlan
+from medfed.federation.pretrained import state_sha256
 from medfed.federation.rounds import RoundInputs, SecureSum, SiteFailure, SiteReply, Trained
 from medfed.federation.site import Published
 from medfed.federation.wire import WireFormat, encode
+from medfed.flower.masks import MASKS
 from medfed.flower.messenger import Messenger
 from medfed.flower.node import RunSettings
 from medfed.flower.records import (
@@ -191,6 +193,15 @@ class FlowerLink:
         step["fault"] = inputs.faults.get(index)
         if self.secure_bound is not None and plan.keys:
             step["secure_bound"] = self.secure_bound
+            step["masks"] = MASKS  # a site masking otherwise would garble the sum
+        if self.server.wire.delta and plan.outgoing:
+            # The reference this site's delta was computed against: the site may have moved on
+            # to a round whose reply the server never took (node.NodeSite.held_matching).
+            held = {k: self.server.held[index][k] for k in plan.outgoing}
+            step["held_sha256"] = state_sha256(held)
+        moments = getattr(self.server.algorithm, "moments", None)
+        if isinstance(moments, dict):  # LoRA: whether the server holds this site's statistics
+            step["stats_held"] = index in moments
         return step
 
     def _to_all(

@@ -116,10 +116,17 @@ class LoopbackFederation:
         key: Path | None = None,
         retries: int | None = 3,
         worker: Path | None = None,
+        policy: Path | None = None,
+        state_dir: Path | None = None,
     ) -> subprocess.Popen:
-        config = f'manifest="{manifest}" state-dir="{self.root / "node_state"}" cache-dir="{cache}"'
+        """``policy``: the site's policy file (medfed.governance); ``state_dir``: its own state
+        folder (default: one shared by every node, ROOT/node_state)."""
+        state = state_dir if state_dir is not None else self.root / "node_state"
+        config = f'manifest="{manifest}" state-dir="{state}" cache-dir="{cache}"'
         if worker is not None:
             config += f' worker="{worker}"'
+        if policy is not None:
+            config += f' policy="{policy}"'
         argv = [str(BIN / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}"]
         argv += ["--port", str(free_port()), "--node-config", config]
         if retries is not None:  # None: keep trying, as a hospital's node would

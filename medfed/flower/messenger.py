@@ -8,10 +8,11 @@ business.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from typing import Any
 
-from flwr.app import Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from medfed.errors import ConfigError
@@ -50,6 +51,18 @@ def site_info(data: Any, listed: list[str]) -> SiteInfo:
     return SiteInfo(**{**data, "input_shape": tuple(shape), "manifest": manifest})
 
 
+def refusal_of(reply: Message) -> tuple[str, list[dict[str, str]]] | None:
+    """The site and the broken rules of a site's refusal by its policy; None for another reply."""
+    if reply.has_error() or "refusal" not in reply.content.config_records:
+        return None
+    try:
+        data = json_of(reply.content, "refusal")
+        rules = [{"rule": str(r["rule"]), "reason": str(r["reason"])} for r in data["refusals"]]
+        return str(data["site"]), rules
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def reply_or_reason(reply: Message) -> Message | str:
     """A site's reply, or the reason it failed."""
     if reply.has_error():
@@ -70,6 +83,8 @@ class Messenger:
         self.reply_timeout_s, self.wait_s = reply_timeout_s, wait_s
         self.nodes: dict[str, int] = {}  # site -> its SuperNode's node id
         self.lost: dict[str, str] = {}  # site -> why it left the run
+        # site -> the rules of its policy that refused the run (the broken rules, each with why)
+        self.refused: dict[str, list[dict[str, str]]] = {}
 
     def reachable(
         self, contents: dict[str, RecordDict]
@@ -110,6 +125,8 @@ class Messenger:
                 site = pending.pop(reply.metadata.reply_to_message_id, None)
                 if site is not None:
                     answers[site] = reply_or_reason(reply)
+                    if refusal_of(reply) is not None:  # the site's policy: it leaves the run
+                        self.lost[site] = str(answers[site])
             if pending and time.monotonic() - checked > 2.0:
                 online, checked = set(self.grid.get_node_ids()), time.monotonic()
                 for message_id, site in list(pending.items()):
@@ -136,22 +153,32 @@ class Messenger:
         )
         return result, {self.nodes[s]: s for s in contents}
 
-    def discover(self) -> list[SiteInfo]:
-        """Wait (bounded) until every listed site's SuperNode has introduced itself."""
+    def discover(self, plan: dict[str, Any] | None = None) -> list[SiteInfo]:
+        """Wait (bounded) until every listed site's SuperNode has introduced itself, or refused
+        the run's ``plan`` (recorded in :attr:`refused`); the sites that accepted, in order."""
         deadline = time.monotonic() + self.wait_s
         infos: dict[str, SiteInfo] = {}
         problems: dict[int, str] = {}
         asked: set[int] = set()
         while True:
             new = [n for n in self.grid.get_node_ids() if n not in asked]
+            content = {} if plan is None else {"plan": ConfigRecord({"json": json.dumps(plan)})}
             messages = [
-                Message(RecordDict(), dst_node_id=n, message_type=f"{MessageType.QUERY}.describe")
+                Message(
+                    RecordDict(content), dst_node_id=n, message_type=f"{MessageType.QUERY}.describe"
+                )
                 for n in new
             ]
             left = max(1.0, deadline - time.monotonic())
             for reply in self.grid.send_and_receive(messages, timeout=min(left, 120.0)):
                 node = reply.metadata.src_node_id
                 asked.add(node)
+                refusal = refusal_of(reply)
+                if refusal is not None:
+                    site_id, rules = refusal
+                    if site_id in self.sites:
+                        self.refused[site_id] = rules
+                        continue
                 answer = reply_or_reason(reply)
                 if isinstance(answer, str):
                     problems[node] = answer
@@ -165,10 +192,10 @@ class Messenger:
                     raise ConfigError(f"two SuperNodes serve site {site.id!r}; stop one of them")
                 else:
                     infos[site.id], self.nodes[site.id] = site, node
-            if len(infos) == len(self.sites):
-                return [infos[s] for s in self.sites]
+            if len(infos) + len(self.refused.keys() - infos.keys()) == len(self.sites):
+                return [infos[s] for s in self.sites if s in infos]
             if time.monotonic() > deadline:
-                missing = [s for s in self.sites if s not in infos]
+                missing = [s for s in self.sites if s not in infos and s not in self.refused]
                 detail = "; ".join(f"node {n}: {p}" for n, p in problems.items())
                 raise ConfigError(
                     f"site(s) {missing} did not connect within {self.wait_s:g} s"

@@ -93,6 +93,9 @@ class RunSettings:
     spec: ModelSpec
     sites: list[str]
     init_sha256: str = ""  # hash of the starting weights the server sends (--init); "": none
+    # The run's plan as the sites approve it (medfed.governance.plan), checked by each site's
+    # gate against its policy before the message goes further.
+    plan: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -101,6 +104,7 @@ class RunSettings:
             "spec": self.spec.to_dict(),
             "sites": self.sites,
             "init_sha256": self.init_sha256,
+            "plan": self.plan,
         }
 
     @classmethod
@@ -111,6 +115,7 @@ class RunSettings:
             spec=ModelSpec.from_dict(data["spec"]),
             sites=[str(s) for s in data["sites"]],
             init_sha256=str(data.get("init_sha256") or ""),
+            plan=data.get("plan"),
         )
 
 
@@ -214,6 +219,34 @@ class SiteNode:
             worker.extra = {k: v.to(device) for k, v in states.get("extra", {}).items()}
             worker.held.update(states.get("held", {}))
         return worker
+
+    def held_matching(
+        self, worker: SiteWorker, upto_round: int, keys: list[str], sha256: str
+    ) -> State:
+        """The global state (of ``keys``) this site held when the server computed its delta
+        downlink, whose reference hash is ``sha256``: what it holds now, or, when the server
+        never took its last reply, what it held after an earlier round (its checkpoints, then
+        the start). Only the reference goes back: the site's weights and its privacy
+        accounting stay."""
+
+        def fits(held: State) -> bool:
+            return set(keys) <= set(held) and state_sha256({k: held[k] for k in keys}) == sha256
+
+        if fits(worker.held):
+            return {k: worker.held[k] for k in keys}
+        for round_, folder in reversed(self.store.rounds()):
+            if round_ < upto_round:
+                held = self.store.load(folder)[0].get("held", {})
+                if fits(held):
+                    return {k: held[k] for k in keys}
+        start = self.worker(0).held
+        if fits(start):
+            return {k: start[k] for k in keys}
+        raise RunDirError(
+            f"{self.dir}: this site holds no copy of the global state the server's delta "
+            f"downlink was computed against (sha256 {sha256}); it sits this round out, and "
+            "its checkpoints of the last rounds are needed to rejoin (keep_checkpoints)"
+        )
 
     def worker_config(self) -> TrainConfig:
         """The run's settings as this node trains them: under a privacy budget with no noise

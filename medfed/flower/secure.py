@@ -27,7 +27,9 @@ How the numbers are set:
   the key exchange and the round still aggregates the rest; fewer than ``threshold`` sites
   colluding with the server learn nothing about another site's update.
 
-Settings that cannot work are refused before a run starts (:func:`refusal`).
+Settings that cannot work are refused before a run starts (:func:`refusal`). The masks are
+expanded from the whole shared key by ChaCha20, not from a 32-bit fold of it by numpy's
+Mersenne Twister as Flower's own generator does (:mod:`medfed.flower.masks`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 from flwr.compat.common import recorddict_compat as compat
+
+from medfed.flower import masks
+
+masks.install()  # both ends expand SecAgg+'s masks from the whole key (medfed.flower.masks)
 
 DEFAULT_BOUND = 1.0
 """How far one weight may move in one round before its site clips the difference."""

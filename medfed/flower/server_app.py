@@ -9,7 +9,8 @@ Run config (``[tool.flwr.app.config]`` of the app folder ``medfed deploy app`` w
 ``train`` (TOML of the training settings), ``sites`` (comma-separated ids), ``run-dir``,
 ``run-name``, ``wait-s`` (how long to wait for every site to connect), ``reply-timeout-s`` (how
 long one round waits for replies), ``resume``, ``lr-from-modality``, and
-``secure-aggregation`` with ``secure-bound`` (SecAgg+, :mod:`medfed.flower.secure`).
+``secure-aggregation`` with ``secure-bound`` (SecAgg+, :mod:`medfed.flower.secure`), and
+``on-refusal`` (``stop`` or ``continue`` when a site's policy refuses the run).
 """
 
 from __future__ import annotations
@@ -33,10 +34,15 @@ from medfed.flower.link import FlowerLink
 from medfed.flower.messenger import Messenger
 from medfed.flower.node import RunSettings, train_config_from_toml
 from medfed.flower.secure import DEFAULT_BOUND
+from medfed.governance.plan import Plan, make_plan, starting_sha256
+from medfed.governance.policy import SHA256
 from medfed.models.device import resolve_device
 from medfed.runs import RunDir
 
 app = ServerApp()
+
+ON_REFUSAL = ("stop", "continue")
+"""What a run does when a site's policy refuses it (run config ``on-refusal``)."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,22 @@ class Deployment:
     # SecAgg+: the server sees only the weighted mean of each round's updates.
     secure_aggregation: bool = False
     secure_bound: float = DEFAULT_BOUND
+    # When a site's policy refuses the run: "stop" the run, or "continue" without that site.
+    on_refusal: str = "stop"
+    # The starting weights' sha256 as the app was written (the plan the sites approve names it).
+    init_sha256: str = ""
+
+    def plan(self) -> Plan:
+        """The run's plan as each site's gate checks it (:mod:`medfed.governance.plan`)."""
+        return make_plan(
+            self.config,
+            self.sites,
+            run_name=self.run_name,
+            lr_from_modality=self.lr_from_modality,
+            secure_aggregation=self.secure_aggregation,
+            secure_bound=self.secure_bound,
+            starting_sha256=self.init_sha256,
+        )
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> Deployment:
@@ -92,6 +114,12 @@ class Deployment:
             raise ConfigError(f"run config 'secure-bound' must be a number > 0, got {bound!r}")
         if secure:
             refuse_insecure_settings(config, algorithm, len(sites), float(bound))
+        on_refusal = run_config.get("on-refusal", "stop")
+        if on_refusal not in ON_REFUSAL:
+            raise ConfigError(
+                f"run config 'on-refusal' must be one of {', '.join(ON_REFUSAL)}, got "
+                f"{on_refusal!r}"
+            )
         return cls(
             config=config,
             sites=sites,
@@ -103,7 +131,24 @@ class Deployment:
             lr_from_modality=modality_lr,
             secure_aggregation=secure,
             secure_bound=float(bound),
+            on_refusal=on_refusal,
+            init_sha256=_init_sha256(run_config, config.init),
         )
+
+
+def _init_sha256(run_config: dict[str, Any], init: str) -> str:
+    value = run_config.get("init-sha256", "")
+    if not isinstance(value, str) or (value and not SHA256.fullmatch(value)):
+        raise ConfigError(f"run config 'init-sha256' must be a sha256 hash, got {value!r}")
+    if init and not value:  # an app folder written before the plan named its weights' hash
+        try:
+            return starting_sha256(init)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"run config 'init-sha256' is missing and the starting weights cannot be read "
+                f"here ({exc}); write the app folder again with 'medfed deploy app'"
+            ) from None
+    return value
 
 
 def _seconds(run_config: dict[str, Any], key: str, default: float) -> float:
@@ -138,7 +183,15 @@ class FlowerRun:
         )
 
     def run(self) -> dict[str, Any]:
-        infos = self.messenger.discover()
+        if self.d.config.init and starting_sha256(self.d.config.init) != self.d.init_sha256:
+            raise ConfigError(
+                f"the starting weights {self.d.config.init} changed since the app folder was "
+                "written (their sha256 is not the plan's); write the app again and have the "
+                "sites approve its plan"
+            )
+        approved = self.d.plan()  # what each site's gate checks (and its operator approved)
+        infos = self.messenger.discover(approved.to_json())
+        refused = self.refused()
         plan = plan_run(self.d.config, infos, lr_from_modality=self.d.lr_from_modality)
         self.d = dataclasses.replace(self.d, config=plan.config)
         self.server = Coordinator(plan, self.run_dir, self.setup)
@@ -149,11 +202,37 @@ class FlowerRun:
             self.server.spec,
             self.d.sites,
             init_sha256=report.sha256 if report else "",
+            plan=approved.to_json(),
         )
         inputs = RoundSource(self.server)
         secure_bound = self.d.secure_bound if self.d.secure_aggregation else None
         link = FlowerLink(self.messenger, self.server, settings, inputs, secure_bound)
-        event: dict[str, Any] = {"engine": "flower"}
+        event: dict[str, Any] = {"engine": "flower", "plan_sha256": approved.sha256}
+        if refused:
+            event["refused_sites"] = refused
         if self.d.secure_aggregation:
             event |= {"secure_aggregation": "secagg+", "secure_bound": self.d.secure_bound}
         return RoundLoop(self.server, link, inputs=inputs).train(resume=self.d.resume, **event)
+
+    def refused(self) -> dict[str, list[dict[str, str]]]:
+        """The sites whose policy refused the run, recorded; the run goes on without them, or
+        stops (ConfigError, events.jsonl says why) as its ``on-refusal`` setting says."""
+        refused = dict(self.messenger.refused)
+        if not refused:
+            return {}
+        left = [s for s in self.d.sites if s not in refused]
+        words = "; ".join(f"{site}: {rules[0]['rule']}" for site, rules in refused.items())
+        if self.d.on_refusal == "stop" or not left:
+            self.run_dir.path.mkdir(parents=True, exist_ok=True)
+            for site, rules in refused.items():
+                self.run_dir.log_event("site_refused", site=site, refusals=rules)
+            why = f"site policies refused the run ({words})"
+            self.run_dir.log_event("failed", reason=why)
+            raise ConfigError(
+                f"{why}; change the run, or have those sites' operators change their policy or "
+                "approve the plan ('medfed deploy policy check', 'medfed deploy approve')"
+                + ("" if left else "; no site is left to train")
+            )
+        self.d = dataclasses.replace(self.d, sites=left)
+        self.messenger.sites = left
+        return refused

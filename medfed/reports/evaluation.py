@@ -101,6 +101,11 @@ def site_table(summary: Summary) -> str:
 def operating_point_table(summary: Evaluation) -> str:
     """Each site's operating point on its test split: the threshold its rule chose on the
     validation split, then sensitivity, specificity, PPV and NPV with Wilson CIs and k/n."""
+    return markdown_table(*operating_point_rows(summary))
+
+
+def operating_point_rows(summary: Evaluation) -> tuple[list[str], list[list[Any]]]:
+    """The header and rows of :func:`operating_point_table` (for markdown or HTML)."""
     header = ["site", "rule", "threshold", "sensitivity", "specificity", "PPV", "NPV"]
     header += ["TP/FP/TN/FN", "note"]
     rows = []
@@ -123,11 +128,16 @@ def operating_point_table(summary: Evaluation) -> str:
                 op.note or "",
             ]
         )
-    return markdown_table(header, rows)
+    return header, rows
 
 
 def calibration_table(summary: Evaluation) -> str:
     """Brier score, ECE, calibration intercept and slope of each site's model on its test split."""
+    return markdown_table(*calibration_rows(summary))
+
+
+def calibration_rows(summary: Evaluation) -> tuple[list[str], list[list[Any]]]:
+    """The header and rows of :func:`calibration_table` (for markdown or HTML)."""
     header = ["site", "n", "Brier", "ECE", "intercept (ideal 0)", "slope (ideal 1)", "note"]
     rows = []
     for site, m in summary.sites.items():
@@ -136,7 +146,7 @@ def calibration_table(summary: Evaluation) -> str:
             rows.append([site, *["n/a"] * 5, "no calibration in this run"])
             continue
         rows.append([site, c.n, c.brier, c.ece, c.intercept, c.slope, c.reason or ""])
-    return markdown_table(header, rows)
+    return header, rows
 
 
 def federation_lines(summary: Summary) -> list[str]:

@@ -57,6 +57,7 @@ from medfed.reports.html import (
     table,
     tag,
 )
+from medfed.reports.model_card import MODEL_CARD_INTRO, MODEL_CARD_SECTION, model_card_section
 from medfed.reports.prospective import PROSPECTIVE_LEGEND, prospective_grid, prospective_notes
 from medfed.reports.study_checks import (
     comparisons_section,
@@ -628,6 +629,7 @@ INTRO = {
         "Routed scans whose clinicians' latest reads differ: each needs a consensus read "
         "before it counts as a label (medfed review lists them too)."
     ),
+    "model-card": MODEL_CARD_INTRO,
     "review": (
         "New patients' scans routed after training and read by the sites' clinicians (each "
         f"run's audit log, every read so far). {PROSPECTIVE_LEGEND}"
@@ -708,6 +710,7 @@ def render_study(
         COMPARISONS_SECTION: comparisons_section(comparisons or {}),
         REVIEW_SECTION: _review_section(runs, prospective or {}),
         DISAGREEMENTS_SECTION: disagreements_section(runs, disagreements or {}),
+        MODEL_CARD_SECTION: model_card_section([(r.label, r.path) for r in runs]),
     }
     for section, body in extra.items():
         if body:

@@ -1,0 +1,162 @@
+"""A deployed run as a site approves it: its plan and the plan's hash.
+
+The plan holds what decides what runs on a site's data and what leaves it: the app (medfed and
+its version), the run's name and sites, the resolved training settings, secure aggregation and
+its bound, whether the sites' modality sets the learning rate, the starting weights' sha256
+(of the file, "" for a random start) and the outputs the run sends out of each site. The hash
+is the sha256 of the plan as canonical JSON, so the coordinator, ``medfed deploy approve`` and
+the SuperNode compute it alike; a change to any of these is a new plan, to be approved again.
+How long the server waits, where it writes the run and whether it resumes are not part of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from medfed import __version__
+from medfed.config import TrainConfig
+from medfed.errors import ConfigError
+
+APP = "medfed"
+
+RUN_OUTPUTS = ("updates", "figures", "predictions", "data_card")
+"""What a deployed run sends out of every site today: the weights it shares, its validation and
+test figures, each test scan's prediction and score (pooled at the coordinator), and the site's
+description (label map, input shape, number of training scans, the manifest's declared facts)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a site is asked to approve (see the module's docstring)."""
+
+    app: str
+    version: str
+    run_name: str
+    sites: list[str]
+    train: dict[str, Any]
+    lr_from_modality: bool
+    secure_aggregation: bool
+    secure_bound: float
+    starting_sha256: str
+    outputs: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "the run's plan") -> Plan:
+        """A plan as a message or file spells it (ConfigError when it is not one)."""
+        names = set(cls.__dataclass_fields__)
+        if not isinstance(data, Mapping) or set(data) != names:
+            got = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+            raise ConfigError(f"{where}: not a medfed run plan (holds {got})")
+        plan = cls(**data)
+        ok = (
+            all(isinstance(getattr(plan, k), str) for k in ("app", "version", "run_name"))
+            and isinstance(plan.sites, list)
+            and isinstance(plan.train, Mapping)
+            and isinstance(plan.outputs, list)
+            and isinstance(plan.secure_aggregation, bool)
+            and isinstance(plan.lr_from_modality, bool)
+            and isinstance(plan.starting_sha256, str)
+        )
+        if not ok:
+            raise ConfigError(f"{where}: a run plan with fields of the wrong kind")
+        return plan
+
+    @property
+    def sha256(self) -> str:
+        return plan_sha256(self)
+
+    @property
+    def config(self) -> TrainConfig:
+        return TrainConfig.from_dict(dict(self.train), where="the run's plan")
+
+    def lines(self) -> list[str]:
+        """The plan in words, one line each, for an operator deciding on it."""
+        c = self.config
+        dp = f"DP-SGD, epsilon {c.dp_epsilon:g}" if c.dp.enabled else "no differential privacy"
+        secure = "secure aggregation (SecAgg+)" if self.secure_aggregation else "plain aggregation"
+        start = self.starting_sha256 or "random (seeded)"
+        return [
+            f"plan sha256: {self.sha256}",
+            f"run: {self.run_name} ({self.app} {self.version}), sites: {', '.join(self.sites)}",
+            f"algorithm: {c.algorithm}; backbone: {c.backbone}; {c.rounds} rounds of "
+            f"{c.local_steps} local steps",
+            f"privacy: {dp}; {secure}",
+            f"starting weights: {start}",
+            f"leaves each site: {', '.join(self.outputs)}",
+        ]
+
+
+def plan_sha256(plan: Plan) -> str:
+    text = json.dumps(plan.to_json(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def make_plan(
+    config: TrainConfig,
+    sites: list[str],
+    *,
+    run_name: str,
+    lr_from_modality: bool,
+    secure_aggregation: bool,
+    secure_bound: float,
+    starting_sha256: str,
+) -> Plan:
+    """The plan of a run with these (resolved) settings."""
+    return Plan(
+        app=APP,
+        version=__version__,
+        run_name=run_name,
+        sites=list(sites),
+        train=config.to_dict(),
+        lr_from_modality=bool(lr_from_modality),
+        secure_aggregation=bool(secure_aggregation),
+        secure_bound=float(secure_bound) if secure_aggregation else 0.0,
+        starting_sha256=starting_sha256,
+        outputs=list(RUN_OUTPUTS),
+    )
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def starting_sha256(init: str) -> str:
+    """The sha256 of the starting weights file ``init`` names ("" for a random start)."""
+    if not init:
+        return ""
+    from medfed.federation.pretrained import resolve_init
+
+    return file_sha256(resolve_init(init).file)
+
+
+def app_run_config(app: Path) -> dict[str, Any]:
+    """The run config of an app folder ``medfed deploy app`` wrote."""
+    path = app / "pyproject.toml" if app.is_dir() else app
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"--run {app}: no pyproject.toml there; give the folder 'medfed deploy app' wrote"
+        ) from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"--run {path}: not a readable app folder ({exc})") from None
+    config = data.get("tool", {}).get("flwr", {}).get("app", {}).get("config")
+    if not isinstance(config, Mapping) or "train" not in config:
+        raise ConfigError(
+            f"--run {path}: not a medfed app (no [tool.flwr.app.config] with 'train'); give "
+            "the folder 'medfed deploy app' wrote"
+        )
+    return dict(config)
