@@ -26,6 +26,8 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("metrics", "models"),
     ("dashboard", "federation algorithms experiments"),
     ("federation", "experiments flower dashboard"),
+    ("pacs", "federation algorithms experiments flower dashboard"),
+    ("governance", "serving experiments flower dashboard reports"),
 )
 
 # Imported (a medfed package or a third-party distribution) -> the only importers allowed.
@@ -35,6 +37,10 @@ ONLY_FROM: tuple[tuple[str, str], ...] = (
     ("flwr", "medfed.flower medfed.cli"),
     ("streamlit", "medfed.dashboard medfed.cli"),
     ("plotly", "medfed.dashboard medfed.cli"),
+    ("fastapi", "medfed.pacs"),
+    ("uvicorn", "medfed.pacs medfed.cli"),
+    ("pynetdicom", "medfed.pacs"),
+    ("dicomweb_client", "medfed.pacs"),
 )
 
 # Small utilities: leaves any layer may import (each imports at most another of them).
