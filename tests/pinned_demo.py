@@ -5,6 +5,12 @@ The test runs the demo as the test suite does (one thread per site, CI's setting
 that is meant to move the demo's figures re-pins them there, and the commit says why:
 
     MEDFED_REPIN=1 python -m pytest tests/test_demo_pinned.py
+
+Floating-point results depend on the vector instructions PyTorch picks for the CPU (AVX2 and
+AVX-512 kernels sum in different orders), so the pin records the CPU capability it was taken
+on. On a CPU of that capability every figure and file must be equal; on another, the demo must
+keep the pin's shape (every table row and column, every summary field, every round, every model
+file, each number still a finite number where the pin has one), and its figures are not compared.
 """
 
 from __future__ import annotations
@@ -58,6 +64,44 @@ def snapshot(out: Path) -> dict[str, Any]:
     }
 
 
+def machine() -> str:
+    """The CPU capability PyTorch's kernels were chosen for (``AVX2``, ``AVX512``, ...)."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+def shape_differences(found: Any, pinned: Any, where: str = "") -> list[str]:
+    """Where ``found`` lacks the shape of ``pinned``: keys, list lengths, kinds of values, the
+    table's header and row labels; numbers and hashes may differ."""
+    if isinstance(found, dict) and isinstance(pinned, dict):
+        out = [f"{where}.{k}: missing" for k in pinned.keys() - found.keys()]
+        out += [f"{where}.{k}: not pinned" for k in found.keys() - pinned.keys()]
+        for key in found.keys() & pinned.keys():
+            out += shape_differences(found[key], pinned[key], f"{where}.{key}")
+        return out
+    if isinstance(found, list) and isinstance(pinned, list):
+        if len(found) != len(pinned):
+            return [f"{where}: {len(found)} items != pinned {len(pinned)}"]
+        pairs = enumerate(zip(found, pinned, strict=True))
+        return [d for i, (a, b) in pairs for d in shape_differences(a, b, f"{where}[{i}]")]
+    if isinstance(found, str) and isinstance(pinned, str):
+        if where == ".table" or where.endswith("config.toml"):
+            return differences(_labels(found), _labels(pinned), where)
+        return []  # a hash, a site or method name written from the figures
+    numbers = (int, float)
+    if isinstance(pinned, numbers) and not isinstance(pinned, bool):
+        finite = isinstance(found, numbers) and not isinstance(found, bool)
+        return [] if finite and found == found else [f"{where}: {found!r} is not a number"]
+    return [] if type(found) is type(pinned) else [f"{where}: {found!r} != pinned {pinned!r}"]
+
+
+def _labels(text: str) -> str:
+    """A table's or config's words without its numbers: its header and row labels."""
+    words = re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "#", text)
+    return re.sub(r"[ \t]+", " ", re.sub(r"-{3,}", "---", words))  # widths follow the numbers
+
+
 def differences(found: Any, pinned: Any, where: str = "") -> list[str]:
     """Where ``found`` and ``pinned`` differ, as readable paths (the first few)."""
     if isinstance(found, dict) and isinstance(pinned, dict):
@@ -78,9 +122,9 @@ def differences(found: Any, pinned: Any, where: str = "") -> list[str]:
 
 
 def pin(found: dict[str, Any]) -> None:
-    """Write ``found`` as the pinned figures."""
+    """Write ``found`` as the pinned figures, with the CPU capability they were taken on."""
     with FIXTURE.open("w", encoding="utf-8") as stream:
-        json.dump(found, stream, indent=1, sort_keys=True)
+        json.dump({**found, "machine": machine()}, stream, indent=1, sort_keys=True)
         stream.write("\n")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from medfed.experiments.demo import run_demo
-from tests.pinned_demo import FIXTURE, differences, pin, snapshot
+from tests.pinned_demo import FIXTURE, differences, machine, pin, shape_differences, snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -25,5 +25,11 @@ def test_the_quick_demo_equals_its_pinned_figures(tmp_path: Path) -> None:
     if os.environ.get("MEDFED_REPIN") == "1":
         pin(found)
         pytest.skip(f"re-pinned the quick demo in {FIXTURE}")
-    problems = differences(found, pinned)
-    assert not problems, "the quick demo moved:\n" + "\n".join(problems[:20])
+    pinned_on = pinned.pop("machine", None)
+    if pinned_on == machine():
+        problems = differences(found, pinned)
+        assert not problems, "the quick demo moved:\n" + "\n".join(problems[:20])
+    else:  # other kernels, other sums: the shape is held, the figures are not compared
+        print(f"pinned on a {pinned_on} CPU, run on a {machine()} one: its shape compared")
+        problems = shape_differences(found, pinned)
+        assert not problems, "the quick demo changed shape:\n" + "\n".join(problems[:20])
