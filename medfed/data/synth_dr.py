@@ -409,7 +409,7 @@ def _write_idrid(root: Path, site: DRSite, eyes: list[_Eye], seed: int) -> list[
         rel = f"{_IDRID_BASE}/1. Original Images/{_IDRID_SETS[part][0]}/{name}.jpg"
         write_bytes(root / rel, _encode(site, eye.pixels))
         tables[part].append([name, eye.label, _edema_risk(eye.retinopathy)])
-        items.append(_item(eye, f"{part}-{name}", [rel], set=_IDRID_SETS[part][0]))
+        items.append(_item(eye, f"{'ab'[part]}-{name}", [rel], set=_IDRID_SETS[part][0]))
     for (_, table), rows in zip(_IDRID_SETS, tables, strict=True):
         write_bytes(root / _IDRID_BASE / "2. Groundtruths" / table, csv_text(rows).encode())
     return items

@@ -5,6 +5,9 @@ is kept."""
 
 from __future__ import annotations
 
+from functools import partial
+from pathlib import Path
+
 from medfed.config import SiteManifest
 from medfed.data.layouts._common import check_options
 from medfed.data.layouts._graded import GRADED_OPTIONS, GradedSet, scan_graded_set
@@ -19,6 +22,12 @@ SETS = (
 )
 IMAGE_COLUMN, GRADE_COLUMN = "Image name", "Retinopathy grade"
 EDEMA_COLUMN = "Risk of macular edema "  # the trailing space is the published file's
+
+
+def patient_of(folder: str, image: Path) -> str:
+    """``a-IDRiD_001``: both sets number their images from IDRiD_001, and they are other
+    patients, so the set's letter keeps them apart."""
+    return f"{folder[0]}-{image.stem}"
 
 
 def scan(manifest: SiteManifest) -> LayoutScan:
@@ -44,6 +53,6 @@ def scan(manifest: SiteManifest) -> LayoutScan:
             split,
             "idrid",
         )
-        scan_graded_set(manifest, spec, result)
+        scan_graded_set(manifest, spec, result, patient_of=partial(patient_of, folder))
     result.records.sort(key=lambda r: r.path)
     return result
