@@ -158,7 +158,7 @@ class DRSite:
     id: str
     folder: str
     layout: str
-    role: str  # "screening" or "referral"
+    role: str  # "screening", "referral", or "Dirichlet-mix" (label_alpha set)
     camera: Camera
     mix: tuple[float, ...]  # share of each grade 0-4
     referable_from: int  # the grade from which this site calls DR referable
@@ -203,6 +203,8 @@ def plan_sites(shift: DRShift, seed: int) -> list[DRSite]:
     for k in range(shift.n_sites):
         layout = LAYOUT_CYCLE[k % len(LAYOUT_CYCLE)]
         role = "referral" if k % 3 == 2 else "screening"
+        if shift.label_alpha is not None:
+            role = "Dirichlet-mix"  # its grade mix is drawn, whatever kind of site it is
         camera = _BASE_CAMERAS[layout]
         if k >= len(LAYOUT_CYCLE):  # a further site of a layout: another camera of its kind
             camera = _jitter(camera, seeded_rng(seed, "dr-camera", k))
@@ -231,7 +233,7 @@ def _grade_mix(shift: DRShift, role: str, rng: np.random.Generator) -> tuple[flo
     if shift.classes_per_site is not None:
         keep = np.argsort(-mix, kind="stable")[: shift.classes_per_site]
         mix = np.where(np.isin(np.arange(mix.size), keep), mix, 0.0)
-        mix = np.maximum(mix, np.where(mix > 0, 1e-3, 0.0))  # a kept grade keeps some eyes
+        mix = np.maximum(mix, np.where(mix > 0, 1e-3, 0.0))  # a kept grade keeps a share
     return tuple(round(float(v), 4) for v in mix / mix.sum())
 
 
