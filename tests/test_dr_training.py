@@ -81,3 +81,30 @@ def test_dr_federation_trains_and_evaluates_as_grades(
         assert referable["operating_point"]["rule"] == "specificity:0.90"
         assert figures["auc"] == figures["macro_auc"]["value"]
     assert summary["system_kappa"]["n"] == len(rows)
+
+
+def test_sites_that_never_see_some_grades_train_with_client_sampling(tmp_path: Path) -> None:
+    made = runner.invoke(
+        app,
+        ["synth", "--out", str(tmp_path / "d"), "--task", "dr", "--n-per-site", "24"]
+        + ["--classes-per-site", "2", "--covariate-shift", "high"],
+    )
+    assert made.exit_code == 0, made.output
+    sites = sorted(str(p) for p in (tmp_path / "d" / "sites").glob("*.toml"))
+    argv = ["train", "--sites", *sites, "--algorithm", "fedbn", "--client-fraction", "0.67"]
+    argv += ["--rounds", "2", "--local-steps", "1", "--out", str(tmp_path / "run")]
+    argv += ["--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+
+    trained = runner.invoke(app, argv)
+    printed = runner.invoke(app, ["evaluate", str(tmp_path / "run")])
+
+    assert trained.exit_code == 0, trained.output
+    assert printed.exit_code == 0, printed.output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    for figures in summary["sites"].values():
+        absent = [c for c in figures["class_auc"] if c["n_pos"] == 0]
+        assert len(absent) >= 3 and all(c["auc"] is None and c["reason"] for c in absent)
+        referable = figures["referable"]
+        if min(referable["n_pos"], referable["n_neg"]) < 2:
+            assert referable["auc"] is None and "too few for an AUC" in referable["auc_reason"]
+    assert "n/a (0 of" in printed.output

@@ -61,18 +61,18 @@ def referable_table(summary: Evaluation) -> str:
     """Referable DR per site: AUC with CI, counts, and the operating point chosen on the
     site's validation split (sensitivity, specificity, PPV, NPV with Wilson CIs)."""
     header = ["site", "AUC (95% CI)", "referable/not", "rule", "threshold"]
-    header += ["sensitivity", "specificity", "PPV", "NPV", "TP/FP/TN/FN"]
+    header += ["sensitivity", "specificity", "PPV", "NPV", "TP/FP/TN/FN", "note"]
     rows = []
     for site, m in summary.sites.items():
         r = m.referable
         if r is None:
-            rows.append([site, *[NA] * 9])
+            rows.append([site, *[NA] * 9, "no referable figures in this run"])
             continue
         mark = f" {UNRELIABLE_MARK}" if r.unreliable else ""
         auc = ci_text(r.auc_ci) if r.auc_ci is not None else f"{NA} ({r.auc_reason})"
         op = r.operating_point
         cells = (
-            [NA] * 7
+            [NA] * 8
             if op is None
             else [
                 op.rule,
@@ -82,6 +82,7 @@ def referable_table(summary: Evaluation) -> str:
                 rate_text(op.ppv) + mark,
                 rate_text(op.npv) + mark,
                 f"{op.tp}/{op.fp}/{op.tn}/{op.fn}",
+                op.note or "",
             ]
         )
         rows.append([site, auc + mark, count_text(r.n_pos, r.n_neg), *cells])
