@@ -39,15 +39,7 @@ def _train(sites: list[str], cache: Path, out: Path, algorithm: str) -> None:
     assert result.exit_code == 0, result.output
 
 
-@pytest.mark.parametrize(
-    "algorithm",
-    [
-        pytest.param("fedavg", marks=pytest.mark.slow),
-        "fedbn",
-        "feddrm",
-        pytest.param("lora", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_dr_federation_trains_and_evaluates_as_grades(
     dr_sites: tuple[list[str], Path], tmp_path: Path, algorithm: str
 ) -> None:
