@@ -23,7 +23,7 @@ class Modality(StrEnum):
 
 # The on-disk layouts each modality can be read from; each names a module of medfed.data.layouts.
 LAYOUTS_BY_MODALITY: dict[Modality, tuple[str, ...]] = {
-    Modality.FUNDUS: ("acrima", "rimone", "refuge", "imagefolder"),
+    Modality.FUNDUS: ("acrima", "rimone", "refuge", "imagefolder", "aptos", "eyepacs", "idrid"),
     Modality.CT: ("dicom", "nifti"),
 }
 

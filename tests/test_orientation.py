@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from medfed.cli import app
 from medfed.config import CTPreprocess, Modality, load_manifest
-from medfed.data import synth
+from medfed.data import synth, synth_ct
 from medfed.data.cards import render_card
 from medfed.data.checks import SiteReport
 from medfed.data.io import Volume, read_dicom_series, read_nifti
@@ -274,11 +274,11 @@ def test_orientation_tags_with_no_direction_are_refused_naming_the_file(tmp_path
 
 
 def test_both_synthetic_ct_writers_store_one_anatomy(tmp_path) -> None:
-    site = synth.CT_SITES[0]
+    site = synth_ct.CT_SITES[0]
     site = dataclasses.replace(site, scanner=dataclasses.replace(site.scanner, noise_hu=0.0))
-    patient = synth._draw_ct_patient(site, 0, True, seed=0)
-    files = synth._write_dicom_series(tmp_path, site, patient, 0, np.random.default_rng(0))
-    name = synth._write_nifti(tmp_path, site, patient)
+    patient = synth_ct._draw_ct_patient(site, 0, True, seed=0)
+    files = synth_ct._write_dicom_series(tmp_path, site, patient, 0, np.random.default_rng(0))
+    name = synth_ct._write_nifti(tmp_path, site, patient)
 
     from_dicom = read_dicom_series([tmp_path / f for f in files])
     from_nifti = read_nifti(tmp_path / name)

@@ -15,7 +15,7 @@ import pydicom
 import pytest
 
 from medfed.config import CTPreprocess, FundusPreprocess, Modality, load_manifest
-from medfed.data import _phantoms, synth
+from medfed.data import _phantoms, synth, synth_ct
 from medfed.data.io import Volume
 from medfed.data.layouts import scan_site
 from medfed.data.modality import read_record
@@ -277,11 +277,11 @@ def test_ct_volumes_decode_with_each_scanners_spacing(federation: Path) -> None:
 
 def test_dicom_series_reads_back_the_drawn_volume_in_order_and_in_ras(federation: Path) -> None:
     site = synth.CT_SITES[0]
-    labels = synth._ct_labels(site, N, seed=0)
+    labels = synth_ct._ct_labels(site, N, seed=0)
     record = scan_site(_manifest(federation, site.id)).records[0]
     index = int(record.patient_id[len(site.patient_prefix) :]) - 1
 
-    drawn = synth._draw_ct_patient(site, index, labels[index], seed=0)
+    drawn = synth_ct._draw_ct_patient(site, index, labels[index], seed=0)
     volume = read_record(record, Modality.CT)
 
     # drawn in LPS (columns to the left, rows to the back); read in RAS+, both flipped
@@ -306,12 +306,12 @@ def test_dicom_files_carry_the_ct_image_header(federation: Path) -> None:
 
 def test_nifti_affine_maps_voxels_to_the_scanner_geometry(federation: Path) -> None:
     site = synth.CT_SITES[1]
-    labels = synth._ct_labels(site, N, seed=0)
+    labels = synth_ct._ct_labels(site, N, seed=0)
     record = scan_site(_manifest(federation, site.id)).records[0]
     index = int(record.patient_id[len(site.patient_prefix) :]) - 1
 
     image = nib.load(record.path)
-    drawn = synth._draw_ct_patient(site, index, labels[index], seed=0)
+    drawn = synth_ct._draw_ct_patient(site, index, labels[index], seed=0)
 
     assert nib.affines.voxel_sizes(image.affine) == pytest.approx((3.4, 3.4, 5.0))
     assert nib.aff2axcodes(image.affine) == ("L", "P", "S")

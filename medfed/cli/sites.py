@@ -24,11 +24,61 @@ def synth(
         typer.Option(help="Scans (fundus) or patients (CT) per site (default: 240 and 200)."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Random seed; the same seed gives the same files.")] = 0,
+    task: Annotated[
+        str,
+        typer.Option(
+            help="binary: glaucoma and CT lesion sites; dr: diabetic-retinopathy grading "
+            "(ICDR 0-4) in the APTOS, EyePACS and IDRiD layouts."
+        ),
+    ] = "binary",
+    n_sites: Annotated[
+        int | None, typer.Option(help="DR only: number of sites, 3 to 32 (default 3).")
+    ] = None,
+    covariate_shift: Annotated[
+        str | None,
+        typer.Option(help="DR only: camera differences between sites: low, mid or high."),
+    ] = None,
+    label_alpha: Annotated[
+        float | None,
+        typer.Option(
+            help="DR only: draw each site's grade mix from Dirichlet(alpha * pooled mix); "
+            "small alpha, strong label shift (default: screening and referral mixes)."
+        ),
+    ] = None,
+    classes_per_site: Annotated[
+        int | None, typer.Option(help="DR only: each site sees only its N most frequent grades.")
+    ] = None,
+    concept_shift: Annotated[
+        bool,
+        typer.Option(help="DR only: the second site calls DR referable from grade 3."),
+    ] = False,
 ) -> None:
     """Write synthetic sites in real on-disk layouts, with their manifests under OUT/sites/."""
-    from medfed.data.synth import synthesize
+    from medfed.data.synth import SynthesisError, synthesize
+    from medfed.data.synth_dr import DRShift
 
-    manifests = synthesize(out, modality=modality, n_per_site=n_per_site, seed=seed)
+    dr_options = {
+        "--n-sites": n_sites,
+        "--covariate-shift": covariate_shift,
+        "--label-alpha": label_alpha,
+        "--classes-per-site": classes_per_site,
+        "--concept-shift": concept_shift or None,
+    }
+    given = [name for name, value in dr_options.items() if value is not None]
+    shift = None
+    if task == "dr":
+        shift = DRShift(
+            n_sites=3 if n_sites is None else n_sites,
+            covariate=covariate_shift or "mid",
+            label_alpha=label_alpha,
+            classes_per_site=classes_per_site,
+            concept=concept_shift,
+        )
+    elif given:
+        raise SynthesisError(f"{', '.join(given)} apply to --task dr only; add --task dr")
+    manifests = synthesize(
+        out, modality=modality, n_per_site=n_per_site, seed=seed, task=task, shift=shift
+    )
     typer.echo(f"wrote {len(manifests)} site(s) under {out}:")
     for path in manifests:
         typer.echo(f"  {path}")

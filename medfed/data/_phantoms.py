@@ -223,14 +223,22 @@ def _apply_camera(img: np.ndarray, camera: Camera, rng: np.random.Generator) -> 
     return img + rng.normal(0.0, camera.noise, size=img.shape).astype(np.float32)
 
 
-def render_fundus(rng: np.random.Generator, anatomy: FundusAnatomy, camera: Camera) -> np.ndarray:
-    """A uint8 RGB (H, W, 3) fundus photograph of ``anatomy`` as seen by ``camera``."""
+def render_fundus(
+    rng: np.random.Generator,
+    anatomy: FundusAnatomy,
+    camera: Camera,
+    retinopathy: Retinopathy | None = None,
+) -> np.ndarray:
+    """A uint8 RGB (H, W, 3) fundus photograph of ``anatomy`` as seen by ``camera``, with the
+    lesions of ``retinopathy`` when given (they draw nothing from ``rng``)."""
     u, v, radius_px = _field_coordinates(camera)
     shape = (camera.height, camera.width)
     img = _retina(rng, anatomy, u, v, shape)
     img = _optic_disc(img, anatomy, u, v)
     vessels = _vessel_mask(rng, anatomy, camera)[..., None]
     img = img * (1.0 - _VESSEL_DARKENING * vessels)
+    if retinopathy is not None:
+        img = _paint_retinopathy(img, retinopathy, u, v, camera)
     img = _apply_camera(img, camera, rng)
     field = _smoothstep_inside(np.sqrt(u * u + v * v), 1.0, 1.2 / radius_px)[..., None]
     # Outside the field the sensor still sees a little dark noise, never a clean zero.
@@ -238,6 +246,166 @@ def render_fundus(rng: np.random.Generator, anatomy: FundusAnatomy, camera: Came
     img = img * field + dark * (1.0 - field)
     out = np.clip(img * 255.0 + 0.5, 0, 255).astype(np.uint8)
     return out[:, ::-1].copy() if anatomy.eye == "OS" else out
+
+
+# ----------------------------------------------------------------- diabetic retinopathy
+
+# The lesions of each ICDR grade (0 none, 1 mild, 2 moderate, 3 severe, 4 proliferative), as
+# (low, high) counts per eye. Mild is microaneurysms only; moderate adds haemorrhages and hard
+# exudates; severe has many haemorrhages in every quadrant and cotton-wool spots; proliferative
+# adds new vessels at the disc. Counts overlap between neighbouring grades, as graders' do.
+DR_LESION_COUNTS: dict[int, dict[str, tuple[int, int]]] = {
+    0: {},
+    1: {"microaneurysm": (2, 6)},
+    2: {"microaneurysm": (4, 10), "haemorrhage": (2, 6), "hard_exudate": (3, 10)},
+    3: {
+        "microaneurysm": (8, 16),
+        "haemorrhage": (10, 20),
+        "hard_exudate": (4, 12),
+        "cotton_wool": (2, 5),
+    },
+    4: {
+        "microaneurysm": (6, 14),
+        "haemorrhage": (6, 14),
+        "hard_exudate": (3, 10),
+        "cotton_wool": (1, 4),
+    },
+}
+# Radius range of each kind, in field radii (drawn larger than life so that they survive the
+# small input sizes the toolkit trains at), and its colour and opacity.
+_SPOT_RADIUS = {
+    "microaneurysm": (0.012, 0.018),
+    "haemorrhage": (0.025, 0.055),
+    "hard_exudate": (0.012, 0.03),
+    "cotton_wool": (0.035, 0.065),
+}
+_SPOT_RGB = {
+    "microaneurysm": (0.42, 0.05, 0.04),
+    "haemorrhage": (0.38, 0.04, 0.03),
+    "hard_exudate": (0.98, 0.86, 0.36),
+    "cotton_wool": (0.94, 0.86, 0.78),
+}
+_SPOT_OPACITY = {"microaneurysm": 0.9, "haemorrhage": 0.85, "hard_exudate": 0.9, "cotton_wool": 0.6}
+_NEW_VESSEL_RGB = np.array([0.45, 0.06, 0.05], dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class Spot:
+    """One round lesion: its kind, centre (field radii, right-eye view) and radius."""
+
+    kind: str
+    center: tuple[float, float]
+    radius: float
+
+
+@dataclass(frozen=True)
+class Retinopathy:
+    """The lesions of one eye: its ICDR grade, round lesions and new-vessel polylines."""
+
+    grade: int
+    spots: tuple[Spot, ...]
+    new_vessels: tuple[tuple[tuple[float, float], ...], ...]
+
+    def counts(self) -> dict[str, int]:
+        """Lesions by kind ("new_vessels" counts the tangles)."""
+        out: dict[str, int] = {}
+        for spot in self.spots:
+            out[spot.kind] = out.get(spot.kind, 0) + 1
+        if self.new_vessels:
+            out["new_vessels"] = len(self.new_vessels)
+        return out
+
+
+def sample_retinopathy(rng: np.random.Generator, grade: int, anatomy: FundusAnatomy) -> Retinopathy:
+    """Draw the lesions of an eye of ``grade`` (0-4) around ``anatomy``'s disc and macula."""
+    if grade not in DR_LESION_COUNTS:
+        raise ValueError(f"ICDR grade must be 0-4, got {grade}")
+    spots = []
+    for kind, (low, high) in DR_LESION_COUNTS[grade].items():
+        for _ in range(int(rng.integers(low, high + 1))):
+            spots.append(Spot(kind, _lesion_place(rng, kind, anatomy), _spot_radius(rng, kind)))
+    new_vessels: list[tuple[tuple[float, float], ...]] = []
+    if grade == 4:
+        for _ in range(int(rng.integers(1, 3))):
+            new_vessels.append(_new_vessel_tangle(rng, anatomy))
+        if rng.random() < 0.5:  # a pre-retinal haemorrhage near the new vessels
+            du, dv = anatomy.disc_center
+            place = (du + float(rng.normal(0, 0.12)), dv + float(rng.normal(0.1, 0.08)))
+            spots.append(Spot("haemorrhage", place, float(rng.uniform(0.07, 0.11))))
+    return Retinopathy(grade, tuple(spots), tuple(new_vessels))
+
+
+def _spot_radius(rng: np.random.Generator, kind: str) -> float:
+    return float(rng.uniform(*_SPOT_RADIUS[kind]))
+
+
+def _lesion_place(
+    rng: np.random.Generator, kind: str, anatomy: FundusAnatomy
+) -> tuple[float, float]:
+    """Where a lesion sits: exudates gather around the macula, the rest anywhere off the disc."""
+    du, dv = anatomy.disc_center
+    for _ in range(50):
+        if kind == "hard_exudate":
+            mu, mv = anatomy.macula_center
+            u, v = mu + float(rng.normal(0, 0.16)), mv + float(rng.normal(0, 0.12))
+        else:
+            angle, radius = rng.uniform(0, 2 * np.pi), 0.85 * np.sqrt(rng.uniform(0, 1))
+            u, v = float(radius * np.cos(angle)), float(radius * np.sin(angle))
+        off_disc = (u - du) ** 2 + (v - dv) ** 2 > (1.4 * anatomy.disc_radius) ** 2
+        if off_disc and u * u + v * v < 0.9:
+            return u, v
+    return u, v
+
+
+def _new_vessel_tangle(
+    rng: np.random.Generator, anatomy: FundusAnatomy
+) -> tuple[tuple[float, float], ...]:
+    """A short, tortuous polyline on or next to the disc."""
+    du, dv = anatomy.disc_center
+    angle = rng.uniform(0, 2 * np.pi)
+    point = (
+        du + 0.8 * anatomy.disc_radius * np.cos(angle),
+        dv + 0.8 * anatomy.disc_radius * np.sin(angle),
+    )
+    points = [(float(point[0]), float(point[1]))]
+    heading = rng.uniform(0, 2 * np.pi)
+    for _ in range(int(rng.integers(10, 18))):
+        heading += rng.normal(0.0, 0.9)
+        point = (point[0] + 0.018 * np.cos(heading), point[1] + 0.018 * np.sin(heading))
+        points.append((float(point[0]), float(point[1])))
+    return tuple(points)
+
+
+def _paint_retinopathy(
+    img: np.ndarray, retinopathy: Retinopathy, u: np.ndarray, v: np.ndarray, camera: Camera
+) -> np.ndarray:
+    """Blend the lesions into the retina (before the camera's optics, like every structure)."""
+    for spot in retinopathy.spots:
+        dist = np.sqrt((u - spot.center[0]) ** 2 + (v - spot.center[1]) ** 2)
+        softness = spot.radius * (0.6 if spot.kind == "cotton_wool" else 0.3)
+        alpha = _SPOT_OPACITY[spot.kind] * _smoothstep_inside(dist, spot.radius, softness)
+        colour = np.asarray(_SPOT_RGB[spot.kind], dtype=np.float32)
+        img = img * (1.0 - alpha[..., None]) + colour * alpha[..., None]
+    if retinopathy.new_vessels:
+        mask = _polyline_mask(retinopathy.new_vessels, camera, width=0.008)[..., None]
+        img = img * (1.0 - 0.8 * mask) + _NEW_VESSEL_RGB * 0.8 * mask
+    return img
+
+
+def _polyline_mask(
+    lines: tuple[tuple[tuple[float, float], ...], ...], camera: Camera, width: float
+) -> np.ndarray:
+    """Anti-aliased coverage in [0, 1] of polylines given in field radii."""
+    ss = 2
+    _, _, radius_px = _field_coordinates(camera)
+    canvas = Image.new("L", (camera.width * ss, camera.height * ss), 0)
+    draw = ImageDraw.Draw(canvas)
+    cx, cy, scale = camera.width * ss / 2.0, camera.height * ss / 2.0, radius_px * ss
+    for points in lines:
+        xy = [(cx + p[0] * scale, cy + p[1] * scale) for p in points]
+        draw.line(xy, fill=255, width=max(1, round(width * scale)), joint="curve")
+    small = canvas.resize((camera.width, camera.height), Image.Resampling.BOX)
+    return np.asarray(small, dtype=np.float32) / 255.0
 
 
 # --------------------------------------------------------------------------------------- CT

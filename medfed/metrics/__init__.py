@@ -6,6 +6,9 @@
   site AUCs, paired differences between methods.
 * ``medfed.metrics.operating``: operating points (threshold rules, sensitivity, specificity,
   PPV, NPV) and calibration.
+* ``medfed.metrics.multiclass``: tasks with more than two classes: per-class and macro
+  one-vs-rest AUC with CIs, quadratic weighted kappa with a patient bootstrap CI, and a graded
+  task's binary endpoint (referable DR).
 * ``medfed.metrics.routing``: the routing posterior's temperature, calibration (ECE, Brier,
   reliability curve) and the review queue's margin threshold.
 
@@ -29,6 +32,14 @@ from medfed.metrics.intervals import (
     verdict,
     weighted_auc,
     wilson,
+)
+from medfed.metrics.multiclass import (
+    ClassAUC,
+    MulticlassFigure,
+    macro_auc,
+    per_class_auc,
+    quadratic_kappa,
+    referable,
 )
 from medfed.metrics.operating import (
     Calibration,
@@ -68,8 +79,10 @@ __all__ = [
     "MARGIN_TARGET",
     "RELIABLE_MIN",
     "Calibration",
+    "ClassAUC",
     "FederationMetrics",
     "Interval",
+    "MulticlassFigure",
     "OperatingPoint",
     "OperatingRule",
     "Pooled",
@@ -89,11 +102,15 @@ __all__ = [
     "federation_metrics",
     "fit_temperature",
     "gini",
+    "macro_auc",
     "majority_vote",
     "margin_threshold",
     "operating_point",
     "paired_bootstrap",
+    "per_class_auc",
     "pooled_auc",
+    "quadratic_kappa",
+    "referable",
     "roc_points",
     "routing_accuracy",
     "routing_calibration",

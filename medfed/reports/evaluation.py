@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from medfed.reports.grading import grading_text
 from medfed.reports.markdown import markdown_table
 from medfed.reports.routing import routing_calibration_text
 from medfed.reports.text import UNRELIABLE_MARK, ci_text, count_text, fmt, pooled_text, rate_text
@@ -349,6 +350,7 @@ def evaluation_text(summary: Summary) -> str:
         parts += ["", "Calibration (test split)", calibration_table(summary)]
     else:
         parts += ["", "Calibration: n/a (not in this run)"]
+    parts += grading_text(summary)
     parts += ["", "Federation", *federation_lines(summary)]
     if summary.cross_site:
         parts += ["", "Cross-site matrix (rows: model of site, columns: test split of site)"]

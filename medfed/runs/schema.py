@@ -29,8 +29,10 @@ from medfed import kinds
 from medfed.errors import RunDirError
 from medfed.metrics import (
     Calibration,
+    ClassAUC,
     FederationMetrics,
     Interval,
+    MulticlassFigure,
     OperatingPoint,
     Pooled,
     Proportion,
@@ -58,6 +60,26 @@ class RocPoints(Record):
 
 
 @dataclass(frozen=True)
+class EndpointFigures(Record):
+    """A graded task's binary endpoint on a site's test scans: ``name`` (``referable``: DR of
+    grade ``from_class`` or worse), scored by the probability of those grades; its AUC with a
+    95% CI, its counts, and sensitivity, specificity, PPV and NPV at the threshold ``rule``
+    chose on the site's validation split."""
+
+    WHERE = "endpoint figures"
+
+    name: str
+    from_class: int = kinds.count()
+    auc: float | None = kinds.auc()
+    auc_reason: str | None
+    n_pos: int = kinds.count()
+    n_neg: int = kinds.count()
+    unreliable: str | None = None
+    auc_ci: Interval | None = None
+    operating_point: OperatingPoint | None = None
+
+
+@dataclass(frozen=True)
 class SiteFigures(Record):
     """One site's model on its own test scans; ``auc`` is None exactly when ``auc_reason`` says
     why (a test split with one class has no AUC).
@@ -67,6 +89,8 @@ class SiteFigures(Record):
     positives or negatives (fewer than 10), ``operating_point`` holds sensitivity, specificity,
     PPV and NPV at the threshold chosen on the site's validation split, and ``calibration`` the
     Brier score, ECE, calibration intercept and slope and the reliability-diagram points.
+    With more than two classes ``auc`` is the macro one-vs-rest AUC and ``auc_ci`` its
+    patient bootstrap CI (the same as ``macro_auc``'s).
     """
 
     WHERE = "site figures"
@@ -85,6 +109,13 @@ class SiteFigures(Record):
     auc_ci: Interval | None = None
     operating_point: OperatingPoint | None = None
     calibration: Calibration | None = None
+    # Tasks with more than two classes only (absent otherwise): each class against the rest
+    # (AUC with CI), the macro one-vs-rest AUC and the quadratic weighted kappa of the argmax
+    # grade, both with patient bootstrap CIs, and the ICDR grading's referable-DR endpoint.
+    class_auc: list[ClassAUC] | None = kinds.part(None, omit_none=True)
+    macro_auc: MulticlassFigure | None = kinds.part(None, omit_none=True)
+    kappa: MulticlassFigure | None = kinds.part(None, omit_none=True)
+    referable: EndpointFigures | None = kinds.part(None, omit_none=True)
 
     @property
     def operating_accuracy(self) -> float:
@@ -241,6 +272,9 @@ class Evaluation(Record):
     # test scans (origin unknown), as routed and at temperature 1.
     routing_calibration: RoutingCalibration | None = kinds.part(None, omit_none=True)
     routing_calibration_uncalibrated: RoutingCalibration | None = kinds.part(None, omit_none=True)
+    # Tasks with more than two classes only: the quadratic weighted kappa of the routed
+    # system's grades on the pooled test scans (origin unknown), with a patient bootstrap CI.
+    system_kappa: MulticlassFigure | None = kinds.part(None, omit_none=True)
 
     def __post_init__(self) -> None:
         if self.sites and self.average_accuracy_operating is None:

@@ -20,21 +20,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from medfed.data.grading import REFERABLE_FROM, is_icdr_grading
 from medfed.data.preprocess import Normalization, NormalizedView
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.metrics import (
+    DEFAULT_OPERATING_RULE,
     Calibration,
+    ClassAUC,
     Interval,
+    MulticlassFigure,
     OperatingPoint,
     RoutingCalibration,
     SiteMetrics,
     auc_interval,
     auc_variance,
     calibration,
+    choose_threshold,
     federation_metrics,
+    macro_auc,
     operating_point,
+    per_class_auc,
     pooled_auc,
+    quadratic_kappa,
+    referable,
     roc_points,
     routing_calibration,
     site_metrics,
@@ -46,6 +55,7 @@ from medfed.metrics.latency import median_interval
 from medfed.runs.schema import (
     ROUTER_RATES,
     CrossSiteCell,
+    EndpointFigures,
     Evaluation,
     RocPoints,
     RouterFigures,
@@ -124,6 +134,67 @@ def _router_counts(y: np.ndarray, result: RouteResult, index: int) -> dict[str, 
     }
 
 
+def _graded_figures(
+    fed: TrainedFederation,
+    site: SiteData,
+    index: int,
+    y: np.ndarray,
+    probs: np.ndarray,
+    patients: list[str],
+) -> dict[str, Any]:
+    """Figures of a site model with more than two classes: each class against the rest, the
+    macro AUC and the quadratic weighted kappa with CIs, and, for ICDR grades, referable DR."""
+    names = dict(enumerate(fed.class_names()))
+    k = probs.shape[1]
+    figures: dict[str, Any] = {
+        "class_auc": [c.to_dict() for c in per_class_auc(y, probs, patients, names)],
+        "macro_auc": macro_auc(y, probs, patients).to_dict(),
+        "kappa": quadratic_kappa(y, probs.argmax(axis=1), k, patients).to_dict(),
+    }
+    if is_icdr_grading(names):
+        figures["referable"] = _referable_figures(fed, site, index, y, probs, patients)
+    return figures
+
+
+def _referable_figures(
+    fed: TrainedFederation,
+    site: SiteData,
+    index: int,
+    y: np.ndarray,
+    probs: np.ndarray,
+    patients: list[str],
+) -> dict[str, Any]:
+    """Referable DR (grade >= 2) as a binary endpoint: AUC with CI, and its operating point
+    at the threshold the default rule picks on the site's validation split."""
+    y_ref, score = referable(y, probs, REFERABLE_FROM)
+    n_pos = int(y_ref.sum())
+    n_neg = int(y_ref.size) - n_pos
+    interval = auc_interval(y_ref, score, patients)
+    y_val = site.y[Split.VAL].numpy()
+    if y_val.size:
+        val_probs, _ = fed.site_outputs(index, site.x[Split.VAL])
+        threshold, note = choose_threshold(
+            *referable(y_val, val_probs, REFERABLE_FROM), DEFAULT_OPERATING_RULE
+        )
+    else:
+        threshold, note = 0.5, "no validation split: threshold 0.5 used"
+    point = operating_point(y_ref, score, threshold, DEFAULT_OPERATING_RULE, note)
+    reason = None
+    if interval is None:
+        reason = f"{n_pos} referable and {n_neg} non-referable test scans: too few for an AUC"
+    return EndpointFigures(
+        name="referable",
+        from_class=REFERABLE_FROM,
+        auc=None if interval is None else interval.estimate,
+        auc_reason=reason,
+        n_pos=n_pos,
+        n_neg=n_neg,
+        unreliable=unreliable(n_pos, n_neg),
+        auc_ci=interval,
+        operating_point=point,
+    ).to_dict()
+
+
 def _own_figures(
     fed: TrainedFederation, index: int, y: np.ndarray, probs: np.ndarray, patients: list[str]
 ) -> tuple[dict[str, Any], float | None]:
@@ -183,6 +254,12 @@ def site_evaluation(
     records = site.records[split]
     patients = [r.patient_id for r in records]
     figures, variance = _own_figures(fed, index, y, probs, patients)
+    if probs.shape[1] > 2:
+        figures = _graded_figures(fed, site, index, y, probs, patients)
+        macro = figures["macro_auc"]["interval"]
+        if macro is not None:  # the site's AUC is the macro AUC: its CI, and a variance to pool
+            figures["auc_ci"] = macro
+            variance = ((macro["high"] - macro["low"]) / (2 * Z95)) ** 2
     per_router_scans = math.ceil(LATENCY_SCANS / len(normalizations))
     routers: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in PROTOCOLS}
     main: dict[str, RouteResult] = {}
@@ -316,6 +393,17 @@ def _site_figures(part: dict[str, Any], metrics: SiteMetrics) -> SiteFigures:
         "auc_ci": Interval,
         "operating_point": OperatingPoint,
         "calibration": Calibration,
+        "macro_auc": MulticlassFigure,
+        "kappa": MulticlassFigure,
+    }
+    where = f"evaluation of site {part['id']}"
+    graded = {
+        "class_auc": None
+        if extra.get("class_auc") is None
+        else [ClassAUC.from_dict(c) for c in extra["class_auc"]],
+        "referable": None
+        if extra.get("referable") is None
+        else EndpointFigures.from_dict(extra["referable"], where),
     }
     return SiteFigures(
         auc=metrics.auc,
@@ -325,11 +413,12 @@ def _site_figures(part: dict[str, Any], metrics: SiteMetrics) -> SiteFigures:
         n_test=metrics.n,
         n_train=part["n_train"],
         n_val=part["n_val"],
-        roc=RocPoints.from_dict(part["roc"], f"evaluation of site {part['id']}"),
+        roc=RocPoints.from_dict(part["roc"], where),
         n_pos=extra.get("n_pos"),
         n_neg=extra.get("n_neg"),
         unreliable=extra.get("unreliable"),
         **{k: None if extra.get(k) is None else c.from_dict(extra[k]) for k, c in typed.items()},
+        **graded,
     )
 
 
@@ -368,6 +457,7 @@ def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> E
         routers_origin_known=_router_figures(fed, parts, "routers_origin_known"),
         routing_calibration=calibrated,
         routing_calibration_uncalibrated=uncalibrated,
+        system_kappa=_system_kappa(fed, parts),
         system_by_site={
             protocol: {
                 p["id"]: wilson(p[key][main_name]["correct"], p[key][main_name]["n"]) for p in parts
@@ -378,6 +468,19 @@ def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> E
             )
         },
     )
+
+
+def _system_kappa(fed: TrainedFederation, parts: list[dict[str, Any]]) -> MulticlassFigure | None:
+    """Quadratic weighted kappa of the routed system's grades on the pooled test scans (origin
+    unknown), patients resampled; None for a two-class task."""
+    k = len(fed.class_names())
+    rows = prediction_rows(parts)
+    if k <= 2 or not rows:
+        return None
+    y = [r["label"] for r in rows]
+    pred = [r["system_prediction"] for r in rows]
+    patients = [f"{r['site']}/{r['patient_id']}" for r in rows]
+    return quadratic_kappa(y, pred, k, patients)
 
 
 def prediction_rows(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:

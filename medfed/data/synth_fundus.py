@@ -1,0 +1,397 @@
+"""Synthetic glaucoma screening sites: fundus photographs in the ACRIMA, RIM-ONE DL and REFUGE
+layouts, each site with its own camera and its own share of glaucoma."""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from io import BytesIO
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from medfed.data._phantoms import (
+    Camera,
+    FundusAnatomy,
+    render_fundus,
+    sample_fundus_anatomy,
+)
+from medfed.data.synth_common import (
+    ETHICS,
+    GENERATOR,
+    LICENCE,
+    MANIFEST_DIR,
+    class_sequence,
+    csv_text,
+    encode_image,
+    rounded,
+    scaled_camera,
+    seeded_rng,
+    stratified_parts,
+    write_bytes,
+)
+from medfed.manifest import Modality
+
+# Fixed moment for formats that insist on one (xlsx document properties, zip entries).
+_FIXED_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+_FIXED_ISO_TIME = "2000-01-01T00:00:00Z"
+
+
+@dataclass(frozen=True)
+class FundusSite:
+    """A synthetic fundus hospital: its camera, its glaucoma prevalence, its folder layout."""
+
+    id: str
+    folder: str
+    layout: str
+    camera: Camera
+    cast_name: str
+    glaucoma_ratio: float  # glaucoma : normal
+    image_format: str  # "JPEG" or "PNG"
+    jpeg_quality: int
+    stand_in_for: str
+    modality: ClassVar[Modality] = Modality.FUNDUS
+
+    def write(self, out: Path, n: int, seed: int, scale: float) -> dict[str, Any]:
+        """Write the site's images and label tables; return its ground truth."""
+        return _write_fundus_site(out, self, n, seed, scale)
+
+    def manifest(self, seed: int, scale: float) -> dict[str, Any]:
+        """The site's manifest, as a table for ``sites/<id>.toml``."""
+        return _fundus_manifest(self, seed, scale)
+
+
+FUNDUS_SITES: tuple[FundusSite, ...] = (
+    FundusSite(
+        id="acrima",
+        folder="ACRIMA",
+        layout="acrima",
+        camera=Camera(
+            height=224,
+            width=224,
+            field_scale=1.0,
+            disc_scale=1.35,
+            disc_offset=0.22,
+            cast=(1.08, 0.95, 0.80),
+            gamma=1.0,
+            saturation=1.1,
+            blur=0.0,
+            noise=0.01,
+        ),
+        cast_name="warm colour cast",
+        glaucoma_ratio=1.34,
+        image_format="JPEG",
+        jpeg_quality=92,
+        stand_in_for="ACRIMA (disc-centred photographs, flat folder, '_g_' marks glaucoma)",
+    ),
+    FundusSite(
+        id="rimone",
+        folder="RIM-ONE_DL",
+        layout="rimone",
+        camera=Camera(
+            height=192,
+            width=192,
+            field_scale=1.12,
+            disc_scale=1.6,
+            disc_offset=0.12,
+            cast=(0.92, 1.04, 1.06),
+            gamma=1.3,
+            saturation=0.85,
+            blur=0.008,
+            noise=0.02,
+        ),
+        cast_name="cool, greenish colour cast",
+        glaucoma_ratio=1.94,
+        image_format="PNG",
+        jpeg_quality=0,
+        stand_in_for="RIM-ONE DL (disc-centred, partitioned by hospital and randomly)",
+    ),
+    FundusSite(
+        id="refuge",
+        folder="REFUGE",
+        layout="refuge",
+        camera=Camera(
+            height=160,
+            width=213,
+            field_scale=0.95,
+            disc_scale=1.1,
+            disc_offset=0.42,
+            cast=(1.0, 0.9, 0.95),
+            gamma=0.85,
+            saturation=1.25,
+            blur=0.004,
+            noise=0.015,
+        ),
+        cast_name="magenta-red colour cast",
+        glaucoma_ratio=0.46,
+        image_format="JPEG",
+        jpeg_quality=88,
+        stand_in_for="REFUGE (macula-centred, Training400 folders, label tables for val/test)",
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------- fundus
+
+
+@dataclass(frozen=True)
+class _Drawn:
+    number: int  # 1-based, in drawing order
+    glaucoma: bool
+    anatomy: FundusAnatomy
+    pixels: np.ndarray
+
+
+def _draw_fundus(
+    site: FundusSite, labels: Sequence[bool], seed: int, scale: float
+) -> Iterator[_Drawn]:
+    camera = scaled_camera(site.camera, scale)
+    for i, glaucoma in enumerate(labels):
+        rng = seeded_rng(seed, "fundus", site.id, i)
+        anatomy = sample_fundus_anatomy(rng, glaucoma, camera)
+        yield _Drawn(i + 1, glaucoma, anatomy, render_fundus(rng, anatomy, camera))
+
+
+def _encode(site: FundusSite, pixels: np.ndarray) -> bytes:
+    return encode_image(pixels, site.image_format, site.jpeg_quality)
+
+
+def _class_name(glaucoma: bool) -> str:
+    return "glaucoma" if glaucoma else "normal"
+
+
+def _fundus_item(drawn: _Drawn, patient_id: str, files: list[str], **extra: Any) -> dict:
+    a = drawn.anatomy
+    return {
+        "patient_id": patient_id,
+        "label": _class_name(drawn.glaucoma),
+        "files": files,
+        "cdr": rounded(a.cdr),
+        "disc_radius": rounded(a.disc_radius),
+        "disc_center": [rounded(a.disc_center[0]), rounded(a.disc_center[1])],
+        "cup_contrast": rounded(a.cup_contrast),
+        "eye": a.eye,
+        **extra,
+    }
+
+
+def _write_fundus_site(
+    out: Path, site: FundusSite, n: int, seed: int, scale: float
+) -> dict[str, Any]:
+    root = out / site.folder
+    labels = class_sequence(n, site.glaucoma_ratio, seeded_rng(seed, "labels", site.id))
+    writer = {"acrima": _write_acrima, "rimone": _write_rimone, "refuge": _write_refuge}
+    drawn = _draw_fundus(site, labels, seed, scale)
+    items = writer[site.layout](root, site, labels, drawn, seeded_rng(seed, "splits", site.id))
+    camera = scaled_camera(site.camera, scale)
+    return {
+        "folder": site.folder,
+        "manifest": f"{MANIFEST_DIR}/{site.id}.toml",
+        "layout": site.layout,
+        "class_counts": {"glaucoma": sum(labels), "normal": len(labels) - sum(labels)},
+        "camera": asdict(camera),
+        "items": items,
+    }
+
+
+def _write_acrima(
+    root: Path,
+    site: FundusSite,
+    labels: Sequence[bool],
+    drawn: Iterator[_Drawn],
+    rng: np.random.Generator,
+) -> list[dict]:
+    root.mkdir(parents=True)
+    items = []
+    for d in drawn:
+        name = f"Im{d.number:03d}{'_g' if d.glaucoma else ''}_ACRIMA.jpg"
+        write_bytes(root / name, _encode(site, d.pixels))
+        items.append(_fundus_item(d, Path(name).stem, [name]))
+    return items
+
+
+def _write_rimone(
+    root: Path,
+    site: FundusSite,
+    labels: Sequence[bool],
+    drawn: Iterator[_Drawn],
+    rng: np.random.Generator,
+) -> list[dict]:
+    """Both RIM-ONE DL partitions: the same images, split by hospital and split at random."""
+    # Hospitals r1 and r2 form the training set of the hospital partition, r3 its test set.
+    hospital_part = stratified_parts(labels, (0.45, 0.25, 0.30), rng)
+    random_part = stratified_parts(labels, (0.70, 0.30), rng)
+    split_folder = ("training_set", "test_set")
+    items = []
+    for d in drawn:
+        i = d.number - 1
+        hospital = hospital_part[i] + 1
+        name = f"r{hospital}_Im{d.number:03d}.png"
+        data = _encode(site, d.pixels)
+        by_hospital = split_folder[int(hospital == 3)]
+        by_random = split_folder[random_part[i]]
+        files = [
+            f"partitioned_by_hospital/{by_hospital}/{_class_name(d.glaucoma)}/{name}",
+            f"partitioned_randomly/{by_random}/{_class_name(d.glaucoma)}/{name}",
+        ]
+        for rel in files:
+            write_bytes(root / rel, data)
+        extra = {
+            "hospital": f"r{hospital}",
+            "split_by_hospital": by_hospital,
+            "split_randomly": by_random,
+        }
+        items.append(_fundus_item(d, Path(name).stem, files, **extra))
+    return items
+
+
+@dataclass(frozen=True)
+class _RefugeSet:
+    folder: str
+    fraction: float
+    label_file: str | None  # None: labels are the class folders
+    split: str
+
+
+_REFUGE_SETS = (
+    _RefugeSet("Training400", 0.6, None, "train"),
+    _RefugeSet("Validation400", 0.2, "Validation400-GT/labels.xlsx", "val"),
+    _RefugeSet("Test400", 0.2, "Test400-GT/labels.csv", "test"),
+)
+_REFUGE_COLUMNS = ("ImgName", "Fovea_X", "Fovea_Y", "Glaucoma Label")
+
+
+def _write_refuge(
+    root: Path,
+    site: FundusSite,
+    labels: Sequence[bool],
+    drawn: Iterator[_Drawn],
+    rng: np.random.Generator,
+) -> list[dict]:
+    """Training400 class folders; Validation400 labelled by an xlsx table, Test400 by a csv."""
+    parts = stratified_parts(labels, [s.fraction for s in _REFUGE_SETS], rng)
+    counters: Counter[str] = Counter()
+    tables: dict[str, list[list[object]]] = {
+        s.folder: [list(_REFUGE_COLUMNS)] for s in _REFUGE_SETS
+    }
+    items = []
+    for d in drawn:
+        part = _REFUGE_SETS[parts[d.number - 1]]
+        if part.label_file is None:
+            prefix = "g" if d.glaucoma else "n"
+            rel = f"{part.folder}/{'Glaucoma' if d.glaucoma else 'Non-Glaucoma'}"
+        else:
+            prefix, rel = part.folder[0], part.folder
+        counters[prefix] += 1
+        name = f"{prefix}{counters[prefix]:04d}.jpg"
+        write_bytes(root / rel / name, _encode(site, d.pixels))
+        fovea = _fovea_pixels(d.anatomy, site.camera, d.pixels.shape)
+        tables[part.folder].append([name, *fovea, int(d.glaucoma)])
+        items.append(_fundus_item(d, Path(name).stem, [f"{rel}/{name}"], set=part.folder))
+    for part in _REFUGE_SETS:
+        if part.label_file is not None:
+            rows = tables[part.folder]
+            table = _xlsx(rows) if part.label_file.endswith(".xlsx") else csv_text(rows).encode()
+            write_bytes(root / part.label_file, table)
+    return items
+
+
+def _fovea_pixels(anatomy: FundusAnatomy, camera: Camera, shape: tuple[int, ...]) -> list[float]:
+    """Fovea position in image pixels (x, y), as the real label tables give it."""
+    height, width = shape[0], shape[1]
+    radius_px = camera.field_scale * min(height, width) / 2.0
+    u, v = anatomy.macula_center
+    x = width / 2.0 + u * radius_px
+    if anatomy.eye == "OS":
+        x = width - x
+    return [round(x, 2), round(height / 2.0 + v * radius_px, 2)]
+
+
+def _xlsx(rows: Sequence[Sequence[object]]) -> bytes:
+    """An .xlsx workbook with one sheet, free of the save time openpyxl stamps into it."""
+    from openpyxl import Workbook
+
+    workbook = Workbook()
+    sheet = workbook.active
+    sheet.title = "Sheet1"
+    for row in rows:
+        sheet.append(list(row))
+    raw = BytesIO()
+    workbook.save(raw)
+    fixed = BytesIO()
+    with zipfile.ZipFile(raw) as src, zipfile.ZipFile(fixed, "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename == "docProps/core.xml":
+                data = _fix_core_times(data)
+            entry = zipfile.ZipInfo(info.filename, date_time=_FIXED_ZIP_TIME)
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            dst.writestr(entry, data)
+    return fixed.getvalue()
+
+
+def _fix_core_times(xml: bytes) -> bytes:
+    pattern = rb"(<dcterms:(?:created|modified)[^>]*>)[^<]*(</dcterms:(?:created|modified)>)"
+    return re.sub(pattern, rb"\g<1>" + _FIXED_ISO_TIME.encode() + rb"\g<2>", xml)
+
+
+# ------------------------------------------------------------------------------- manifests
+
+
+def _fundus_manifest(site: FundusSite, seed: int, scale: float) -> dict[str, Any]:
+    camera = scaled_camera(site.camera, scale)
+    fmt = "PNG" if site.image_format == "PNG" else f"JPEG quality {site.jpeg_quality}"
+    data: dict[str, Any] = {
+        "id": site.id,
+        "modality": str(site.modality),
+        "layout": site.layout,
+        "root": f"../{site.folder}",
+        "description": f"Synthetic glaucoma screening site, a stand-in for {site.stand_in_for}.",
+        "source": f"generated by {GENERATOR} (seed {seed}); no real images",
+        "acquisition": (
+            f"simulated fundus camera: {camera.width}x{camera.height} px {fmt}; camera field "
+            f"radius {camera.field_scale:.2f} of the half short side; optic disc "
+            f"{site.camera.disc_offset:.2f} field radii from the centre"
+        ),
+        "known_shifts": _fundus_shifts(site, camera),
+        "licence": LICENCE,
+        "ethics": ETHICS,
+        "labels": {"normal": 0, "glaucoma": 1},
+        "preprocess": {"image_size": 64},
+        "split": {"seed": seed},
+    }
+    if site.layout == "rimone":
+        data["layout_options"] = {"partition": "partitioned_by_hospital"}
+    if site.layout == "refuge":
+        data["layout_options"] = {"label_files": _refuge_label_files()}
+    return data
+
+
+def _refuge_label_files() -> list[dict[str, str]]:
+    return [
+        {
+            "images": s.folder,
+            "file": s.label_file,
+            "image_column": _REFUGE_COLUMNS[0],
+            "label_column": _REFUGE_COLUMNS[-1],
+            "split": s.split,
+        }
+        for s in _REFUGE_SETS
+        if s.label_file is not None
+    ]
+
+
+def _fundus_shifts(site: FundusSite, camera: Camera) -> str:
+    gains = "/".join(f"{g:.2f}" for g in camera.cast)
+    blur = f"{100 * camera.blur:.1f}% blur" if camera.blur > 0 else "no blur"
+    return (
+        f"simulated camera: {site.cast_name} (RGB gains {gains}), gamma {camera.gamma:.2f}, "
+        f"saturation {camera.saturation:.2f}, {blur}, sensor noise {100 * camera.noise:.1f}%, "
+        f"{camera.width}x{camera.height} px, optic disc scale {camera.disc_scale:.2f}; "
+        f"label shift: glaucoma:normal about {site.glaucoma_ratio:.2f}; "
+        "glaucoma differs from normal only by a larger cup-to-disc ratio (classes overlap)"
+    )

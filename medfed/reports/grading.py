@@ -1,0 +1,124 @@
+"""What ``medfed evaluate`` prints of a task with more than two classes (ICDR grades 0-4):
+each site's macro one-vs-rest AUC and quadratic weighted kappa with their 95% CIs, each class
+against the rest, the referable-DR endpoint at its operating point, and the routed system's
+kappa."""
+
+from __future__ import annotations
+
+from medfed.metrics import MulticlassFigure
+from medfed.reports.markdown import markdown_table
+from medfed.reports.text import NA, UNRELIABLE_MARK, ci_text, count_text, fmt, rate_text
+from medfed.runs.schema import Evaluation
+
+
+def is_graded(summary: Evaluation) -> bool:
+    """Whether the run holds multi-class figures (a task with more than two classes)."""
+    return any(m.macro_auc is not None for m in summary.sites.values())
+
+
+def figure_text(figure: MulticlassFigure | None) -> str:
+    """``0.840 (0.780–0.900)``, the bare value with why it has no CI, or ``n/a (reason)``."""
+    if figure is None:
+        return NA
+    if figure.value is None:
+        return f"{NA} ({figure.reason})"
+    if figure.interval is None:
+        return f"{fmt(figure.value)} (no CI: {figure.reason})"
+    return ci_text(figure.interval)
+
+
+def grading_table(summary: Evaluation) -> str:
+    """Per site: macro one-vs-rest AUC and quadratic weighted kappa (argmax grade), each with
+    its 95% CI, the test split's size and its scans per class."""
+    header = ["site", "macro AUC (95% CI)", "quadratic weighted kappa (95% CI)", "n test"]
+    header.append("scans per class")
+    rows = []
+    for site, m in summary.sites.items():
+        counts = "/".join(str(c.n_pos) for c in m.class_auc or [])
+        rows.append([site, figure_text(m.macro_auc), figure_text(m.kappa), m.n_test, counts])
+    return markdown_table(header, rows)
+
+
+def class_auc_table(summary: Evaluation) -> str:
+    """Each class against the rest, per site: AUC with its 95% CI (n/a: too few of a class)."""
+    names = next((c.name for c in m.class_auc) for m in summary.sites.values() if m.class_auc)
+    names = list(names)
+    rows = []
+    for site, m in summary.sites.items():
+        cells = []
+        for c in m.class_auc or []:
+            text = (
+                ci_text(c.interval)
+                if c.interval is not None
+                else f"{NA} ({c.n_pos} of {c.n_pos + c.n_neg})"
+            )
+            cells.append(text)
+        rows.append([site, *cells])
+    return markdown_table(["site", *names], rows)
+
+
+def referable_table(summary: Evaluation) -> str:
+    """Referable DR per site: AUC with CI, counts, and the operating point chosen on the
+    site's validation split (sensitivity, specificity, PPV, NPV with Wilson CIs)."""
+    header = ["site", "AUC (95% CI)", "referable/not", "rule", "threshold"]
+    header += ["sensitivity", "specificity", "PPV", "NPV", "TP/FP/TN/FN", "note"]
+    rows = []
+    for site, m in summary.sites.items():
+        r = m.referable
+        if r is None:
+            rows.append([site, *[NA] * 9, "no referable figures in this run"])
+            continue
+        mark = f" {UNRELIABLE_MARK}" if r.unreliable else ""
+        auc = ci_text(r.auc_ci) if r.auc_ci is not None else f"{NA} ({r.auc_reason})"
+        op = r.operating_point
+        cells = (
+            [NA] * 8
+            if op is None
+            else [
+                op.rule,
+                fmt(op.threshold),
+                rate_text(op.sensitivity) + mark,
+                rate_text(op.specificity) + mark,
+                rate_text(op.ppv) + mark,
+                rate_text(op.npv) + mark,
+                f"{op.tp}/{op.fp}/{op.tn}/{op.fn}",
+                op.note or "",
+            ]
+        )
+        rows.append([site, auc + mark, count_text(r.n_pos, r.n_neg), *cells])
+    notes = [
+        f"{UNRELIABLE_MARK} unreliable at {site}: {m.referable.unreliable}"
+        for site, m in summary.sites.items()
+        if m.referable is not None and m.referable.unreliable
+    ]
+    return "\n".join([markdown_table(header, rows), *notes])
+
+
+def grading_text(summary: Evaluation) -> list[str]:
+    """The lines ``medfed evaluate`` adds for a multi-class run (none for a two-class one)."""
+    if not is_graded(summary):
+        return []
+    parts = [
+        "",
+        "Grading (each site's model on its own test split; 95% CIs resample patients)",
+        grading_table(summary),
+        "",
+        "Each class against the rest (AUC with 95% CI)",
+        class_auc_table(summary),
+    ]
+    referables = [m.referable for m in summary.sites.values() if m.referable is not None]
+    if referables:
+        grade = referables[0].from_class
+        parts += [
+            "",
+            f"Referable DR (grade {grade} or worse against the rest; operating point "
+            "chosen on each site's validation split)",
+            referable_table(summary),
+        ]
+    if summary.system_kappa is not None:
+        parts += [
+            "",
+            "routed system, quadratic weighted kappa (pooled test scans, origin unknown): "
+            f"{figure_text(summary.system_kappa)} n={summary.system_kappa.n}",
+        ]
+    return parts
