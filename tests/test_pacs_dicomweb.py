@@ -64,6 +64,7 @@ def test_watcher_answers_each_study_once_and_stores_the_answer_back(
     from medfed.pacs.answer import read_answer
     from medfed.pacs.records import PacsLog
     from medfed.serving.audit import AuditLog
+    from medfed.serving.kept import kept_scan
 
     run = shared.copy_run(tmp_path)
     photos = sorted((shared.data / "ACRIMA").glob("*.jpg"))[:3]
@@ -114,6 +115,11 @@ def test_watcher_answers_each_study_once_and_stores_the_answer_back(
             answer = json.loads(read_answer(reports[0])["json"])
             scan = next(s for s in ct_scans if s.study_uid == series[0].StudyInstanceUID)
             assert answer["audit_id"] == scan.audit_id and answer["status"] != "error"
+            # The series is kept with the run, so the Review page can show what was read.
+            entry = dict(AuditLog(ct_copy).records())[scan.audit_id]
+            kept = kept_scan(ct_copy, entry.sha256)
+            assert kept is not None and kept.name == "series"
+            assert len(list(kept.glob("*.dcm"))) == len(series)
         rows = len(audit), len(AuditLog(ct_copy).records())
 
         again = _watch(run, server.dicomweb) + _watch(ct_copy, server.dicomweb)  # restarted

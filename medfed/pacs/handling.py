@@ -29,7 +29,7 @@ from medfed.pacs.instances import (
 )
 from medfed.pacs.records import PacsLog, PacsScan, now
 from medfed.serving.bundle import TrainedFederation
-from medfed.serving.kept import keep_scan
+from medfed.serving.kept import keep_scan, keep_series
 from medfed.serving.recorded import record_scan
 from medfed.serving.routers import Router
 
@@ -123,6 +123,8 @@ class Inbox:
             done = record_scan(self.fed, self.router, path, self.run, name=ids.name)
             if photo and done.entry.status != "error":
                 keep_scan(self.run, path, done.entry.sha256, "photo.png")
+            elif done.entry.status != "error":  # the series itself, for the Review page
+                keep_series(self.run, path, done.entry.sha256)
         scan = PacsScan(
             ids.key, self.source, ids.study, ids.series, ids.instance, modality, "skipped",
             done.entry.reason, done.audit_id, time=now(),

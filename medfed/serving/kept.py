@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-__all__ = ["KEPT_FOLDER", "keep_scan", "kept_scan"]
+__all__ = ["KEPT_FOLDER", "keep_scan", "keep_series", "kept_scan"]
 
 KEPT_FOLDER = Path("review") / "scans"
 """Where, in a run directory, uploaded scans are kept (one folder per SHA-256)."""
@@ -53,10 +53,37 @@ def keep_scan(run_dir: str | Path, path: str | Path, sha256: str, name: str) -> 
     return target
 
 
+def keep_series(run_dir: str | Path, series: str | Path, sha256: str) -> Path | None:
+    """Keep a copy of the DICOM series folder ``series`` (routed with ``sha256``, the hash of
+    its slices) in the run as ``RUN/review/scans/<sha256>/series/``; the kept folder, or None
+    when it cannot be kept (no digest, no folder, or other slices)."""
+    from medfed.data.cache import content_hash  # imports torch: only when a series is kept
+    from medfed.serving.scans import read_scan
+
+    folder = _folder(run_dir, sha256)
+    if folder is None or not Path(series).is_dir():
+        return None
+    found = kept_scan(run_dir, sha256)
+    if found is not None:
+        return found
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / ".series.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(series, partial)
+    if content_hash(read_scan(partial).files) != sha256:
+        shutil.rmtree(partial, ignore_errors=True)
+        return None
+    os.replace(partial, folder / "series")  # a reader never sees half a series
+    return folder / "series"
+
+
 def kept_scan(run_dir: str | Path, sha256: str) -> Path | None:
-    """The kept copy of the scan routed with ``sha256``, or None when none is kept."""
+    """The kept copy of the scan routed with ``sha256`` (a file, or a series folder), or None
+    when none is kept."""
     folder = _folder(run_dir, sha256)
     if folder is None or not folder.is_dir():
         return None
     files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-    return files[0] if files else None
+    if files:
+        return files[0]
+    return folder / "series" if (folder / "series").is_dir() else None
