@@ -8,7 +8,14 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from medfed.config import SiteManifest
-from medfed.data.cache import TensorCache, cache_key, content_hash, scan_key, stack_key
+from medfed.data.cache import (
+    StackWriter,
+    TensorCache,
+    cache_key,
+    content_hash,
+    scan_key,
+    stack_key,
+)
 from medfed.data.layouts import scan_site
 from medfed.data.modality import read_record
 from medfed.data.preprocess import (
@@ -207,27 +214,32 @@ def _split_tensor(
     mapped = cache.get_stack(key, len(records), dtype)
     if mapped is not None:
         return mapped
-    buffer: torch.Tensor | None = None
+    writer: StackWriter | None = None
     failed = len(failures)
     scans = zip(records, keys, strict=True)
     shown = bar(scans, f"preprocess {site.id}", show=progress, total=len(records), unit="scan")
-    for row, (record, key_of_scan) in enumerate(shown):
-        try:
-            tensor = _preprocess(site, record, key_of_scan, cache, None)
-        except MedfedError as exc:
-            failures.append(Problem(str(record.path), str(exc)))
-            continue
-        if buffer is None:
-            buffer = torch.empty((len(records), *tensor.shape), dtype=dtype)
-        if tensor.shape != buffer.shape[1:]:
-            raise DataError(
-                f"{record.path}: preprocessed to shape {tuple(tensor.shape)}, unlike the "
-                f"site's other scans {tuple(buffer.shape[1:])}; check its [preprocess] settings"
-            )
-        buffer[row] = tensor
-    if buffer is None or len(failures) > failed:
-        return None
-    return cache.put_stack(key, buffer)
+    try:
+        for row, (record, key_of_scan) in enumerate(shown):
+            try:
+                tensor = _preprocess(site, record, key_of_scan, cache, None)
+            except MedfedError as exc:
+                failures.append(Problem(str(record.path), str(exc)))
+                continue
+            if writer is None:  # the split's rows go straight into its cache file's pages
+                writer = cache.stack_writer(key, len(records), tensor.shape, dtype)
+            if tensor.shape != writer.shape[1:]:
+                raise DataError(
+                    f"{record.path}: preprocessed to shape {tuple(tensor.shape)}, unlike the "
+                    f"site's other scans {tuple(writer.shape[1:])}; check its [preprocess] "
+                    "settings"
+                )
+            writer.rows[row] = tensor
+        if writer is None or len(failures) > failed:
+            return None
+        return writer.finish()
+    finally:
+        if writer is not None:
+            writer.discard()
 
 
 def no_validation_warning(site: SiteData, operating_point: str) -> str | None:
