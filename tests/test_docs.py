@@ -25,6 +25,7 @@ MARKER_PAGES: dict[str, str] = {
     "privacy": "docs/privacy.md",
     "bench-table": "docs/benchmarks.md",
     "bench-ct-table": "docs/benchmarks.md",
+    "throughput": "docs/benchmarks.md",
 }
 
 # [text](target) and ![alt](target); the target ends at a space (a title) or the parenthesis.
