@@ -13,7 +13,7 @@ from medfed.config import FundusPreprocess, parse_manifest
 from medfed.data.cache import TensorCache
 from medfed.data.records import Split
 from medfed.data.sitedata import load_site
-from medfed.errors import ConfigError, ManifestError
+from medfed.errors import ConfigError, DataError, ManifestError
 from medfed.manifest import FUNDUS_MAX_IMAGE_SIZE
 
 
@@ -100,3 +100,44 @@ def test_a_full_disk_while_stacking_names_the_cache_folder(tmp_path: Path, monke
     with pytest.raises(ConfigError, match="cache folder .*No space left"):
         cache.stack_writer("cd" * 32, 2, (1, 4, 4), torch.float16)
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
+
+
+def test_decoding_on_several_threads_gives_the_one_by_one_tensors_in_order(
+    make_acrima_site, site_manifest, tmp_path: Path, monkeypatch
+):
+    manifest = _acrima(make_acrima_site, site_manifest, 48)
+    loaded = {}
+    for workers in ("1", "3"):
+        monkeypatch.setenv("MEDFED_DECODE_WORKERS", workers)
+        site = load_site(manifest, TensorCache(tmp_path / f"cache{workers}"))
+        assert site.cache_misses == 8 and site.cache_hits == 0
+        loaded[workers] = site
+
+    one, three = loaded["1"], loaded["3"]
+    assert all(torch.equal(one.raw[s], three.raw[s]) for s in Split)
+    assert all(
+        [r.path for r in one.records[s]] == [r.path for r in three.records[s]] for s in Split
+    )
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_bad_decode_worker_count_is_refused_by_name(
+    value, make_acrima_site, site_manifest, tmp_path: Path, monkeypatch
+):
+    manifest = _acrima(make_acrima_site, site_manifest, 32)
+    monkeypatch.setenv("MEDFED_DECODE_WORKERS", value)
+
+    with pytest.raises(ConfigError, match=f"MEDFED_DECODE_WORKERS={value!r}"):
+        load_site(manifest, TensorCache(tmp_path / "cache"))
+
+
+def test_a_broken_photo_is_named_whichever_thread_decoded_it(
+    make_acrima_site, site_manifest, tmp_path: Path, monkeypatch
+):
+    manifest = _acrima(make_acrima_site, site_manifest, 32)
+    broken = sorted(Path(manifest.root).glob("*.jpg"))[3]
+    broken.write_bytes(b"not a photo")
+    monkeypatch.setenv("MEDFED_DECODE_WORKERS", "3")
+
+    with pytest.raises(DataError, match=broken.name):
+        load_site(manifest, TensorCache(tmp_path / "cache"))

@@ -315,7 +315,7 @@ def bench_throughput(
     batch_size: Annotated[int, typer.Option(help="Batch size of both loops.")] = 8,
     steps: Annotated[int, typer.Option(help="Steps of each warm measurement.")] = 4,
     scans: Annotated[int, typer.Option(help="Photos of the synthetic site.")] = 48,
-    repeats: Annotated[int, typer.Option(help="Alternating warm repeats per side.")] = 3,
+    repeats: Annotated[int, typer.Option(help="Warm repeats, the two sides back to back.")] = 5,
     workers: Annotated[int, typer.Option(help="The plain loop's DataLoader workers.")] = 2,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
     memory_scans: Annotated[

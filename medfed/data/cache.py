@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,12 @@ class TensorCache:
         """ConfigError naming ``folder`` when it cannot be created or written."""
         self.folder = writable_folder(folder) if folder is not None else None
         self.stats = CacheStats()
+        self._counting = threading.Lock()  # scans are decoded on several threads at once
+
+    def _count(self, hits: int = 0, misses: int = 0) -> None:
+        with self._counting:
+            self.stats.hits += hits
+            self.stats.misses += misses
 
     def _path(self, key: str) -> Path:
         assert self.folder is not None
@@ -122,9 +129,9 @@ class TensorCache:
                 except (SafetensorError, KeyError, OSError):
                     path.unlink(missing_ok=True)  # a half-written entry: recompute it
                 else:
-                    self.stats.hits += 1
+                    self._count(hits=1)
                     return tensor
-        self.stats.misses += 1
+        self._count(misses=1)
         return None
 
     def put(self, key: str, tensor: torch.Tensor) -> None:
@@ -146,7 +153,7 @@ class TensorCache:
         if tensor is None:
             path.unlink(missing_ok=True)  # damaged or truncated: rebuilt by the caller
             return None
-        self.stats.hits += rows
+        self._count(hits=rows)
         return tensor
 
     def stack_writer(

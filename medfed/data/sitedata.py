@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -28,7 +31,7 @@ from medfed.data.preprocess import (
 from medfed.data.records import Problem, Record, Split
 from medfed.data.splits import assign_splits
 from medfed.data.transforms import NoCameraField
-from medfed.errors import DataError, MedfedError
+from medfed.errors import ConfigError, DataError, MedfedError
 from medfed.progress import bar
 
 _SHOWN = 5
@@ -216,14 +219,12 @@ def _split_tensor(
         return mapped
     writer: StackWriter | None = None
     failed = len(failures)
-    scans = zip(records, keys, strict=True)
+    scans = _preprocessed(site, cache, records, keys, decode_workers())
     shown = bar(scans, f"preprocess {site.id}", show=progress, total=len(records), unit="scan")
     try:
-        for row, (record, key_of_scan) in enumerate(shown):
-            try:
-                tensor = _preprocess(site, record, key_of_scan, cache, None)
-            except MedfedError as exc:
-                failures.append(Problem(str(record.path), str(exc)))
+        for row, (record, tensor) in enumerate(shown):
+            if isinstance(tensor, MedfedError):
+                failures.append(Problem(str(record.path), str(tensor)))
                 continue
             if writer is None:  # the split's rows go straight into its cache file's pages
                 writer = cache.stack_writer(key, len(records), tensor.shape, dtype)
@@ -240,6 +241,62 @@ def _split_tensor(
     finally:
         if writer is not None:
             writer.discard()
+
+
+def decode_workers() -> int:
+    """Scans decoded at once when the cache is cold: one per core, at most 4
+    (``MEDFED_DECODE_WORKERS`` sets it; 1 decodes in the calling thread)."""
+    text = os.environ.get("MEDFED_DECODE_WORKERS", "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigError(
+                f"MEDFED_DECODE_WORKERS={text!r}: give a whole number of threads, 1 or more"
+            )
+        return int(text)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
+def _preprocessed(
+    site: SiteManifest,
+    cache: TensorCache,
+    records: list[Record],
+    keys: list[str],
+    workers: int,
+) -> Iterator[tuple[Record, torch.Tensor | MedfedError]]:
+    """Each record with its preprocessed tensor (or the error that refused it), in order.
+
+    With ``workers`` > 1, up to that many scans are decoded and preprocessed at once on a pool
+    of threads, off the thread that stacks them (image decoders and the resize release the
+    GIL); the results are the same as one by one, in the same order.
+    """
+
+    def one(record: Record, key: str) -> torch.Tensor | MedfedError:
+        try:
+            return _preprocess(site, record, key, cache, None)
+        except MedfedError as exc:
+            return exc
+
+    if workers <= 1 or len(records) < 2:
+        for record, key in zip(records, keys, strict=True):
+            yield record, one(record, key)
+        return
+    pending: deque[tuple[Record, Future]] = deque()
+    items = iter(zip(records, keys, strict=True))
+    with ThreadPoolExecutor(workers, "medfed-decode") as pool:
+        for record, key in items:
+            pending.append((record, pool.submit(one, record, key)))
+            if len(pending) >= 2 * workers:  # a bounded window: few decoded scans wait
+                break
+        while pending:
+            record, future = pending.popleft()
+            following = next(items, None)
+            if following is not None:
+                pending.append((following[0], pool.submit(one, *following)))
+            yield record, future.result()
 
 
 def no_validation_warning(site: SiteData, operating_point: str) -> str | None:
