@@ -88,3 +88,32 @@ def test_the_command_refuses_a_page_without_its_markers(tmp_path):
     assert result.exit_code != 0
     assert MARKER in result.output and "Traceback" not in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_dp_cost_times_four_loops_on_one_group_norm_network(measured):
+    from medfed.config import load_manifest
+    from medfed.data.cache import TensorCache
+    from medfed.data.sitedata import load_site
+    from medfed.experiments.dpcost import dp_cost, dp_markdown
+    from medfed.models.device import resolve_device
+
+    out, _ = measured
+    site = load_site(load_manifest(out / "data" / "site.toml"), TensorCache(out / "cache"))
+
+    found = dp_cost(site, TINY, resolve_device("cpu"), 1, "tv-resnet18-gn")
+
+    seconds = found["seconds_per_step"]
+    assert set(seconds) == {"medfed", "medfed_dp", "plain", "opacus"}
+    assert all(v > 0 for v in seconds.values())
+    assert found["opacus_ratio"] == pytest.approx(seconds["opacus"] / seconds["plain"])
+    assert found["medfed_dp_ratio"] == pytest.approx(seconds["medfed_dp"] / seconds["medfed"])
+    text = dp_markdown(found, 32)
+    assert "tv-resnet18-gn at 32 px" in text and "Opacus itself multiplies" in text
+
+
+@pytest.mark.parametrize("backbone", ["tv-resnet18", "cnn-gn", "resnet18-gn"])
+def test_dp_cost_refuses_a_backbone_that_is_not_a_group_norm_torchvision_twin(backbone):
+    from medfed.experiments.dpcost import checked_backbone
+
+    with pytest.raises(ConfigError, match=f"--dp-backbone '{backbone}'"):
+        checked_backbone(backbone)

@@ -318,6 +318,13 @@ def bench_throughput(
     repeats: Annotated[int, typer.Option(help="Warm repeats, the two sides back to back.")] = 5,
     workers: Annotated[int, typer.Option(help="The plain loop's DataLoader workers.")] = 2,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
+    dp_steps: Annotated[
+        int,
+        typer.Option(help="Also time DP-SGD: steps of each of four loops (0: not)."),
+    ] = 2,
+    dp_backbone: Annotated[
+        str, typer.Option(help="The GroupNorm backbone DP-SGD is timed on.")
+    ] = "tv-resnet18-gn",
     memory_scans: Annotated[
         int,
         typer.Option(help="Also measure the peak RSS of a site of this many photos (0: not)."),
@@ -330,7 +337,8 @@ def bench_throughput(
     """Local training images/s: medfed's site worker against a plain torchvision loop.
 
     Same model, resolution, batch and photos, warm (cached tensors) and cold (nothing cached);
-    and the peak memory of loading a large site. Writes OUT/throughput.json and .md."""
+    DP-SGD's cost per step against a plain Opacus loop; and the peak memory of loading a large
+    site. Writes OUT/throughput.json and .md."""
     from medfed.experiments.throughput import MARKER, ThroughputPlan, full_report
 
     check_readme(update_readme, MARKER)
@@ -348,7 +356,15 @@ def bench_throughput(
         workers=workers,
         device=device,
     )
-    text = full_report(out, plan, memory_scans, echo=typer.echo)
+    if dp_steps < 0:
+        raise ConfigError(f"--dp-steps must be 0 or more, got {dp_steps}")
+    if dp_steps:
+        from medfed.experiments.dpcost import checked_backbone
+
+        checked_backbone(dp_backbone)
+    text = full_report(
+        out, plan, memory_scans, echo=typer.echo, dp_steps=dp_steps, dp_backbone=dp_backbone
+    )
     typer.echo(text)
     if update_readme is not None:
         from medfed.reports.markdown import replace_marked_section

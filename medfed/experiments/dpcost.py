@@ -118,16 +118,21 @@ class PlainLoop:
                     return
 
 
-def dp_cost(
-    site: SiteData, plan: ThroughputPlan, setup: DeviceSetup, steps: int, backbone: str
-) -> dict[str, Any]:
-    """Seconds per step of the four loops on ``backbone`` (a ``-gn`` torchvision twin)."""
-    base = backbone.removesuffix("-gn")
-    if not backbone.endswith("-gn") or base not in TV_NETS:
+def checked_backbone(backbone: str) -> str:
+    """``backbone``, or ConfigError when it is not a GroupNorm torchvision twin."""
+    if not backbone.endswith("-gn") or backbone.removesuffix("-gn") not in TV_NETS:
         raise ConfigError(
             f"--dp-backbone {backbone!r}: DP-SGD needs a GroupNorm torchvision backbone, one of "
             f"{', '.join(f'{n}-gn' for n in sorted(TV_NETS))}"
         )
+    return backbone
+
+
+def dp_cost(
+    site: SiteData, plan: ThroughputPlan, setup: DeviceSetup, steps: int, backbone: str
+) -> dict[str, Any]:
+    """Seconds per step of the four loops on ``backbone`` (a ``-gn`` torchvision twin)."""
+    checked_backbone(backbone)
     config = dataclasses.replace(plan.config(), backbone=backbone, rounds=1)
     private = dataclasses.replace(config, dp_noise=NOISE, dp_clip=CLIP)
     medfed = MedfedSide(site, config, setup)
@@ -157,11 +162,7 @@ def dp_markdown(found: dict[str, Any], image_size: int) -> str:
     s = found["seconds_per_step"]
     rows = [
         ["medfed site worker", f"{s['medfed']:.2f}", f"{s['medfed_dp']:.2f}"],
-        [
-            "plain loop (same network, Opacus' make_private)",
-            f"{s['plain']:.2f}",
-            f"{s['opacus']:.2f}",
-        ],
+        ["plain loop, Opacus' make_private", f"{s['plain']:.2f}", f"{s['opacus']:.2f}"],
     ]
     rows[0].append(f"{found['medfed_dp_ratio']:.2f}")
     rows[1].append(f"{found['opacus_ratio']:.2f}")

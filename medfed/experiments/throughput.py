@@ -454,16 +454,30 @@ def memory_markdown(memory: dict[str, Any]) -> str:
 
 
 def full_report(
-    out: Path, plan: ThroughputPlan, memory_scans: int, *, echo: Callable[[str], Any]
+    out: Path,
+    plan: ThroughputPlan,
+    memory_scans: int,
+    *,
+    echo: Callable[[str], Any],
+    dp_steps: int = 0,
+    dp_backbone: str = "tv-resnet18-gn",
 ) -> str:
-    """Throughput (and, with ``memory_scans``, the large site's memory): OUT/throughput.json
-    and OUT/throughput.md; returns the markdown."""
+    """Throughput (with ``dp_steps``, DP-SGD's cost per step; with ``memory_scans``, the large
+    site's memory): OUT/throughput.json and OUT/throughput.md; returns the markdown."""
     import json
 
     from medfed.experiments.memory import fundus_site_memory
 
     results = run_throughput(out, plan, echo=echo)
     text = markdown(results)
+    if dp_steps:
+        from medfed.experiments.dpcost import dp_cost, dp_markdown
+
+        echo(f"DP-SGD: {dp_steps} steps of each of four loops on {dp_backbone}")
+        site = load_site(load_manifest(out / "data" / "site.toml"), TensorCache(out / "cache"))
+        setup = resolve_device(plan.device)
+        results["dp"] = dp_cost(site, plan, setup, dp_steps, dp_backbone)
+        text = f"{text}\n\n{dp_markdown(results['dp'], plan.image_size)}"
     if memory_scans:
         echo(f"memory: loading a site of {memory_scans} photos at {plan.image_size} px")
         memory = fundus_site_memory(memory_scans, plan.image_size, workdir=out, seed=plan.seed)
