@@ -78,6 +78,9 @@ class FundusPreprocess:
     roi_crop: bool = True
     roi_threshold: float = 0.08  # fraction of max brightness that counts as inside the field
     normalize: bool = True  # per-channel mean/std from the site's own training split
+    # An optic-disc-centred crop for glaucoma: a square of this share of the camera field's
+    # short side around the disc (the photo's brightest spot), then resized; 0: the whole field.
+    disc_crop: float = 0.0
 
     def __post_init__(self) -> None:
         if not 8 <= self.image_size <= FUNDUS_MAX_IMAGE_SIZE:
@@ -88,6 +91,11 @@ class FundusPreprocess:
             )
         if not 0.0 <= self.roi_threshold < 1.0:
             raise ValueError("preprocess.roi_threshold must be in [0, 1)")
+        if not (self.disc_crop == 0.0 or 0.1 <= self.disc_crop <= 1.0):
+            raise ValueError(
+                f"disc_crop = {self.disc_crop} must be 0 (no crop) or a share of the camera "
+                "field between 0.1 and 1, e.g. disc_crop = 0.4 for a disc-centred crop"
+            )
 
 
 # Bounds of the CT [preprocess] settings: finite and sane, so that a mistyped value is refused

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -91,7 +92,10 @@ class PlainLoop:
             for module in model.modules():  # Opacus' hooks keep each activation's output
                 if getattr(module, "inplace", False):
                     module.inplace = False
-            model, optimizer, loader = PrivacyEngine().make_private(
+            with warnings.catch_warnings():  # secure RNG off: a timing, not a release
+                warnings.simplefilter("ignore")
+                engine = PrivacyEngine()
+            model, optimizer, loader = engine.make_private(
                 module=model,
                 optimizer=optimizer,
                 data_loader=loader,
