@@ -12,12 +12,8 @@ from typer.testing import CliRunner
 from medfed.cli import app
 from medfed.errors import ConfigError
 from medfed.experiments.memory import fundus_site_memory
-from medfed.experiments.throughput import (
-    MARKER,
-    ThroughputPlan,
-    full_report,
-    memory_markdown,
-)
+from medfed.experiments.throughput import MARKER, ThroughputPlan
+from medfed.experiments.throughput_report import full_report, memory_markdown
 
 TINY = ThroughputPlan(image_size=32, batch_size=2, steps=1, scans=16, repeats=3, workers=0)
 

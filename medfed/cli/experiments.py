@@ -339,7 +339,8 @@ def bench_throughput(
     Same model, resolution, batch and photos, warm (cached tensors) and cold (nothing cached);
     DP-SGD's cost per step against a plain Opacus loop; and the peak memory of loading a large
     site. Writes OUT/throughput.json and .md."""
-    from medfed.experiments.throughput import MARKER, ThroughputPlan, full_report
+    from medfed.experiments.throughput import MARKER, ThroughputPlan
+    from medfed.experiments.throughput_report import full_report
 
     check_readme(update_readme, MARKER)
     check_out_folder(out)
