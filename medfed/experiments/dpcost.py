@@ -175,7 +175,8 @@ def dp_markdown(found: dict[str, Any], image_size: int) -> str:
         f"{table}\n\nDP-SGD's cost per step on {found['backbone']} at {image_size} px, batch "
         f"{found['batch_size']} (Poisson batches of that expected size under DP; noise "
         f"{found['noise']:g}, clip {found['clip']:g}), {found['steps']} timed steps after a "
-        f"warm-up step each. Opacus itself multiplies a step's time by "
+        f"warm-up step each; medfed's figures are its site worker's whole round (payload in, "
+        "update out) divided by the round's steps. Opacus itself multiplies a step's time by "
         f"{found['opacus_ratio']:.2f} on the plain loop; medfed's DP step takes "
         f"{found['medfed_over_opacus']:.2f} times the plain Opacus step."
     )
