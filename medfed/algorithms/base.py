@@ -49,6 +49,9 @@ class Batches:
     batch_size: int
     generator: torch.Generator
     augment_flip: bool = False
+    # 2-D batches handed out channels-last (where the model is: CUDA, cpu-bf16), so that the
+    # first convolution reads them as they are instead of converting every batch
+    channels_last: bool = False
     _order: torch.Tensor | None = field(default=None, init=False, repr=False)
     _pos: int = field(default=0, init=False, repr=False)
 
@@ -75,6 +78,8 @@ class Batches:
                 shape = (size,) + (1,) * (xb.dim() - 1)
                 mask = flip.view(shape).to(xb.device, non_blocking=True)
                 xb = torch.where(mask, xb.flip(-1), xb)
+        if self.channels_last and xb.dim() == 4:
+            xb = xb.contiguous(memory_format=torch.channels_last)
         return xb, yb
 
 
