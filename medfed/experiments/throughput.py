@@ -152,6 +152,7 @@ class PlainSide:
         )
         self.setup, self.batch = setup, plan.batch_size
         self.generator = torch.Generator().manual_seed(plan.seed)
+        self._held: tuple[torch.Tensor, ...] | None = None
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.model.train()
@@ -163,12 +164,18 @@ class PlainSide:
         return loss.detach()
 
     def train_cached(self, site: SiteData, steps: int) -> None:
-        """``steps`` random batches of the site's stored training tensor, normalized here."""
-        stored = self.setup.put(site.raw[Split.TRAIN])
-        y = self.setup.put(site.y[Split.TRAIN])
-        norm = site.normalization
-        mean = torch.tensor(norm.mean, device=stored.device).view(1, -1, 1, 1)
-        std = torch.tensor(norm.std, device=stored.device).view(1, -1, 1, 1)
+        """``steps`` random batches of the site's stored training tensor, normalized here (the
+        tensor moved to the device once, as the site worker moves it)."""
+        if self._held is None:
+            norm = site.normalization
+            stored = self.setup.put(site.raw[Split.TRAIN])
+            self._held = (
+                stored,
+                self.setup.put(site.y[Split.TRAIN]),
+                torch.tensor(norm.mean, device=stored.device).view(1, -1, 1, 1),
+                torch.tensor(norm.std, device=stored.device).view(1, -1, 1, 1),
+            )
+        stored, y, mean, std = self._held
         n = int(stored.shape[0])
         for _ in range(steps):
             index = torch.randperm(n, generator=self.generator)[: min(self.batch, n)]
