@@ -26,6 +26,7 @@ MARKER_PAGES: dict[str, str] = {
     "bench-table": "docs/benchmarks.md",
     "bench-ct-table": "docs/benchmarks.md",
     "serve-load": "docs/pacs.md",
+    "throughput": "docs/benchmarks.md",
 }
 
 # [text](target) and ![alt](target); the target ends at a space (a title) or the parenthesis.

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from medfed.experiments.gpucheck import (
+    CLINICAL_TOLERANCE,
     SHORT,
     STEM,
     TOLERANCES,
@@ -54,7 +55,15 @@ def test_the_short_check_runs_both_modalities_on_both_devices(checked) -> None:
         at_once = results["modalities"][modality]["sites_at_once"]
         assert at_once["one_by_one"]["ok"] and at_once["at_once"]["ok"]
         assert all(c["difference"] == 0 for c in at_once["comparison"].values() if c["within"])
+    # the clinical-resolution path: 224 px, ResNet-50 and EfficientNet-B0 by the site worker
+    clinical = results["clinical"]
+    assert clinical["image_size"] == 224
+    assert set(clinical["backbones"]) == {"tv-resnet50", "tv-efficientnet-b0"}
+    for row in clinical["backbones"].values():
+        assert row["ok"] and row["within"] and row["images_per_second"] > 0
+        assert 0 < row["difference"] <= CLINICAL_TOLERANCE  # bf16 really ran
     markdown = (out / f"{STEM}.md").read_text(encoding="utf-8")
+    assert "Clinical resolution (224 px" in markdown
     assert "passed" in markdown and "images/s" in markdown and "ok" in markdown
     assert "every site at once against one at a time" in markdown
 
@@ -75,6 +84,12 @@ def test_a_figure_outside_its_tolerance_or_a_failed_run_fails_the_check(checked)
     assert not check_passed(broken)
     broken = json.loads(json.dumps(results))
     broken["modalities"]["ct"]["sites_at_once"]["at_once"] = {"ok": False, "error": "x"}
+    assert not check_passed(broken)
+    broken = json.loads(json.dumps(results))
+    broken["clinical"]["backbones"]["tv-resnet50"]["within"] = False
+    assert not check_passed(broken)
+    broken = json.loads(json.dumps(results))
+    broken["clinical"]["backbones"]["tv-efficientnet-b0"] = {"ok": False, "error": "x"}
     assert not check_passed(broken)
 
 

@@ -202,7 +202,7 @@ def test_a_damaged_stacked_file_is_rebuilt_never_used(damage, ct_manifest, tmp_p
     cache_dir = tmp_path / "cache"
     first = load_site(ct_manifest, TensorCache(cache_dir))
     expected = {s: t.clone() for s, t in first.raw.items()}
-    stack = max((cache_dir / "stacks").glob("*/*.pt"), key=lambda p: p.stat().st_size)
+    stack = max((cache_dir / "stacks").glob("*/*.stack"), key=lambda p: p.stat().st_size)
     data = bytearray(stack.read_bytes())
     if damage == "truncated":
         data = data[: len(data) // 2]

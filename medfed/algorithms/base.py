@@ -49,6 +49,9 @@ class Batches:
     batch_size: int
     generator: torch.Generator
     augment_flip: bool = False
+    # 2-D batches handed out channels-last (where the model is: CUDA, cpu-bf16), so that the
+    # first convolution reads them as they are instead of converting every batch
+    channels_last: bool = False
     _order: torch.Tensor | None = field(default=None, init=False, repr=False)
     _pos: int = field(default=0, init=False, repr=False)
 
@@ -68,10 +71,15 @@ class Batches:
         xb, yb = self.x[index.to(self.x.device)], self.y[index.to(self.y.device)]
         if self.augment_flip:
             # Left and right eyes are mirror images: a horizontal flip is a label-preserving view.
+            # The draw is on the CPU; a select (not a boolean-mask assignment) keeps a GPU batch
+            # free of the host synchronisation that finding the mask's rows would cost.
             flip = torch.rand(size, generator=self.generator) < 0.5
             if bool(flip.any()):
-                xb = xb.clone()
-                xb[flip.to(xb.device)] = xb[flip.to(xb.device)].flip(-1)
+                shape = (size,) + (1,) * (xb.dim() - 1)
+                mask = flip.view(shape).to(xb.device, non_blocking=True)
+                xb = torch.where(mask, xb.flip(-1), xb)
+        if self.channels_last and xb.dim() == 4:
+            xb = xb.contiguous(memory_format=torch.channels_last)
         return xb, yb
 
 
@@ -354,7 +362,7 @@ def supervised_steps(
         return private_steps(task, model, params, loss_fn, n)
     model.train()
     optimizer = task.optim.make(params)
-    total = 0.0
+    total = LossSum()
     for _ in range(n):
         task.check_deadline()
         x, y = task.batches.next()
@@ -363,8 +371,24 @@ def supervised_steps(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        total += float(loss.detach())
-    return LocalResult(loss=total / max(1, n))
+        total.add(loss)
+    return LocalResult(loss=total.value() / max(1, n))
+
+
+class LossSum:
+    """A running sum of step losses kept on the loss's device, read once at the end: reading
+    each step's loss (``float(loss)``) would make the host wait for the GPU at every step.
+    Summed in float64, as Python floats are, so the mean is the same to the last bit."""
+
+    def __init__(self) -> None:
+        self._sum: torch.Tensor | None = None
+
+    def add(self, loss: torch.Tensor) -> None:
+        value = loss.detach().to(torch.float64)
+        self._sum = value if self._sum is None else self._sum + value
+
+    def value(self) -> float:
+        return 0.0 if self._sum is None else float(self._sum)
 
 
 def private_steps(
@@ -384,7 +408,7 @@ def private_steps(
     params = [p for p in params if p.requires_grad]
     n_train, generator = int(task.batches.x.shape[0]), task.batches.generator
     model.train()
-    total, counted = 0.0, 0
+    total, counted = LossSum(), 0
     with per_sample_gradients(model):
         optimizer = dp_optimizer(task.optim.make(params), privacy, n_train, generator)
         for index in poisson_batches(privacy, n_train, steps, generator):
@@ -395,12 +419,13 @@ def private_steps(
                 with task.autocast():
                     loss = loss_fn(task, model, x, y)
                 loss.backward()
-                total, counted = total + float(loss.detach()), counted + 1
+                total.add(loss)
+                counted += 1
             else:
                 noise_only(params)
             optimizer.step()
     count_steps(task.extra, before + steps)
-    return LocalResult(loss=total / counted if counted else 0.0)
+    return LocalResult(loss=total.value() / counted if counted else 0.0)
 
 
 def proximal_loss(model: FedModel, x: torch.Tensor, y: torch.Tensor, anchor: State, weight: float):

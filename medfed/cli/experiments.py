@@ -1,5 +1,5 @@
-"""Experiments: ``medfed demo``, ``bench``, ``transfer``, ``privacy-curve``, ``gpu-check`` and
-``bench-deploy``."""
+"""Experiments: ``medfed demo``, ``bench``, ``transfer``, ``privacy-curve``, ``gpu-check``,
+``bench-deploy`` and ``bench-throughput``."""
 
 from __future__ import annotations
 
@@ -276,8 +276,8 @@ def bench_deploy(
         raise ConfigError(
             f"--rounds must be 3..1000 (the first and the last rounds are left out), got {rounds}"
         )
-    if not 32 <= image_size <= 1024:
-        raise ConfigError(f"--image-size must be 32..1024 pixels, got {image_size}")
+    if not 32 <= image_size <= 512:
+        raise ConfigError(f"--image-size must be 32..512 pixels, got {image_size}")
     if task_poll is not None and not 0.01 <= task_poll <= 60:  # what Flower 1.42 accepts
         raise ConfigError(f"--task-poll must be 0.01..60 seconds, got {task_poll:g}")
     from medfed.experiments.deploy_speed import MARKER, DeployBenchPlan, markdown, run_deploy_bench
@@ -305,6 +305,76 @@ def bench_deploy(
         typer.echo(f"updated the {MARKER} section of {update_readme}")
 
 
+@friendly
+def bench_throughput(
+    out: Annotated[
+        Path, typer.Option(help="Folder for the photos, cache and results.", callback=named_folder)
+    ] = Path("throughput_out"),
+    backbone: Annotated[str, typer.Option(help="A torchvision-shaped backbone.")] = "tv-resnet18",
+    image_size: Annotated[int, typer.Option(help="Training resolution in pixels.")] = 224,
+    batch_size: Annotated[int, typer.Option(help="Batch size of both loops.")] = 8,
+    steps: Annotated[int, typer.Option(help="Steps of each warm measurement.")] = 4,
+    scans: Annotated[int, typer.Option(help="Photos of the synthetic site.")] = 48,
+    repeats: Annotated[int, typer.Option(help="Warm repeats, the two sides back to back.")] = 5,
+    workers: Annotated[int, typer.Option(help="The plain loop's DataLoader workers.")] = 2,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
+    dp_steps: Annotated[
+        int,
+        typer.Option(help="Also time DP-SGD: steps of each of four loops (0: not)."),
+    ] = 2,
+    dp_backbone: Annotated[
+        str, typer.Option(help="The GroupNorm backbone DP-SGD is timed on.")
+    ] = "tv-resnet18-gn",
+    memory_scans: Annotated[
+        int,
+        typer.Option(help="Also measure the peak RSS of a site of this many photos (0: not)."),
+    ] = 5000,
+    update_readme: Annotated[
+        Path | None,
+        typer.Option(help="Write the table into this page's throughput section."),
+    ] = None,
+) -> None:
+    """Local training images/s: medfed's site worker against a plain torchvision loop.
+
+    Same model, resolution, batch and photos, warm (cached tensors) and cold (nothing cached);
+    DP-SGD's cost per step against a plain Opacus loop; and the peak memory of loading a large
+    site. Writes OUT/throughput.json and .md."""
+    from medfed.experiments.throughput import MARKER, ThroughputPlan
+    from medfed.experiments.throughput_report import full_report
+
+    check_readme(update_readme, MARKER)
+    check_out_folder(out)
+    check_not_in_run(out)
+    if memory_scans and memory_scans < 8:
+        raise ConfigError(f"--memory-scans must be 0 or at least 8, got {memory_scans}")
+    plan = ThroughputPlan(
+        backbone=backbone,
+        image_size=image_size,
+        batch_size=batch_size,
+        steps=steps,
+        scans=scans,
+        repeats=repeats,
+        workers=workers,
+        device=device,
+    )
+    if dp_steps < 0:
+        raise ConfigError(f"--dp-steps must be 0 or more, got {dp_steps}")
+    if dp_steps:
+        from medfed.experiments.dpcost import checked_backbone
+
+        checked_backbone(dp_backbone)
+    text = full_report(
+        out, plan, memory_scans, echo=typer.echo, dp_steps=dp_steps, dp_backbone=dp_backbone
+    )
+    typer.echo(text)
+    if update_readme is not None:
+        from medfed.reports.markdown import replace_marked_section
+
+        page = update_readme.read_text(encoding="utf-8")
+        update_readme.write_text(replace_marked_section(page, MARKER, text), encoding="utf-8")
+        typer.echo(f"updated the {MARKER} section of {update_readme}")
+
+
 def register(app: typer.Typer) -> None:
     add = adder(app, EXPERIMENTS)
     add(demo)
@@ -313,3 +383,4 @@ def register(app: typer.Typer) -> None:
     add(privacy_curve, "privacy-curve")
     add(gpu_check, "gpu-check")
     add(bench_deploy, "bench-deploy")
+    add(bench_throughput, "bench-throughput")

@@ -67,6 +67,8 @@ def pipeline_fingerprint(manifest: SiteManifest) -> str:
     """A stable hash of everything that changes the deterministic stage's output."""
     options = asdict(manifest.preprocess)
     options.pop("normalize", None)  # normalization happens after the cache
+    if not options.get("disc_crop"):  # an option at its default keeps older caches' keys
+        options.pop("disc_crop", None)
     payload = json.dumps(
         {
             "version": PIPELINE_VERSION,

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from medfed.config import SiteManifest
-from medfed.data.cache import TensorCache, cache_key, content_hash, scan_key, stack_key
+from medfed.data.cache import (
+    StackWriter,
+    TensorCache,
+    cache_key,
+    content_hash,
+    scan_key,
+    stack_key,
+)
 from medfed.data.layouts import scan_site
 from medfed.data.modality import read_record
 from medfed.data.preprocess import (
@@ -21,7 +31,7 @@ from medfed.data.preprocess import (
 from medfed.data.records import Problem, Record, Split
 from medfed.data.splits import assign_splits
 from medfed.data.transforms import NoCameraField
-from medfed.errors import DataError, MedfedError
+from medfed.errors import ConfigError, DataError, MedfedError
 from medfed.progress import bar
 
 _SHOWN = 5
@@ -207,27 +217,86 @@ def _split_tensor(
     mapped = cache.get_stack(key, len(records), dtype)
     if mapped is not None:
         return mapped
-    buffer: torch.Tensor | None = None
+    writer: StackWriter | None = None
     failed = len(failures)
-    scans = zip(records, keys, strict=True)
+    scans = _preprocessed(site, cache, records, keys, decode_workers())
     shown = bar(scans, f"preprocess {site.id}", show=progress, total=len(records), unit="scan")
-    for row, (record, key_of_scan) in enumerate(shown):
-        try:
-            tensor = _preprocess(site, record, key_of_scan, cache, None)
-        except MedfedError as exc:
-            failures.append(Problem(str(record.path), str(exc)))
-            continue
-        if buffer is None:
-            buffer = torch.empty((len(records), *tensor.shape), dtype=dtype)
-        if tensor.shape != buffer.shape[1:]:
-            raise DataError(
-                f"{record.path}: preprocessed to shape {tuple(tensor.shape)}, unlike the "
-                f"site's other scans {tuple(buffer.shape[1:])}; check its [preprocess] settings"
+    try:
+        for row, (record, tensor) in enumerate(shown):
+            if isinstance(tensor, MedfedError):
+                failures.append(Problem(str(record.path), str(tensor)))
+                continue
+            if writer is None:  # the split's rows go straight into its cache file's pages
+                writer = cache.stack_writer(key, len(records), tensor.shape, dtype)
+            if tensor.shape != writer.shape[1:]:
+                raise DataError(
+                    f"{record.path}: preprocessed to shape {tuple(tensor.shape)}, unlike the "
+                    f"site's other scans {tuple(writer.shape[1:])}; check its [preprocess] "
+                    "settings"
+                )
+            writer.rows[row] = tensor
+        if writer is None or len(failures) > failed:
+            return None
+        return writer.finish()
+    finally:
+        if writer is not None:
+            writer.discard()
+
+
+def decode_workers() -> int:
+    """Scans decoded at once when the cache is cold: one per core, at most 4
+    (``MEDFED_DECODE_WORKERS`` sets it; 1 decodes in the calling thread)."""
+    text = os.environ.get("MEDFED_DECODE_WORKERS", "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigError(
+                f"MEDFED_DECODE_WORKERS={text!r}: give a whole number of threads, 1 or more"
             )
-        buffer[row] = tensor
-    if buffer is None or len(failures) > failed:
-        return None
-    return cache.put_stack(key, buffer)
+        return int(text)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
+def _preprocessed(
+    site: SiteManifest,
+    cache: TensorCache,
+    records: list[Record],
+    keys: list[str],
+    workers: int,
+) -> Iterator[tuple[Record, torch.Tensor | MedfedError]]:
+    """Each record with its preprocessed tensor (or the error that refused it), in order.
+
+    With ``workers`` > 1, up to that many scans are decoded and preprocessed at once on a pool
+    of threads, off the thread that stacks them (image decoders and the resize release the
+    GIL); the results are the same as one by one, in the same order.
+    """
+
+    def one(record: Record, key: str) -> torch.Tensor | MedfedError:
+        try:
+            return _preprocess(site, record, key, cache, None)
+        except MedfedError as exc:
+            return exc
+
+    if workers <= 1 or len(records) < 2:
+        for record, key in zip(records, keys, strict=True):
+            yield record, one(record, key)
+        return
+    pending: deque[tuple[Record, Future]] = deque()
+    items = iter(zip(records, keys, strict=True))
+    with ThreadPoolExecutor(workers, "medfed-decode") as pool:
+        for record, key in items:
+            pending.append((record, pool.submit(one, record, key)))
+            if len(pending) >= 2 * workers:  # a bounded window: few decoded scans wait
+                break
+        while pending:
+            record, future = pending.popleft()
+            following = next(items, None)
+            if following is not None:
+                pending.append((following[0], pool.submit(one, *following)))
+            yield record, future.result()
 
 
 def no_validation_warning(site: SiteData, operating_point: str) -> str | None:

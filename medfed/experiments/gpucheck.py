@@ -57,6 +57,11 @@ TOLERANCES: dict[str, tuple[str, float]] = {
     "last_val_loss": ("relative", 0.15),  # mean validation loss after the last round
     "worst_site_auc": ("absolute", 0.15),  # lowest test AUC over the sites
 }
+# The clinical-resolution path: a round's mean training loss (the first steps of one site,
+# from the same weights and batches), relative difference. Wider than first_round_loss's: a
+# 50-layer ResNet or EfficientNet-B0 rounds to bf16 at every one of its layers, and the short
+# form's batch of 2 gives its BatchNorm statistics of two photos (EfficientNet-B0 there: 0.064).
+CLINICAL_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,13 @@ class CheckBudget:
     # The backbones timed (None: every one of the modality); batch size of the timed steps.
     throughput_backbones: tuple[str, ...] | None = None
     throughput_batch: int = 32
+    # The clinical-resolution path: one fundus site at this size, each backbone trained by the
+    # site worker (a round of clinical_steps local steps) on the device and on the CPU.
+    clinical_size: int = 224
+    clinical_scans: int = 32
+    clinical_steps: int = 4
+    clinical_batch: int = 16
+    clinical_backbones: tuple[str, ...] = ("tv-resnet50", "tv-efficientnet-b0")
 
     def __post_init__(self) -> None:
         for name in ("fundus_per_site", "ct_per_site", "rounds", "local_steps", "batch_size"):
@@ -97,6 +109,9 @@ SHORT = CheckBudget(
     bench=False,
     throughput_backbones=("cnn-gn", "slices-cnn-gn"),
     throughput_batch=2,
+    clinical_scans=12,
+    clinical_steps=1,
+    clinical_batch=2,
 )
 
 
@@ -320,6 +335,90 @@ def _images_per_second(
     return steps * int(x.shape[0]) / (time.perf_counter() - start)
 
 
+# ---------------------------------------------------------------------------- clinical resolution
+def clinical_check(
+    out: Path, budget: CheckBudget, device: str, echo: Callable[[str], Any]
+) -> dict[str, Any]:
+    """The clinical-resolution path: one synthetic fundus site at ``clinical_size`` px, each of
+    ``clinical_backbones`` trained by medfed's site worker on ``device`` and on the CPU in
+    float32 from the same weights and batches: the first round's loss compared, then a second
+    round on the device timed (images per second) with its peak GPU memory."""
+    from medfed.config import load_manifest
+    from medfed.data.cache import TensorCache
+    from medfed.data.sitedata import load_site
+    from medfed.experiments.memory import write_fundus_site
+
+    size = budget.clinical_size
+    echo(f"[clinical] one fundus site of {budget.clinical_scans} photos at {size} px")
+    manifest = write_fundus_site(out / "data" / "clinical", budget.clinical_scans, size)
+    site = load_site(load_manifest(manifest), TensorCache(out / "cache"))
+    rows = {}
+    for name in budget.clinical_backbones:
+        echo(f"[clinical] {name}: {budget.clinical_steps} steps on {device}, then on cpu (float32)")
+        try:
+            rows[name] = _clinical_backbone(site, name, budget, device)
+        except Exception as exc:  # reported per backbone
+            rows[name] = {"ok": False, "error": failure_reason(exc)}
+    return {"image_size": size, "n_train": site.n(Split.TRAIN), "backbones": rows}
+
+
+def _clinical_backbone(
+    site: SiteData, backbone: str, budget: CheckBudget, device: str
+) -> dict[str, Any]:
+    from medfed.experiments.throughput import MedfedSide, ThroughputPlan
+
+    steps, batch = budget.clinical_steps, budget.clinical_batch
+    losses, rate, peak = {}, None, None
+    for name in (device, "cpu"):
+        setup = resolve_device(name)
+        plan = ThroughputPlan(backbone=backbone, image_size=budget.clinical_size, device=name)
+        config = dataclasses.replace(plan.config(), batch_size=batch, augment="none")
+        side = MedfedSide(site, config, setup)
+        losses[name] = side.train(steps)
+        if name == device:  # the second round, timed: kernels chosen, memory allocated
+            _peak_reset(setup)
+            start = time.perf_counter()
+            side.train(steps)
+            if setup.is_cuda:
+                torch.cuda.synchronize(setup.device)
+            rate = steps * min(batch, site.n(Split.TRAIN)) / (time.perf_counter() - start)
+            peak = _peak_bytes(setup)
+    diff = abs(losses[device] - losses["cpu"]) / max(abs(losses["cpu"]), 1e-12)
+    return {
+        "ok": True,
+        "images_per_second": rate,
+        "batch": batch,
+        "peak_gpu_bytes": peak,
+        "loss": losses,
+        "difference": diff,
+        "within": diff <= CLINICAL_TOLERANCE,
+    }
+
+
+def _clinical_markdown(found: dict[str, Any], device: str) -> str:
+    rows = []
+    for name, r in found["backbones"].items():
+        if not r["ok"]:
+            rows.append([name, f"failed: {r['error']}", "", "", ""])
+            continue
+        mark = "ok" if r["within"] else "OUTSIDE"
+        rows.append(
+            [
+                name,
+                _num(r["images_per_second"], 1),
+                _mib(r["peak_gpu_bytes"]),
+                f"{r['loss'][device]:.4f} vs {r['loss']['cpu']:.4f}",
+                f"{r['difference']:.4f} {mark}",
+            ]
+        )
+    header = ["backbone", "images/s", "peak GPU MiB", f"round loss ({device} vs cpu)", "rel. diff"]
+    return (
+        f"Clinical resolution ({found['image_size']} px, one fundus site, {found['n_train']} "
+        f"training photos), medfed's site worker on {device} against the CPU in float32 "
+        f"(tolerance {CLINICAL_TOLERANCE:g}):\n\n{markdown_table(header, rows)}"
+    )
+
+
 # ---------------------------------------------------------------------------- the whole check
 def run_gpu_check(
     out: Path,
@@ -375,6 +474,8 @@ def run_gpu_check(
             ),
             "throughput": backbone_throughput(sites, modality, budget, setup),
         }
+    if "fundus" in modalities and budget.clinical_backbones:
+        results["clinical"] = clinical_check(out, budget, chosen, echo)
     if budget.bench:
         results["bench"] = _quick_bench(out / "bench", echo)
     results["ok"] = check_passed(results)
@@ -417,7 +518,8 @@ def check_passed(results: dict[str, Any]) -> bool:
                 return False
         if not all(r["ok"] for r in found["throughput"].values()):
             return False
-    return True
+    clinical = results.get("clinical", {}).get("backbones", {})
+    return all(r["ok"] and r["within"] is not False for r in clinical.values())
 
 
 # ---------------------------------------------------------------------------- markdown
@@ -515,6 +617,8 @@ def gpu_check_markdown(results: dict[str, Any]) -> str:
         ]
         parts.append(f"{modality}, training throughput on {device}:")
         parts.append(markdown_table(["backbone", "input", "images/s", "peak GPU MiB"], speed_rows))
+    if results.get("clinical"):
+        parts.append(_clinical_markdown(results["clinical"], device))
     bench = results.get("bench")
     if bench:
         from medfed.experiments.bench import methods_markdown

@@ -72,8 +72,10 @@ def site_memory(
 
 
 def _measure(workdir: Path, n_patients: int, seed: int) -> SiteMemory:
-    manifest = write_ct_site(workdir / "data", n_patients, seed)
-    cache = workdir / "cache"
+    return _measured(write_ct_site(workdir / "data", n_patients, seed), workdir / "cache")
+
+
+def _measured(manifest: Path, cache: Path) -> SiteMemory:
     cold = _load_in_subprocess(manifest, cache)
     warm = _load_in_subprocess(manifest, cache)
     shape = [int(d) for d in warm["shape"]]
@@ -99,6 +101,38 @@ def write_ct_site(out: Path, n_patients: int, seed: int = 0) -> Path:
     path = out / _MANIFEST
     path.write_text(tomli_w.dumps(table), encoding="utf-8")
     return path
+
+
+FUNDUS_SITE = "acrima"  # a flat folder of JPEGs: the quickest synthetic fundus site to write
+
+
+def write_fundus_site(out: Path, n_scans: int, image_size: int, seed: int = 0) -> Path:
+    """Write only the synthetic ``acrima`` site under ``out``, photos ``image_size`` px high and
+    a manifest that trains at ``image_size`` px; return the manifest's path."""
+    from medfed.data.synth import FUNDUS_SITES
+
+    site = next(s for s in FUNDUS_SITES if s.id == FUNDUS_SITE)
+    scale = image_size / site.camera.height
+    out.mkdir(parents=True, exist_ok=True)
+    site.write(out, n_scans, seed, scale)
+    table = site.manifest(seed, scale)
+    table["root"] = str((out / site.folder).resolve())
+    table.setdefault("preprocess", {})["image_size"] = image_size
+    path = out / _MANIFEST
+    path.write_text(tomli_w.dumps(table), encoding="utf-8")
+    return path
+
+
+def fundus_site_memory(
+    n_scans: int = 5000, image_size: int = 224, *, workdir: str | Path | None = None, seed: int = 0
+) -> SiteMemory:
+    """Write a fundus site of ``n_scans`` photos and measure loading it at ``image_size`` px
+    with a cold, then a warm cache (each in a fresh process, every scan read once after)."""
+    if n_scans < 8:
+        raise ValueError("n_scans must be at least 8 (a train and a test split per class)")
+    with tempfile.TemporaryDirectory(prefix="medfed-memory-", dir=workdir) as tmp:
+        manifest = write_fundus_site(Path(tmp) / "data", n_scans, image_size, seed)
+        return _measured(manifest, Path(tmp) / "cache")
 
 
 def _load_in_subprocess(manifest: Path, cache: Path) -> dict[str, Any]:

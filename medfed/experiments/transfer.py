@@ -14,6 +14,12 @@ Two things are measured on B, one seed:
 
 LoRA refuses a frozen base of random weights, so its random start trains the base too
 (``base = "federated"``); from the pretrained start it keeps LoRA's default, the base frozen.
+
+Where torchvision's ImageNet weights of ResNet-18 are in the local hub cache
+(``$TORCH_HOME/hub/checkpoints``; nothing is downloaded), a third pair trains FedAvg on the
+torchvision-shaped ResNet-18 at 224 px on the same federations B, from those weights (every
+tensor loaded, ImageNet's normalization) and from random weights; where the file is absent the
+pair is skipped and the results say why.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ SOURCE_SEED = 1  # federation A: the base's data and training seed
 TARGET_SEED = 2  # federation B: every compared run's data and training seed
 BACKBONE = "cnn-gn"  # one backbone for every run, so the base's weights fit every model
 THRESHOLD = 0.75  # the worst-site validation AUC whose first round the table gives
+IMAGENET_NET = "resnet18"  # torchvision's network whose ImageNet weights start the third pair
+IMAGENET_BACKBONE = "tv-resnet18"
+IMAGENET_SIZE = 224  # the resolution those weights were trained at
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,10 @@ class Arm:
     pretrained: bool
     dirname: str
     params: dict[str, str] = field(default_factory=dict)
+    init: str = ""  # the starting weights of a pretrained arm ("": the FedAvg base)
+    backbone: str = BACKBONE
+    image_size: int | None = None  # train at this fundus size (None: the federation's own)
+    normalization: str = "site"
 
 
 @dataclass(frozen=True)
@@ -116,8 +129,62 @@ PAIRS = (
         Arm("feddrm (random)", "feddrm", False, "feddrm_random"),
     ),
 )
+IMAGENET_PAIR = Pair(
+    "ImageNet",
+    Arm(
+        "fedavg (ImageNet, tv-resnet18)",
+        "fedavg",
+        True,
+        "imagenet_pretrained",
+        init=f"torchvision:{IMAGENET_NET}",
+        backbone=IMAGENET_BACKBONE,
+        image_size=IMAGENET_SIZE,
+        normalization="imagenet",
+    ),
+    Arm(
+        "fedavg (random, tv-resnet18)",
+        "fedavg",
+        False,
+        "imagenet_random",
+        backbone=IMAGENET_BACKBONE,
+        image_size=IMAGENET_SIZE,
+        normalization="imagenet",
+    ),
+)
 # Every run on federation B, in the order they train.
 ARMS = tuple(arm for pair in PAIRS for arm in (pair.pretrained, pair.random))
+
+
+def imagenet_weights() -> tuple[Path, str | None]:
+    """The hub file of ResNet-18's ImageNet weights, and why the ImageNet pair is skipped
+    (None: the file is there and the pair trains)."""
+    from medfed.federation.pretrained import torchvision_hub_file
+
+    path = torchvision_hub_file(IMAGENET_NET)
+    if path.is_file():
+        return path, None
+    return path, (
+        f"{path} is absent (torchvision's hub cache, $TORCH_HOME/hub/checkpoints), and nothing "
+        f"is downloaded: copy {path.name} there, or set TORCH_HOME to the folder holding "
+        "hub/checkpoints/, to add the ImageNet start"
+    )
+
+
+def chosen_pairs(imagenet: bool) -> tuple[Pair, ...]:
+    return (*PAIRS, IMAGENET_PAIR) if imagenet else PAIRS
+
+
+def arms_of(pairs: tuple[Pair, ...]) -> tuple[Arm, ...]:
+    return tuple(arm for pair in pairs for arm in (pair.pretrained, pair.random))
+
+
+def arm_init(arm: Arm, base: Path) -> str | None:
+    """What ``arm`` starts from: None (random weights), the FedAvg base, or ``arm.init``."""
+    if not arm.pretrained:
+        return None
+    return arm.init or str(base)
+
+
 # The suffix of the folder and the key of each arm's run at the short budget.
 EARLY = "_early"
 
@@ -211,19 +278,23 @@ def run_transfer(
         raise ConfigError(f"the AUC threshold must be in (0, 1], got {threshold}")
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
+    weights, skipped = imagenet_weights()
+    echo(f"ImageNet start: {weights}" if skipped is None else f"ImageNet start skipped: {skipped}")
+    pairs_run = chosen_pairs(skipped is None)
+    arms = arms_of(pairs_run)
     base = _train_base(out, budget, echo)
-    trained = _train_targets(out, budget, base.folder, echo)
+    trained = _train_targets(out, budget, base.folder, echo, arms)
     runs: dict[str, dict[str, Any]] = {}
-    for arm in ARMS:
-        init = str(base.folder) if arm.pretrained else None
+    for arm in arms:
+        init = arm_init(arm, base.folder)
         runs[arm.label] = found = _arm_figures(arm, trained, init, n_boot, threshold)
         echo(
             f"  {arm.label}: worst-site test AUC "
             f"{ci_cell(found['test']['worst_site_auc'])}, first round with worst-site "
             f"validation AUC >= {threshold}: {found['rounds_to_threshold'] or 'not reached'}"
         )
-    pairs = {pair.name: _pair(pair, trained, runs, n_boot, echo) for pair in PAIRS}
-    last = trained.runs[(ARMS[-1].label, "")][target_seeds(budget)[-1]]
+    pairs = {pair.name: _pair(pair, trained, runs, n_boot, echo) for pair in pairs_run}
+    last = trained.runs[(arms[-1].label, "")][target_seeds(budget)[-1]]
     results: dict[str, Any] = {
         "command": command + (" --quick" if quick else ""),
         "quick": quick,
@@ -242,6 +313,7 @@ def run_transfer(
         "device": {"run": last.summary.device, **device_info()},
         "runs": runs,
         "pairs": pairs,
+        "imagenet": {"weights": str(weights), "skipped": skipped},
     }
     results["plot"] = transfer_plot(results, out / PLOT_NAME).name
     results["seconds_total"] = time.perf_counter() - start
@@ -263,17 +335,43 @@ def run_transfer(
 
 
 def _config(
-    budget: TransferBudget, algorithm: str, rounds: int, seed: int, **extra: Any
+    budget: TransferBudget,
+    algorithm: str,
+    rounds: int,
+    seed: int,
+    backbone: str = BACKBONE,
+    **extra: Any,
 ) -> TrainConfig:
     return TrainConfig(
         algorithm=algorithm,
         rounds=rounds,
         local_steps=budget.local_steps,
         seed=seed,
-        backbone=BACKBONE,
+        backbone=backbone,
         device="auto",
         **extra,
     )
+
+
+def at_size(sites: list[Any], size: int | None, cache: Path) -> list[Any]:
+    """The same sites' photos preprocessed at ``size`` px (the sites themselves for None)."""
+    if size is None:
+        return sites
+    import dataclasses
+
+    from medfed.data.cache import TensorCache
+    from medfed.data.sitedata import load_site
+
+    tensors = TensorCache(cache)
+    return [
+        load_site(
+            dataclasses.replace(
+                s.manifest, preprocess=dataclasses.replace(s.manifest.preprocess, image_size=size)
+            ),
+            tensors,
+        )
+        for s in sites
+    ]
 
 
 def _federation(
@@ -300,19 +398,33 @@ def _train_base(out: Path, budget: TransferBudget, echo: Callable[[str], Any]) -
 
 
 def _train_targets(
-    out: Path, budget: TransferBudget, base: Path, echo: Callable[[str], Any]
+    out: Path,
+    budget: TransferBudget,
+    base: Path,
+    echo: Callable[[str], Any],
+    chosen: tuple[Arm, ...] = ARMS,
 ) -> SeedRuns[list[Any], tuple[str, str]]:
     """Every arm on every federation B, at the short and at the full budget."""
-    arms = {arm.label: arm for arm in ARMS}
+    arms = {arm.label: arm for arm in chosen}
     stages = {EARLY: budget.early_rounds, "": budget.rounds}
 
     def train_one(target: list[Any], seed: int, run: tuple[str, str]) -> Trained:
         arm, rounds = arms[run[0]], stages[run[1]]
-        extra = {"init": str(base)} if arm.pretrained else {}
+        init = arm_init(arm, base)
+        extra = {"init": init} if init else {}
         folder = out / "runs" / f"seed{seed}" / f"{arm.dirname}{run[1]}"
         echo(f"training {arm.label} on federation B seed {seed}, {rounds} rounds")
-        config = _config(budget, arm.algorithm, rounds, seed, params=dict(arm.params), **extra)
-        return train_run(target, config, folder)
+        config = _config(
+            budget,
+            arm.algorithm,
+            rounds,
+            seed,
+            arm.backbone,
+            params=dict(arm.params),
+            normalization=arm.normalization,
+            **extra,
+        )
+        return train_run(at_size(target, arm.image_size, out / "cache"), config, folder)
 
     return train_seeds(
         target_seeds(budget),
@@ -440,7 +552,7 @@ def runs_table(results: Mapping[str, Any]) -> str:
             found = results["runs"][label]
             values = [p["worst_site_val_auc"] for p in found["curve"]]
             defined = [v for v in values if v is not None]
-            start = "FedAvg base (--init)" if found["init"] else "random weights"
+            start = _start_text(found)
             if found["params"]:
                 start += " + " + ", ".join(f"{k}={v}" for k, v in found["params"].items())
             rows.append(
@@ -456,6 +568,29 @@ def runs_table(results: Mapping[str, Any]) -> str:
                 ]
             )
     return markdown_table(header, rows)
+
+
+def _start_text(found: Mapping[str, Any]) -> str:
+    init = found["init"]
+    if not init:
+        return "random weights"
+    return (
+        f"ImageNet (--init {init})" if init.startswith("torchvision:") else "FedAvg base (--init)"
+    )
+
+
+def imagenet_text(results: Mapping[str, Any]) -> str:
+    """A line on the ImageNet start: what it is, or why it was skipped."""
+    found = results.get("imagenet") or {}
+    if found.get("skipped"):
+        return f"ImageNet start: skipped; {found['skipped']}."
+    if not found:
+        return ""
+    return (
+        f"ImageNet start: FedAvg on {IMAGENET_BACKBONE} at {IMAGENET_SIZE} px from "
+        f"torchvision's ImageNet weights ({found['weights']}; every tensor loaded, ImageNet's "
+        "normalization) against the same model from random weights, on the same federations B."
+    )
 
 
 def _rounds_sentence(results: Mapping[str, Any], pair: Mapping[str, Any]) -> str:
@@ -516,6 +651,7 @@ def transfer_markdown(
         "only; the round at which a curve (the mean over the seeds) crosses the threshold "
         "carries no interval.",
         runs_table(results),
+        imagenet_text(results),
     ]
     for name, pair in results["pairs"].items():
         parts.append(

@@ -235,6 +235,7 @@ class SiteWorker:
                 self.config.batch_size,
                 generator,
                 augment_flip=self.flips,
+                channels_last=self.setup.channels_last,
             ),
             steps=self.config.local_steps,
             optim=Optim(lr, self.config.momentum, self.config.weight_decay, self.config.optimizer),

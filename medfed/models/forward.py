@@ -26,6 +26,8 @@ def run_model(
     block = x.shape[0] // len(heads) if heads else x.shape[0]
     for start in range(0, x.shape[0], BATCH):
         xb = _batch(x, start, start + BATCH, setup.device)
+        if setup.channels_last and xb.dim() == 4:
+            xb = xb.contiguous(memory_format=torch.channels_last)
         with setup.autocast()():
             f = model.features(xb)
             hidden = model.target_branch(f)

@@ -33,6 +33,11 @@ from medfed.serving.abstention import Abstention
 
 State = dict[str, torch.Tensor]
 
+# The version of the model a run's model.json describes: what its weights mean (the backbone's
+# tensor names and shapes, the heads, the spec's fields). 1: runs written before model.json
+# carried a version (read as before); 2: the torchvision-shaped backbones and the version itself.
+MODEL_VERSION = 2
+
 
 @dataclass(frozen=True)
 class OperatingChoice:
@@ -288,6 +293,7 @@ class TrainedFederation:
     def describe(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """model.json: everything but the weights."""
         return {
+            "model_version": MODEL_VERSION,
             "algorithm": self.algorithm,
             "spec": self.spec.to_dict(),
             "modality": self.modality,
@@ -369,8 +375,34 @@ def _damaged(where: Path, what: str) -> RunDirError:
     return RunDirError(f"{where}: {what}; the file is damaged; {MODEL_FIX}")
 
 
+def _check_version(info: dict[str, Any], where: Path) -> None:
+    """A model this medfed can read: its model version (1 where model.json has none) at most
+    :data:`MODEL_VERSION`, and a backbone this version knows."""
+    from medfed.models.backbones import BACKBONES
+
+    version = info.get("model_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise _damaged(
+            where, f"field 'model_version' should be a whole number >= 1, not {version!r}"
+        )
+    if version > MODEL_VERSION:
+        raise RunDirError(
+            f"{where}: the model is of model version {version}, written by a newer medfed; this "
+            f"medfed reads model versions 1 to {MODEL_VERSION}: upgrade medfed to load it"
+        )
+    spec = info["spec"]
+    backbone = spec.get("backbone")
+    if backbone not in BACKBONES:
+        raise RunDirError(
+            f"{where}: backbone {backbone!r} (model version {version}) is not one this medfed "
+            f"version builds (it builds: {', '.join(BACKBONES)}); load the run with the medfed "
+            "version that trained it, or retrain it"
+        )
+
+
 def _check_info(info: dict[str, Any], where: Path) -> None:
-    """model.json's fields that loading relies on, each of the right kind."""
+    """model.json's fields that loading relies on, each of the right kind, of a model version
+    and backbone this medfed reads."""
     if not isinstance(info.get("algorithm"), str):
         raise _damaged(where, "field 'algorithm' should be the algorithm's name")
     if not isinstance(info.get("spec"), dict):
@@ -389,6 +421,7 @@ def _check_info(info: dict[str, Any], where: Path) -> None:
     routing = info.get("routing")
     if routing is not None and not isinstance(routing, dict):
         raise _damaged(where, "field 'routing' should be a JSON object (the routing fit)")
+    _check_version(info, where)
 
 
 def _check_normalization(site: dict[str, Any], channels: int, where: Path) -> None:
