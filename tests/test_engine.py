@@ -37,7 +37,7 @@ def stable(summary: dict) -> dict:
     out = {k: v for k, v in summary.items() if k not in VOLATILE}
     for key in ("routers", "routers_origin_known"):
         out[key] = {
-            name: {k: v for k, v in fig.items() if k != "latency_ms_per_scan"}
+            name: {k: v for k, v in fig.items() if not k.startswith("latency_ms")}
             for name, fig in summary[key].items()
         }
     return out

@@ -203,7 +203,7 @@ def test_a_run_without_a_learning_rate_takes_its_sites_modality(modality, from_m
         seen.append(plan.config.lr)
         raise Stop
 
-    run.messenger.discover = lambda: [info]
+    run.messenger.discover = lambda *_plan: [info]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(server_app, "Coordinator", coordinator)
         with pytest.raises(Stop):
