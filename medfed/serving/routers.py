@@ -237,7 +237,9 @@ class OnePassRouter(Router):
             )
         return fit.one_pass_site, fit.one_pass_temperature
 
-    def posterior(self, fed: TrainedFederation, client_logits: np.ndarray):
+    def posterior(
+        self, fed: TrainedFederation, client_logits: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(site probabilities (n, K), routed (n,)) from the routing site's client logits."""
         _, temperature = self.routing_site(fed)
         scores = density_ratio_scores(log_softmax(client_logits), fed.priors)
