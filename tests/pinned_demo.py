@@ -10,7 +10,9 @@ Floating-point results depend on the vector instructions PyTorch picks for the C
 AVX-512 kernels sum in different orders), so the pin records the CPU capability it was taken
 on. On a CPU of that capability every figure and file must be equal; on another, the demo must
 keep the pin's shape (every table row and column, every summary field, every round, every model
-file, each number still a finite number where the pin has one), and its figures are not compared.
+file, each number still a finite number where the pin has one), and its figures are not compared:
+nor the verdicts read off them, nor the number of points of a curve (ROC points follow the
+scores).
 """
 
 from __future__ import annotations
@@ -81,25 +83,52 @@ def shape_differences(found: Any, pinned: Any, where: str = "") -> list[str]:
             out += shape_differences(found[key], pinned[key], f"{where}.{key}")
         return out
     if isinstance(found, list) and isinstance(pinned, list):
+        if all(_scalar(v) for v in [*found, *pinned]):  # a curve: its points follow the scores
+            bad = [v for v in found if v is not None and not _finite(v)]
+            return [f"{where}: {bad[:3]} are not numbers"] if bad else []
         if len(found) != len(pinned):
             return [f"{where}: {len(found)} items != pinned {len(pinned)}"]
         pairs = enumerate(zip(found, pinned, strict=True))
         return [d for i, (a, b) in pairs for d in shape_differences(a, b, f"{where}[{i}]")]
     if isinstance(found, str) and isinstance(pinned, str):
-        if where == ".table" or where.endswith("config.toml"):
+        if where == ".table":
+            return differences(_table_shape(found), _table_shape(pinned), where)
+        if where.endswith("config.toml"):
             return differences(_labels(found), _labels(pinned), where)
         return []  # a hash, a site or method name written from the figures
-    numbers = (int, float)
-    if isinstance(pinned, numbers) and not isinstance(pinned, bool):
-        finite = isinstance(found, numbers) and not isinstance(found, bool)
-        return [] if finite and found == found else [f"{where}: {found!r} is not a number"]
+    if _scalar(pinned) and pinned is not None:
+        return [] if _finite(found) else [f"{where}: {found!r} is not a number"]
     return [] if type(found) is type(pinned) else [f"{where}: {found!r} != pinned {pinned!r}"]
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _finite(value: Any) -> bool:
+    return _scalar(value) and value is not None and value == value and abs(value) != float("inf")
 
 
 def _labels(text: str) -> str:
     """A table's or config's words without its numbers: its header and row labels."""
     words = re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "#", text)
     return re.sub(r"[ \t]+", " ", re.sub(r"-{3,}", "---", words))  # widths follow the numbers
+
+
+def _table_shape(text: str) -> str:
+    """The demo table's shape: every header whole, each row's label and number of cells, and
+    of each other line what leads its verdicts ("- seed 0, worst-site AUC (origin known)")."""
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        separator = set(line) <= set("|- ")
+        header = i + 1 < len(lines) and set(lines[i + 1]) <= set("|- ") and "|" in lines[i + 1]
+        if line.startswith("|") and not (separator or header):
+            out.append(f"| {cells[0]} | {len(cells)} cells")
+        else:
+            out.append(_labels(line.split(": ", 1)[0] if line.startswith("- ") else line))
+    return "\n".join(out)
 
 
 def differences(found: Any, pinned: Any, where: str = "") -> list[str]:
