@@ -10,7 +10,15 @@ from typing import Any
 from medfed.reports.grading import grading_text
 from medfed.reports.markdown import markdown_table
 from medfed.reports.routing import routing_calibration_text
-from medfed.reports.text import UNRELIABLE_MARK, ci_text, count_text, fmt, pooled_text, rate_text
+from medfed.reports.text import (
+    UNRELIABLE_MARK,
+    ci_text,
+    count_text,
+    fmt,
+    operating_cells,
+    pooled_text,
+    rate_text,
+)
 from medfed.runs.schema import Evaluation, PrivacySpent, RouterFigures, SiteFigures, Summary
 from medfed.units import human_bytes
 
@@ -115,20 +123,7 @@ def operating_point_rows(summary: Evaluation) -> tuple[list[str], list[list[Any]
         if op is None:
             rows.append([site, *["n/a"] * 7, "no operating point in this run"])
             continue
-        mark = f" {UNRELIABLE_MARK}" if m.unreliable else ""
-        rows.append(
-            [
-                site,
-                op.rule,
-                op.threshold,
-                rate_text(op.sensitivity) + mark,
-                rate_text(op.specificity) + mark,
-                rate_text(op.ppv) + mark,
-                rate_text(op.npv) + mark,
-                f"{op.tp}/{op.fp}/{op.tn}/{op.fn}",
-                op.note or "",
-            ]
-        )
+        rows.append([site, *operating_cells(op, f" {UNRELIABLE_MARK}" if m.unreliable else "")])
     return header, rows
 
 

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from medfed.metrics import MulticlassFigure
 from medfed.reports.markdown import markdown_table
-from medfed.reports.text import NA, UNRELIABLE_MARK, ci_text, count_text, fmt, rate_text
+from medfed.reports.text import (
+    NA,
+    UNRELIABLE_MARK,
+    ci_text,
+    count_text,
+    fmt,
+    operating_cells,
+)
 from medfed.runs.schema import Evaluation
 
 
@@ -71,20 +78,7 @@ def referable_table(summary: Evaluation) -> str:
         mark = f" {UNRELIABLE_MARK}" if r.unreliable else ""
         auc = ci_text(r.auc_ci) if r.auc_ci is not None else f"{NA} ({r.auc_reason})"
         op = r.operating_point
-        cells = (
-            [NA] * 8
-            if op is None
-            else [
-                op.rule,
-                fmt(op.threshold),
-                rate_text(op.sensitivity) + mark,
-                rate_text(op.specificity) + mark,
-                rate_text(op.ppv) + mark,
-                rate_text(op.npv) + mark,
-                f"{op.tp}/{op.fp}/{op.tn}/{op.fn}",
-                op.note or "",
-            ]
-        )
+        cells = [NA] * 8 if op is None else operating_cells(op, mark)
         rows.append([site, auc + mark, count_text(r.n_pos, r.n_neg), *cells])
     notes = [
         f"{UNRELIABLE_MARK} unreliable at {site}: {m.referable.unreliable}"

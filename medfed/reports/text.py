@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from medfed.metrics import Interval, Pooled, Proportion
+from medfed.metrics import Interval, OperatingPoint, Pooled, Proportion
 
 NA = "n/a"
 
@@ -77,3 +77,16 @@ def pooled_text(pooled: Pooled | None, digits: int = 3, *, sites: bool = False) 
         return NA
     text = f"{ci_text(pooled, digits=digits)}, I\u00b2 {100 * pooled.i2:.0f}%"
     return f"{text} over {pooled.n_sites} sites" if sites else text
+
+
+def operating_cells(op: OperatingPoint, mark: str = "") -> list[Any]:
+    """An operating point's cells: rule, threshold, sensitivity, specificity, PPV and NPV
+    (each with its Wilson CI and k/n, then ``mark``), TP/FP/TN/FN and its note."""
+    rates = (op.sensitivity, op.specificity, op.ppv, op.npv)
+    return [
+        op.rule,
+        op.threshold,
+        *(rate_text(r) + mark for r in rates),
+        f"{op.tp}/{op.fp}/{op.tn}/{op.fn}",
+        op.note or "",
+    ]
