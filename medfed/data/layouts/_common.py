@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -436,4 +436,40 @@ def _undeclared_label(
         f"patient {patient!r} has label {value!r}, which [labels] does not declare "
         f"(declared: {sorted(manifest.labels)}); the patient is not used",
         f"fix the label, or add {value or '<name>'} = <index> to [labels] of {where(manifest)}",
+    )
+
+
+def match_label_rows(
+    rows: Iterable[Mapping[str, str]],
+    images: list[Path],
+    where: tuple[Path | str, Path],
+    columns: tuple[str, str],
+    accept: Callable[[str, Path, str, str], bool],
+    problems: list[Problem],
+    what: str = "label",
+) -> None:
+    """Match each row of a label table (``where``: the table and the image folder) to the
+    image it names, by file name or, for a name without a suffix, by stem. A row naming no
+    image, or an image an accepted row already named, is a problem; ``accept(place, image,
+    name, value)`` takes the others or refuses them (saying why in ``problems`` itself). Every
+    image no accepted row names is a problem too ("image has no {what} in TABLE")."""
+    table, folder = where
+    by_name = {p.name: p for p in images}
+    by_stem = {p.stem: p for p in images}
+    labelled: set[Path] = set()
+    for line, row in enumerate(rows, start=2):
+        name, value = row[columns[0]], row[columns[1]]
+        image = by_name.get(name) or (by_stem.get(name) if not Path(name).suffix else None)
+        place = f"{table}:{line}"
+        if image is None:
+            missing = f"names image {name!r}, which does not exist in {folder}"
+            problems.append(Problem(place, missing))
+        elif image in labelled:
+            problems.append(Problem(place, f"image {name!r} is listed again; first row kept"))
+        elif accept(place, image, name, value):
+            labelled.add(image)
+    problems.extend(
+        Problem(str(p), f"image has no {what} in {table}; not used", f"add a row for {p.name}")
+        for p in images
+        if p not in labelled
     )

@@ -12,6 +12,7 @@ from medfed.data.grading import DEFAULT_GRADE_NAMES
 from medfed.data.layouts._common import (
     PatientIds,
     list_images,
+    match_label_rows,
     option_table,
     read_table,
     require_classes,
@@ -67,33 +68,19 @@ def scan_graded_set(
     except DataError as exc:
         out.problems.append(_table_problem(spec, exc, len(images)))
         return
-    by_name = {p.name: p for p in images}
-    by_stem = {p.stem: p for p in images}
-    labelled: set[Path] = set()
-    for line, row in enumerate(rows, start=2):
-        name, value = row[spec.image_column], row[spec.grade_column]
-        image = by_name.get(name) or (by_stem.get(name) if not Path(name).suffix else None)
-        place = f"{spec.table}:{line}"
-        if image is None:
-            out.problems.append(
-                Problem(place, f"names image {name!r}, which does not exist in {spec.folder}")
-            )
-        elif image in labelled:
-            out.problems.append(Problem(place, f"image {name!r} is listed again; first row kept"))
-        elif value not in names:
+
+    def accept(place: str, image: Path, name: str, value: str) -> bool:
+        if value not in names:
             out.problems.append(_bad_grade(manifest, place, name, value, names))
-        else:
-            labelled.add(image)
-            out.records.append(
-                _record(
-                    manifest, image, names[value], value, spec.split, patient_ids, patient_of, out
-                )
-            )
-    out.problems.extend(
-        Problem(str(p), f"image has no grade in {spec.table}; not used", f"add a row for {p.name}")
-        for p in images
-        if p not in labelled
-    )
+            return False
+        out.records.append(
+            _record(manifest, image, names[value], value, spec.split, patient_ids, patient_of, out)
+        )
+        return True
+
+    columns = (spec.image_column, spec.grade_column)
+    found_in = (spec.table, spec.folder)
+    match_label_rows(rows, images, found_in, columns, accept, out.problems, what="grade")
 
 
 def _record(

@@ -13,6 +13,7 @@ from medfed.data.layouts._common import (
     check_options,
     list_images,
     make_record,
+    match_label_rows,
     option_table,
     parse_split,
     read_table,
@@ -134,32 +135,19 @@ def _scan_labelled_set(
     except DataError as exc:
         out.problems.append(_table_problem(table, exc, len(images), folder))
         return
-    by_name = {p.name: p for p in images}
-    by_stem = {p.stem: p for p in images}
-    labelled: set[Path] = set()
-    for line, row in enumerate(rows, start=2):
-        name, value = row[spec.image_column], row[spec.label_column]
-        image = by_name.get(name) or (by_stem.get(name) if not Path(name).suffix else None)
-        place = f"{table}:{line}"
-        if image is None:
-            out.problems.append(
-                Problem(place, f"names image {name!r}, which does not exist in {folder}")
-            )
-        elif image in labelled:
-            out.problems.append(Problem(place, f"image {name!r} is listed again; first row kept"))
-        elif value not in label_values:
+
+    def accept(place: str, image: Path, name: str, value: str) -> bool:
+        if value not in label_values:
             out.problems.append(_bad_value(place, name, value, label_values))
-        else:
-            labelled.add(image)
-            class_name = label_values[value]
-            out.records.append(
-                make_record(manifest, image, class_name, spec.split, patient_ids, out.problems)
-            )
-    out.problems.extend(
-        Problem(str(p), f"image has no label in {table}; not used", f"add a row for {p.name}")
-        for p in images
-        if p not in labelled
-    )
+            return False
+        class_name = label_values[value]
+        out.records.append(
+            make_record(manifest, image, class_name, spec.split, patient_ids, out.problems)
+        )
+        return True
+
+    columns = (spec.image_column, spec.label_column)
+    match_label_rows(rows, images, (table, folder), columns, accept, out.problems)
 
 
 def _table_problem(table: Path, exc: DataError, n_images: int, folder: Path) -> Problem:
