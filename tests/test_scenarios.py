@@ -169,7 +169,7 @@ def test_quick_concept_sweep_writes_its_tables_and_docs_section(tmp_path: Path):
 
     page = tmp_path / "scenarios.md"
     page.write_text(
-        "# x\n<!-- scenario-concept:start -->\nold\n<!-- scenario-concept:end -->\n",
+        "# x\n<!-- scenario-concept:start -->\nPLACEHOLDER-TEXT\n<!-- scenario-concept:end -->\n",
         encoding="utf-8",
     )
     plan = ScenarioPlan.make("concept", quick=True, seeds=1, methods=["local"], n_boot=200)
@@ -187,6 +187,6 @@ def test_quick_concept_sweep_writes_its_tables_and_docs_section(tmp_path: Path):
     (claim,) = results["claims"]
     assert claim["verdict"] in (REPRODUCED, NOT_REPRODUCED, NO_DIFFERENCE)
     text = page.read_text(encoding="utf-8")
-    assert "old" not in text and "| on | local |" in text
+    assert "PLACEHOLDER-TEXT" not in text and "| on | local |" in text
     assert scenario_markdown(saved) in text
     assert any(line.startswith(claim["text"]) for line in lines)
