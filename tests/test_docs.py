@@ -27,6 +27,10 @@ MARKER_PAGES: dict[str, str] = {
     "bench-ct-table": "docs/benchmarks.md",
     "serve-load": "docs/pacs.md",
     "throughput": "docs/benchmarks.md",
+    **{
+        f"scenario-{a}": "docs/scenarios.md"
+        for a in ("covariate", "lambda", "label", "concept", "clients")
+    },
 }
 
 # [text](target) and ![alt](target); the target ends at a space (a title) or the parenthesis.

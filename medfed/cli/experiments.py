@@ -1,5 +1,5 @@
 """Experiments: ``medfed demo``, ``bench``, ``transfer``, ``privacy-curve``, ``gpu-check``,
-``bench-deploy`` and ``bench-throughput``."""
+``bench-deploy``, ``bench-throughput`` and ``scenarios``."""
 
 from __future__ import annotations
 
@@ -375,6 +375,53 @@ def bench_throughput(
         typer.echo(f"updated the {MARKER} section of {update_readme}")
 
 
+@friendly
+def scenarios(
+    ablation: Annotated[
+        str,
+        typer.Option(help="covariate, lambda, label, concept or clients (FedDRM's ablations)."),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(help="Folder for the data, the runs and the results.", callback=named_folder),
+    ] = Path("scenarios_out"),
+    quick: Annotated[bool, typer.Option(help="A toy budget (the test suite's form).")] = False,
+    seeds: Annotated[
+        int | None, typer.Option(help="Seeds (federation and training); default 3, quick 2.")
+    ] = None,
+    method: Annotated[
+        list[str] | None,
+        typer.Option(help="Only these methods (repeat the option); FedDRM always trains."),
+    ] = None,
+    level: Annotated[
+        list[str] | None, typer.Option(help="Only these levels of the ablation (repeat).")
+    ] = None,
+    n_boot: Annotated[
+        int | None, typer.Option(help="Bootstrap resamples of every interval.")
+    ] = None,
+    update_readme: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the tables into this page's scenario section (docs/scenarios.md)."
+        ),
+    ] = None,
+) -> None:
+    """One of FedDRM's published ablations on synthetic DR-grading federations.
+
+    FedDRM and the paper's baselines medfed has, the same budget each, over several seeds:
+    every figure with its 95% CI, FedDRM's paired differences, and the paper's claims beside
+    medfed's intervals with a verdict each (OUT/scenario-ABLATION.md)."""
+    from medfed.experiments.scenarios import ScenarioPlan, marker, run_scenarios
+
+    plan = ScenarioPlan.make(
+        ablation, quick=quick, seeds=seeds, methods=method or (), n_boot=n_boot, levels=level or ()
+    )
+    check_readme(update_readme, marker(ablation))
+    check_out_folder(out)
+    check_not_in_run(out)
+    run_scenarios(out, plan, echo=typer.echo, readme=update_readme)
+
+
 def register(app: typer.Typer) -> None:
     add = adder(app, EXPERIMENTS)
     add(demo)
@@ -384,3 +431,4 @@ def register(app: typer.Typer) -> None:
     add(gpu_check, "gpu-check")
     add(bench_deploy, "bench-deploy")
     add(bench_throughput, "bench-throughput")
+    add(scenarios)

@@ -66,7 +66,8 @@ class SiteScans:
 
     ``score`` is P(positive) of the site's own model (None for more than two classes);
     ``correct`` and ``correct_origin_known`` say whether the federation's answer (the default
-    router's) was right under each protocol.
+    router's) was right under each protocol; ``correct_own`` whether the site's own model's
+    answer was.
     """
 
     scan_ids: tuple[str, ...]
@@ -75,12 +76,14 @@ class SiteScans:
     score: np.ndarray | None
     correct: np.ndarray
     correct_origin_known: np.ndarray
+    correct_own: np.ndarray
 
     def column(self, name: str) -> np.ndarray | None:
         return {
             "score": self.score,
             "correct": self.correct,
             "correct_origin_known": self.correct_origin_known,
+            "correct_own": self.correct_own,
         }[name]
 
     def take(self, index: np.ndarray) -> SiteScans:
@@ -91,6 +94,7 @@ class SiteScans:
             score=None if self.score is None else self.score[index],
             correct=self.correct[index],
             correct_origin_known=self.correct_origin_known[index],
+            correct_own=self.correct_own[index],
         )
 
 
@@ -116,6 +120,7 @@ def scans_from_rows(rows: Sequence[Mapping[str, Any]]) -> Scans:
             correct_origin_known=(
                 np.array([int(r["system_prediction_origin_known"]) for r in part]) == y
             ),
+            correct_own=np.array([int(r["prediction"]) for r in part]) == y,
         )
     return scans
 
@@ -222,6 +227,25 @@ FIGURES: tuple[Figure, ...] = (
     ),
 )
 FIGURES_BY_KEY = {f.key: f for f in FIGURES}
+
+
+def mean_site_accuracy(strata: Strata) -> float:
+    """Mean over the seeds of the mean over sites of each site's share answered correctly."""
+    seeds = _by_seed(strata)
+    return float(np.mean([np.mean([np.mean(c) for _, c in parts]) for parts in seeds.values()]))
+
+
+AVERAGE_ACCURACY = Figure(
+    "average_accuracy",
+    "average accuracy",
+    ORIGIN_KNOWN,
+    "correct_own",
+    "mean over seeds of the sites' mean accuracy, each site's own model on its own test scans "
+    "(FedDRM's A-Acc)",
+    mean_site_accuracy,
+)
+"""Each site's own model on its own scans: the personalized figure of the heterogeneity
+scenarios (``medfed scenarios``); not one of the bench's :data:`FIGURES`."""
 
 
 # ---------------------------------------------------------------------------- pairing
@@ -504,3 +528,76 @@ def figure_intervals(
         given["system_accuracy_origin_known"], drawn["system_accuracy_origin_known"]
     )
     return out
+
+
+# ---------------------------------------------------------------------------- unpaired
+def _accuracy_draws(
+    by_seed: Mapping[int, Scans], figure: Figure, n_boot: int, rng: np.random.Generator
+) -> tuple[float, np.ndarray]:
+    """An accuracy figure (``figure.statistic`` over 0/1 answers) on the scans as given, and
+    under ``n_boot`` resamples of patients within each ``(seed, site)`` stratum."""
+    if figure.is_auc:
+        raise ValueError(f"{figure.key}: only accuracy figures are resampled this way")
+    strata = {
+        (seed, site): scans
+        for seed, per_site in by_seed.items()
+        for site, scans in per_site.items()
+    }
+    if not strata:
+        raise ValueError(f"{figure.key}: no scans")
+    given = figure.statistic(
+        {key: (s.y, s.column(figure.column).astype(np.float64)) for key, s in strata.items()}
+    )
+    hits, totals = {}, {}
+    for key, scans in strata.items():
+        w = cluster_weights(scans.patients, n_boot, rng)
+        hits[key] = w @ scans.column(figure.column).astype(np.float64)
+        totals[key] = w.sum(axis=1)
+    seeds = sorted({seed for seed, _ in strata})
+    per_seed = []
+    for seed in seeds:
+        keys = [k for k in strata if k[0] == seed]
+        if figure.statistic is pooled_accuracy:
+            per_seed.append(sum(hits[k] for k in keys) / sum(totals[k] for k in keys))
+        else:
+            per_seed.append(np.mean([hits[k] / totals[k] for k in keys], axis=0))
+    return given, np.mean(per_seed, axis=0)
+
+
+def level_difference(
+    a: Mapping[int, Scans],
+    b: Mapping[int, Scans],
+    figure: Figure,
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+    level: float = LEVEL,
+) -> Interval:
+    """``figure(a) - figure(b)`` for scans of *different* federations (one method at two
+    levels of a scenario): an unpaired bootstrap, each side's patients resampled on their own
+    within its ``(seed, site)`` strata; a percentile interval. Accuracy figures only."""
+    rng = np.random.default_rng(seed)
+    given_a, draws_a = _accuracy_draws(a, figure, n_boot, rng)
+    given_b, draws_b = _accuracy_draws(b, figure, n_boot, rng)
+    low, high = np.quantile(draws_a - draws_b, [(1 - level) / 2, (1 + level) / 2])
+    method = (
+        f"unpaired bootstrap ({n_boot} resamples of patients within each side's (seed, site) "
+        "strata, drawn independently)"
+    )
+    return Interval(given_a - given_b, float(low), float(high), method, level)
+
+
+def accuracy_interval(
+    by_seed: Mapping[int, Scans],
+    figure: Figure,
+    *,
+    n_boot: int = N_BOOT,
+    seed: int = 0,
+    level: float = LEVEL,
+) -> Interval:
+    """One method's accuracy figure with its percentile bootstrap interval (patients drawn
+    with replacement within each ``(seed, site)`` stratum), for any number of classes."""
+    given, draws = _accuracy_draws(by_seed, figure, n_boot, np.random.default_rng(seed))
+    low, high = np.quantile(draws, [(1 - level) / 2, (1 + level) / 2])
+    method = f"bootstrap ({n_boot} resamples of patients within each (seed, site) stratum)"
+    return Interval(given, float(low), float(high), method, level)
