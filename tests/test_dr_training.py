@@ -41,7 +41,7 @@ def _train(sites: list[str], cache: Path, out: Path, algorithm: str) -> None:
 
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_dr_federation_trains_and_evaluates_as_grades(
-    dr_sites: tuple[list[str], Path], tmp_path: Path, algorithm: str
+    dr_sites: tuple[list[str], Path], tmp_path: Path, algorithm: str, monkeypatch
 ) -> None:
     sites, cache = dr_sites
     run = tmp_path / algorithm
@@ -73,6 +73,42 @@ def test_dr_federation_trains_and_evaluates_as_grades(
         assert referable["operating_point"]["rule"] == "specificity:0.90"
         assert figures["auc"] == figures["macro_auc"]["value"]
     assert summary["system_kappa"]["n"] == len(rows)
+    if algorithm == "feddrm":  # the HTML report reads as grades too
+        report = tmp_path / "report.html"
+        made = runner.invoke(app, ["report", str(run), "--out", str(report)])
+        assert made.exit_code == 0, made.output
+        html = report.read_text()
+        section = html[html.index('id="grading"') :]
+        assert "Grading: more than two classes" in html
+        assert "quadratic weighted kappa (95% CI)" in section and "proliferative" in section
+        assert "Referable DR (grade 2 or worse" in section
+        for site, figures in summary["sites"].items():
+            assert f'<th scope="row">{site}</th>' in section
+            assert f"{figures['macro_auc']['value']:.3f}" in section
+        _dashboard_reads_grades(monkeypatch, run, summary)
+
+
+def _dashboard_reads_grades(monkeypatch: pytest.MonkeyPatch, run: Path, summary: dict) -> None:
+    """The dashboard's Federation page shows the same grading tables for the run."""
+    from streamlit import config as streamlit_config
+    from streamlit.testing.v1 import AppTest
+
+    from medfed.dashboard import APP, RUNS_ENV
+
+    monkeypatch.setenv(RUNS_ENV, str(run))
+    streamlit_config.set_option("server.address", "127.0.0.1")
+    at = AppTest.from_file(str(APP), default_timeout=120).run()
+    at.switch_page("views/federation.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Grading" in [h.value for h in at.subheader]
+    tables = [t.value for t in at.table]
+    grading = next(t for t in tables if "quadratic weighted kappa (95% CI)" in t.columns)
+    assert list(grading["site"]) == list(summary["sites"])
+    macro = {s: f["macro_auc"]["value"] for s, f in summary["sites"].items()}
+    for site, cell in zip(grading["site"], grading["macro AUC (95% CI)"], strict=True):
+        assert cell.startswith(f"{macro[site]:.3f}")
+    assert any("proliferative" in t.columns for t in tables)
+    assert any("referable/not" in t.columns for t in tables)
 
 
 def test_sites_that_never_see_some_grades_train_with_client_sampling(tmp_path: Path) -> None:

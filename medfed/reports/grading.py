@@ -5,6 +5,8 @@ kappa."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from medfed.metrics import MulticlassFigure
 from medfed.reports.markdown import markdown_table
 from medfed.reports.text import (
@@ -34,7 +36,11 @@ def figure_text(figure: MulticlassFigure | None) -> str:
     return ci_text(figure.interval)
 
 
-def grading_table(summary: Evaluation) -> str:
+Table = tuple[list[str], list[list[Any]]]
+"""A table's header and rows, for the markdown of ``medfed evaluate`` and the HTML report."""
+
+
+def grading_rows(summary: Evaluation) -> Table:
     """Per site: macro one-vs-rest AUC and quadratic weighted kappa (argmax grade), each with
     its 95% CI, the test split's size and its scans per class."""
     header = ["site", "macro AUC (95% CI)", "quadratic weighted kappa (95% CI)", "n test"]
@@ -43,10 +49,14 @@ def grading_table(summary: Evaluation) -> str:
     for site, m in summary.sites.items():
         counts = "/".join(str(c.n_pos) for c in m.class_auc or [])
         rows.append([site, figure_text(m.macro_auc), figure_text(m.kappa), m.n_test, counts])
-    return markdown_table(header, rows)
+    return header, rows
 
 
-def class_auc_table(summary: Evaluation) -> str:
+def grading_table(summary: Evaluation) -> str:
+    return markdown_table(*grading_rows(summary))
+
+
+def class_auc_rows(summary: Evaluation) -> Table:
     """Each class against the rest, per site: AUC with its 95% CI (n/a: too few of a class)."""
     names = next((c.name for c in m.class_auc) for m in summary.sites.values() if m.class_auc)
     names = list(names)
@@ -61,12 +71,17 @@ def class_auc_table(summary: Evaluation) -> str:
             )
             cells.append(text)
         rows.append([site, *cells])
-    return markdown_table(["site", *names], rows)
+    return ["site", *names], rows
 
 
-def referable_table(summary: Evaluation) -> str:
+def class_auc_table(summary: Evaluation) -> str:
+    return markdown_table(*class_auc_rows(summary))
+
+
+def referable_rows(summary: Evaluation) -> tuple[list[str], list[list[Any]], list[str]]:
     """Referable DR per site: AUC with CI, counts, and the operating point chosen on the
-    site's validation split (sensitivity, specificity, PPV, NPV with Wilson CIs)."""
+    site's validation split (sensitivity, specificity, PPV, NPV with Wilson CIs); and a note
+    for each site whose figures rest on too few scans."""
     header = ["site", "AUC (95% CI)", "referable/not", "rule", "threshold"]
     header += ["sensitivity", "specificity", "PPV", "NPV", "TP/FP/TN/FN", "note"]
     rows = []
@@ -85,7 +100,33 @@ def referable_table(summary: Evaluation) -> str:
         for site, m in summary.sites.items()
         if m.referable is not None and m.referable.unreliable
     ]
+    return header, rows, notes
+
+
+def referable_table(summary: Evaluation) -> str:
+    header, rows, notes = referable_rows(summary)
     return "\n".join([markdown_table(header, rows), *notes])
+
+
+def referable_heading(summary: Evaluation) -> str | None:
+    """What the referable endpoint is, in words; None when the run has none."""
+    referables = [m.referable for m in summary.sites.values() if m.referable is not None]
+    if not referables:
+        return None
+    return (
+        f"Referable DR (grade {referables[0].from_class} or worse against the rest; operating "
+        "point chosen on each site's validation split)"
+    )
+
+
+def system_kappa_text(summary: Evaluation) -> str | None:
+    """The routed system's kappa line; None for a two-class run."""
+    if summary.system_kappa is None:
+        return None
+    return (
+        "routed system, quadratic weighted kappa (pooled test scans, origin unknown): "
+        f"{figure_text(summary.system_kappa)} n={summary.system_kappa.n}"
+    )
 
 
 def grading_text(summary: Evaluation) -> list[str]:
@@ -100,19 +141,10 @@ def grading_text(summary: Evaluation) -> list[str]:
         "Each class against the rest (AUC with 95% CI)",
         class_auc_table(summary),
     ]
-    referables = [m.referable for m in summary.sites.values() if m.referable is not None]
-    if referables:
-        grade = referables[0].from_class
-        parts += [
-            "",
-            f"Referable DR (grade {grade} or worse against the rest; operating point "
-            "chosen on each site's validation split)",
-            referable_table(summary),
-        ]
-    if summary.system_kappa is not None:
-        parts += [
-            "",
-            "routed system, quadratic weighted kappa (pooled test scans, origin unknown): "
-            f"{figure_text(summary.system_kappa)} n={summary.system_kappa.n}",
-        ]
+    heading = referable_heading(summary)
+    if heading is not None:
+        parts += ["", heading, referable_table(summary)]
+    kappa = system_kappa_text(summary)
+    if kappa is not None:
+        parts += ["", kappa]
     return parts

@@ -43,6 +43,14 @@ from medfed.reports.evaluation import (
     rules_note,
     system_by_site_rows,
 )
+from medfed.reports.grading import (
+    class_auc_rows,
+    grading_rows,
+    is_graded,
+    referable_heading,
+    referable_rows,
+    system_kappa_text,
+)
 from medfed.reports.html import (
     Cell,
     Html,
@@ -629,6 +637,15 @@ INTRO = {
         "Routed scans whose clinicians' latest reads differ: each needs a consensus read "
         "before it counts as a label (medfed review lists them too)."
     ),
+    "grading": (
+        "For a task of more than two classes (diabetic retinopathy grades 0-4), each site's "
+        "model on its own test split: the macro AUC (each grade against the rest, averaged) "
+        "and the quadratic weighted kappa (agreement of the predicted grade with the true one, "
+        "a grade off counting less than two; 1: perfect, 0: chance), each with a 95% CI that "
+        "resamples patients; each grade against the rest; and the clinical endpoint, "
+        "referable DR, as a two-class figure at the operating point chosen on the site's "
+        "validation split by the run's rule."
+    ),
     "model-card": MODEL_CARD_INTRO,
     "review": (
         "New patients' scans routed after training and read by the sites' clinicians (each "
@@ -641,6 +658,8 @@ PRIVACY_SECTION = ("privacy", "Differential privacy")
 """Shown only when a run trained with differential privacy."""
 COMPARISONS_SECTION = ("comparisons", "Paired comparisons")
 """Shown when medfed demo or medfed compare wrote comparisons beside the runs."""
+GRADING_SECTION = ("grading", "Grading: more than two classes")
+"""Shown when a run's task has more than two classes (ICDR grades)."""
 DISAGREEMENTS_SECTION = ("disagreements", "Reader disagreements")
 """Shown when clinicians read a run's scans differently."""
 
@@ -649,6 +668,28 @@ def default_title(runs: Sequence[StudyRun]) -> str:
     sites = _sites_of(runs)
     methods = ", ".join(r.label for r in runs)
     return f"Study report: {run_modality(runs)}, {len(sites)} sites, methods {methods}"
+
+
+def _grading_section(runs: Sequence[StudyRun]) -> list[Html]:
+    """Each graded run's macro AUC and kappa per site, each class against the rest, the
+    referable endpoint at its operating point, and the routed system's kappa."""
+    parts: list[Html] = []
+    for run in runs:
+        summary = run.summary
+        if not is_graded(summary):
+            continue
+        parts += [tag("h3", run.label), table(*grading_rows(summary))]
+        header, rows = class_auc_rows(summary)
+        parts.append(table(header, rows, caption="Each grade against the rest (AUC, 95% CI)"))
+        heading = referable_heading(summary)
+        if heading is not None:
+            header, rows, notes = referable_rows(summary)
+            parts.append(table(header, rows, caption=heading))
+            parts += [tag("ul", join(tag("li", n) for n in notes), class_="notes")] if notes else []
+        kappa = system_kappa_text(summary)
+        if kappa is not None:
+            parts.append(tag("p", kappa))
+    return parts
 
 
 def _review_section(
@@ -707,6 +748,7 @@ def render_study(
         bodies["privacy"] = privacy
         shown.append(PRIVACY_SECTION)
     extra = {
+        GRADING_SECTION: _grading_section(runs),
         COMPARISONS_SECTION: comparisons_section(comparisons or {}),
         REVIEW_SECTION: _review_section(runs, prospective or {}),
         DISAGREEMENTS_SECTION: disagreements_section(runs, disagreements or {}),

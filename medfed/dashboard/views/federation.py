@@ -13,6 +13,14 @@ import streamlit as st
 from medfed.dashboard import charts, clinical, common, rundata
 from medfed.reports import bounds_text
 from medfed.reports.evaluation import system_by_site_rows
+from medfed.reports.grading import (
+    class_auc_rows,
+    grading_rows,
+    is_graded,
+    referable_heading,
+    referable_rows,
+    system_kappa_text,
+)
 from medfed.runs.schema import Summary
 
 WORST_STYLE = "background-color: #f8d7da; color: #842029; font-weight: bold"
@@ -132,6 +140,34 @@ def operating(label: str, summary: Summary) -> None:
         "and is applied to its test scans: rate (95% Wilson CI) k/n. PPV and NPV hold at the "
         f"site's own prevalence. {UNRELIABLE_NOTE}"
     )
+
+
+def grading(label: str, summary: Summary) -> None:
+    """A task of more than two classes: macro AUC and kappa per site, each grade against the
+    rest, the referable endpoint at its operating point, the routed system's kappa."""
+    if not is_graded(summary):
+        return
+    st.subheader("Grading")
+    header, rows = grading_rows(summary)
+    st.table(pd.DataFrame(rows, columns=header))
+    st.caption(
+        "Each site's model on its own test scans: macro AUC (each grade against the rest, "
+        "averaged) and quadratic weighted kappa (1: perfect agreement with the true grade, 0: "
+        "chance), with 95% CIs that resample patients."
+    )
+    header, rows = class_auc_rows(summary)
+    st.markdown("**Each grade against the rest** (AUC, 95% CI)")
+    st.table(pd.DataFrame(rows, columns=header))
+    heading = referable_heading(summary)
+    if heading is not None:
+        header, rows, notes = referable_rows(summary)
+        st.markdown(f"**{heading}**")
+        st.table(pd.DataFrame(rows, columns=header))
+        for note in notes:
+            st.caption(note)
+    kappa = system_kappa_text(summary)
+    if kappa is not None:
+        st.caption(kappa[0].upper() + kappa[1:])
 
 
 def calibration(label: str, summary: Summary) -> None:
@@ -259,6 +295,7 @@ def main() -> None:
     summary = summaries[label]
     roc_per_site(label, summary)
     operating(label, summary)
+    grading(label, summary)
     calibration(label, summary)
     cross_site(label, summary)
     protocols(label, summary)
