@@ -13,7 +13,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from medfed.devices import DEVICES
+from medfed.devices import DEVICES, PRECISIONS
 from medfed.errors import ConfigError
 from medfed.manifest import (  # noqa: F401  (medfed.config names the manifests too)
     CT_HU_RANGE,
@@ -298,6 +298,21 @@ class TrainConfig:
         option="--device",
         choices=DEVICES,
         problem="{setting} must be one of {choices}",
+    )
+    precision: str = setting(
+        "auto",
+        help="Local training's number format: auto (bf16 where the device has it, fp16 with a "
+        "gradient scaler on a CUDA device without bf16, float32 on the CPU), bf16, fp16 or "
+        "fp32 {default}.",
+        option="--precision",
+        choices=PRECISIONS,
+        problem="{setting} must be one of {choices}, got {value!r}",
+    )
+    compile: bool = setting(
+        False,
+        help="Compile the model for local training with torch.compile (eager, with the reason "
+        "logged, where it cannot) {default}.",
+        option="--compile",
     )
     # Results do not depend on it at equal threads per site (see medfed.federation.lanes).
     concurrency: int = setting(

@@ -325,6 +325,12 @@ TRAIN_CASES = [
     ),
     Case("rounds is zero", _train("--algorithm", "fedavg", "--rounds", "0"), 2, ("--rounds",)),
     Case(
+        "precision is not one medfed trains in",
+        _train("--algorithm", "fedavg", "--precision", "fp8"),
+        2,
+        ("precision (--precision)", "'fp8'", "auto", "fp16"),
+    ),
+    Case(
         "local steps is zero",
         _train("--algorithm", "fedavg", "--local-steps", "0"),
         2,
@@ -605,6 +611,14 @@ CONFIG_CASES = [
         _run_config(lambda text: re.sub(r"^lr = .*$", 'lr = "fast"', text, count=1, flags=re.M)),
         2,
         ("config.toml", "lr", "a number"),
+    ),
+    Case(
+        "run config.toml compile is text",
+        _run_config(
+            lambda text: re.sub(r"^compile = .*$", 'compile = "yes"', text, count=1, flags=re.M)
+        ),
+        2,
+        ("config.toml", "compile", "true or false"),
     ),
     Case(
         "run config.toml has an unknown setting",

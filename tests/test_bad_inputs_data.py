@@ -184,6 +184,38 @@ def _refuge_table(**kw):
     return edit
 
 
+def _refuge_disc_columns(x: str, y: str = "20", *, crop: bool = False):
+    """`sites check` on REFUGE whose test table gives disc x/y columns, the first row's
+    ``x``/``y`` as given (the others inside the photo); ``crop``: with a disc crop."""
+
+    def make(tmp: Path, s: Shared) -> list:
+        data = s.copy_data(tmp)
+        manifest = data / "sites" / "refuge.toml"
+        text = manifest.read_text(encoding="utf-8")
+        columns = 'split = "test"\ndisc_x_column = "Disc_X"\ndisc_y_column = "Disc_Y"\n'
+        text = text.replace('split = "test"\n', columns, 1)
+        if crop:
+            text = text.replace("[preprocess]\n", "[preprocess]\ndisc_crop = 0.4\n", 1)
+        manifest.write_text(text, encoding="utf-8")
+        root = data / "REFUGE"
+        names = sorted(p.name for p in (root / "Test400").iterdir())
+        rows = ["ImgName,Glaucoma Label,Disc_X,Disc_Y", f"{names[0]},0,{x},{y}"]
+        rows += [f"{n},{i % 2},20,20" for i, n in enumerate(names[1:])]
+        (root / "Test400-GT" / "labels.csv").write_text("\n".join(rows) + "\n")
+        return _check(tmp, manifest)
+
+    return make
+
+
+def _refuge_mask(edit: Callable[[Path], object]):
+    """REFUGE with the first test photo's disc mask changed by ``edit(mask)``."""
+
+    def change(root: Path) -> None:
+        edit(sorted((root / "Disc_Cup_Masks" / "Test400").glob("*.png"))[0])
+
+    return _site("refuge", change)
+
+
 def _refuge_bom(root: Path) -> None:
     text = _refuge_test_rows(root)
     (root / "Test400-GT" / "labels.csv").write_bytes(b"\xef\xbb\xbf" + text.encode())
@@ -588,6 +620,21 @@ CASES = [
     Case("image without a label row", _site("refuge", _refuge_table(skip=1)), 1,
          ("has no label in", "labels.csv")),
     Case("label table with a byte-order mark", _site("refuge", _refuge_bom), 0, ("READY",)),
+    Case("disc mask missing for a listed photo", _refuge_mask(Path.unlink), 1,
+         ("T0001.jpg", "no disc mask named T0001", "disc_masks")),
+    Case("disc mask of another size than its photo",
+         _refuge_mask(lambda p: Image.new("L", (7, 5), 255).save(p)), 1,
+         ("T0001.png", "7x5", "match its photo")),
+    Case("disc mask without a disc", _refuge_mask(
+        lambda p: Image.new("L", Image.open(p).size, 255).save(p)), 1,
+         ("T0001.png", "no disc in it")),
+    Case("disc position is not a number", _refuge_disc_columns("left"), 1,
+         ("labels.csv:2", "Disc_X", "'left'", "not a number")),
+    Case("disc position outside the photo", _refuge_disc_columns("9999", crop=True), 1,
+         ("labels.csv:2", "(9999, 20)", "outside the")),
+    Case("disc position given by one column only", _manifest_edit(
+        'split = "test"\n', 'split = "test"\ndisc_x_column = "Disc_X"\n', "refuge"), 2,
+         ("label_files[1]", "disc_y_column")),
     Case("label table not in UTF-8", _site("refuge", _refuge_latin1), 1,
          ("labels.csv", "UTF-8")),
     Case("empty label table", _site("refuge", _refuge_csv(b"")), 1, ("labels.csv", "empty")),

@@ -62,10 +62,23 @@ def test_the_short_check_runs_both_modalities_on_both_devices(checked) -> None:
     for row in clinical["backbones"].values():
         assert row["ok"] and row["within"] and row["images_per_second"] > 0
         assert 0 < row["difference"] <= CLINICAL_TOLERANCE  # bf16 really ran
+    # fp16 with a gradient scaler (a GPU without bf16): run on the CPU's fp16 autocast here
+    fp16 = results["modalities"]["fundus"]["fp16"]
+    assert fp16["ran"] and fp16["device"] == "cpu" and fp16["fp16"]["ok"]
+    assert "fp16 autocast with a gradient scaler" in fp16["precision"]
+    assert fp16["loss_scale"] and all(s > 0 for s in fp16["loss_scale"].values())
+    assert fp16["cpu"] is row_fundus_cpu(results)  # the float32 run already trained
+    assert all(c["within"] is not False for c in fp16["comparison"].values())
+    assert "ct" not in results["modalities"] or "fp16" not in results["modalities"]["ct"]
     markdown = (out / f"{STEM}.md").read_text(encoding="utf-8")
+    assert "fedavg in fp16 with a gradient scaler against float32" in markdown
     assert "Clinical resolution (224 px" in markdown
     assert "passed" in markdown and "images/s" in markdown and "ok" in markdown
     assert "every site at once against one at a time" in markdown
+
+
+def row_fundus_cpu(results: dict[str, Any]) -> dict[str, Any]:
+    return results["modalities"]["fundus"]["algorithms"]["fedavg"]["cpu"]
 
 
 def test_a_figure_outside_its_tolerance_or_a_failed_run_fails_the_check(checked) -> None:
@@ -85,6 +98,15 @@ def test_a_figure_outside_its_tolerance_or_a_failed_run_fails_the_check(checked)
     broken = json.loads(json.dumps(results))
     broken["modalities"]["ct"]["sites_at_once"]["at_once"] = {"ok": False, "error": "x"}
     assert not check_passed(broken)
+    broken = json.loads(json.dumps(results))
+    broken["modalities"]["fundus"]["fp16"]["fp16"] = {"ok": False, "error": "x"}
+    assert not check_passed(broken)
+    broken = json.loads(json.dumps(results))
+    broken["modalities"]["fundus"]["fp16"]["loss_scale"]["site_a"] = None  # no scaler ran
+    assert not check_passed(broken)
+    broken = json.loads(json.dumps(results))
+    broken["modalities"]["fundus"]["fp16"] = {"ran": False, "note": "no fp16 here"}
+    assert check_passed(broken)  # reported, not judged
     broken = json.loads(json.dumps(results))
     broken["clinical"]["backbones"]["tv-resnet50"]["within"] = False
     assert not check_passed(broken)

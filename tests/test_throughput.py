@@ -3,10 +3,12 @@ by side (warm and cold) on tiny data, its table, its memory figure and its refus
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from medfed.cli import app
@@ -113,3 +115,33 @@ def test_dp_cost_refuses_a_backbone_that_is_not_a_group_norm_torchvision_twin(ba
 
     with pytest.raises(ConfigError, match=f"--dp-backbone '{backbone}'"):
         checked_backbone(backbone)
+
+
+def test_the_compiled_row_measures_the_worker_with_compile_set(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):  # a compiler that fails when first run: eager, reason kept
+        def call(*a, **k):
+            raise RuntimeError("inductor failed: no C++ compiler")
+
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    plan = dataclasses.replace(TINY, repeats=2, compiled=True)
+
+    text = full_report(tmp_path / "out", plan, 0, echo=lambda _: None)
+
+    results = json.loads((tmp_path / "out" / "throughput.json").read_text(encoding="utf-8"))
+    compiled = results["compile"]
+    assert compiled["compiled"] is False
+    assert compiled["fallback"] == "RuntimeError: inductor failed: no C++ compiler"
+    runs = results["warm"]["runs"]
+    assert len(runs["medfed_compiled"]) == len(runs["medfed"]) == 2
+    gains = [a / b for a, b in zip(runs["medfed_compiled"], runs["medfed"], strict=True)]
+    assert compiled["ratio"] == pytest.approx(sorted(gains)[1] / 2 + sorted(gains)[0] / 2)
+    assert "| warm, compile fell back to eager" in text and "x the eager worker" in text
+    assert "inductor failed" in text
+
+
+def test_the_table_has_no_compiled_row_unless_asked(measured):
+    out, text = measured
+    results = json.loads((out / "throughput.json").read_text(encoding="utf-8"))
+    assert results["compile"] is None and "compiled" not in text.lower()

@@ -118,6 +118,8 @@ class LocalTask:
     autocast: Callable[[], Any]
     check_deadline: Callable[[], None] = lambda: None
     privacy: SitePrivacy | None = None  # DP-SGD's settings for this site (None: plain SGD)
+    # fp16 training's loss scaling, kept by the site from round to round (None: bf16 or fp32)
+    scaler: torch.amp.GradScaler | None = None
 
 
 Stats = dict[str, list[float]]
@@ -369,10 +371,26 @@ def supervised_steps(
         with task.autocast():
             loss = loss_fn(task, model, x, y)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        optimizer_step(task, loss, optimizer)
         total.add(loss)
     return LocalResult(loss=total.value() / max(1, n))
+
+
+def optimizer_step(task: LocalTask, loss: torch.Tensor, *optimizers: torch.optim.Optimizer) -> None:
+    """The one place a local loss becomes a step of each optimizer (gradients zeroed by the
+    caller): plain backward and step, or under fp16 through the site's gradient scaler, which
+    scales the loss so small gradients survive fp16, unscales before the step and skips a step
+    whose gradients overflowed (lowering its scale)."""
+    scaler = task.scaler
+    if scaler is None:
+        loss.backward()
+        for optimizer in optimizers:
+            optimizer.step()
+        return
+    scaler.scale(loss).backward()
+    for optimizer in optimizers:
+        scaler.step(optimizer)
+    scaler.update()
 
 
 class LossSum:
@@ -403,6 +421,8 @@ def private_steps(
     the site's step count grows in ``task.extra``. Refuses steps past the site's budget."""
     privacy = task.privacy
     assert privacy is not None
+    if task.scaler is not None:  # training_precision chooses fp32 for DP-SGD instead
+        raise ValueError("DP-SGD cannot train through a gradient scaler (fp16); use fp32")
     before = steps_taken(task.extra)
     privacy.check_affordable(before, steps)
     params = [p for p in params if p.requires_grad]

@@ -44,6 +44,7 @@ from medfed.algorithms.base import (
     State,
     Stats,
     Update,
+    optimizer_step,
     weighted_average,
 )
 from medfed.errors import ConfigError
@@ -228,10 +229,7 @@ class FedGMI(Algorithm):
                 loss = loss + vae
             optimizer.zero_grad(set_to_none=True)
             vae_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            if train_vaes:
-                vae_optimizer.step()
+            optimizer_step(task, loss, optimizer, *([vae_optimizer] if train_vaes else []))
         steps = max(1, task.steps)
         metrics = {"expert_loss": expert_total / steps}
         if train_vaes:

@@ -23,7 +23,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from medfed.algorithms.base import Algorithm, LocalResult, LocalTask, Params, State, proximal_term
+from medfed.algorithms.base import (
+    Algorithm,
+    LocalResult,
+    LocalTask,
+    Params,
+    State,
+    optimizer_step,
+    proximal_term,
+)
 from medfed.models.fedmodel import FedModel
 
 
@@ -87,8 +95,7 @@ class PFedMe(Algorithm):
                     ce = self.loss(task, personal, x, y)
                 loss = ce + 0.5 * self.params.lam * proximal_term(personal, anchor)
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
+                optimizer_step(task, loss, optimizer)
             total_ce += float(ce.detach())
             with torch.no_grad():
                 for w, theta in zip(local.parameters(), personal.parameters(), strict=True):

@@ -318,6 +318,10 @@ def bench_throughput(
     repeats: Annotated[int, typer.Option(help="Warm repeats, the two sides back to back.")] = 5,
     workers: Annotated[int, typer.Option(help="The plain loop's DataLoader workers.")] = 2,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
+    compiled: Annotated[
+        bool,
+        typer.Option(help="Also time medfed's worker with torch.compile (compile = true)."),
+    ] = False,
     dp_steps: Annotated[
         int,
         typer.Option(help="Also time DP-SGD: steps of each of four loops (0: not)."),
@@ -356,6 +360,7 @@ def bench_throughput(
         repeats=repeats,
         workers=workers,
         device=device,
+        compiled=compiled,
     )
     if dp_steps < 0:
         raise ConfigError(f"--dp-steps must be 0 or more, got {dp_steps}")

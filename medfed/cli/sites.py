@@ -121,6 +121,8 @@ def _print_report(report: Any) -> None:
         typer.echo(f"  sizes: {report.sizes_text()}")
     if report.intensity:
         typer.echo(f"  intensity: {report.intensity_text()}")
+    if report.disc:
+        typer.echo(f"  optic disc position: {report.disc_text()}")
     for other, d in report.distances.items():
         typer.echo(f"  distance to {other} (MMD): {d:.4f}")
     for warning in report.warnings:

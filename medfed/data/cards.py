@@ -31,6 +31,7 @@ def render_card(manifest: SiteManifest, report: SiteReport) -> str:
         f"| source | {_field(manifest.source)} |",
         f"| labels | {', '.join(f'{n} = {manifest.labels[n]}' for n in classes)} |",
         f"| scans | {report.n_records} listed, {report.n_readable} readable |",
+        *([f"| optic disc position | {report.disc_text()} |"] if report.disc else []),
         f"| ready to join | {'yes' if report.ready else 'no: see problems below'} |",
         "",
         "## Counts per split and class",

@@ -15,6 +15,7 @@ import numpy as np
 
 from medfed.config import SiteManifest, load_manifest
 from medfed.data.cache import TensorCache, content_hash
+from medfed.data.disc import disc_of
 from medfed.data.distances import SiteFeatures, scan_features, site_distances
 from medfed.data.io import Volume, image_info
 from medfed.data.layouts import scan_site
@@ -54,6 +55,18 @@ class SiteReport:
     features: np.ndarray | None = field(default=None, repr=False)
     # content hash -> the readable scan's file (cross-site copies are found from it)
     contents: dict[str, Path] = field(default_factory=dict, repr=False)
+    # Fundus with a disc crop or a layout that gives disc positions: how many readable photos
+    # have their optic disc's position from the layout, how many have it estimated.
+    disc: dict[str, int] = field(default_factory=dict)
+
+    def disc_text(self) -> str:
+        """``12 from the layout, 3 estimated from the photo``, or "" where nothing tells."""
+        if not self.disc:
+            return ""
+        return (
+            f"{self.disc['layout']} from the layout, {self.disc['estimated']} estimated from "
+            "the photo"
+        )
 
     @property
     def exit_code(self) -> int:
@@ -97,6 +110,7 @@ class SiteReport:
             "intensity": self.intensity,
             "orientation": self.orientation,
             "distances": self.distances,
+            "disc": self.disc,
         }
 
 
@@ -212,6 +226,8 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
     for record in records:
         try:
             decoded = read_record(record, manifest.modality)
+            if (disc := disc_of(record)) is not None and isinstance(decoded, np.ndarray):
+                disc.locate(*decoded.shape[:2])  # inside the photo, its mask usable
             tensor = preprocess_record(manifest, record, cache, decoded=decoded)
             content = content_hash(record.content_files)
             if isinstance(decoded, np.ndarray):
@@ -233,6 +249,7 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
         readable.append(record)
         contents.append(content)
     report.n_readable = len(readable)
+    report.disc = _disc_counts(manifest, scan.records, readable)
     report.sizes = _summarize_sizes(shapes, spacings)
     report.orientation = dict(orientations.most_common())
     unknown = sum(n for how, n in orientations.items() if how.startswith("unknown"))
@@ -260,6 +277,18 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
     else:
         _count(manifest, scan.records, report, None)
     return report
+
+
+def _disc_counts(
+    manifest: SiteManifest, records: list[Record], readable: list[Record]
+) -> dict[str, int]:
+    """Readable photos whose disc position the layout gives, and those the crop estimates;
+    empty where neither a disc crop nor a layout position is in play."""
+    given = sum(1 for r in readable if disc_of(r) is not None)
+    crop = bool(getattr(manifest.preprocess, "disc_crop", 0.0))
+    if not crop and not any(disc_of(r) is not None for r in records):
+        return {}
+    return {"layout": given, "estimated": len(readable) - given}
 
 
 _SHOWN = 5  # file names listed per warning

@@ -18,6 +18,7 @@ from dataclasses import asdict
 import torch
 
 from medfed.config import Modality, PreprocessOptions, SiteManifest
+from medfed.data.disc import DiscPosition
 from medfed.data.io import Decoded
 from medfed.data.modality import modality_spec
 from medfed.normalization import Normalization, NormalizedView
@@ -33,6 +34,7 @@ __all__ = [
     "Normalization",
     "NormalizedView",
     "apply_pipeline",
+    "disc_key_part",
     "pipeline_fingerprint",
     "storage_dtype",
 ]
@@ -57,10 +59,23 @@ def storage_dtype(modality: Modality | str) -> torch.dtype:
 
 
 def apply_pipeline(
-    modality: Modality | str, options: PreprocessOptions, decoded: Decoded
+    modality: Modality | str,
+    options: PreprocessOptions,
+    decoded: Decoded,
+    disc: DiscPosition | None = None,
 ) -> torch.Tensor:
-    """Run the modality's deterministic stage on one decoded scan."""
-    return modality_spec(modality).preprocess(options, decoded)
+    """Run the modality's deterministic stage on one decoded scan (``disc``: a glaucoma photo's
+    optic disc position, as its layout gives it)."""
+    more = {"disc": disc} if disc is not None else {}
+    return modality_spec(modality).preprocess(options, decoded, **more)
+
+
+def disc_key_part(options: PreprocessOptions, disc: DiscPosition | None) -> str:
+    """What a scan's cache key adds for the layout's disc position: only a disc crop uses it
+    ("" otherwise, and without one, so that other caches keep their keys)."""
+    if disc is None or not getattr(options, "disc_crop", 0.0):
+        return ""
+    return disc.cache_part()
 
 
 def pipeline_fingerprint(manifest: SiteManifest) -> str:

@@ -19,12 +19,14 @@ from medfed.data.cache import (
     scan_key,
     stack_key,
 )
+from medfed.data.disc import disc_of
 from medfed.data.layouts import scan_site
 from medfed.data.modality import read_record
 from medfed.data.preprocess import (
     Normalization,
     NormalizedView,
     apply_pipeline,
+    disc_key_part,
     pipeline_fingerprint,
     storage_dtype,
 )
@@ -104,8 +106,14 @@ def preprocess_record(
 
     ``decoded`` skips the decode when the caller already holds the decoded scan.
     """
-    key = cache_key(record.content_files, pipeline_fingerprint(site))
+    key = cache_key(record.content_files, pipeline_fingerprint(site) + _disc_part(site, record))
     return _preprocess(site, record, key, cache, decoded)
+
+
+def _disc_part(site: SiteManifest, record: Record) -> str:
+    """The cache key's share of the layout's disc position (a disc crop's centre)."""
+    part = disc_key_part(site.preprocess, disc_of(record))
+    return f":disc:{part}" if part else ""
 
 
 def _preprocess(
@@ -116,7 +124,7 @@ def _preprocess(
         if decoded is None:
             decoded = read_record(record, site.modality)
         try:
-            tensor = apply_pipeline(site.modality, site.preprocess, decoded)
+            tensor = apply_pipeline(site.modality, site.preprocess, decoded, disc_of(record))
         except NoCameraField as exc:
             raise DataError(
                 f"no camera field found in {record.path}: {exc}, not a fundus photograph"
@@ -154,7 +162,10 @@ def load_site(site: SiteManifest, cache: TensorCache, *, progress: bool = False)
             failures.append(Problem(str(record.path), str(exc)))
     if failures:
         raise _refuse(site, "unreadable scan(s)", [str(p) for p in failures])
-    keys = [scan_key(content, fingerprint) for content in contents]
+    keys = [
+        scan_key(content, fingerprint + _disc_part(site, record))
+        for content, record in zip(contents, scan.records, strict=True)
+    ]
     # byte-identical scans (one image saved under two names) stay in one split, like a patient
     splits = assign_splits(scan.records, site.split, contents=contents)
     by_split: dict[Split, list[int]] = {s: [] for s in Split}

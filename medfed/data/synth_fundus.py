@@ -263,6 +263,9 @@ _REFUGE_SETS = (
     _RefugeSet("Test400", 0.2, "Test400-GT/labels.csv", "test"),
 )
 _REFUGE_COLUMNS = ("ImgName", "Fovea_X", "Fovea_Y", "Glaucoma Label")
+# REFUGE ships a disc/cup mask per photo; here a disc mask per photo, under this folder with the
+# photo's own folder below it (the layout finds each by the photo's stem).
+DISC_MASKS = "Disc_Cup_Masks"
 
 
 def _write_refuge(
@@ -289,6 +292,10 @@ def _write_refuge(
         counters[prefix] += 1
         name = f"{prefix}{counters[prefix]:04d}.jpg"
         write_bytes(root / rel / name, _encode(site, d.pixels))
+        mask = _disc_mask(d.anatomy, site.camera, d.pixels.shape)
+        write_bytes(
+            root / DISC_MASKS / rel / f"{Path(name).stem}.png", encode_image(mask, "PNG", 0)
+        )
         fovea = _fovea_pixels(d.anatomy, site.camera, d.pixels.shape)
         tables[part.folder].append([name, *fovea, int(d.glaucoma)])
         items.append(_fundus_item(d, Path(name).stem, [f"{rel}/{name}"], set=part.folder))
@@ -300,15 +307,38 @@ def _write_refuge(
     return items
 
 
-def _fovea_pixels(anatomy: FundusAnatomy, camera: Camera, shape: tuple[int, ...]) -> list[float]:
-    """Fovea position in image pixels (x, y), as the real label tables give it."""
+def _disc_pixels(anatomy: FundusAnatomy, camera: Camera, shape: tuple[int, ...]) -> list[float]:
+    """Optic disc centre in image pixels (x, y), where the drawn disc lies."""
+    return _field_pixels(anatomy.disc_center, anatomy.eye, camera, shape)
+
+
+def _disc_mask(anatomy: FundusAnatomy, camera: Camera, shape: tuple[int, ...]) -> np.ndarray:
+    """A REFUGE-style disc mask of the photo: 255 outside the disc, 128 on it (a circle of the
+    disc's radius around its centre), one grey byte per pixel."""
+    height, width = shape[0], shape[1]
+    x, y = _disc_pixels(anatomy, camera, shape)
+    radius = anatomy.disc_radius * camera.field_scale * min(height, width) / 2.0
+    rows, cols = np.ogrid[:height, :width]
+    inside = (cols + 0.5 - x) ** 2 + (rows + 0.5 - y) ** 2 <= max(radius, 1.0) ** 2
+    return np.where(inside, 128, 255).astype(np.uint8)
+
+
+def _field_pixels(
+    uv: tuple[float, float], eye: str, camera: Camera, shape: tuple[int, ...]
+) -> list[float]:
+    """A point of the camera field (u, v, field radii from its centre) in image pixels."""
     height, width = shape[0], shape[1]
     radius_px = camera.field_scale * min(height, width) / 2.0
-    u, v = anatomy.macula_center
+    u, v = uv
     x = width / 2.0 + u * radius_px
-    if anatomy.eye == "OS":
+    if eye == "OS":
         x = width - x
     return [round(x, 2), round(height / 2.0 + v * radius_px, 2)]
+
+
+def _fovea_pixels(anatomy: FundusAnatomy, camera: Camera, shape: tuple[int, ...]) -> list[float]:
+    """Fovea position in image pixels (x, y), as the real label tables give it."""
+    return _field_pixels(anatomy.macula_center, anatomy.eye, camera, shape)
 
 
 def _xlsx(rows: Sequence[Sequence[object]]) -> bytes:
@@ -367,7 +397,7 @@ def _fundus_manifest(site: FundusSite, seed: int, scale: float) -> dict[str, Any
     if site.layout == "rimone":
         data["layout_options"] = {"partition": "partitioned_by_hospital"}
     if site.layout == "refuge":
-        data["layout_options"] = {"label_files": _refuge_label_files()}
+        data["layout_options"] = {"label_files": _refuge_label_files(), "disc_masks": DISC_MASKS}
     return data
 
 

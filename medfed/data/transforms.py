@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from medfed.config import CTPreprocess, FundusPreprocess
+from medfed.data.disc import DiscPosition
 from medfed.data.io import Volume
 from medfed.errors import DataError
 
@@ -47,21 +48,48 @@ class DiscCrop:
         self.fraction = fraction
 
     def __call__(self, data: dict) -> dict:
-        from scipy.ndimage import uniform_filter
-
         image = data["image"]
-        brightness = np.asarray(image, dtype=np.float32).mean(axis=0)
-        h, w = brightness.shape
+        h, w = image.shape[-2:]
         side = max(1, round(self.fraction * min(h, w)))
-        smooth = uniform_filter(brightness, size=max(3, side // 4), mode="nearest")
-        y, x = np.unravel_index(int(np.argmax(smooth)), smooth.shape)
+        given = data.pop(DISC_KEY, None)
+        if given is not None:  # the layout's position, cropped along with the photo
+            marked = np.asarray(given)[0]
+            if not marked.any():
+                raise ValueError(
+                    "the layout's optic disc position lies outside the photo's camera field"
+                )
+            y, x = np.unravel_index(int(np.argmax(marked)), (h, w))
+        else:
+            y, x = _brightest(image, side)
         top = int(np.clip(y - side // 2, 0, h - side))
         left = int(np.clip(x - side // 2, 0, w - side))
         data["image"] = image[:, top : top + side, left : left + side]
         return data
 
 
-def fundus_pipeline(options: FundusPreprocess) -> Compose:
+def _brightest(image, side: int) -> tuple[int, int]:
+    """The (row, column) of the brightest window a quarter of the crop wide."""
+    from scipy.ndimage import uniform_filter
+
+    brightness = np.asarray(image, dtype=np.float32).mean(axis=0)
+    smooth = uniform_filter(brightness, size=max(3, side // 4), mode="nearest")
+    y, x = np.unravel_index(int(np.argmax(smooth)), smooth.shape)
+    return int(y), int(x)
+
+
+# The key of a one-channel map marking the layout's disc centre with a single 1: cropped to the
+# camera field with the photo, so the point follows the photo's pixels.
+DISC_KEY = "disc"
+
+
+def disc_map(height: int, width: int, x: float, y: float) -> np.ndarray:
+    """A (1, height, width) map, 1 at the pixel holding (x, y), 0 elsewhere."""
+    marked = np.zeros((1, height, width), dtype=np.float32)
+    marked[0, min(int(y), height - 1), min(int(x), width - 1)] = 1.0
+    return marked
+
+
+def fundus_pipeline(options: FundusPreprocess, *, with_disc: bool = False) -> Compose:
     """uint8 RGB (H, W, 3) -> float32 (3, S, S) in [0, 1], cropped to the camera field (and,
     with ``disc_crop``, to a square around the optic disc)."""
     from monai.transforms import (
@@ -79,7 +107,7 @@ def fundus_pipeline(options: FundusPreprocess) -> Compose:
     if options.roi_crop:
         steps.append(
             CropForegroundd(
-                keys="image",
+                keys=["image", DISC_KEY] if with_disc else "image",
                 source_key="image",
                 select_fn=CameraField(options.roi_threshold),
                 allow_smaller=True,
@@ -133,15 +161,23 @@ class NoCameraField(DataError):
     """A photo with nothing in it: one colour everywhere (all black, say), so no camera field."""
 
 
-def fundus_tensor(options: FundusPreprocess, image: np.ndarray) -> torch.Tensor:
-    """Run the fundus pipeline on one decoded photo; NoCameraField for a one-colour image."""
+def fundus_tensor(
+    options: FundusPreprocess, image: np.ndarray, disc: DiscPosition | None = None
+) -> torch.Tensor:
+    """Run the fundus pipeline on one decoded photo; NoCameraField for a one-colour image.
+    ``disc``: where the layout says the optic disc lies (the disc crop centres there)."""
     if image.size == 0 or int(image.max()) < NEARLY_BLACK:
         raise NoCameraField("the image is all black")
     if np.all(image == image[:1, :1]):
         colour = tuple(int(v) for v in np.asarray(image[0, 0]).reshape(-1))
         raise NoCameraField(f"the image is a single colour (every pixel {colour})")
     # float32 copy: the decoder's array may be read-only, and the ROI mask needs floats.
-    out = fundus_pipeline(options)({"image": np.asarray(image, dtype=np.float32).copy()})
+    data = {"image": np.asarray(image, dtype=np.float32).copy()}
+    use_disc = disc is not None and bool(options.disc_crop)
+    if use_disc:
+        h, w = image.shape[:2]
+        data[DISC_KEY] = disc_map(h, w, *disc.locate(h, w))
+    out = fundus_pipeline(options, with_disc=use_disc)(data)
     return out["image"].contiguous()
 
 

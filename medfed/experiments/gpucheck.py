@@ -1,5 +1,6 @@
-"""``medfed gpu-check``: the GPU path (bf16 autocast, channels-last, pinned uploads), checked end
-to end, ready for the first machine that has a GPU.
+"""``medfed gpu-check``: the GPU path (bf16 autocast, channels-last, pinned uploads; fp16 with a
+gradient scaler, as on a GPU without bf16), checked end to end, ready for the first machine
+that has a GPU.
 
 On a CUDA machine every algorithm trains a few rounds on small synthetic fundus and CT
 federations on the GPU and, with the same seed, on the CPU in float32; each figure of the two
@@ -202,6 +203,7 @@ def _train_once(
         "seconds_per_round": summary.seconds_per_round,
         "peak_gpu_bytes": _peak_bytes(setup),
         "backbone": summary.backbone,
+        "device": summary.device,
         "figures": run_figures(summary, run),
     }
 
@@ -273,6 +275,85 @@ def check_sites_at_once(
     if one["ok"] and both["ok"]:
         found["comparison"] = compare_figures(both["figures"], one["figures"])
     return found
+
+
+# ---------------------------------------------------------------------------- fp16
+def fp16_device(device: str) -> tuple[str | None, str | None]:
+    """Where the fp16 + gradient-scaler path runs: the CUDA device, else the CPU where its
+    autocast runs float16 (this torch's does from 2.x); None and why where neither can."""
+    if resolve_device(device).is_cuda:
+        return device, None
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = torch.nn.functional.conv2d(torch.ones(1, 1, 4, 4), torch.ones(1, 1, 3, 3))
+    except (RuntimeError, TypeError) as exc:
+        return None, f"no CUDA device and no CPU fp16 autocast here ({exc})"
+    if out.dtype != torch.float16:
+        return None, "no CUDA device, and CPU autocast here leaves float16 convolutions out"
+    return "cpu", "no CUDA device: fp16 autocast and the gradient scaler run on the CPU"
+
+
+def check_fp16(
+    sites: list[SiteData],
+    modality: str,
+    budget: CheckBudget,
+    device: str,
+    reference: dict[str, Any] | None,
+    work: Path,
+    echo: Callable[[str], Any],
+) -> dict[str, Any]:
+    """FedAvg in fp16 with a gradient scaler (what a GPU without bf16 trains in), against the
+    float32 CPU run of the same seed (``reference``, trained here where not given): the
+    figures compared, and each site's loss scale after the last round (a scale below the
+    scaler's starting 65536 means steps were skipped for overflowing gradients)."""
+    where, note = fp16_device(device)
+    if where is None:
+        return {"ran": False, "note": note}
+    config = check_config("fedavg", modality, budget, where, precision="fp16")
+    echo(f"[{modality}] fedavg in fp16 with a gradient scaler on {where}")
+    got = _train_once(sites, config, work / modality / "fedavg_fp16", resolve_device(where))
+    if reference is None:
+        cpu = dataclasses.replace(config, device="cpu", precision="fp32")
+        reference = _train_once(sites, cpu, work / modality / "fedavg_fp32", resolve_device("cpu"))
+    found: dict[str, Any] = {"ran": True, "note": note, "device": where, "fp16": got}
+    found["cpu"] = reference
+    if got["ok"]:
+        records = RunDir(work / modality / "fedavg_fp16").read_metrics()
+        last = max(r.round for r in records)
+        found["loss_scale"] = {
+            r.site: r.extra.get("train_loss_scale") for r in records if r.round == last
+        }
+        found["precision"] = got["device"]
+    if got["ok"] and reference["ok"]:
+        found["comparison"] = compare_figures(got["figures"], reference["figures"])
+    return found
+
+
+def _fp16_passed(found: dict[str, Any]) -> bool:
+    if not found["ran"]:
+        return True  # reported, not judged: the device cannot run fp16
+    if not (found["fp16"]["ok"] and found["cpu"]["ok"]):
+        return False
+    scales = found["loss_scale"].values()
+    if not scales or any(s is None or not s > 0 for s in scales):
+        return False  # the scaler did not run, or its scale collapsed
+    return all(c["within"] is not False for c in found["comparison"].values())
+
+
+def _fp16_markdown(found: dict[str, Any], modality: str) -> str:
+    if not found["ran"]:
+        return f"{modality}, fp16 with a gradient scaler: not run ({found['note']})."
+    failed = [f"failed: {r['error']}" for r in (found["fp16"], found["cpu"]) if not r["ok"]]
+    if failed:
+        return f"{modality}, fp16 with a gradient scaler: " + "; ".join(failed)
+    c = found["comparison"]
+    scales = ", ".join(f"{k} {v:g}" for k, v in found["loss_scale"].items())
+    table = markdown_table(
+        ["device", "loss scale after the last round", *(f"{k} (fp16 vs fp32)" for k in c)],
+        [[found["device"], scales, *(_comparison_cell(c[k]) for k in c)]],
+    )
+    note = f" {found['note']}." if found["note"] else ""
+    return f"{modality}, fedavg in fp16 with a gradient scaler against float32:{note}\n\n{table}"
 
 
 # ---------------------------------------------------------------------------- throughput
@@ -474,6 +555,11 @@ def run_gpu_check(
             ),
             "throughput": backbone_throughput(sites, modality, budget, setup),
         }
+        if modality == "fundus":  # fp16 + gradient scaler: the path of a GPU without bf16
+            fedavg = runs.get("fedavg", {}).get("cpu")
+            results["modalities"][modality]["fp16"] = check_fp16(
+                sites, modality, budget, chosen, fedavg, out / "runs", echo
+            )
     if "fundus" in modalities and budget.clinical_backbones:
         results["clinical"] = clinical_check(out, budget, chosen, echo)
     if budget.bench:
@@ -517,6 +603,8 @@ def check_passed(results: dict[str, Any]) -> bool:
             if any(c["within"] is False for c in row.get("comparison", {}).values()):
                 return False
         if not all(r["ok"] for r in found["throughput"].values()):
+            return False
+        if "fp16" in found and not _fp16_passed(found["fp16"]):
             return False
     clinical = results.get("clinical", {}).get("backbones", {})
     return all(r["ok"] and r["within"] is not False for r in clinical.values())
@@ -615,6 +703,8 @@ def gpu_check_markdown(results: dict[str, Any]) -> str:
             ]
             for name, r in found["throughput"].items()
         ]
+        if "fp16" in found:
+            parts.append(_fp16_markdown(found["fp16"], modality))
         parts.append(f"{modality}, training throughput on {device}:")
         parts.append(markdown_table(["backbone", "input", "images/s", "peak GPU MiB"], speed_rows))
     if results.get("clinical"):

@@ -56,6 +56,9 @@ class ThroughputPlan:
     workers: int = 2  # the plain loop's DataLoader workers when cold
     device: str = "cpu"
     seed: int = 0
+    # Also medfed's site worker with torch.compile (compile = true), timed in turn with the
+    # eager one on the same model, resolution and batch; the compile time is reported apart.
+    compiled: bool = False
 
     def __post_init__(self) -> None:
         if self.backbone not in TV_NETS:
@@ -259,9 +262,13 @@ def _timed(setup: DeviceSetup, action: Callable[[], Any]) -> float:
 
 
 def warm_figures(
-    site: SiteData, plan: ThroughputPlan, setup: DeviceSetup
+    site: SiteData,
+    plan: ThroughputPlan,
+    setup: DeviceSetup,
+    compiled: MedfedSide | None = None,
 ) -> dict[str, list[float]]:
-    """Images per second of each side on the cached site, alternating, one warm-up each."""
+    """Images per second of each side on the cached site (and of ``compiled``, medfed's worker
+    compiled, where given), in turn, one warm-up each."""
     medfed = MedfedSide(site, plan.config(), setup)
     plain = PlainSide(plan, site.manifest.n_classes, setup)
     images = plan.steps * min(plan.batch_size, site.n(Split.TRAIN))
@@ -272,12 +279,28 @@ def warm_figures(
         "medfed": lambda: medfed.train(plan.steps),
         "plain": lambda: plain.train_cached(site, plan.steps),
     }
+    if compiled is not None:
+        rates["medfed_compiled"] = []
+        runs["medfed_compiled"] = lambda: compiled.train(plan.steps)
     for repeat in range(plan.repeats):
         # medfed first, then plain first: a machine getting busier or quieter favours neither
-        order = ("medfed", "plain") if repeat % 2 == 0 else ("plain", "medfed")
+        order = list(runs) if repeat % 2 == 0 else list(reversed(runs))
         for side in order:
             rates[side].append(images / _timed(setup, runs[side]))
     return rates
+
+
+def compiled_side(
+    site: SiteData, plan: ThroughputPlan, setup: DeviceSetup
+) -> tuple[MedfedSide, dict[str, Any]]:
+    """medfed's site worker with ``compile = true``, after its first round (where compiling
+    happens: timed apart, with whether it compiled or fell back to eager, and why)."""
+    import dataclasses
+
+    side = MedfedSide(site, dataclasses.replace(plan.config(), compile=True), setup)
+    seconds = _timed(setup, lambda: side.train(1))
+    note = side.worker.compile_note or ""
+    return side, {"compiled": not note, "fallback": note, "first_round_s": seconds}
 
 
 def cold_figures(
@@ -340,14 +363,22 @@ def run_throughput(
     echo("cold: one epoch from an empty cache, then from the photos through a DataLoader")
     cold = cold_figures(manifest, cache_dir, plan, setup)
     site = load_site(load_manifest(manifest), TensorCache(cache_dir))
+    compiled, compile_info = None, None
+    if plan.compiled:
+        echo("compiled: medfed's site worker with torch.compile, its first round (compiling)")
+        compiled, compile_info = compiled_side(site, plan, setup)
     echo(f"warm: {plan.repeats} alternating repeats of {plan.steps} steps on each side")
-    warm = warm_figures(site, plan, setup)
+    warm = warm_figures(site, plan, setup, compiled)
     medians = {side: statistics.median(v) for side, v in warm.items()}
     # each repeat's two sides ran back to back: their ratio is the least disturbed by the load
     # of a shared machine, which moves over minutes
     pairs = [a / b for a, b in zip(warm["medfed"], warm["plain"], strict=True)]
     ratio = statistics.median(pairs)
+    if compile_info is not None:
+        gains = [a / b for a, b in zip(warm["medfed_compiled"], warm["medfed"], strict=True)]
+        compile_info |= {"ratios": gains, "ratio": statistics.median(gains)}
     return {
+        "compile": compile_info,
         "plan": asdict(plan),
         "n_train": site.n(Split.TRAIN),
         "input_shape": list(site.raw[Split.TRAIN].shape[1:]),
@@ -418,5 +449,35 @@ def markdown(results: dict[str, Any]) -> str:
         f"Device: {device['device']}, {device['cpu']} ({device['cpu_count']} cores), torch "
         f"{device['torch']}" + (f"; load average {load[0]:g} at the end" if load else "") + "."
     )
+    compiled = results.get("compile")
+    if compiled:
+        rows.insert(2, compiled_row(compiled, warm))
+        settings += " " + compiled_words(compiled)
     tables = f"{markdown_table(rows[0], rows[1:])}\n\n{markdown_table(split[0], split[1:])}"
     return f"{tables}\n\n{settings}"
+
+
+def compiled_row(compiled: dict[str, Any], warm: dict[str, Any]) -> list[str]:
+    """The warm row of medfed's worker under ``compile = true``: its images/s, the plain
+    loop's, and its gain over the eager worker."""
+    label = "warm, compiled" if compiled["compiled"] else "warm, compile fell back to eager"
+    return [
+        label,
+        f"{warm['median']['medfed_compiled']:.1f}",
+        f"{warm['median']['plain']:.1f}",
+        f"{compiled['ratio']:.2f} x the eager worker",
+    ]
+
+
+def compiled_words(compiled: dict[str, Any]) -> str:
+    """How the compiled row was measured, and what compiling cost."""
+    how = (
+        "torch.compile of the model its local training runs"
+        if compiled["compiled"]
+        else f"compile = true, which fell back to eager ({compiled['fallback']})"
+    )
+    return (
+        f"Compiled: medfed's worker with {how}, timed in turn with the eager worker and the "
+        "plain loop; its gain is the median of the repeats' compiled / eager ratios; its first "
+        f"round, compiling included, took {compiled['first_round_s']:.1f} s and is not counted."
+    )

@@ -24,6 +24,7 @@ from medfed.federation.start import save_checkpoint, start_or_resume
 from medfed.federation.validate import UpdateRejected, validate_update
 from medfed.federation.wire import WireFormat
 from medfed.models.device import DeviceSetup
+from medfed.models.precision import setup_precision, training_precision
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import CheckpointStore
 from medfed.runs.schema import Evaluation, PrivacySpent, RunCosts, Summary, WireSettings
@@ -65,6 +66,11 @@ class Coordinator:
         self.store = CheckpointStore(run.checkpoints, config.keep_checkpoints)
         # What the run records as its device (the in-process engine adds how its sites share it).
         self.device_text = setup.describe()
+        # ... and the precision local training runs in, where the device's words do not say it
+        # (fp16's gradient scaler, a forced precision, DP-SGD's fp32 in place of fp16).
+        precision = training_precision(setup, config.precision, private=config.dp.enabled)
+        if precision.name == "fp16" or precision.reason or precision.name != setup_precision(setup):
+            self.device_text += f"; local training in {precision.describe()}"
         self.initial_state = clone_state(self.model.state_dict())
         self.shared_keys = algorithm.shared_keys(self.model) if algorithm.communicates else []
         self.global_state: State = {k: self.initial_state[k].clone() for k in self.shared_keys}

@@ -43,9 +43,11 @@ from medfed.errors import ConfigError, MedfedError
 from medfed.federation import wire
 from medfed.federation.wire import WireFormat
 from medfed.metrics import OperatingRule, choose_threshold, site_metrics
+from medfed.models.compiling import compile_for_training
 from medfed.models.device import DeviceSetup, keep_freed_memory
 from medfed.models.fedmodel import FedModel
 from medfed.models.forward import run_model
+from medfed.models.precision import training_precision
 from medfed.runs.schema import PrivacySpent
 from medfed.serving.abstention import FeatureGaussian, site_gaussian
 from medfed.serving.bundle import OperatingChoice, SiteEntry
@@ -176,6 +178,12 @@ class SiteWorker:
         self.x_train = self.setup.put(self.data.x[Split.TRAIN])
         self.y_train = self.setup.put(self.data.y[Split.TRAIN])
         self.wire = WireFormat(self.config.wire_precision, self.config.wire_delta)
+        private = self.config.dp.enabled
+        self.precision = training_precision(self.setup, self.config.precision, private=private)
+        # fp16's loss scale carries from round to round (a fresh one would start high and skip
+        # the first steps of every round); it is not checkpointed and starts again on resume.
+        self.scaler = self.precision.scaler()
+        self.compile_note: str | None = None  # None: not tried yet; "": compiled
         self.privacy: SitePrivacy | None = None
         if self.config.dp.enabled:
             planned = planned_dp_steps(self.config, self.algorithm)
@@ -243,9 +251,10 @@ class SiteWorker:
             n_sites=self.n_sites,
             site_id=self.id,
             extra=clone_state(self.extra),
-            autocast=self.setup.autocast(),
+            autocast=self.precision.autocast(),
             check_deadline=check_deadline,
             privacy=self.privacy,
+            scaler=self.scaler,
         )
 
     def receive(self, payload: bytes, dtypes: State) -> State:
@@ -283,7 +292,16 @@ class SiteWorker:
             except BudgetSpent:
                 mark_stopped(self.extra, round_)
                 raise
+        if self.config.compile and self.compile_note is None:
+            sample = self.sample_batch()
+            self.compile_note = compile_for_training(
+                self.model, sample, task.autocast, private=self.privacy is not None
+            )
         result = self.algorithm.local_train(task)
+        if self.scaler is not None:  # fp16: where the loss scale stands (a fall: skipped steps)
+            result.metrics["loss_scale"] = float(self.scaler.get_scale())
+        if self.config.compile:
+            result.metrics["compiled"] = float(not self.compile_note)
         if self.privacy is not None:
             # Spent once the update leaves, whether or not the server then takes it.
             spent = steps_taken(task.extra)
@@ -306,6 +324,15 @@ class SiteWorker:
             payload_up = wire.encode(update, self.wire, reference=reference)
         held = {k: v.cpu() for k, v in received.items()} if self.wire.delta else {}
         return LocalRound(payload_up, new_state, task.extra, held, result)
+
+    def sample_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first training scans, a batch's worth, drawing nothing from the seeded
+        generator (compiling on them leaves the run's batches as they were)."""
+        index = torch.arange(min(self.config.batch_size, self.n_train))
+        x = self.x_train[index.to(self.x_train.device)]
+        if self.setup.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, self.y_train[index.to(self.y_train.device)]
 
     def keep(self, done: LocalRound) -> None:
         """Make a round's result the site's own."""

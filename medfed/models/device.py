@@ -50,7 +50,8 @@ class DeviceSetup:
 
     def describe(self) -> str:
         if self.is_cuda:
-            return f"cuda ({torch.cuda.get_device_name(self.device)}, bf16 autocast)"
+            kind = "bf16" if self.autocast_dtype == torch.bfloat16 else "fp16"
+            return f"cuda ({torch.cuda.get_device_name(self.device)}, {kind} autocast)"
         if self.autocast_dtype is not None:
             return f"cpu ({torch.get_num_threads()} threads, bf16 autocast, channels-last)"
         return f"cpu ({torch.get_num_threads()} threads)"
@@ -71,7 +72,19 @@ def resolve_device(name: str) -> DeviceSetup:
         return DeviceSetup(torch.device("cpu"), torch.bfloat16, channels_last=True)
     if name == "cpu" or not torch.cuda.is_available():
         return DeviceSetup(torch.device("cpu"), None)
-    return DeviceSetup(torch.device("cuda"), torch.bfloat16, channels_last=True)
+    # A GPU without native bf16 (before Ampere) evaluates in fp16; training adds a gradient
+    # scaler there (medfed.models.precision).
+    bf16 = _cuda_bf16()
+    return DeviceSetup(
+        torch.device("cuda"), torch.bfloat16 if bf16 else torch.float16, channels_last=True
+    )
+
+
+def _cuda_bf16() -> bool:
+    try:
+        return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+    except TypeError:  # torch before 2.3 had no emulation to exclude
+        return bool(torch.cuda.is_bf16_supported())
 
 
 def cpu_bf16_supported() -> bool:
