@@ -29,9 +29,7 @@ def released(stats: FederationStatistics) -> dict[str, SiteStatistics]:
 
 def not_released(stats: FederationStatistics) -> list[tuple[str, str, str]]:
     """(site, status, reason) of every site that released nothing."""
-    return [
-        (s, v.status, v.reason or "") for s, v in stats.sites.items() if v.status != "released"
-    ]
+    return [(s, v.status, v.reason or "") for s, v in stats.sites.items() if v.status != "released"]
 
 
 def disclosure_text(stats: FederationStatistics) -> str:
