@@ -222,9 +222,11 @@ def _missing(deployment: StatisticsDeployment) -> SiteStatistics:
 
 def site_entry(released: dict[str, Any]) -> SiteStatistics:
     """A site's released statistics, checked, with each class's prevalence added."""
-    data = {k: v for k, v in released.items() if k != "site"}
-    data["prevalence"] = prevalence(data.get("counts", {}))
-    return SiteStatistics.from_dict({"status": "released", **data}, "a site's statistics")
+    where = "a site's statistics"
+    data = {k: v for k, v in released.items() if k not in ("site", "prevalence")}
+    entry = SiteStatistics.from_dict({"status": "released", **data}, where)  # checked first
+    shares = prevalence(entry.counts)
+    return SiteStatistics.from_dict({**entry.to_dict(), "prevalence": shares}, where)
 
 
 def _answer(reply: Message, listed: list[str]) -> tuple[str, SiteStatistics] | None:
