@@ -89,6 +89,16 @@ def test_prevalence_has_a_wilson_interval_and_none_when_a_cell_is_suppressed() -
     assert prevalence({"train": {"neg": 30, "pos": None}}) == {"neg": None, "pos": None}
 
 
+def test_the_data_card_check_counts_sizes_and_histograms_per_scan(tiny_sites) -> None:
+    manifests, cache = tiny_sites
+    card = check_site(load_manifest(manifests["refuge"]), TensorCache(cache))
+
+    assert sum(card.size_counts.values()) == card.n_readable > 0
+    counts = np.array(card.histogram["counts"])
+    assert counts.shape == (3, 16) and card.histogram["unit"] == "0-255"
+    assert counts.sum(axis=1) == pytest.approx([card.n_readable] * 3, abs=0.01)  # 1 per scan
+
+
 # ---------------------------------------------------------------------------- DP noise
 @pytest.mark.parametrize("mechanism", ["laplace", "gaussian"])
 def test_noise_has_the_stated_scale(mechanism: str) -> None:

@@ -49,7 +49,8 @@ def test_a_deployed_statistics_run_releases_or_refuses_by_policy(tiny_sites, tmp
     assert stats.sites["acrima"].status == "refused"
     assert stats.sites["acrima"].refusals[0]["rule"] == "outputs.data_card"
     rimone = stats.sites["rimone"]
-    assert rimone.status == "released" and rimone.noise is not None
+    assert rimone.status == "released", f"{rimone.reason}\n{logs}"
+    assert rimone.noise is not None
     assert rimone.noise.mechanism == "laplace" and rimone.noise.epsilon == 1.0
     assert all(v is None or v >= 0 for per in rimone.counts.values() for v in per.values())
     assert not (run_dir / "summary.json").exists()  # nothing trained

@@ -215,8 +215,9 @@ def run_statistics(grid: Grid, deployment: StatisticsDeployment) -> FederationSt
 def _missing(deployment: StatisticsDeployment) -> SiteStatistics:
     return SiteStatistics(
         status="failed",
-        reason=f"did not answer within {deployment.wait_s:g} s (its SuperNode did not connect, "
-        "or raise wait-s)",
+        reason=f"no answer: its SuperNode did not connect within {deployment.wait_s:g} s or "
+        f"did not reply within {deployment.reply_timeout_s:g} s; start it, or raise wait-s or "
+        "reply-timeout-s",
     )
 
 
@@ -257,7 +258,9 @@ def _answer(reply: Message, listed: list[str]) -> tuple[str, SiteStatistics] | N
 
 
 def _ask(grid: Grid, d: StatisticsDeployment, plan: Plan) -> dict[str, SiteStatistics]:
-    """Each SuperNode once, until every listed site answered or ``wait-s`` passed."""
+    """Each SuperNode once, as it connects, until every listed site answered or ``wait-s``
+    passed; each exchange waits up to ``reply-timeout-s`` for its replies (a site reads and
+    checks every scan it holds before it answers)."""
     deadline = time.monotonic() + d.wait_s
     answers: dict[str, SiteStatistics] = {}
     asked: set[int] = set()
@@ -269,8 +272,7 @@ def _ask(grid: Grid, d: StatisticsDeployment, plan: Plan) -> dict[str, SiteStati
         ]
         asked |= set(new)
         if messages:
-            left = max(1.0, deadline - time.monotonic())
-            for reply in grid.send_and_receive(messages, timeout=min(left, d.reply_timeout_s)):
+            for reply in grid.send_and_receive(messages, timeout=d.reply_timeout_s):
                 found = _answer(reply, d.sites)
                 if found is not None and found[0] in d.sites:
                     answers[found[0]] = found[1]
