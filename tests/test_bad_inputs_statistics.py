@@ -182,7 +182,7 @@ def test_the_site_audit_page_names_an_unreadable_audit_line(monkeypatch, tmp_pat
 
 
 def test_malformed_statistics_from_a_site_become_its_failure() -> None:
-    from medfed.flower.statistics import site_entry
+    from medfed.governance.disclosure import site_entry
 
     with pytest.raises(RunDirError, match="counts.train.neg"):
         site_entry({"site": "a", "counts": {"train": {"neg": -1}}})

@@ -353,6 +353,20 @@ def test_deploy_stats_writes_an_app_the_sites_check_and_approve(tmp_path) -> Non
     assert json.loads((state / "approvals.jsonl").read_text())["plan_sha256"] == plan.sha256
 
 
+def test_sites_stats_gives_the_deployed_overview_in_one_process(deployed, tmp_path) -> None:
+    manifests = [str(deployed["manifests"][site]) for site in SITES]
+    argv = ["sites", "stats", *manifests, "--out", str(tmp_path / "stats")]
+    argv += ["--min-count", str(MIN_COUNT), "--cache-dir", str(deployed["cache"])]
+
+    result = CliRunner().invoke(cli, argv)
+
+    assert result.exit_code == 0, result.output
+    here, there = read_statistics(tmp_path / "stats"), read_statistics(deployed["run_dir"])
+    assert here.engine == "in-process" and list(here.sites) == SITES
+    # refuge has no policy: the same cells, suppressed alike, the same prevalence
+    assert here.sites["refuge"].to_dict() == there.sites["refuge"].to_dict()
+
+
 def test_the_dashboard_launch_passes_the_state_folder(monkeypatch, tmp_path) -> None:
     from medfed.dashboard import launch as launcher
 

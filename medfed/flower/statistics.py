@@ -28,7 +28,7 @@ from flwr.serverapp import Grid
 
 from medfed.config import valid_site_id
 from medfed.errors import ConfigError, MedfedError
-from medfed.governance.disclosure import prevalence, release
+from medfed.governance.disclosure import federation_statistics, release, site_entry
 from medfed.governance.plan import Plan
 from medfed.governance.statistics import (
     DEFAULT_DELTA,
@@ -197,16 +197,8 @@ def run_statistics(grid: Grid, deployment: StatisticsDeployment) -> FederationSt
     plan = deployment.plan()
     answers = _ask(grid, deployment, plan)
     sites = {site: answers.get(site) or _missing(deployment) for site in deployment.sites}
-    statistics = FederationStatistics(
-        run_name=deployment.run_name,
-        plan_sha256=plan.sha256,
-        engine="flower",
-        time=time.time(),
-        min_count=deployment.settings.min_count,
-        noise=deployment.settings.noise,
-        epsilon=deployment.settings.epsilon,
-        delta=deployment.settings.delta,
-        sites=sites,
+    statistics = federation_statistics(
+        deployment.settings, sites, run_name=deployment.run_name, plan=plan, engine="flower"
     )
     write_statistics(deployment.run_dir, statistics)
     return statistics
@@ -219,15 +211,6 @@ def _missing(deployment: StatisticsDeployment) -> SiteStatistics:
         f"did not reply within {deployment.reply_timeout_s:g} s; start it, or raise wait-s or "
         "reply-timeout-s",
     )
-
-
-def site_entry(released: dict[str, Any]) -> SiteStatistics:
-    """A site's released statistics, checked, with each class's prevalence added."""
-    where = "a site's statistics"
-    data = {k: v for k, v in released.items() if k not in ("site", "prevalence")}
-    entry = SiteStatistics.from_dict({"status": "released", **data}, where)  # checked first
-    shares = prevalence(entry.counts)
-    return SiteStatistics.from_dict({**entry.to_dict(), "prevalence": shares}, where)
 
 
 def _answer(reply: Message, listed: list[str]) -> tuple[str, SiteStatistics] | None:

@@ -17,14 +17,17 @@ decided by them too, so ``min_count`` is what keeps a rare one from being named.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from medfed.governance.plan import Plan
 from medfed.governance.statistics import StatisticsSettings
 from medfed.metrics.intervals import wilson
+from medfed.runs.schema import FederationStatistics, SiteStatistics
 
 TABLES = ("counts", "sizes", "histogram", "acquisition")
 
@@ -159,3 +162,35 @@ def prevalence(counts: Mapping[str, Mapping[str, float | None]]) -> dict[str, An
             "high": ci.high if ci else None,
         }
     return out
+
+
+def site_entry(released: Mapping[str, Any]) -> SiteStatistics:
+    """A site's released statistics, checked as the schema reads them, with each class's
+    prevalence added (at the coordinator, from the released counts)."""
+    where = "a site's statistics"
+    data = {k: v for k, v in released.items() if k not in ("site", "prevalence")}
+    entry = SiteStatistics.from_dict({"status": "released", **data}, where)  # checked first
+    shares = prevalence(entry.counts)
+    return SiteStatistics.from_dict({**entry.to_dict(), "prevalence": shares}, where)
+
+
+def federation_statistics(
+    settings: StatisticsSettings,
+    sites: dict[str, SiteStatistics],
+    *,
+    run_name: str,
+    plan: Plan,
+    engine: str,
+) -> FederationStatistics:
+    """``statistics.json`` of a statistics run (``engine``: ``flower`` or ``in-process``)."""
+    return FederationStatistics(
+        run_name=run_name,
+        plan_sha256=plan.sha256,
+        engine=engine,
+        time=time.time(),
+        min_count=settings.min_count,
+        noise=settings.noise,
+        epsilon=settings.epsilon,
+        delta=settings.delta,
+        sites=sites,
+    )
