@@ -95,12 +95,14 @@ def launch(
     runs = find_runs(folders)
     if runs:
         echo(f"{len(runs)} run(s): " + ", ".join(p.name for p in runs))
-    else:
+    elif folders:
         echo(
             "no run directory (a folder holding config.toml) under "
             + ", ".join(map(str, folders))
             + " yet; the dashboard says so until one is written"
         )
+    if state is not None:
+        echo(f"site audit log: {state / AUDIT} (the Site audit page)")
     echo(f"dashboard: http://{ADDRESS}:{port}  (Ctrl+C to stop)")
     env = dict(os.environ)
     env[RUNS_ENV] = os.pathsep.join(map(str, folders))
