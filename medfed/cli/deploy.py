@@ -1,4 +1,4 @@
-"""Deployment on Flower: ``medfed deploy app|pki|worker|approve|audit|policy check``."""
+"""Deployment on Flower: ``medfed deploy app|stats|pki|worker|approve|audit|policy check``."""
 
 from __future__ import annotations
 
@@ -125,6 +125,60 @@ def deploy_app_folder(
 
 
 @friendly
+def deploy_stats_folder(
+    out: Annotated[Path, typer.Argument(help="Folder to write (then: flwr run OUT CONNECTION).")],
+    site: Annotated[list[str], typer.Option(help="Site ids in order (repeat), as in manifests.")],
+    run_dir: Annotated[str, typer.Option(help="Run directory on the SuperLink's machine.")],
+    run_name: Annotated[str, typer.Option(help="The run's name (default: --run-dir's).")] = "",
+    min_count: Annotated[
+        int,
+        typer.Option(
+            help="Suppress every count under this many scans (a site's policy "
+            "min_count may ask for more; the larger applies)."
+        ),
+    ] = 0,
+    noise: Annotated[
+        str,
+        typer.Option(help="Differential-privacy noise on every count: none, laplace or gaussian."),
+    ] = "none",
+    epsilon: Annotated[
+        float, typer.Option(help="With --noise: the privacy budget per site, all counts together.")
+    ] = 0.0,
+    delta: Annotated[
+        float | None, typer.Option(help="With --noise gaussian \\[default: 1e-05].")
+    ] = None,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for every site to answer.")] = 300,
+    reply_timeout: Annotated[
+        float, typer.Option(help="Seconds one exchange waits for the sites' replies.")
+    ] = 600,
+) -> None:
+    """Write the app folder of a statistics-only run: no training, no weights.
+
+    Each site answers once with its data card's statistics (counts per split and class, image
+    sizes, intensity histograms per channel, acquisition devices), cells under the minimum
+    count suppressed and, with --noise, every count noised; the coordinator writes
+    RUN/statistics.json, shown on the dashboard's Sites page. Sites approve its plan as any
+    other ('medfed deploy policy check', 'medfed deploy approve')."""
+    require_extra("flwr", "flower", "medfed deploy stats")
+    from medfed.flower.deploy import write_statistics_app
+    from medfed.flower.statistics import default_delta
+    from medfed.governance.statistics import StatisticsSettings
+
+    if str(out) in ("", "."):
+        raise ConfigError("OUT is empty (or '.'): give the app folder by name, e.g. stats_app")
+    settings = StatisticsSettings(
+        min_count=min_count, noise=noise, epsilon=epsilon, delta=default_delta(noise, delta)
+    )
+    path = write_statistics_app(
+        out, settings, site, run_dir, run_name=run_name, wait_s=wait,
+        reply_timeout_s=reply_timeout,
+    )  # fmt: skip
+    typer.echo(f"wrote {path}")
+    typer.echo(f"disclosure control: {settings.words()}")
+    typer.echo(f"submit it with: flwr run {out} <connection> --stream")
+
+
+@friendly
 def deploy_pki(
     out: Annotated[Path, typer.Argument(help="Folder for the certificates and keys.")],
     host: Annotated[list[str], typer.Option(help="SuperLink host name or IP (repeatable).")],
@@ -181,6 +235,11 @@ def deploy_worker(
 def _app_plan(run: Path) -> Any:
     """The plan of the run in the app folder ``run`` (as the coordinator will send it)."""
     require_extra("flwr", "flower", "medfed deploy policy check / approve")
+    from medfed.flower.statistics import StatisticsDeployment, statistics_run_config
+
+    stats = statistics_run_config(run)
+    if stats is not None:
+        return StatisticsDeployment.from_run_config(stats).plan()
     from medfed.flower.server_app import Deployment
     from medfed.governance.plan import app_run_config
 
@@ -208,12 +267,18 @@ def deploy_policy_check(
     from medfed.governance.checks import check_plan
     from medfed.governance.policy import load_policy
     from medfed.governance.records import approved_plans
+    from medfed.governance.statistics import (
+        check_statistics_plan,
+        is_statistics_plan,
+        plan_lines,
+    )
 
     rules = load_policy(policy)
     plan = _app_plan(run)
     approved = approved_plans(state_dir) if state_dir is not None else set()
-    found = check_plan(rules, plan, site=site, approved=approved)
-    for line in plan.lines():
+    check = check_statistics_plan if is_statistics_plan(plan) else check_plan
+    found = check(rules, plan, site=site, approved=approved)
+    for line in plan_lines(plan):
         typer.echo(line)
     if found:
         for refusal in found:
@@ -234,9 +299,10 @@ def deploy_approve(
     them is a new plan, to be approved again. The approval is recorded in
     STATE_DIR/approvals.jsonl (owner-only, append-only)."""
     from medfed.governance.records import APPROVALS, record_approval
+    from medfed.governance.statistics import plan_lines
 
     plan = _app_plan(run)
-    for line in plan.lines():
+    for line in plan_lines(plan):
         typer.echo(line)
     record_approval(state_dir, plan, note=note)
     typer.echo(f"approved plan {plan.sha256}; recorded in {state_dir / APPROVALS}")
@@ -278,6 +344,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(deploy_app, name="deploy", rich_help_panel=DEPLOYMENT)
     add = adder(deploy_app)
     add(deploy_app_folder, "app", cls=with_registries("algorithms"))
+    add(deploy_stats_folder, "stats")
     add(deploy_pki, "pki")
     add(deploy_worker, "worker")
     add(deploy_approve, "approve")

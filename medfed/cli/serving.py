@@ -197,12 +197,20 @@ def dashboard(
             "Default: $MEDFED_REVIEWER_HEADER, else X-Forwarded-User.",
         ),
     ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="A SuperNode's state-dir: its audit log (every message, with the policy's "
+            "decision) on the Site audit page. Without RUN, only that page has content."
+        ),
+    ] = None,
 ) -> None:
     """Open the clinician dashboard (Streamlit, on 127.0.0.1 only) over run directories."""
     require_extra("streamlit", "dashboard", "medfed dashboard")
     from medfed.dashboard.launch import launch
 
-    launch(runs or [Path("demo_out")], port, echo=typer.echo, reviewer=reviewer_header)
+    roots = runs or ([] if state_dir is not None else [Path("demo_out")])
+    launch(roots, port, echo=typer.echo, reviewer=reviewer_header, state_dir=state_dir)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,4 @@
-"""Sites: ``medfed synth`` and ``medfed sites check|card``."""
+"""Sites: ``medfed synth`` and ``medfed sites check|card|stats``."""
 
 from __future__ import annotations
 
@@ -188,6 +188,58 @@ def sites_card(
     typer.echo(f"wrote {path}")
 
 
+@friendly
+def sites_stats(
+    manifests: Annotated[list[Path], typer.Argument(help="Site manifests (*.toml).")],
+    out: Annotated[
+        Path, typer.Option(help="Run directory for statistics.json.", callback=named_folder)
+    ],
+    min_count: Annotated[int, typer.Option(help="Suppress every count under this many scans.")] = 0,
+    noise: Annotated[
+        str, typer.Option(help="Noise on every count: none, laplace or gaussian.")
+    ] = "none",
+    epsilon: Annotated[float, typer.Option(help="With --noise: the budget per site.")] = 0.0,
+    delta: Annotated[
+        float | None, typer.Option(help="With --noise gaussian \\[default: 1e-05].")
+    ] = None,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help=CACHE_DIR_HELP, callback=named_folder)
+    ] = None,
+) -> None:
+    """The federation overview of a statistics run, from manifests on this machine.
+
+    The same statistics, suppression and noise as 'medfed deploy stats' (without a
+    deployment, and without site policies): OUT/statistics.json, shown on the dashboard's Sites
+    page."""
+    from medfed.data.cache import TensorCache, default_cache_dir
+    from medfed.data.checks import check_manifests
+    from medfed.governance.disclosure import federation_statistics, release, site_entry
+    from medfed.governance.statistics import (
+        DEFAULT_DELTA,
+        StatisticsSettings,
+        make_statistics_plan,
+    )
+    from medfed.runs.schema import SiteStatistics
+    from medfed.runs.statistics import write_statistics
+
+    if delta is None:
+        delta = DEFAULT_DELTA if noise == "gaussian" else 0.0
+    settings = StatisticsSettings(min_count=min_count, noise=noise, epsilon=epsilon, delta=delta)
+    reports = check_manifests(list(manifests), TensorCache(cache_dir or default_cache_dir()))
+    sites = {}
+    for report in reports:
+        name = report.site or str(report.manifest)
+        if report.unusable:
+            sites[name] = SiteStatistics(status="failed", reason=report.unusable)
+        else:
+            sites[name] = site_entry(release(report.to_dict(), settings))
+    plan = make_statistics_plan(settings, list(sites), run_name=out.name)
+    stats = federation_statistics(settings, sites, run_name=out.name, plan=plan,
+                                  engine="in-process")  # fmt: skip
+    path = write_statistics(out, stats)
+    typer.echo(f"wrote {path} ({settings.words()})")
+
+
 def register(app: typer.Typer) -> None:
     adder(app, SITES)(synth)
     sites_app = typer.Typer(
@@ -198,3 +250,4 @@ def register(app: typer.Typer) -> None:
     add = adder(sites_app)
     add(sites_check, "check")
     add(sites_card, "card")
+    add(sites_stats, "stats")

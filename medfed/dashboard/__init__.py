@@ -14,3 +14,5 @@ RUNS_ENV = "MEDFED_DASHBOARD_RUNS"
 """Run directories (or folders holding them) to show, joined with os.pathsep."""
 MAX_UPLOAD_MB = 200
 """The largest scan the Routing page accepts, in MB (Streamlit's server.maxUploadSize)."""
+STATE_ENV = "MEDFED_DASHBOARD_STATE_DIR"
+"""A SuperNode's state folder whose audit log the Site audit page shows (``--state-dir``)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from medfed.dashboard import common
+from medfed.dashboard import common, sitelog
 
 VIEWS = Path(__file__).with_name("views")
 
@@ -17,15 +17,18 @@ st.set_page_config(page_title="medfed dashboard", layout="wide")
 if (refusal := common.exposed()) is not None:
     st.error(refusal)
     st.stop()
+audit = sitelog.state_dir() is not None  # medfed dashboard --state-dir: a site's audit log
+runs = common.all_runs()
 page = st.navigation(
     [
-        st.Page(VIEWS / "federation.py", title="Federation", default=True),
+        st.Page(VIEWS / "federation.py", title="Federation", default=bool(runs) or not audit),
         st.Page(VIEWS / "training.py", title="Training"),
         st.Page(VIEWS / "sites.py", title="Sites"),
         st.Page(VIEWS / "routing.py", title="Routing"),
         st.Page(VIEWS / "review.py", title="Review"),
         st.Page(VIEWS / "communication.py", title="Communication"),
     ]
+    + ([st.Page(VIEWS / "audit.py", title="Site audit", default=not runs)] if audit else [])
 )
-common.sidebar(common.all_runs())
+common.sidebar(runs)
 page.run()

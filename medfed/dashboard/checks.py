@@ -19,7 +19,8 @@ from typing import Any
 from medfed.data.overview import OVERVIEW_FILE, overview_dir, read_site_overview
 from medfed.errors import MedfedError, RunDirError
 from medfed.runs import RunDir
-from medfed.runs.schema import RoundRecord, Summary
+from medfed.runs.schema import STATISTICS_FILE, RoundRecord, Summary
+from medfed.runs.statistics import read_statistics
 from medfed.serving.audit import AUDIT_FILE, AuditEntry, AuditError, AuditLog
 
 AUDIT_LIMIT = 5000  # the newest decisions the Routing page lists (and this module checks)
@@ -176,6 +177,7 @@ def stamps(path: Path) -> tuple[Any, ...]:
         run.model_dir,
         run.model_json_path,
         folder / OVERVIEW_FILE,
+        path / STATISTICS_FILE,
     ]
     cards = folder / "cards"
     if cards.is_dir():
@@ -203,7 +205,9 @@ def run_damage(path: Path) -> str | None:
     """Which file of the run directory ``path`` is damaged, and how; None when all read."""
     run = RunDir(path)
     checks: list[Callable[[], Any]] = [
-        lambda: read_config(path),
+        # a statistics-only run ('medfed deploy stats') trains nothing: it has no config.toml
+        lambda: None if _statistics_only(path) else read_config(path),
+        lambda: read_statistics(path),
         lambda: read_summary(path) if run.summary_path.exists() else None,
         lambda: read_metrics(path),
         lambda: read_events(path),
@@ -218,6 +222,10 @@ def run_damage(path: Path) -> str | None:
         except MedfedError as exc:
             return str(exc)
     return None
+
+
+def _statistics_only(path: Path) -> bool:
+    return not RunDir(path).config_path.exists() and (path / STATISTICS_FILE).is_file()
 
 
 def _check_predictions(path: Path) -> None:

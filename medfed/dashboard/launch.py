@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from medfed.dashboard import APP, MAX_UPLOAD_MB, RUNS_ENV
+from medfed.dashboard import APP, MAX_UPLOAD_MB, RUNS_ENV, STATE_ENV
 from medfed.dashboard.rundata import (
     DEFAULT_REVIEWER_HEADER,
     REVIEWER_HEADER_ENV,
@@ -16,6 +16,7 @@ from medfed.dashboard.rundata import (
     reviewer_header,
 )
 from medfed.errors import ConfigError
+from medfed.governance.records import AUDIT
 
 ADDRESS = "127.0.0.1"  # loopback only: the pages show patient-level results
 
@@ -54,16 +55,30 @@ def check_roots(roots: Sequence[Path]) -> list[Path]:
     return [root.resolve() for root in roots]
 
 
+def check_state_dir(state_dir: Path, echo: Callable[[str], Any] = print) -> Path:
+    """A SuperNode's state folder, absolute; ConfigError when it is not a folder."""
+    if not state_dir.is_dir():
+        raise ConfigError(
+            f"--state-dir {state_dir}: no such folder; give the SuperNode's state-dir (its "
+            "--node-config state-dir), which holds audit.jsonl"
+        )
+    if not (state_dir / AUDIT).is_file():
+        echo(f"{state_dir}: no audit.jsonl yet; the Site audit page shows it once the node logs")
+    return state_dir.resolve()
+
+
 def launch(
     roots: Sequence[Path],
     port: int,
     echo: Callable[[str], Any] = print,
     reviewer: str | None = None,
+    state_dir: Path | None = None,
 ) -> None:
     """Replace this process with the Streamlit server over ``roots`` (returns only on error).
 
     ``reviewer``: the request header the Review page takes the reader's name from (empty: none,
-    the page asks); None keeps MEDFED_REVIEWER_HEADER as the environment has it."""
+    the page asks); None keeps MEDFED_REVIEWER_HEADER as the environment has it.
+    ``state_dir``: a SuperNode's state folder, whose audit log the Site audit page shows."""
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port {port}: choose a port between 1 and 65535")
     if reviewer is not None:
@@ -76,20 +91,25 @@ def launch(
                 "reader's name on the page"
             ) from exc
     folders = check_roots(roots)
+    state = check_state_dir(state_dir, echo) if state_dir is not None else None
     runs = find_runs(folders)
     if runs:
         echo(f"{len(runs)} run(s): " + ", ".join(p.name for p in runs))
-    else:
+    elif folders:
         echo(
             "no run directory (a folder holding config.toml) under "
             + ", ".join(map(str, folders))
             + " yet; the dashboard says so until one is written"
         )
+    if state is not None:
+        echo(f"site audit log: {state / AUDIT} (the Site audit page)")
     echo(f"dashboard: http://{ADDRESS}:{port}  (Ctrl+C to stop)")
     env = dict(os.environ)
     env[RUNS_ENV] = os.pathsep.join(map(str, folders))
     if reviewer is not None:
         env[REVIEWER_HEADER_ENV] = reviewer.strip()
+    if state is not None:
+        env[STATE_ENV] = str(state)
     env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
     sys.stdout.flush()
     os.execve(sys.executable, streamlit_command(port), env)

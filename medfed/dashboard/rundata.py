@@ -26,7 +26,7 @@ from medfed.names import printable
 from medfed.reports import fmt
 from medfed.reports.evaluation import AT_ARGMAX, AT_OPERATING, PRIVACY_COLUMNS, privacy_cells
 from medfed.runs import RunDir
-from medfed.runs.schema import DROPPED, OK, RoundRecord, Summary
+from medfed.runs.schema import DROPPED, OK, STATISTICS_FILE, RoundRecord, Summary
 from medfed.serving.audit import AuditEntry
 from medfed.units import human_bytes
 
@@ -64,7 +64,7 @@ def find_runs(roots: Iterable[str | Path]) -> list[Path]:
     """Run directories (folders holding config.toml) at or below each root, sorted per root."""
     found: list[Path] = []
     for root in map(Path, roots):
-        if (root / "config.toml").is_file():
+        if _is_run(root):
             found.append(root)
         elif root.is_dir():
             found += sorted(_runs_below(root, MAX_DEPTH))
@@ -72,6 +72,11 @@ def find_runs(roots: Iterable[str | Path]) -> list[Path]:
     for path in found:
         unique.setdefault(path.resolve(), None)
     return list(unique)
+
+
+def _is_run(folder: Path) -> bool:
+    """A run directory: a training run's (config.toml) or a statistics-only run's."""
+    return (folder / "config.toml").is_file() or (folder / STATISTICS_FILE).is_file()
 
 
 def _runs_below(folder: Path, depth: int) -> list[Path]:
@@ -85,7 +90,7 @@ def _runs_below(folder: Path, depth: int) -> list[Path]:
     for child in children:
         if child.name.startswith(".") or child.name in _NOT_RUNS:
             continue
-        if (child / "config.toml").is_file():
+        if _is_run(child):
             runs.append(child)
         else:
             runs += _runs_below(child, depth - 1)
@@ -109,6 +114,8 @@ def label_runs(paths: Sequence[Path]) -> list[Run]:
 def run_status(run: Run, config: dict[str, Any] | None, records: list[RoundRecord]) -> str:
     """One sentence on how far the run got, for the top of each page."""
     if not run.has_config:
+        if (run.path / STATISTICS_FILE).is_file():
+            return "a statistics-only run: no training (its overview is on the Sites page)."
         return f"{run.path}: no config.toml: not a run directory yet."
     planned = (config or {}).get("train", {}).get("rounds")
     done = max((r.round for r in records), default=0)

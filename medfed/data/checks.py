@@ -22,6 +22,7 @@ from medfed.data.layouts import scan_site
 from medfed.data.modality import modality_spec, read_record
 from medfed.data.plausibility import modality_doubts
 from medfed.data.records import Problem, Record, Split
+from medfed.data.scanstats import acquisition_values, histogram_edges, scan_histogram
 from medfed.data.sitedata import preprocess_record
 from medfed.data.splits import assign_splits
 from medfed.errors import ManifestError, MedfedError
@@ -52,6 +53,12 @@ class SiteReport:
     # CT: how the readable volumes were oriented ("RAS (from LPS DICOM)") -> number of scans
     orientation: dict[str, int] = field(default_factory=dict)
     distances: dict[str, float] = field(default_factory=dict)
+    # "HxW" (or "DxHxW") -> readable scans of that size before preprocessing
+    size_counts: dict[str, int] = field(default_factory=dict)
+    # unit, fixed bin edges, and per channel the scans' worth of pixels per bin (scanstats)
+    histogram: dict[str, Any] = field(default_factory=dict)
+    # acquisition field (manufacturer, camera, ...) -> value -> number of scans
+    acquisition: dict[str, dict[str, int]] = field(default_factory=dict)
     features: np.ndarray | None = field(default=None, repr=False)
     # content hash -> the readable scan's file (cross-site copies are found from it)
     contents: dict[str, Path] = field(default_factory=dict, repr=False)
@@ -111,6 +118,9 @@ class SiteReport:
             "orientation": self.orientation,
             "distances": self.distances,
             "disc": self.disc,
+            "size_counts": self.size_counts,
+            "histogram": self.histogram,
+            "acquisition": self.acquisition,
         }
 
 
@@ -156,6 +166,13 @@ def _raw_stats(decoded: np.ndarray | Volume) -> tuple[tuple[int, ...], np.ndarra
         return a.shape, np.array([[a.mean(), a.std()]]), decoded.spacing
     a = decoded.reshape(-1, decoded.shape[-1]).astype(np.float64)
     return decoded.shape[:2], np.stack([a.mean(0), a.std(0)], axis=1), ()
+
+
+def _pixels(decoded: np.ndarray | Volume) -> np.ndarray:
+    """A decoded scan as (pixels, channels), before preprocessing."""
+    if isinstance(decoded, Volume):
+        return decoded.array.reshape(-1, 1)
+    return decoded.reshape(-1, decoded.shape[-1])
 
 
 def _summarize_sizes(shapes: list[tuple[int, ...]], spacings: list[tuple]) -> dict[str, Any]:
@@ -221,6 +238,9 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
     readable, contents = [], []
     kinds: dict[tuple[str, str], list[Path]] = {}
     orientations: Counter[str] = Counter()
+    unit = modality_spec(manifest.modality).intensity_unit
+    edges, histogram = histogram_edges(unit), None
+    acquisition: dict[str, Counter[str]] = {}
     unlike: dict[tuple[str, ...], list[Path]] = {}
     records = bar(scan.records, f"check {manifest.id}", unit="scan", total=len(scan.records))
     for record in records:
@@ -243,6 +263,10 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
         if isinstance(decoded, Volume) and decoded.orientation is not None:
             orientations[decoded.orientation.describe()] += 1
         shapes.append(tuple(int(s) for s in shape))
+        one = scan_histogram(_pixels(decoded), edges)
+        histogram = one if histogram is None else histogram + one
+        for key, value in acquisition_values(record.meta).items():
+            acquisition.setdefault(key, Counter())[value] += 1
         spacings.append(spacing)
         moments.append(moment)
         features.append(scan_features(tensor))
@@ -251,6 +275,14 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
     report.n_readable = len(readable)
     report.disc = _disc_counts(manifest, scan.records, readable)
     report.sizes = _summarize_sizes(shapes, spacings)
+    report.size_counts = {_dims(k): n for k, n in Counter(shapes).most_common()}
+    if histogram is not None:
+        report.histogram = {
+            "unit": unit,
+            "edges": [float(e) for e in edges],
+            "counts": [[round(float(v), 4) for v in row] for row in histogram],
+        }
+    report.acquisition = {k: dict(v.most_common()) for k, v in acquisition.items()}
     report.orientation = dict(orientations.most_common())
     unknown = sum(n for how, n in orientations.items() if how.startswith("unknown"))
     if unknown:

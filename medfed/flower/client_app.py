@@ -54,6 +54,14 @@ def query_describe(message: Message, context: Context) -> Message:
     return _answer("query_describe", message, context)
 
 
+@app.query("statistics")
+def query_statistics(message: Message, context: Context) -> Message:
+    """A statistics-only run: the site's data card statistics, suppressed and noised."""
+    from medfed.flower.statistics import site_statistics
+
+    return Message(site_statistics(message.content, context), reply_to=message)
+
+
 @app.train()
 def train(message: Message, context: Context) -> Message:
     secure = RECORD_KEY_CONFIGS in message.content.config_records

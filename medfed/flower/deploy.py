@@ -3,6 +3,7 @@
 - :func:`write_app` writes the folder ``flwr run`` submits: a ``pyproject.toml`` whose
   components are medfed's ServerApp and ClientApp and whose run config holds the training
   settings, the site ids in order and the run directory on the SuperLink's machine;
+- :func:`write_statistics_app` writes the same for a statistics-only run (no training);
 - :func:`write_pki` makes a pilot's certificate authority, the SuperLink's TLS certificate and
   one authentication key pair per hospital (ECDSA P-384, the OpenSSH format Flower reads).
 """
@@ -15,7 +16,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 from cryptography import x509
@@ -28,6 +29,7 @@ from medfed.errors import ConfigError
 from medfed.fileio import check_out_folder
 from medfed.flower import secure
 from medfed.governance.plan import starting_sha256
+from medfed.governance.statistics import StatisticsSettings
 
 # A site id names its key files and the comment of its public key: kept short enough for both.
 MAX_SITE_ID = 64
@@ -178,13 +180,30 @@ def write_app(
     check_wait("--wait", wait_s)
     check_wait("--reply-timeout", reply_timeout_s)
     run_dir = check_run_dir(run_dir)
-    _folder(out, "app folder")
-    existing = out / "pyproject.toml"
-    if existing.is_file() and not _is_medfed_app(existing):
-        raise ConfigError(
-            f"{existing} already exists and is not a medfed app folder; "
-            "choose an empty or new folder for the app"
-        )
+    _check_app_folder(out)
+    return _write_pyproject(
+        out,
+        "A medfed federated training run",
+        {
+            "train": tomli_w.dumps({"train": config.to_dict()}),
+            "sites": ",".join(sites),
+            "run-dir": str(run_dir),
+            "run-name": run_name or Path(run_dir).name,
+            "wait-s": float(wait_s),
+            "reply-timeout-s": float(reply_timeout_s),
+            "resume": bool(resume),
+            "lr-from-modality": bool(lr_from_modality),
+            "secure-aggregation": bool(secure_aggregation),
+            "secure-bound": float(secure_bound),
+            "on-refusal": on_refusal,
+            # The plan's starting weights: sites approve the run by this hash.
+            "init-sha256": starting_sha256(config.init),
+        },
+    )
+
+
+def _write_pyproject(out: Path, description: str, run_config: dict[str, Any]) -> Path:
+    """The app folder's pyproject.toml (medfed's ServerApp and ClientApp, this run config)."""
     check_out_folder(out, "OUT")
     out.mkdir(parents=True, exist_ok=True)
     pyproject = {
@@ -192,7 +211,7 @@ def write_app(
         "project": {
             "name": "medfed-federation",
             "version": "1.0.0",
-            "description": "A medfed federated training run",
+            "description": description,
             "license": "Apache-2.0",
             "dependencies": [],
         },
@@ -205,21 +224,7 @@ def write_app(
                         "serverapp": "medfed.flower.server_app:app",
                         "clientapp": "medfed.flower.client_app:app",
                     },
-                    "config": {
-                        "train": tomli_w.dumps({"train": config.to_dict()}),
-                        "sites": ",".join(sites),
-                        "run-dir": str(run_dir),
-                        "run-name": run_name or Path(run_dir).name,
-                        "wait-s": float(wait_s),
-                        "reply-timeout-s": float(reply_timeout_s),
-                        "resume": bool(resume),
-                        "lr-from-modality": bool(lr_from_modality),
-                        "secure-aggregation": bool(secure_aggregation),
-                        "secure-bound": float(secure_bound),
-                        "on-refusal": on_refusal,
-                        # The plan's starting weights: sites approve the run by this hash.
-                        "init-sha256": starting_sha256(config.init),
-                    },
+                    "config": run_config,
                 }
             },
         },
@@ -232,6 +237,45 @@ def write_app(
         encoding="utf-8",
     )
     return path
+
+
+def _check_app_folder(out: Path) -> None:
+    """``out`` may take an app folder: new, empty, or one medfed wrote."""
+    _folder(out, "app folder")
+    existing = out / "pyproject.toml"
+    if existing.is_file() and not _is_medfed_app(existing):
+        raise ConfigError(
+            f"{existing} already exists and is not a medfed app folder; "
+            "choose an empty or new folder for the app"
+        )
+
+
+def write_statistics_app(
+    out: Path,
+    settings: StatisticsSettings,
+    sites: list[str],
+    run_dir: str,
+    *,
+    run_name: str = "",
+    wait_s: float = 300.0,
+    reply_timeout_s: float = 600.0,
+) -> Path:
+    """Write the Flower app folder of a statistics-only run (no training, no weights: each
+    site answers once with its data card's statistics, see :mod:`medfed.flower.statistics`);
+    returns its pyproject.toml."""
+    from medfed.flower.statistics import StatisticsDeployment
+
+    _check_sites(sites)
+    check_wait("--wait", wait_s)
+    check_wait("--reply-timeout", reply_timeout_s)
+    run_dir = check_run_dir(run_dir)
+    _check_app_folder(out)
+    deployment = StatisticsDeployment(
+        settings, sites, Path(run_dir), run_name or Path(run_dir).name, wait_s, reply_timeout_s
+    )
+    config = deployment.run_config()
+    config["run-dir"] = run_dir  # as given: a path on the SuperLink's machine
+    return _write_pyproject(out, "A medfed statistics-only run", config)
 
 
 def check_run_dir(run_dir: str) -> str:

@@ -26,6 +26,7 @@ from medfed.governance.checks import Refusal, check_plan
 from medfed.governance.plan import Plan
 from medfed.governance.policy import load_policy
 from medfed.governance.records import APPROVALS, approval_of, approved_plans, log_message
+from medfed.governance.statistics import check_statistics_plan, is_statistics_plan
 from medfed.manifest import read_toml
 
 ACCEPTED, REFUSED, UNCHECKED = "accepted", "refused", "unchecked"
@@ -94,6 +95,11 @@ def refusals(content: RecordDict, node_config: dict[str, Any]) -> tuple[str, lis
         approved = approved_plans(state_dir(node_config))
     except MedfedError as exc:
         return REFUSED, [Refusal("policy", str(exc))]
+    if is_statistics_plan(plan):  # a statistics-only run: no training rules to apply
+        found = check_statistics_plan(policy, plan, site=site_id(node_config), approved=approved)
+        if run is not None:  # an approved statistics plan never covers a training message
+            found.append(Refusal("plan", "a statistics-only plan cannot carry training messages"))
+        return (REFUSED if found else ACCEPTED), found
     backbone = run.get("spec", {}).get("backbone") if run is not None else None
     found = check_plan(
         policy, plan, site=site_id(node_config), approved=approved, backbone=backbone
@@ -161,7 +167,7 @@ def governance(message: Message, context: Context, call_next: ClientAppCallable)
     if decision == REFUSED:
         reply = refusal_reply(message, site_id(config), found)
     else:
-        if decision == ACCEPTED and kind.endswith("describe"):
+        if decision == ACCEPTED and kind.endswith(("describe", "statistics")):
             _note_approval(folder, config, message.content, kind, where)
         try:
             reply = call_next(message, context)

@@ -10,7 +10,9 @@ Run config (``[tool.flwr.app.config]`` of the app folder ``medfed deploy app`` w
 ``run-name``, ``wait-s`` (how long to wait for every site to connect), ``reply-timeout-s`` (how
 long one round waits for replies), ``resume``, ``lr-from-modality``, and
 ``secure-aggregation`` with ``secure-bound`` (SecAgg+, :mod:`medfed.flower.secure`), and
-``on-refusal`` (``stop`` or ``continue`` when a site's policy refuses the run).
+``on-refusal`` (``stop`` or ``continue`` when a site's policy refuses the run). A run config
+with ``mode = "statistics"`` (``medfed deploy stats``) is a statistics-only run instead
+(:mod:`medfed.flower.statistics`).
 """
 
 from __future__ import annotations
@@ -167,7 +169,13 @@ def _seconds(run_config: dict[str, Any], key: str, default: float) -> float:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    FlowerRun(grid, Deployment.from_run_config(dict(context.run_config))).run()
+    run_config = dict(context.run_config)
+    if run_config.get("mode") == "statistics":  # 'medfed deploy stats': no training
+        from medfed.flower.statistics import StatisticsDeployment, run_statistics
+
+        run_statistics(grid, StatisticsDeployment.from_run_config(run_config))
+        return
+    FlowerRun(grid, Deployment.from_run_config(run_config)).run()
 
 
 class FlowerRun:

@@ -62,7 +62,7 @@ def record_approval(state_dir: Path, plan: Plan, *, note: str = "") -> dict[str,
     record = {
         "plan_sha256": plan.sha256,
         "run": plan.run_name,
-        "algorithm": plan.config.algorithm,
+        "algorithm": plan.train.get("algorithm", "statistics only"),
         "sites": plan.sites,
         "approved_by": getpass.getuser(),
         "time": time.time(),

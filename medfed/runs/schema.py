@@ -528,3 +528,88 @@ class Summary(Evaluation, RunSettings):
         if unknown:
             raise TypeError(f"Summary has no field(s) {sorted(unknown)}")
         return replace(self, **other)
+
+
+# ---------------------------------------------------------------------------- statistics.json
+STATISTICS_FILE = "statistics.json"
+"""A statistics-only run's file in its run directory (:class:`FederationStatistics`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassShare(Record):
+    """A class's share of a site's scans from the released counts, with its Wilson 95% CI."""
+
+    WHERE = "statistics.json prevalence"
+
+    k: int = kinds.count()
+    n: int = kinds.count()
+    estimate: float | None = kinds.rate(None)
+    low: float | None = kinds.rate(None)
+    high: float | None = kinds.rate(None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Histogram(Record):
+    """Intensity histogram per channel on fixed bins: scans' worth of pixels per bin (None:
+    suppressed)."""
+
+    WHERE = "statistics.json histogram"
+
+    unit: str
+    edges: list[float] = kinds.figure()
+    counts: list[list[float | None]] = kinds.amount()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountNoise(Record):
+    """The differential-privacy noise a site added to every count it released."""
+
+    WHERE = "statistics.json noise"
+
+    mechanism: Literal["laplace", "gaussian"]
+    epsilon: float = kinds.amount()
+    delta: float = kinds.rate()
+    scale: float = kinds.amount()
+    tables: int = kinds.count()
+    clipped: int = kinds.count()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteStatistics(Record):
+    """One site in a statistics run: what it released, or why it did not (``status``:
+    ``released``, ``refused`` by its policy with the broken rules, or ``failed`` with a reason).
+
+    Counts are None where suppressed (fewer than ``min_count`` scans); an image size or device
+    on too few scans is left out, and ``suppressed`` counts the cells of each table."""
+
+    WHERE = "statistics.json site"
+
+    status: Literal["released", "refused", "failed"]
+    reason: str | None = None
+    refusals: list[dict[str, str]] = field(default_factory=list)
+    modality: str = ""
+    min_count: int = kinds.count(0)
+    counts: dict[str, dict[str, float | None]] = kinds.amount(default_factory=dict)
+    prevalence: dict[str, ClassShare | None] = field(default_factory=dict)
+    sizes: dict[str, float] = kinds.amount(default_factory=dict)
+    histogram: Histogram | None = None
+    acquisition: dict[str, dict[str, float]] = kinds.amount(default_factory=dict)
+    suppressed: dict[str, int] = kinds.count(default_factory=dict)
+    noise: CountNoise | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FederationStatistics(Record):
+    """statistics.json: a statistics-only run's overview of the federation (no training)."""
+
+    WHERE = STATISTICS_FILE
+
+    run_name: str
+    plan_sha256: str
+    engine: str
+    time: float = kinds.amount()
+    min_count: int = kinds.count()
+    noise: str
+    epsilon: float = kinds.amount()
+    delta: float = kinds.rate()
+    sites: dict[str, SiteStatistics]

@@ -11,6 +11,7 @@ import streamlit as st
 
 from medfed.dashboard import charts, checks, common, rundata
 from medfed.dashboard.rundata import Run
+from medfed.dashboard.views.overview import section as overview_section
 from medfed.data.overview import OVERVIEW_DIR, OVERVIEW_FILE, overview_dir
 
 SPLITS = ("train", "val", "test")
@@ -142,6 +143,8 @@ def main() -> None:
     st.caption("Who each site's patients are, and how different the sites' scans look.")
     run = common.pick_run(common.chosen_runs(), key="sites_run")
     st.caption(common.status_line(run))
+    if overview_section(run) and not run.has_config:  # a statistics-only run
+        return
     mixture(run)
     overview = common.read_overview(run)
     if overview is None:
