@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from medfed.errors import ManifestError, RunDirError
-from medfed.reports.heterogeneity import cross_figures, task_of
+from medfed.reports.heterogeneity import cross_figures, task_of, test_sizes
 
 
 def manifests_in(sites_dir: Path) -> list[Path]:
@@ -78,8 +78,9 @@ def _one_modality(found: list[str | None], wanted: str | None, where: str) -> st
     return kinds[0]
 
 
-def run_figures(run: Path, sites: list[str]) -> dict[str, dict[str, dict[str, float | None]]]:
-    """The run's cross-site matrix per figure: ``{figure: {model: {data: value}}}``."""
+def run_figures(run: Path, sites: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run's cross-site matrix per figure (``{figure: {model: {data: value}}}``) and its
+    sites' test split counts."""
     from medfed.runs import RunDir
 
     summary = RunDir(run).require().read_summary()
@@ -90,4 +91,4 @@ def run_figures(run: Path, sites: list[str]) -> dict[str, dict[str, dict[str, fl
             f"{run}: its sites {', '.join(other)} are not among the sites given "
             f"({', '.join(sites)}); give the run of these sites"
         )
-    return cross_figures(cross)
+    return cross_figures(cross), test_sizes(summary.sites)

@@ -227,9 +227,9 @@ def sites_heterogeneity(
     if sites_dir is None and run is None:
         raise MedfedError("give --sites-dir DIR (a federation's sites) or --run RUN (or both)")
     counts, distances, task = site_figures(sites_dir, run, modality, cache_dir)
-    cross = run_figures(run, list(counts)) if run is not None else None
+    cross, sizes = run_figures(run, list(counts)) if run is not None else (None, None)
     found = read_sweep(sweep) if sweep is not None else None
-    report = heterogeneity(counts, distances, task, cross, found)
+    report = heterogeneity(counts, distances, task, cross, found, sizes)
     if as_json:
         typer.echo(json.dumps(report, indent=2, allow_nan=False))
         return

@@ -14,11 +14,11 @@ Three kinds of shift, each measured from what a federation already publishes:
   and putting each band's edge halfway between neighbouring levels:
 
   ======== ========================= =========================
-  modality glaucoma sites (binary)   DR sites (``--task dr``)
+  level    glaucoma sites (binary)   DR sites (``--task dr``)
   ======== ========================= =========================
-  low      0.120 (0.118, 0.122)      0.043 (0.038, 0.047)
-  mid      0.377 (0.371, 0.383)      0.145 (0.135, 0.155)
-  high     0.655 (0.640, 0.670)      0.346 (0.331, 0.361)
+  low      0.160 (0.170, 0.151)      0.261 (0.274, 0.247)
+  mid      0.582 (0.592, 0.572)      0.924 (0.906, 0.942)
+  high     0.799 (0.811, 0.787)      DR_HIGH
   ======== ========================= =========================
 
   (mean of the two seeds, each seed's figure in brackets). The bands of a fundus federation
@@ -51,6 +51,7 @@ from scipy.stats import chi2_contingency
 
 from medfed.errors import MedfedError
 from medfed.metrics import Proportion, wilson
+from medfed.reliability import unreliable
 from medfed.reports.markdown import markdown_table
 from medfed.reports.text import fmt
 
@@ -70,8 +71,8 @@ NEEDS_RUN = (
 # Mean pairwise MMD² of medfed synth's covariate-shift levels (see the module docstring), and
 # the band edges halfway between neighbouring levels.
 MEASURED_MMD = {
-    "glaucoma": {"low": 0.120, "mid": 0.377, "high": 0.655},
-    "dr": {"low": 0.043, "mid": 0.145, "high": 0.346},
+    "glaucoma": {"low": 0.160, "mid": 0.582, "high": 0.799},
+    "dr": {"low": 0.261, "mid": 0.924, "high": DR_HIGH},
 }
 LEVELS = ("low", "mid", "high")
 # Dirichlet concentration bands: at or below the first, strong label shift (--label-alpha 0.5
@@ -80,6 +81,7 @@ ALPHA_BANDS = (2.0, 20.0)
 CONCEPT_FIGURES = ("auc", "accuracy")
 MIN_CONCEPT_PAIRS = 4  # a line and a leave-one-out prediction interval need at least this many
 LEVEL = 0.95
+Z95 = 1.959964
 SWEEP_FORMAT = 1
 
 
@@ -204,10 +206,17 @@ def concept_shift(
     cross: Mapping[str, Mapping[str, float | None]] | None,
     distances: Mapping[str, Any] | None,
     figure: str = "auc",
+    sizes: Mapping[str, Mapping[str, int | None]] | None = None,
 ) -> dict[str, Any]:
     """Each ordered site pair's drop in ``figure`` (a site's model on its own test scans minus
-    on the other site's) against the drop the pair's MMD² predicts; flagged above the upper 95%
-    prediction bound of a fit to the other pairs. ``cross[model][data]``: the figure."""
+    on the other site's) against the drop the pair's MMD² predicts. ``cross[model][data]``: the
+    figure; ``sizes[site]``: its test split's ``n``, ``n_pos``, ``n_neg``.
+
+    A pair is flagged when its drop is above the upper 95% prediction bound of a line fitted to
+    the other pairs and, when ``sizes`` are given, its excess over the line is also beyond the
+    95% CI of the drop itself (the two cells' standard errors: Hanley-McNeil for an AUC, binomial
+    for an accuracy) and neither site's test split has fewer than 10 positives or negatives
+    (medfed's reliability line), so that a drop measured on a handful of scans is not flagged."""
     result: dict[str, Any] = {"figure": figure, "pairs": [], "flagged": [], "reason": None}
     if not cross:
         result["reason"] = NEEDS_RUN
@@ -221,6 +230,8 @@ def concept_shift(
                 continue
             rows.append({"model": model, "data": data, "mmd": mmd[(model, data)]})
             rows[-1]["drop"] = float(own) - float(value)
+            rows[-1]["drop_se"] = _drop_se(figure, own, value, model, data, sizes)
+            rows[-1]["unreliable"] = _few(sizes, model, data)
     if len(rows) < MIN_CONCEPT_PAIRS:
         result["reason"] = (
             f"{len(rows)} site pair(s) with both a {figure} and a distance; the indicator needs "
@@ -231,12 +242,64 @@ def concept_shift(
     y = np.array([r["drop"] for r in rows])
     for i, r in enumerate(rows):
         r["expected"], r["upper"] = _left_out_bound(x, y, i)
-        r["flag"] = bool(math.isfinite(r["upper"]) and r["drop"] > r["upper"])
+        beyond_ci = r["drop_se"] is None or r["drop"] - r["expected"] > Z95 * r["drop_se"]
+        above = math.isfinite(r["upper"]) and r["drop"] > r["upper"]
+        r["flag"] = bool(above and beyond_ci and r["unreliable"] is None)
         if not math.isfinite(r["upper"]):
             r["upper"] = None
     result["pairs"] = rows
     result["flagged"] = [f"{r['model']}->{r['data']}" for r in rows if r["flag"]]
+    if all(r["unreliable"] for r in rows):
+        result["reason"] = (
+            f"every site pair's {figure} rests on a test split with fewer than 10 positives or "
+            "negatives: not measurable; train on larger sites"
+        )
     return result
+
+
+def _few(sizes: Mapping[str, Mapping[str, int | None]] | None, *sites: str) -> str | None:
+    """Why a pair's figures rest on too few test scans (None: enough, or counts unknown)."""
+    for site in sites:
+        size = (sizes or {}).get(site)
+        if size is None:
+            continue
+        n = size.get("n") or 0
+        n_pos = size.get("n_pos") if size.get("n_pos") is not None else n // 2
+        n_neg = size.get("n_neg") if size.get("n_neg") is not None else n - n // 2
+        if (why := unreliable(n_pos, n_neg)) is not None:
+            return f"site {site}'s test split: {why}"
+    return None
+
+
+def _drop_se(
+    figure: str,
+    own: float,
+    other: float,
+    model: str,
+    data: str,
+    sizes: Mapping[str, Mapping[str, int | None]] | None,
+) -> float | None:
+    """The standard error of one pair's drop (the two cells taken as independent)."""
+    if not sizes or model not in sizes or data not in sizes:
+        return None
+    ses = [_cell_se(figure, float(v), sizes[s]) for v, s in ((own, model), (other, data))]
+    if any(se is None for se in ses):
+        return None
+    return math.sqrt(sum(se**2 for se in ses))  # type: ignore[operator]
+
+
+def _cell_se(figure: str, value: float, size: Mapping[str, int | None]) -> float | None:
+    n = size.get("n") or 0
+    if figure == "accuracy":
+        return math.sqrt(max(value * (1 - value), 1e-12) / n) if n else None
+    # Hanley-McNeil; a graded task's macro AUC taken with its test scans split evenly
+    n_pos = size.get("n_pos") or n // 2
+    n_neg = size.get("n_neg") or n - n // 2
+    if n_pos < 1 or n_neg < 1:
+        return None
+    q1, q2 = value / (2 - value), 2 * value**2 / (1 + value)
+    var = value * (1 - value) + (n_pos - 1) * (q1 - value**2) + (n_neg - 1) * (q2 - value**2)
+    return math.sqrt(max(var, 0.0) / (n_pos * n_neg))
 
 
 def _left_out_bound(x: np.ndarray, y: np.ndarray, i: int) -> tuple[float, float]:
@@ -260,6 +323,11 @@ def task_of(modality: str | None, counts: Mapping[str, Mapping[str, Mapping[str,
         return str(modality)
     names = {c for splits in counts.values() for per in splits.values() for c in per}
     return "glaucoma" if len(names) <= 2 else "dr"
+
+
+def test_sizes(sites: Mapping[str, Any]) -> dict[str, dict[str, int | None]]:
+    """Each site's test split size and class counts, from a run's summary.json ``sites``."""
+    return {s: {"n": f.n_test, "n_pos": f.n_pos, "n_neg": f.n_neg} for s, f in sites.items()}
 
 
 def cross_figures(
@@ -345,10 +413,12 @@ def heterogeneity(
     task: str,
     cross: Mapping[str, Mapping[str, Mapping[str, float | None]]] | None = None,
     sweep: Mapping[str, Any] | None = None,
+    sizes: Mapping[str, Mapping[str, int | None]] | None = None,
 ) -> dict[str, Any]:
     """The report as JSON-ready data. ``counts``: site -> split -> class -> n; ``distances``:
     the MMD² matrix; ``task``: "glaucoma", "dr" or the modality (bands of the first two);
-    ``cross[figure][model][data]``: a trained run's cross-site matrix, per figure."""
+    ``cross[figure][model][data]``: a trained run's cross-site matrix, per figure; ``sizes``:
+    its sites' test split counts (:func:`test_sizes`)."""
     totals = class_totals(counts)
     if len(totals) < 2:
         raise HeterogeneityError(
@@ -359,7 +429,7 @@ def heterogeneity(
         raise HeterogeneityError(f"site(s) {', '.join(empty)} have no labelled scans")
     label = label_shift(totals)
     covariate = covariate_shift(distances, task)
-    concepts = [concept_shift((cross or {}).get(f), distances, f) for f in CONCEPT_FIGURES]
+    concepts = [concept_shift((cross or {}).get(f), distances, f, sizes) for f in CONCEPT_FIGURES]
     found = regime(label, covariate, concepts)
     return {
         "guidance": GUIDANCE,
@@ -425,7 +495,7 @@ def concept_table(concept: Mapping[str, Any]) -> str:
             fmt(r["drop"]),
             fmt(r["expected"]),
             fmt(r["upper"]),
-            "FLAG" if r["flag"] else "",
+            "FLAG" if r["flag"] else ("too few scans" if r["unreliable"] else ""),
         ]
         for r in concept["pairs"]
     ]
@@ -463,7 +533,8 @@ def heterogeneity_text(report: Mapping[str, Any]) -> str:
         flagged = ", ".join(concept["flagged"]) or "none"
         lines.append(f"  {concept['figure']}: flagged pairs: {flagged}")
     lines += ["", "Regime (guidance from medfed's synthetic scenarios)"]
-    concept_word = {None: "unknown (needs a run)", True: "flagged", False: "none flagged"}
+    unknown = "unknown (needs a run)" if not concepts else "not measured (see above)"
+    concept_word = {None: unknown, True: "flagged", False: "none flagged"}
     lines.append(
         f"  covariate: {cov['level'] or 'not calibrated'}; label: {found['label']}; "
         f"concept: {concept_word[found['concept']]}"

@@ -19,6 +19,7 @@ from medfed.reports.heterogeneity import (
     cross_figures,
     heterogeneity,
     task_of,
+    test_sizes,
 )
 
 
@@ -27,9 +28,11 @@ def run_report(run: Run, overview: dict[str, Any]) -> dict[str, Any]:
     concept-shift indicator from its cross-site matrix (when it has finished)."""
     counts = {site: info.get("counts", {}) for site, info in overview["sites"].items()}
     summary = common.read_summary(run)
-    cross = cross_figures(summary.cross_site) if summary and summary.cross_site else None
+    cross = sizes = None
+    if summary is not None and summary.cross_site:
+        cross, sizes = cross_figures(summary.cross_site), test_sizes(summary.sites)
     task = task_of(overview.get("modality"), counts)
-    return heterogeneity(counts, overview.get("distances"), task, cross)
+    return heterogeneity(counts, overview.get("distances"), task, cross, sizes=sizes)
 
 
 def share_frame(report: dict[str, Any]) -> pd.DataFrame:
@@ -56,7 +59,9 @@ def pair_frame(concept: dict[str, Any]) -> pd.DataFrame:
             f"{concept['figure']} drop": r["drop"],
             "explained by MMD²": r["expected"],
             "upper 95%": r["upper"],
-            "concept shift?": "flagged" if r["flag"] else "",
+            "concept shift?": "flagged"
+            if r["flag"]
+            else ("too few scans" if r["unreliable"] else ""),
         }
         for r in concept["pairs"]
     ]
@@ -82,14 +87,15 @@ def section(run: Run, overview: dict[str, Any]) -> None:
         f"{alpha})\n- covariate shift: **{cov['level'] or 'not calibrated'}** (mean MMD² "
         f"{mmd}, bands of medfed's synthetic {cov['task']} sites)"
     )
-    for concept in report["concept_shift"].values():
+    concepts = list(report["concept_shift"].values())
+    for concept in concepts:
         if concept["reason"] is None:
             flagged = ", ".join(concept["flagged"]) or "none"
             st.markdown(f"**Concept shift ({concept['figure']}): flagged pairs: {flagged}**")
             st.table(pair_frame(concept).round(3))
         elif concept["reason"] != NEEDS_RUN:
             st.caption(f"Concept shift ({concept['figure']}): {concept['reason']}")
-    if found["concept"] is None:
+    if all(c["reason"] == NEEDS_RUN for c in concepts):
         st.caption(f"Concept shift: {NEEDS_RUN} (this run has no cross-site matrix yet).")
     st.markdown(
         f"**Resembles:** `{found['resembles'] or 'no shift'}`  \n"
