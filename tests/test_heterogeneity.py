@@ -284,18 +284,21 @@ def test_report_on_a_synthetic_dr_federation(tmp_path: Path) -> None:
     assert data["label_shift"]["level"] in ("strong", "moderate")
 
 
-def test_report_with_a_trained_run_measures_concept_shift(shared: Shared, tmp_path: Path) -> None:  # noqa: F811
+def test_report_with_a_trained_run_measures_each_pairs_drop(shared: Shared, tmp_path: Path) -> None:  # noqa: F811
     data = shared.copy_data(tmp_path)
     run = str(shared.run)
 
     text = _report("--sites-dir", str(data), "--run", run, "--cache-dir", str(tmp_path / "c"))
     found = json.loads(_report("--run", run, "--json"))  # the run's own site overview
 
-    assert "flagged pairs:" in text and "upper 95%" in text
     summary = json.loads((shared.run / "summary.json").read_text())
     auc = found["concept_shift"]["auc"]
     assert len(auc["pairs"]) == 6
     for pair in auc["pairs"]:
         row = summary["cross_site"][pair["model"]]
         assert pair["drop"] == pytest.approx(row[pair["model"]]["auc"] - row[pair["data"]]["auc"])
-    assert found["regime"]["concept"] in (True, False)
+        assert pair["drop_se"] is not None and not pair["flag"]
+    # 24 scans per site: every test split is below the reliability line, so nothing is judged
+    assert all(p["unreliable"] for p in auc["pairs"]) and found["regime"]["concept"] is None
+    assert "fewer than 10 positives or negatives: not measurable" in text
+    assert "concept: not measured (see above)" in text
