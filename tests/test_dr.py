@@ -222,10 +222,11 @@ def test_cli_writes_a_dr_federation_with_its_knobs(tmp_path: Path) -> None:
 
 
 def test_cli_refuses_dr_knobs_without_task_dr(tmp_path: Path) -> None:
-    result = runner.invoke(app, ["synth", "--out", str(tmp_path / "f"), "--n-sites", "5"])
+    argv = ["synth", "--out", str(tmp_path / "f"), "--classes-per-site", "2"]
+    result = runner.invoke(app, argv)
 
     assert result.exit_code == 2
-    assert "--n-sites apply to --task dr only" in result.output
+    assert "--classes-per-site applies to --task dr only" in result.output
     assert not (tmp_path / "f").exists()
 
 
@@ -252,8 +253,8 @@ def test_rejects_dr_settings_it_cannot_honour(tmp_path: Path, kwargs: dict, mess
     assert not (tmp_path / "out").exists()
 
 
-def test_shift_settings_need_task_dr(tmp_path: Path) -> None:
-    with pytest.raises(SynthesisError, match="apply to task 'dr' only"):
+def test_dr_shift_settings_need_task_dr(tmp_path: Path) -> None:
+    with pytest.raises(SynthesisError, match="task 'binary' takes GlaucomaShift"):
         synthesize(tmp_path / "out", shift=DRShift())
 
 

@@ -136,3 +136,21 @@ def test_sites_that_never_see_some_grades_train_with_client_sampling(tmp_path: P
         if min(referable["n_pos"], referable["n_neg"]) < 2:
             assert referable["auc"] is None and "too few for an AUC" in referable["auc_reason"]
     assert "n/a (0 of" in printed.output
+
+
+def test_referable_operating_point_follows_the_runs_operating_point_rule(
+    dr_sites: tuple[list[str], Path], tmp_path: Path
+) -> None:
+    sites, cache = dr_sites
+    run = tmp_path / "youden"
+    argv = ["train", "--sites", *sites, "--algorithm", "fedavg", "--operating-point", "youden"]
+    argv += ["--rounds", "1", "--local-steps", "1", "--out", str(run)]
+    argv += ["--cache-dir", str(cache), "--no-progress"]
+
+    result = runner.invoke(app, argv)
+
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run / "summary.json").read_text())
+    rules = {s: f["referable"]["operating_point"]["rule"] for s, f in summary["sites"].items()}
+    assert set(rules.values()) == {"youden"}, rules
+    assert json.loads((run / "model" / "model.json").read_text())["operating_rule"] == "youden"

@@ -1,4 +1,4 @@
-"""Sites: ``medfed synth`` and ``medfed sites check|card|stats``."""
+"""Sites: ``medfed synth`` and ``medfed sites check|card|stats|heterogeneity``."""
 
 from __future__ import annotations
 
@@ -32,17 +32,18 @@ def synth(
         ),
     ] = "binary",
     n_sites: Annotated[
-        int | None, typer.Option(help="DR only: number of sites, 3 to 32 (default 3).")
+        int | None,
+        typer.Option(help="Number of glaucoma or DR sites, 3 to 32 (default 3)."),
     ] = None,
     covariate_shift: Annotated[
         str | None,
-        typer.Option(help="DR only: camera differences between sites: low, mid or high."),
+        typer.Option(help="Camera differences between glaucoma or DR sites: low, mid or high."),
     ] = None,
     label_alpha: Annotated[
         float | None,
         typer.Option(
-            help="DR only: draw each site's grade mix from Dirichlet(alpha * pooled mix); "
-            "small alpha, strong label shift (default: screening and referral mixes)."
+            help="Draw each site's class mix from Dirichlet(alpha * pooled mix) (glaucoma: "
+            "Beta around 0.5); small alpha, strong label shift (default: each site's own mix)."
         ),
     ] = None,
     classes_per_site: Annotated[
@@ -50,32 +51,36 @@ def synth(
     ] = None,
     concept_shift: Annotated[
         bool,
-        typer.Option(help="DR only: the second site calls DR referable from grade 3."),
+        typer.Option(
+            help="The second site labels by another rule: glaucoma from a vertical "
+            "cup-to-disc ratio of 0.7 (the others 0.6); DR referable from grade 3."
+        ),
     ] = False,
 ) -> None:
     """Write synthetic sites in real on-disk layouts, with their manifests under OUT/sites/."""
-    from medfed.data.synth import SynthesisError, synthesize
+    from medfed.data.synth import GlaucomaShift, SynthesisError, synthesize
     from medfed.data.synth_dr import DRShift
 
-    dr_options = {
+    knobs = {
         "--n-sites": n_sites,
         "--covariate-shift": covariate_shift,
         "--label-alpha": label_alpha,
-        "--classes-per-site": classes_per_site,
         "--concept-shift": concept_shift or None,
     }
-    given = [name for name, value in dr_options.items() if value is not None]
-    shift = None
+    given = [name for name, value in knobs.items() if value is not None]
+    settings = {
+        "n_sites": 3 if n_sites is None else n_sites,
+        "covariate": covariate_shift or "mid",
+        "label_alpha": label_alpha,
+        "concept": concept_shift,
+    }
+    shift: DRShift | GlaucomaShift | None = None
     if task == "dr":
-        shift = DRShift(
-            n_sites=3 if n_sites is None else n_sites,
-            covariate=covariate_shift or "mid",
-            label_alpha=label_alpha,
-            classes_per_site=classes_per_site,
-            concept=concept_shift,
-        )
-    elif given:
-        raise SynthesisError(f"{', '.join(given)} apply to --task dr only; add --task dr")
+        shift = DRShift(classes_per_site=classes_per_site, **settings)
+    elif classes_per_site is not None:
+        raise SynthesisError("--classes-per-site applies to --task dr only; add --task dr")
+    elif given:  # the glaucoma sites, planned; without a knob the three hand-made ones
+        shift = GlaucomaShift(**settings)
     manifests = synthesize(
         out, modality=modality, n_per_site=n_per_site, seed=seed, task=task, shift=shift
     )
@@ -240,6 +245,51 @@ def sites_stats(
     typer.echo(f"wrote {path} ({settings.words()})")
 
 
+@friendly
+def sites_heterogeneity(
+    sites_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="A federation's folder: its manifests in DIR/sites/*.toml (as medfed synth "
+            "writes them) or DIR/*.toml. Default: the sites of --run, from its site overview.",
+            callback=named_folder,
+        ),
+    ] = None,
+    run: Annotated[
+        Path | None,
+        typer.Option(
+            help="A trained run of these sites: its cross-site matrix gives the "
+            "concept-shift indicator."
+        ),
+    ] = None,
+    modality: Annotated[
+        str | None, typer.Option(help="fundus or ct: which sites, when the folder holds both.")
+    ] = None,
+    sweep: Annotated[
+        Path | None,
+        typer.Option(help="A scenario sweep's result file: the method ranking per regime."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    cache_dir: Annotated[
+        Path | None, typer.Option(help=CACHE_DIR_HELP, callback=named_folder)
+    ] = None,
+) -> None:
+    """Label, covariate and concept shift between sites; the synthetic scenario they resemble."""
+    from medfed.cli.heterogeneity import run_figures, site_figures
+    from medfed.reports.heterogeneity import heterogeneity, heterogeneity_text, read_sweep
+
+    if sites_dir is None and run is None:
+        raise MedfedError("give --sites-dir DIR (a federation's sites) or --run RUN (or both)")
+    counts, distances, task = site_figures(sites_dir, run, modality, cache_dir)
+    cross, sizes = run_figures(run, list(counts)) if run is not None else (None, None)
+    found = read_sweep(sweep) if sweep is not None else None
+    report = heterogeneity(counts, distances, task, cross, found, sizes)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, allow_nan=False))
+        return
+    typer.echo(heterogeneity_text(report))
+
+
 def register(app: typer.Typer) -> None:
     adder(app, SITES)(synth)
     sites_app = typer.Typer(
@@ -251,3 +301,4 @@ def register(app: typer.Typer) -> None:
     add(sites_check, "check")
     add(sites_card, "card")
     add(sites_stats, "stats")
+    add(sites_heterogeneity, "heterogeneity")

@@ -12,6 +12,11 @@ shift). Two tasks; ``task="binary"`` (the default) writes, under one folder::
 and ``task="dr"`` a diabetic-retinopathy grading federation (ICDR grades 0-4) in the APTOS,
 EyePACS and IDRiD layouts (``medfed.data.synth_dr``).
 
+Heterogeneity scenarios: ``shift`` (a :class:`GlaucomaShift` for the glaucoma sites, a
+:class:`DRShift` for DR) sets the number of sites, the covariate shift (low, mid, high), Dirichlet
+label shift and concept shift (sites that label by different rules); each site's rule is written
+into its manifest's ``known_shifts`` and ``synth_meta.json``.
+
 The same seed gives byte-identical files: every image draws from its own generator seeded by
 (seed, site, image), and no file embeds a time stamp. The writers live in ``synth_fundus``,
 ``synth_ct`` and ``synth_dr``; ``synth_common`` holds what they share.
@@ -22,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from medfed.data import synth_dr
+from medfed.data import synth_dr, synth_fundus
 from medfed.data.synth_common import (
     FORMAT_VERSION,
     GENERATOR,
@@ -35,7 +40,7 @@ from medfed.data.synth_common import (
 )
 from medfed.data.synth_ct import CT_LIVER_WINDOW, CT_SITES, CTSite
 from medfed.data.synth_dr import DRShift
-from medfed.data.synth_fundus import FUNDUS_SITES, FundusSite
+from medfed.data.synth_fundus import FUNDUS_SITES, FundusSite, GlaucomaShift
 from medfed.manifest import Modality
 
 __all__ = [
@@ -47,6 +52,7 @@ __all__ = [
     "CTSite",
     "DRShift",
     "FundusSite",
+    "GlaucomaShift",
     "SynthesisError",
     "load_synth_meta",
     "synthesize",
@@ -61,11 +67,15 @@ MIN_N_PER_SITE = {Modality.FUNDUS: 12, Modality.CT: 4}
 SITES: tuple[FundusSite | CTSite, ...] = (*FUNDUS_SITES, *CT_SITES)
 
 # Everything any task may write, so that one task's output may replace another's.
-_FOLDERS = (*(s.folder for s in SITES), *synth_dr.FOLDERS)
+_FOLDERS = tuple(
+    dict.fromkeys((*(s.folder for s in SITES), *synth_fundus.FOLDERS, *synth_dr.FOLDERS))
+)
 
 
 def _manifest_names() -> list[str]:
-    return [f"{s.id}.toml" for s in SITES] + synth_dr.manifest_names()
+    names = [f"{s.id}.toml" for s in SITES]
+    names += synth_fundus.manifest_names() + synth_dr.manifest_names()
+    return list(dict.fromkeys(names))
 
 
 def synthesize(
@@ -76,7 +86,7 @@ def synthesize(
     image_size: int | None = None,
     *,
     task: str = "binary",
-    shift: DRShift | None = None,
+    shift: DRShift | GlaucomaShift | None = None,
 ) -> list[Path]:
     """Write a synthetic federation under ``out``; return the manifest paths written.
 
@@ -85,18 +95,17 @@ def synthesize(
     ``image_size``: native height in pixels of the largest fundus camera (default 224); the
     other cameras keep their relative sizes, so the resolution shift between sites remains.
     ``task``: "binary" (glaucoma and CT lesion sites) or "dr" (ICDR grading; ``modality``
-    must then be "fundus" or "all"); ``shift`` sets the DR federation's sites and shifts.
+    must then be "fundus" or "all"); ``shift`` sets the sites and shifts: a
+    :class:`DRShift` for task "dr", a :class:`GlaucomaShift` for the glaucoma sites of task
+    "binary" (the CT sites, when written, stay as they are; without it the three hand-made
+    glaucoma sites).
     ``out`` must be new, empty, or a previous output of this function (then it is replaced).
     """
     out = Path(out)
     if task not in TASKS:
         raise SynthesisError(f"task {task!r} is not one of {list(TASKS)}")
-    if task != "dr" and shift is not None:
-        raise SynthesisError("shift settings apply to task 'dr' only; add task='dr'")
     n_of, scale = _check_arguments(modality, n_per_site, seed, image_size, task)
-    dr_shift = shift or DRShift()
-    if task == "dr":
-        dr_shift.check()
+    dr_shift = _check_shift(shift, task, n_of)
     prepare_folder(out, _FOLDERS, _manifest_names())
     meta: dict[str, Any] = {
         "generator": GENERATOR,
@@ -110,6 +119,8 @@ def synthesize(
     }
     if task == "dr":
         meta["task"] = "dr"
+    if isinstance(shift, GlaucomaShift):
+        meta["shift"] = shift.to_dict()
     write_meta(out, meta)  # marks the folder as ours even if this run is interrupted
     (out / MANIFEST_DIR).mkdir()
     manifests = []
@@ -119,12 +130,40 @@ def synthesize(
             meta["sites"][dr_site.id] = dr_site.write(out, n_of[Modality.FUNDUS], seed, scale)
             manifests.append(write_manifest(out, dr_site.id, dr_site.manifest(seed, scale)))
     else:
-        for site in (s for s in SITES if s.modality in n_of):
+        for site in _binary_sites(shift, seed, n_of):
             meta["sites"][site.id] = site.write(out, n_of[site.modality], seed, scale)
             manifests.append(write_manifest(out, site.id, site.manifest(seed, scale)))
     meta["complete"] = True
     write_meta(out, meta)
     return manifests
+
+
+def _check_shift(
+    shift: DRShift | GlaucomaShift | None, task: str, n_of: dict[Modality, int]
+) -> DRShift:
+    """Check ``shift`` against the task; return the DR settings (the defaults unless given)."""
+    wanted = DRShift if task == "dr" else GlaucomaShift
+    if shift is not None and not isinstance(shift, wanted):
+        raise SynthesisError(
+            f"task {task!r} takes {wanted.__name__} shift settings, not {type(shift).__name__}"
+        )
+    if isinstance(shift, GlaucomaShift) and Modality.FUNDUS not in n_of:
+        raise SynthesisError(
+            "shift settings apply to the glaucoma (fundus) sites; use modality 'fundus' or 'all'"
+        )
+    if shift is not None:
+        shift.check()
+    return shift if isinstance(shift, DRShift) else DRShift()
+
+
+def _binary_sites(
+    shift: DRShift | GlaucomaShift | None, seed: int, n_of: dict[Modality, int]
+) -> list[FundusSite | CTSite]:
+    """The sites of task "binary": the planned glaucoma sites when ``shift`` asks for them."""
+    fundus: tuple[FundusSite, ...] = FUNDUS_SITES
+    if isinstance(shift, GlaucomaShift):
+        fundus = tuple(synth_fundus.plan_sites(shift, seed))
+    return [s for s in (*fundus, *CT_SITES) if s.modality in n_of]
 
 
 def _check_arguments(

@@ -193,3 +193,68 @@ def encode_image(pixels: np.ndarray, image_format: str, jpeg_quality: int) -> by
     else:
         image.save(buffer, format="JPEG", quality=jpeg_quality)
     return buffer.getvalue()
+
+
+# ------------------------------------------------------------------ heterogeneity settings
+
+# How far a site's camera departs from a neutral one, per covariate-shift level (a factor on
+# the departures of each site's own camera; 1: the hand-made cameras as they are).
+COVARIATE_STRENGTHS = {"low": 0.3, "mid": 1.0, "high": 1.8}
+MIN_SITES, MAX_SITES = 3, 32
+
+
+def check_shift(n_sites: object, covariate: object, label_alpha: object) -> None:
+    """Raise SynthesisError naming the shift setting that cannot be honoured."""
+    if not isinstance(n_sites, int) or not MIN_SITES <= n_sites <= MAX_SITES:
+        raise SynthesisError(
+            f"n_sites must be a whole number from {MIN_SITES} to {MAX_SITES}, got {n_sites!r}"
+        )
+    if covariate not in COVARIATE_STRENGTHS:
+        raise SynthesisError(
+            f"covariate shift {covariate!r} is not one of {list(COVARIATE_STRENGTHS)}"
+        )
+    if label_alpha is not None and not (
+        isinstance(label_alpha, int | float) and np.isfinite(label_alpha) and label_alpha > 0
+    ):
+        raise SynthesisError(
+            f"label_alpha must be a positive number (e.g. 0.5: strong label shift, "
+            f"100: almost none), got {label_alpha!r}"
+        )
+
+
+def numbered(base: str, k: int, cycle: int) -> str:
+    """The k-th (0-based) name of a cycle of ``cycle`` layouts: ``base`` on the first round,
+    then ``base_2``, ``base_3``, ... (ids and folders of further sites of a layout)."""
+    round_ = k // cycle + 1
+    return base if round_ == 1 else f"{base}_{round_}"
+
+
+def jitter_camera(camera: Camera, rng: np.random.Generator) -> Camera:
+    """Another camera of the same kind: small random changes to colour, optics and framing."""
+    return replace(
+        camera,
+        cast=tuple(float(c * rng.uniform(0.92, 1.08)) for c in camera.cast),  # type: ignore[arg-type]
+        gamma=float(camera.gamma * rng.uniform(0.85, 1.15)),
+        saturation=float(camera.saturation * rng.uniform(0.85, 1.15)),
+        blur=float(camera.blur * rng.uniform(0.5, 1.5)),
+        noise=float(camera.noise * rng.uniform(0.7, 1.3)),
+        field_scale=float(camera.field_scale * rng.uniform(0.96, 1.04)),
+    )
+
+
+def towards(value: float, neutral: float, low: float, strength: float) -> float:
+    """``value``'s departure from ``neutral`` scaled by ``strength`` (at least ``low``)."""
+    return round(max(low, neutral + strength * (value - neutral)), 4)
+
+
+def camera_with_strength(camera: Camera, neutral: Camera, strength: float) -> Camera:
+    """``camera``'s colour, optics and field departures from ``neutral`` scaled by ``strength``."""
+    return replace(
+        camera,
+        field_scale=towards(camera.field_scale, neutral.field_scale, 0.8, strength),
+        cast=tuple(towards(c, 1.0, 0.3, strength) for c in camera.cast),  # type: ignore[arg-type]
+        gamma=towards(camera.gamma, neutral.gamma, 0.4, strength),
+        saturation=towards(camera.saturation, neutral.saturation, 0.3, strength),
+        blur=towards(camera.blur, neutral.blur, 0.0, strength),
+        noise=towards(camera.noise, neutral.noise, 0.002, strength),
+    )

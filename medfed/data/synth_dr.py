@@ -27,13 +27,19 @@ from medfed.data._phantoms import (
 )
 from medfed.data.grading import ICDR_GRADES, ICDR_LABELS, REFERABLE_FROM
 from medfed.data.synth_common import (
+    COVARIATE_STRENGTHS,
     ETHICS,
     GENERATOR,
     LICENCE,
     MANIFEST_DIR,
+    MAX_SITES,
     SynthesisError,
+    camera_with_strength,
+    check_shift,
     csv_text,
     encode_image,
+    jitter_camera,
+    numbered,
     scaled_camera,
     seeded_rng,
     stratified_parts,
@@ -42,8 +48,6 @@ from medfed.data.synth_common import (
 from medfed.manifest import Modality
 
 MIN_N_PER_SITE = 20
-MIN_SITES, MAX_SITES = 3, 32
-COVARIATE_STRENGTHS = {"low": 0.3, "mid": 1.0, "high": 1.8}
 LAYOUT_FOLDERS = {"aptos": "APTOS", "eyepacs": "EYEPACS", "idrid": "IDRID"}
 LAYOUT_CYCLE = ("aptos", "eyepacs", "idrid")
 
@@ -124,22 +128,7 @@ class DRShift:
 
     def check(self) -> None:
         """Raise SynthesisError naming the setting that cannot be honoured."""
-        if not isinstance(self.n_sites, int) or not MIN_SITES <= self.n_sites <= MAX_SITES:
-            raise SynthesisError(
-                f"n_sites must be a whole number from {MIN_SITES} to {MAX_SITES}, "
-                f"got {self.n_sites!r}"
-            )
-        if self.covariate not in COVARIATE_STRENGTHS:
-            raise SynthesisError(
-                f"covariate shift {self.covariate!r} is not one of {list(COVARIATE_STRENGTHS)}"
-            )
-        if self.label_alpha is not None and not (
-            np.isfinite(self.label_alpha) and self.label_alpha > 0
-        ):
-            raise SynthesisError(
-                f"label_alpha must be a positive number (e.g. 0.5: strong label shift, "
-                f"100: almost none), got {self.label_alpha!r}"
-            )
+        check_shift(self.n_sites, self.covariate, self.label_alpha)
         k = self.classes_per_site
         if k is not None and (not isinstance(k, int) or not 2 <= k <= len(ICDR_GRADES)):
             raise SynthesisError(
@@ -177,15 +166,11 @@ class DRSite:
 
 def site_id(k: int) -> str:
     """The id of the k-th site (0-based): aptos, eyepacs, idrid, aptos_2, eyepacs_2, ..."""
-    layout = LAYOUT_CYCLE[k % len(LAYOUT_CYCLE)]
-    round_ = k // len(LAYOUT_CYCLE) + 1
-    return layout if round_ == 1 else f"{layout}_{round_}"
+    return numbered(LAYOUT_CYCLE[k % len(LAYOUT_CYCLE)], k, len(LAYOUT_CYCLE))
 
 
 def _folder(k: int) -> str:
-    base = LAYOUT_FOLDERS[LAYOUT_CYCLE[k % len(LAYOUT_CYCLE)]]
-    round_ = k // len(LAYOUT_CYCLE) + 1
-    return base if round_ == 1 else f"{base}_{round_}"
+    return numbered(LAYOUT_FOLDERS[LAYOUT_CYCLE[k % len(LAYOUT_CYCLE)]], k, len(LAYOUT_CYCLE))
 
 
 FOLDERS = tuple(_folder(k) for k in range(MAX_SITES))
@@ -207,7 +192,7 @@ def plan_sites(shift: DRShift, seed: int) -> list[DRSite]:
             role = "Dirichlet-mix"  # its grade mix is drawn, whatever kind of site it is
         camera = _BASE_CAMERAS[layout]
         if k >= len(LAYOUT_CYCLE):  # a further site of a layout: another camera of its kind
-            camera = _jitter(camera, seeded_rng(seed, "dr-camera", k))
+            camera = jitter_camera(camera, seeded_rng(seed, "dr-camera", k))
         mix = _grade_mix(shift, role, seeded_rng(seed, "dr-mix", k))
         sites.append(
             DRSite(
@@ -215,7 +200,7 @@ def plan_sites(shift: DRShift, seed: int) -> list[DRSite]:
                 folder=_folder(k),
                 layout=layout,
                 role=role,
-                camera=_with_strength(camera, strength),
+                camera=camera_with_strength(camera, _NEUTRAL, strength),
                 mix=mix,
                 referable_from=REFERABLE_FROM + 1 if shift.concept and k == 1 else REFERABLE_FROM,
                 image_format="PNG" if layout == "aptos" else "JPEG",
@@ -235,37 +220,6 @@ def _grade_mix(shift: DRShift, role: str, rng: np.random.Generator) -> tuple[flo
         mix = np.where(np.isin(np.arange(mix.size), keep), mix, 0.0)
         mix = np.maximum(mix, np.where(mix > 0, 1e-3, 0.0))  # a kept grade keeps a share
     return tuple(round(float(v), 4) for v in mix / mix.sum())
-
-
-def _jitter(camera: Camera, rng: np.random.Generator) -> Camera:
-    """Another camera of the same kind: small random changes to colour, optics and framing."""
-    return replace(
-        camera,
-        cast=tuple(float(c * rng.uniform(0.92, 1.08)) for c in camera.cast),  # type: ignore[arg-type]
-        gamma=float(camera.gamma * rng.uniform(0.85, 1.15)),
-        saturation=float(camera.saturation * rng.uniform(0.85, 1.15)),
-        blur=float(camera.blur * rng.uniform(0.5, 1.5)),
-        noise=float(camera.noise * rng.uniform(0.7, 1.3)),
-        field_scale=float(camera.field_scale * rng.uniform(0.96, 1.04)),
-    )
-
-
-def _with_strength(camera: Camera, strength: float) -> Camera:
-    """``camera``'s departures from the neutral camera scaled by ``strength``."""
-
-    def towards(value: float, neutral: float, low: float) -> float:
-        return round(max(low, neutral + strength * (value - neutral)), 4)
-
-    n = _NEUTRAL
-    return replace(
-        camera,
-        field_scale=towards(camera.field_scale, n.field_scale, 0.8),
-        cast=tuple(towards(c, 1.0, 0.3) for c in camera.cast),  # type: ignore[arg-type]
-        gamma=towards(camera.gamma, n.gamma, 0.4),
-        saturation=towards(camera.saturation, n.saturation, 0.3),
-        blur=towards(camera.blur, n.blur, 0.0),
-        noise=towards(camera.noise, n.noise, 0.002),
-    )
 
 
 # ----------------------------------------------------------------------------- the images

@@ -1,5 +1,13 @@
 """Synthetic glaucoma screening sites: fundus photographs in the ACRIMA, RIM-ONE DL and REFUGE
-layouts, each site with its own camera and its own share of glaucoma."""
+layouts, each site with its own camera and its own share of glaucoma.
+
+By default the three hand-made sites of :data:`FUNDUS_SITES` (an eye's class is drawn first,
+its cup-to-disc ratio from the class, so the classes overlap). :class:`GlaucomaShift` plans
+another federation instead: any number of sites, how far their cameras differ (covariate
+shift), Dirichlet-drawn glaucoma shares (label shift), and each site's own labelling rule: a
+site records glaucoma when an eye's vertical cup-to-disc ratio reaches its threshold, 0.6
+everywhere, or 0.7 at the second site under concept shift.
+"""
 
 from __future__ import annotations
 
@@ -7,31 +15,40 @@ import re
 import zipfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from io import BytesIO
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+from scipy.stats import truncnorm
 
 from medfed.data._phantoms import (
+    CDR_RANGE,
     Camera,
     FundusAnatomy,
     render_fundus,
     sample_fundus_anatomy,
 )
 from medfed.data.synth_common import (
+    COVARIATE_STRENGTHS,
     ETHICS,
     GENERATOR,
     LICENCE,
     MANIFEST_DIR,
+    MAX_SITES,
+    camera_with_strength,
+    check_shift,
     class_sequence,
     csv_text,
     encode_image,
+    jitter_camera,
+    numbered,
     rounded,
     scaled_camera,
     seeded_rng,
     stratified_parts,
+    towards,
     write_bytes,
 )
 from medfed.manifest import Modality
@@ -54,6 +71,9 @@ class FundusSite:
     image_format: str  # "JPEG" or "PNG"
     jpeg_quality: int
     stand_in_for: str
+    # The vertical cup-to-disc ratio from which the site records glaucoma; None: the eye's
+    # class is drawn first and its ratio from the class (the default sites; classes overlap).
+    cdr_rule: float | None = None
     modality: ClassVar[Modality] = Modality.FUNDUS
 
     def write(self, out: Path, n: int, seed: int, scale: float) -> dict[str, Any]:
@@ -135,6 +155,112 @@ FUNDUS_SITES: tuple[FundusSite, ...] = (
 )
 
 
+# ------------------------------------------------------------------------- shift settings
+
+# The threshold every planned site records glaucoma from, and the second site's under concept
+# shift (vertical cup-to-disc ratio).
+CDR_RULE = 0.6
+CONCEPT_CDR_RULE = 0.7
+# The eyes a planned site sees: one population of vertical cup-to-disc ratios (mean, sd),
+# each eye drawn on the side of the site's threshold its recorded label puts it.
+CDR_POPULATION = (0.5, 0.12)
+# The glaucoma share Beta label shift draws each site's share around, and the shares kept.
+POOLED_PREVALENCE = 0.5
+PREVALENCE_RANGE = (0.1, 0.9)
+# The camera every planned site's camera departs from; covariate strength scales departures.
+_NEUTRAL = Camera(
+    height=192,
+    width=192,
+    field_scale=1.0,
+    disc_scale=1.35,
+    disc_offset=0.25,
+    cast=(1.0, 1.0, 1.0),
+    gamma=1.0,
+    saturation=1.0,
+    blur=0.003,
+    noise=0.012,
+)
+
+
+@dataclass(frozen=True)
+class GlaucomaShift:
+    """How the sites of a planned synthetic glaucoma federation differ.
+
+    ``n_sites``: 3 to 32; sites cycle through the ACRIMA, RIM-ONE DL and REFUGE sites' layouts
+    and cameras (a further site of a layout gets another camera of its kind).
+    ``covariate``: "low", "mid" or "high": how far each camera departs from a neutral one
+    (colour cast, gamma, saturation, blur, noise, field, disc size and position; "mid" keeps
+    the hand-made cameras).
+    ``label_alpha``: when set, each site's glaucoma share is drawn from
+    Beta(alpha * p, alpha * (1 - p)) around p = 0.5 (the two-class Dirichlet) and kept within
+    0.1-0.9: small alpha, strong label shift; else each layout's hand-made share.
+    ``concept``: the second site records glaucoma from a vertical cup-to-disc ratio of 0.7,
+    the others from 0.6 (without it every site uses 0.6).
+    """
+
+    n_sites: int = 3
+    covariate: str = "mid"
+    label_alpha: float | None = None
+    concept: bool = False
+
+    def check(self) -> None:
+        """Raise SynthesisError naming the setting that cannot be honoured."""
+        check_shift(self.n_sites, self.covariate, self.label_alpha)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings, for synth_meta.json."""
+        return asdict(self)
+
+
+def plan_sites(shift: GlaucomaShift, seed: int) -> list[FundusSite]:
+    """The sites ``shift`` asks for, each with its camera, glaucoma share and CDR rule."""
+    strength = COVARIATE_STRENGTHS[shift.covariate]
+    cycle = len(FUNDUS_SITES)
+    sites = []
+    for k in range(shift.n_sites):
+        base = FUNDUS_SITES[k % cycle]
+        camera = base.camera
+        if k >= cycle:  # a further site of a layout: another camera of its kind
+            camera = jitter_camera(camera, seeded_rng(seed, "glaucoma-camera", k))
+        ratio = base.glaucoma_ratio
+        if shift.label_alpha is not None:
+            share = _drawn_share(shift.label_alpha, seeded_rng(seed, "glaucoma-share", k))
+            ratio = round(share / (1.0 - share), 4)
+        site = replace(
+            base,
+            id=numbered(base.id, k, cycle),
+            folder=numbered(base.folder, k, cycle),
+            camera=_framed(camera_with_strength(camera, _NEUTRAL, strength), strength),
+            glaucoma_ratio=ratio,
+            cdr_rule=CONCEPT_CDR_RULE if shift.concept and k == 1 else CDR_RULE,
+        )
+        sites.append(site)
+    return sites
+
+
+def _drawn_share(alpha: float, rng: np.random.Generator) -> float:
+    share = rng.beta(alpha * POOLED_PREVALENCE, alpha * (1.0 - POOLED_PREVALENCE))
+    return float(np.clip(share, *PREVALENCE_RANGE))
+
+
+def _framed(camera: Camera, strength: float) -> Camera:
+    """The disc's size and position departures from the neutral camera's scaled too."""
+    n = _NEUTRAL
+    return replace(
+        camera,
+        disc_scale=towards(camera.disc_scale, n.disc_scale, 0.8, strength),
+        disc_offset=towards(camera.disc_offset, n.disc_offset, 0.0, strength),
+    )
+
+
+FOLDERS = tuple(numbered(FUNDUS_SITES[k % 3].folder, k, 3) for k in range(MAX_SITES))
+
+
+def manifest_names() -> list[str]:
+    """Every manifest file name a planned glaucoma federation may hold."""
+    return [f"{numbered(FUNDUS_SITES[k % 3].id, k, 3)}.toml" for k in range(MAX_SITES)]
+
+
 # ---------------------------------------------------------------------------------- fundus
 
 
@@ -153,7 +279,19 @@ def _draw_fundus(
     for i, glaucoma in enumerate(labels):
         rng = seeded_rng(seed, "fundus", site.id, i)
         anatomy = sample_fundus_anatomy(rng, glaucoma, camera)
+        if site.cdr_rule is not None:
+            anatomy = replace(anatomy, cdr=_ruled_cdr(rng, glaucoma, site.cdr_rule))
         yield _Drawn(i + 1, glaucoma, anatomy, render_fundus(rng, anatomy, camera))
+
+
+def _ruled_cdr(rng: np.random.Generator, glaucoma: bool, rule: float) -> float:
+    """A population eye's vertical cup-to-disc ratio on the side of ``rule`` its label puts it
+    (at or above for glaucoma), rounded as the ground-truth file writes it."""
+    mean, sd = CDR_POPULATION
+    low, high = (rule, CDR_RANGE[1]) if glaucoma else (CDR_RANGE[0], rule)
+    a, b = (low - mean) / sd, (high - mean) / sd
+    cdr = round(float(truncnorm.rvs(a, b, loc=mean, scale=sd, random_state=rng)), 4)
+    return cdr if glaucoma else min(cdr, round(rule - 1e-4, 4))
 
 
 def _encode(site: FundusSite, pixels: np.ndarray) -> bytes:
@@ -195,7 +333,7 @@ def _write_fundus_site(
         "class_counts": {"glaucoma": sum(labels), "normal": len(labels) - sum(labels)},
         "camera": asdict(camera),
         "items": items,
-    }
+    } | ({} if site.cdr_rule is None else {"cdr_rule": site.cdr_rule})
 
 
 def _write_acrima(
@@ -422,6 +560,15 @@ def _fundus_shifts(site: FundusSite, camera: Camera) -> str:
         f"simulated camera: {site.cast_name} (RGB gains {gains}), gamma {camera.gamma:.2f}, "
         f"saturation {camera.saturation:.2f}, {blur}, sensor noise {100 * camera.noise:.1f}%, "
         f"{camera.width}x{camera.height} px, optic disc scale {camera.disc_scale:.2f}; "
-        f"label shift: glaucoma:normal about {site.glaucoma_ratio:.2f}; "
-        "glaucoma differs from normal only by a larger cup-to-disc ratio (classes overlap)"
+        f"label shift: glaucoma:normal about {site.glaucoma_ratio:.2f}; " + _rule_text(site)
+    )
+
+
+def _rule_text(site: FundusSite) -> str:
+    if site.cdr_rule is None:
+        return "glaucoma differs from normal only by a larger cup-to-disc ratio (classes overlap)"
+    return (
+        f"label rule: this site records glaucoma when the vertical cup-to-disc ratio is at "
+        f"least {site.cdr_rule:.2f}"
+        + ("" if site.cdr_rule == CDR_RULE else f" (other sites: {CDR_RULE:.2f}; concept shift)")
     )

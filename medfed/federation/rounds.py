@@ -343,6 +343,7 @@ class RoundLoop:
             [_with_prior(p.entry, p.n_train / total) for p in published],
             [p.state for p in published],
             server.setup,
+            operating_rule=self.config.operating_point,
         )
         fed.abstention = uncalibrated([p.gaussian for p in published], DEFAULT_FALSE_ABSTAIN)
         calibrate(fed.abstention, self.link.abstention_scores(fed))

@@ -21,6 +21,7 @@ from medfed.models.device import DeviceSetup, resolve_device
 from medfed.models.fedmodel import HEAD_PREFIX, FedModel, ModelSpec, build_model
 from medfed.models.forward import run_model
 from medfed.models.mixture import COEFFICIENTS
+from medfed.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
 from medfed.runs import RunDir
 from medfed.runs.weights import (
     MODEL_FIX,
@@ -191,8 +192,11 @@ class TrainedFederation:
         setup: DeviceSetup,
         abstention: Abstention | None = None,
         routing: RoutingFit | None = None,
+        operating_rule: str = DEFAULT_OPERATING_RULE,
     ) -> None:
         self.spec, self.algorithm, self.sites, self.setup = spec, algorithm, sites, setup
+        # The run's --operating-point: endpoints chosen at evaluation (referable DR) follow it.
+        self.operating_rule = str(OperatingRule.parse(operating_rule))
         self.abstention = abstention
         self.routing = routing
         base = build_model(spec).to(setup.device).eval()
@@ -302,6 +306,7 @@ class TrainedFederation:
             "sites": [s.to_dict() for s in self.sites],
             "abstention": self.abstention.info() if self.abstention else None,
             **({"routing": self.routing.to_dict()} if self.routing else {}),
+            "operating_rule": self.operating_rule,
             **(extra or {}),
         }
 
@@ -366,9 +371,9 @@ class TrainedFederation:
         routing = RoutingFit.from_dict(info["routing"]) if info.get("routing") else None
         if routing is not None and (routing.one_pass_site or 0) >= len(sites):
             raise ValueError(f"routing one_pass_site {routing.one_pass_site} is not a site here")
-        return cls(
-            spec, info["algorithm"], sites, states, resolve_device(device), abstention, routing
-        )
+        rule = info.get("operating_rule", DEFAULT_OPERATING_RULE)  # older runs: the default
+        setup = resolve_device(device)
+        return cls(spec, info["algorithm"], sites, states, setup, abstention, routing, rule)
 
 
 def _damaged(where: Path, what: str) -> RunDirError:

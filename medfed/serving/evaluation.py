@@ -25,7 +25,6 @@ from medfed.data.preprocess import Normalization, NormalizedView
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.metrics import (
-    DEFAULT_OPERATING_RULE,
     Calibration,
     ClassAUC,
     Interval,
@@ -165,7 +164,8 @@ def _referable_figures(
     patients: list[str],
 ) -> dict[str, Any]:
     """Referable DR (grade >= 2) as a binary endpoint: AUC with CI, and its operating point
-    at the threshold the default rule picks on the site's validation split."""
+    at the threshold the run's operating rule (``--operating-point``) picks on the site's
+    validation split."""
     y_ref, score = referable(y, probs, REFERABLE_FROM)
     n_pos = int(y_ref.sum())
     n_neg = int(y_ref.size) - n_pos
@@ -174,11 +174,11 @@ def _referable_figures(
     if y_val.size:
         val_probs, _ = fed.site_outputs(index, site.x[Split.VAL])
         threshold, note = choose_threshold(
-            *referable(y_val, val_probs, REFERABLE_FROM), DEFAULT_OPERATING_RULE
+            *referable(y_val, val_probs, REFERABLE_FROM), fed.operating_rule
         )
     else:
         threshold, note = 0.5, "no validation split: threshold 0.5 used"
-    point = operating_point(y_ref, score, threshold, DEFAULT_OPERATING_RULE, note)
+    point = operating_point(y_ref, score, threshold, fed.operating_rule, note)
     reason = None
     if interval is None:
         reason = f"{n_pos} referable and {n_neg} non-referable test scans: too few for an AUC"

@@ -11,6 +11,7 @@ import streamlit as st
 
 from medfed.dashboard import charts, checks, common, rundata
 from medfed.dashboard.rundata import Run
+from medfed.dashboard.views import heterogeneity
 from medfed.dashboard.views.overview import section as overview_section
 from medfed.data.overview import OVERVIEW_DIR, OVERVIEW_FILE, overview_dir
 
@@ -157,6 +158,7 @@ def main() -> None:
     st.subheader("Class ratio")
     st.plotly_chart(charts.class_ratio_bars(class_counts(sites)), key="class_ratio")
     shift(overview)
+    heterogeneity.section(run, overview)
     st.subheader("Site by site")
     folder = overview_dir(run.path)
     for tab, (site, info) in zip(st.tabs(list(sites)), sites.items(), strict=True):
