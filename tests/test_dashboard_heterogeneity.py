@@ -39,5 +39,5 @@ def test_sites_page_shows_the_heterogeneity_report(monkeypatch, shared: Shared) 
         assert row["scans"] == f"{p['k']}/{p['n']}"
     markdown = "\n".join(str(m.value) for m in at.markdown)
     assert f"label shift: **{report['label_shift']['level']}**" in markdown
-    assert "no scenario sweep measured yet" in markdown
+    assert "no scenario sweep given" in markdown
     assert "Guidance from medfed's synthetic scenarios" in "\n".join(c.value for c in at.caption)

@@ -253,7 +253,7 @@ def test_report_on_a_synthetic_glaucoma_federation_without_a_run(
     )
 
     assert "Guidance from medfed's synthetic scenarios" in text
-    assert "no scenario sweep measured yet" in text and "--run RUN" in text
+    assert "no scenario sweep given" in text and "--run RUN" in text
     assert "glaucoma share (95% CI) k/n" in text
     assert set(data["sites"]) == {"acrima", "rimone", "refuge", "acrima_2"}
     meta = load_synth_meta(concept_federation)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from medfed.errors import ConfigError
+from medfed.reports.heterogeneity import read_sweep
 from medfed.experiments.paired import (
     AVERAGE_ACCURACY,
     FIGURES_BY_KEY,
@@ -190,3 +191,11 @@ def test_quick_concept_sweep_writes_its_tables_and_docs_section(tmp_path: Path):
     assert "PLACEHOLDER-TEXT" not in text and "| on | local |" in text
     assert scenario_markdown(saved) in text
     assert any(line.startswith(claim["text"]) for line in lines)
+    # The heterogeneity report reads the levels as regimes, each with its measured ranking.
+    sweep = read_sweep(tmp_path / "out" / "sweep-concept.json")
+    assert [s["concept"] for s in sweep["scenarios"]] == [False, True]
+    for scenario, level in zip(sweep["scenarios"], saved["levels"], strict=True):
+        assert sorted(scenario["ranking"]) == ["feddrm", "local"]
+        accuracy = {m: f["system_accuracy"]["estimate"] for m, f in level["methods"].items()}
+        assert scenario["ranking"][0] == max(accuracy, key=accuracy.get)
+        assert scenario["label"] == level["label_regime"]

@@ -28,11 +28,15 @@ on medfed's generator, not what a hospital's data will show.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import torch
 
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
@@ -61,6 +65,7 @@ from medfed.federation.training import load_sites
 from medfed.fileio import fresh_folder
 from medfed.metrics import Interval
 from medfed.reports.comparisons import ci_cell, difference_cell
+from medfed.reports.heterogeneity import SWEEP_FORMAT, label_shift
 
 REFERENCE = "feddrm"
 # The paper's baselines that medfed has, with FedDRM first.
@@ -350,14 +355,26 @@ def _config(
     )
 
 
+def label_regime(sites: Sequence[Any]) -> str:
+    """The label shift the heterogeneity report reads off these sites' class counts (none,
+    weak, moderate or strong), so that a sweep's levels and a real federation are named alike."""
+    totals = {}
+    for site in sites:
+        grades, counts = np.unique(torch.cat(list(site.y.values())).numpy(), return_counts=True)
+        totals[site.id] = {str(int(g)): int(n) for g, n in zip(grades, counts, strict=True)}
+    return label_shift(totals)["level"]
+
+
 def train_scenarios(
     out: Path, plan: ScenarioPlan, echo: Callable[[str], Any]
-) -> dict[str, dict[str, dict[int, Scans]]]:
+) -> tuple[dict[str, dict[str, dict[int, Scans]]], dict[str, str]]:
     """Every method at every level on every seed's federation: level -> method -> seed ->
-    test scans. Levels that share a federation (lambda's) synthesize it once per seed."""
+    test scans, and each level's label-shift regime (on its first seed's federation). Levels
+    that share a federation (lambda's) synthesize it once per seed."""
     found: dict[str, dict[str, dict[int, Scans]]] = {
         lv.label: {m: {} for m in plan.methods} for lv in plan.levels
     }
+    regimes: dict[str, str] = {}
     for seed in range(plan.seeds):
         shared: tuple[DRShift, list[Any]] | None = None
         for level in plan.levels:
@@ -365,6 +382,7 @@ def train_scenarios(
                 echo(f"[{level.label}, seed {seed}] synthesizing {level.shift.n_sites} sites")
                 shared = (level.shift, _federation(out, plan, level.shift, seed))
             sites = shared[1]
+            regimes.setdefault(level.label, label_regime(sites))
             for method in plan.methods:
                 config = _config(level, method, plan, seed, sites)
                 name = level.method_label(method).replace(":", "_").replace("=", "")
@@ -375,7 +393,7 @@ def train_scenarios(
                     f"accuracy {run.summary.system_accuracy:.3f}"
                 )
                 found[level.label][method][seed] = run.scans
-    return found
+    return found, regimes
 
 
 def _slug(text: str) -> str:
@@ -493,7 +511,7 @@ def run_scenarios(
 
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    scans = train_scenarios(out, plan, echo)
+    scans, regimes = train_scenarios(out, plan, echo)
     levels = {label: level_figures(by_method, plan.n_boot) for label, by_method in scans.items()}
     results = {
         "command": plan.command,
@@ -510,6 +528,7 @@ def run_scenarios(
                 "shift": lv.shift.to_dict(),
                 "client_fraction": lv.client_fraction,
                 "lambda": lv.lam,
+                "label_regime": regimes[lv.label],
                 **levels[lv.label],
             }
             for lv in plan.levels
@@ -518,6 +537,10 @@ def run_scenarios(
         "device": device_info(),
         "seconds": time.perf_counter() - start,
     }
+    if len(plan.methods) > 1:
+        path = out / f"sweep-{plan.ablation.name}.json"
+        path.write_text(json.dumps(sweep_file(results), indent=2) + "\n", encoding="utf-8")
+        echo(f"wrote {path} (medfed sites heterogeneity --sweep reads it)")
     docs = Docs(f"scenario-{plan.ablation.name}", marker(plan.ablation.name), Path("scenarios"))
     docs.publish(
         out,
@@ -531,6 +554,37 @@ def run_scenarios(
         ),
     )
     return results
+
+
+def sweep_file(results: Mapping[str, Any]) -> dict[str, Any]:
+    """The ablation's levels as the heterogeneity report reads a sweep
+    (:func:`medfed.reports.heterogeneity.read_sweep`): each level's regime (covariate level,
+    label-shift regime, concept shift) and its methods ranked by system accuracy, origin
+    unknown (the point estimates; their intervals and FedDRM's paired differences are in
+    scenario-ABLATION.json)."""
+    scenarios = []
+    for level in results["levels"]:
+        accuracy = {
+            m: (f["system_accuracy"] or {}).get("estimate") for m, f in level["methods"].items()
+        }
+        ranked = sorted(
+            (m for m in accuracy if accuracy[m] is not None), key=lambda m: -accuracy[m]
+        )
+        scenarios.append(
+            {
+                "covariate": level["shift"]["covariate"],
+                "label": level["label_regime"],
+                "concept": bool(level["shift"]["concept"]),
+                "n_sites": level["shift"]["n_sites"],
+                "ranking": ranked,
+                "system_accuracy": {m: accuracy[m] for m in ranked},
+            }
+        )
+    return {
+        "format": SWEEP_FORMAT,
+        "source": f"{results['command']} ({results['ablation']}, seeds {results['seeds']})",
+        "scenarios": scenarios,
+    }
 
 
 # ---------------------------------------------------------------------------- tables

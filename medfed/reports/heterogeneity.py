@@ -32,9 +32,9 @@ Three kinds of shift, each measured from what a federation already publishes:
   (another cup-to-disc threshold, another referable grade), which AUC cannot see.
 
 Which method to use in each regime comes from a scenario sweep (every method trained on the
-synthetic federation of each regime). No sweep has been measured yet: the report says so and
-names no method; a sweep's result file (:func:`read_sweep`'s format) given with ``--sweep`` is
-where a ranking would be read from. Everything here is guidance from synthetic scenarios.
+synthetic federation of each regime): ``medfed scenarios`` writes one per ablation
+(``OUT/sweep-ABLATION.json``, :func:`read_sweep`'s format), given with ``--sweep``. Without one
+the report says so and names no method. Everything here is guidance from synthetic scenarios.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ GUIDANCE = (
     "method is best for this federation."
 )
 NO_SWEEP = (
-    "no scenario sweep measured yet: no method ranking for this regime (a sweep's result file "
-    "would be read with --sweep FILE)"
+    "no scenario sweep given: no method ranking for this regime (medfed scenarios writes one, "
+    "OUT/sweep-ABLATION.json; pass it with --sweep FILE)"
 )
 NEEDS_RUN = (
     "needs a trained run: train the federation (medfed train --sites ...) and pass its run "
