@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from medfed.errors import ConfigError
-from medfed.reports.heterogeneity import read_sweep
 from medfed.experiments.paired import (
     AVERAGE_ACCURACY,
     FIGURES_BY_KEY,
@@ -28,6 +27,7 @@ from medfed.experiments.scenarios import (
     level_figures,
     scenario_markdown,
 )
+from medfed.reports.heterogeneity import read_sweep
 
 SYSTEM = FIGURES_BY_KEY["system_accuracy"]
 
