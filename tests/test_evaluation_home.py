@@ -105,7 +105,8 @@ def test_summed_bin_sums_give_the_routing_calibration_of_the_pooled_scores() -> 
     truth = [np.full(len(z), i) for i, z in enumerate(scores)]
     for temperature in (1.0, 0.6):
         sums = sum_bins(
-            routing_bin_sums(softmax_rows(z, temperature), t) for z, t in zip(scores, truth)
+            routing_bin_sums(softmax_rows(z, temperature), t)
+            for z, t in zip(scores, truth, strict=True)
         )
         got = calibration_of_sums(sums, temperature=temperature, low_margin=0.1)
         pooled = routing_calibration(
