@@ -174,10 +174,15 @@ def test_the_plan_hash_changes_with_what_runs_not_with_how_long_the_server_waits
     assert hashed(**{"wait-s": 10.0}) == hashed(**{"wait-s": 99.0, "reply-timeout-s": 5.0})
     assert hashed() != hashed(**{"secure-aggregation": True})
     assert hashed() == hashed(predictions="site")
-    assert "predictions" in Deployment.from_run_config(
-        {"train": "[train]\nalgorithm = 'fedavg'\n", "sites": "a,b", "run-dir": "/srv/r"}
-        | {"predictions": "coordinator"}
-    ).plan().outputs
+    assert (
+        "predictions"
+        in Deployment.from_run_config(
+            {"train": "[train]\nalgorithm = 'fedavg'\n", "sites": "a,b", "run-dir": "/srv/r"}
+            | {"predictions": "coordinator"}
+        )
+        .plan()
+        .outputs
+    )
 
 
 # ---------------------------------------------------------------------------- the gate

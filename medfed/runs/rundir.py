@@ -363,7 +363,7 @@ class RunDir:
             missing = (
                 "not here: this deployed run kept each test scan's prediction at its site "
                 "(STATE_DIR/RUN/SITE/predictions.csv on each SuperNode); ask the sites for "
-                "them, or run again with run config predictions = \"coordinator\" where the "
+                'them, or run again with run config predictions = "coordinator" where the '
                 "sites' policies allow it"
             )
         text = read_run_text(path, missing, limit=TABLE_LIMIT)
