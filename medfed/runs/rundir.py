@@ -6,6 +6,7 @@ dashboard) reads.
     RUN/events.jsonl     run-level events (start, resume, dropout, round skipped, finish)
     RUN/summary.json     final per-site and federation figures (schema.Summary)
     RUN/predictions.csv  one row per test scan (schema.PREDICTION_COLUMNS), to recompute them
+                         (a deployed run: only when it asked for them; summary.json says)
     RUN/checkpoints/     round_NNNN/ (safetensors + files.json + state.json), written atomically
     RUN/model/           model.json + one safetensors file per site (and abstention) + files.json
     RUN/site_overview/   data cards, class counts, sample scans, site distances
