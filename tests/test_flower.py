@@ -190,12 +190,32 @@ def test_deployed_run_equals_the_in_process_engine(deployed: Path, tiny_sites, t
         assert theirs.operating_point.threshold == pytest.approx(mine.operating_point.threshold)
         if mine.auc_ci is not None:
             assert theirs.auc_ci.low == pytest.approx(mine.auc_ci.low, abs=1e-6)
+    # The pooled and system figures come from the sites' counts and sums, as in one process.
+    assert remote.pooled_auc.estimate == pytest.approx(local.pooled_auc.estimate, abs=1e-6)
+    assert remote.pooled_auc.i2 == pytest.approx(local.pooled_auc.i2, abs=1e-6)
+    for key in ("n", "ece", "brier", "accuracy", "mean_chosen"):
+        assert getattr(routed, key) == pytest.approx(getattr(here_routed, key), abs=1e-3), key
+    assert [b["n"] for b in routed.bins] == [b["n"] for b in here_routed.bins]
+    for name, figures in local.routers.items():
+        assert remote.routers[name].n_pooled == figures.n_pooled
+        for rate, value in figures.rates.items():
+            assert remote.routers[name].rates[rate].k == value.k, (name, rate)
+    # By default no per-scan prediction reached the coordinator: each site kept its own, in
+    # its state folder, and they are the in-process run's rows.
+    assert local.predictions == "run" and remote.predictions == "sites"
+    assert not (deployed / "predictions.csv").exists()
+    node_state = deployed.parent / "node_state" / deployed.name
     here_scans = RunDir(tmp_path / "local").read_predictions()
-    there_scans = RunDir(deployed).read_predictions()
+    there_scans = [r for s in SITES for r in RunDir(node_state / s).read_predictions()]
     assert [r["scan_id"] for r in there_scans] == [r["scan_id"] for r in here_scans]
     for mine, theirs in zip(here_scans, there_scans, strict=True):
         assert theirs["score"] == pytest.approx(mine["score"], abs=1e-5)
         assert theirs["routed_site"] == mine["routed_site"]
+    scan_ids = {r["scan_id"] for r in here_scans}
+    for path in deployed.rglob("*"):  # no scan id in any file the coordinator wrote
+        if path.is_file() and path.suffix in (".json", ".jsonl", ".csv", ".toml", ".md"):
+            text = path.read_text(encoding="utf-8")
+            assert not any(scan in text for scan in scan_ids), path
     # One round loop: the same records, field for field, but for the wall clock, what the
     # deployed engine's evaluation messages cost and the downlink bytes a site rebuilt from
     # the weights it validated (in one process nothing is sent).

@@ -161,6 +161,8 @@ def _run_config(**changes) -> dict:
         ({"reply-timeout-s": 0.0}, "'reply-timeout-s' must be a number"),
         ({"wait-s": 1e300}, "'wait-s' must be a number of seconds > 0 and at most 604800"),
         ({"reply-timeout-s": "inf"}, "'reply-timeout-s' must be a number"),
+        ({"predictions": "everywhere"}, "'predictions' must be one of site, coordinator"),
+        ({"predictions": True}, "'predictions' must be one of site, coordinator"),
         ({"sites": " , "}, "names no site"),
         ({"sites": ""}, "names no site"),
         ({"train": 'algorithm = "fedavg"\nrounds = 2\nfaults = ["1:nosuch:drop"]\n'}, "nosuch"),

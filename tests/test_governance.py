@@ -108,13 +108,26 @@ def test_an_empty_policy_leaves_every_rule_open_but_approval() -> None:
         ("[privacy]\nmax_epsilon = 8", EPSILON_10, "privacy.max_epsilon"),
         ("[privacy]\nrequire_secure_aggregation = true", CONFIG, SECURE_RULE),
         ("[weights]\nstarting = ['" + "a" * 64 + "']", CONFIG, "weights.starting"),
-        ("[outputs]\npredictions = false", CONFIG, "outputs.predictions"),
         ("[outputs]\nupdates = false", CONFIG, "outputs.updates"),
-        ("[outputs]\nmin_count = 10", CONFIG, "outputs.min_count"),
     ],
 )  # fmt: skip
 def test_each_rule_a_run_breaks_is_named(policy: str, config: TrainConfig, rule: str) -> None:
     assert rules(f"{policy}\n{OPEN}", plan(config)) == [rule]
+
+
+def test_predictions_leave_only_in_a_run_that_asks_for_them_and_a_policy_that_allows_it() -> None:
+    forbids = f"[outputs]\npredictions = false\n{OPEN}"
+    assert "predictions" not in plan().outputs
+    assert rules(forbids) == []  # by default each site keeps its per-scan predictions
+    asks = plan(predictions_to_coordinator=True)
+    assert asks.outputs[-1] == "predictions" and asks.sha256 != plan().sha256
+    assert rules(forbids, asks) == ["outputs.predictions"]
+    assert rules(OPEN, asks) == []
+
+
+def test_min_count_refuses_no_run_the_site_suppresses_small_cells_instead() -> None:
+    assert rules(f"[outputs]\nmin_count = 10\n{OPEN}") == []
+    assert parse_policy("[outputs]\nmin_count = 10", "policy.toml").min_count == 10
 
 
 def test_a_run_within_the_policy_is_accepted() -> None:
@@ -160,6 +173,16 @@ def test_the_plan_hash_changes_with_what_runs_not_with_how_long_the_server_waits
 
     assert hashed(**{"wait-s": 10.0}) == hashed(**{"wait-s": 99.0, "reply-timeout-s": 5.0})
     assert hashed() != hashed(**{"secure-aggregation": True})
+    assert hashed() == hashed(predictions="site")
+    assert (
+        "predictions"
+        in Deployment.from_run_config(
+            {"train": "[train]\nalgorithm = 'fedavg'\n", "sites": "a,b", "run-dir": "/srv/r"}
+            | {"predictions": "coordinator"}
+        )
+        .plan()
+        .outputs
+    )
 
 
 # ---------------------------------------------------------------------------- the gate

@@ -166,7 +166,10 @@ class LocalLink:
 
     def test(self, fed: TrainedFederation) -> list[dict[str, Any]]:
         norms = [s.normalization for s in fed.sites]
-        return [site_evaluation(fed, w.data, fed.position(w.id), norms) for w in self.workers]
+        seed = self.server.config.seed  # of the kappa's bootstrap, as a SuperNode draws it
+        return [
+            site_evaluation(fed, w.data, fed.position(w.id), norms, seed=seed) for w in self.workers
+        ]
 
     def summary_extra(self) -> dict[str, Any]:
         return {}

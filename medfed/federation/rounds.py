@@ -353,7 +353,9 @@ class RoundLoop:
         evaluation = combine_evaluation(fed, parts)
         privacy = {p.entry.id: p.privacy for p in published if p.privacy is not None}
         summary = server.summary(evaluation, privacy=privacy or None, **self.link.summary_extra())
-        self.run.write_predictions(prediction_rows(parts))
+        rows = prediction_rows(parts)
+        if rows is not None:  # else each site keeps them (summary.json: predictions "sites")
+            self.run.write_predictions(rows)
         self.run.write_summary(summary)
         fed.save(self.run, {"n_train": {s.id: s.n_train for s in server.sites}})
         self.run.log_event("finish", rounds=self.config.rounds)

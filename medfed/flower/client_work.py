@@ -15,7 +15,8 @@ each answered from the site's own data:
 - ``evaluate.finish``: fine-tune where the algorithm asks, publish the final weights and the
   feature statistics abstention needs;
 - ``evaluate.calibrate`` / ``evaluate.test``: with every site's final model, abstention scores
-  of the validation scans, then the test figures and router counts.
+  of the validation scans, then the test figures and router counts (per-scan predictions
+  stay in the site's state folder unless the run's plan sends them).
 
 Scans never leave the node; replies hold weights, figures and counts only. A failure is answered
 with its reason, so the server can log it against the site.
@@ -51,8 +52,10 @@ from medfed.flower.records import (
     state_record,
     weights_of,
 )
+from medfed.governance.policy import load_policy
+from medfed.runs import RunDir
 from medfed.serving.bundle import TrainedFederation
-from medfed.serving.evaluation import site_evaluation
+from medfed.serving.evaluation import site_evaluation, suppress_small
 from medfed.serving.posterior import routing_scores
 
 
@@ -252,11 +255,30 @@ def calibrate(content: RecordDict, context: Context) -> RecordDict:
 
 
 def test(content: RecordDict, context: Context) -> RecordDict:
+    """The site's test figures. Its per-scan predictions go to its own state folder
+    (``STATE_DIR/RUN/SITE/predictions.csv``) and leave only when the run's plan lists
+    ``predictions`` among its outputs (the site's policy allowed that plan); every count cell
+    on fewer scans than the policy's ``min_count`` is withheld (:func:`suppress_small`)."""
+
     def work() -> RecordDict:
         node = _node(content, context)
         fed = _federation(content, node)
         norms = [s.normalization for s in fed.sites]
-        part = site_evaluation(fed, node.data, fed.position(node.data.id), norms)
+        part = site_evaluation(
+            fed, node.data, fed.position(node.data.id), norms, seed=node.run.config.seed
+        )
+        rows = part.pop("scans")
+        RunDir(node.dir).write_predictions(rows)
+        plan = node.run.plan or {}
+        if "predictions" in plan.get("outputs", []):
+            part["scans"] = rows
+        part = suppress_small(part, _min_count(context))
         return RecordDict({"evaluation": json_record(part)})
 
     return _answer(work)
+
+
+def _min_count(context: Context) -> int:
+    """The site's policy's ``outputs.min_count`` (0 without a policy)."""
+    path = context.node_config.get("policy")
+    return load_policy(str(path)).min_count if path else 0

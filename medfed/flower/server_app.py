@@ -43,6 +43,8 @@ from medfed.runs import RunDir
 
 app = ServerApp()
 
+PREDICTIONS = ("site", "coordinator")
+"""Where a deployed run's per-scan test predictions go (run config ``predictions``)."""
 ON_REFUSAL = ("stop", "continue")
 """What a run does when a site's policy refuses it (run config ``on-refusal``)."""
 
@@ -68,6 +70,9 @@ class Deployment:
     on_refusal: str = "stop"
     # The starting weights' sha256 as the app was written (the plan the sites approve names it).
     init_sha256: str = ""
+    # Where the per-scan test predictions go (run config ``predictions``): "site" keeps them in
+    # each site's state folder; "coordinator" asks for them (the plan lists them as an output).
+    predictions: str = "site"
 
     def plan(self) -> Plan:
         """The run's plan as each site's gate checks it (:mod:`medfed.governance.plan`)."""
@@ -79,6 +84,7 @@ class Deployment:
             secure_aggregation=self.secure_aggregation,
             secure_bound=self.secure_bound,
             starting_sha256=self.init_sha256,
+            predictions_to_coordinator=self.predictions == "coordinator",
         )
 
     @classmethod
@@ -135,7 +141,18 @@ class Deployment:
             secure_bound=float(bound),
             on_refusal=on_refusal,
             init_sha256=_init_sha256(run_config, config.init),
+            predictions=_predictions(run_config),
         )
+
+
+def _predictions(run_config: dict[str, Any]) -> str:
+    value = run_config.get("predictions", "site")
+    if value not in PREDICTIONS:
+        raise ConfigError(
+            f"run config 'predictions' must be one of {', '.join(PREDICTIONS)}, got {value!r} "
+            "(site: each site keeps its per-scan predictions; coordinator: they are sent)"
+        )
+    return str(value)
 
 
 def _init_sha256(run_config: dict[str, Any], init: str) -> str:

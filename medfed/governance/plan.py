@@ -25,10 +25,14 @@ from medfed.errors import ConfigError
 
 APP = "medfed"
 
-RUN_OUTPUTS = ("updates", "figures", "predictions", "data_card")
-"""What a deployed run sends out of every site today: the weights it shares, its validation and
-test figures, each test scan's prediction and score (pooled at the coordinator), and the site's
-description (label map, input shape, number of training scans, the manifest's declared facts)."""
+RUN_OUTPUTS = ("updates", "figures", "data_card")
+"""What a deployed run sends out of every site: the weights it shares, its validation and test
+figures (aggregates: counts, sums, intervals; each site keeps its per-scan predictions in its
+own state folder), and the site's description (label map, input shape, number of training
+scans, the manifest's declared facts)."""
+PREDICTIONS = "predictions"
+"""The output a run adds when it asks for each test scan's prediction and score (run config
+``predictions = "coordinator"``): a site whose policy forbids it refuses the run."""
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,10 @@ def make_plan(
     secure_aggregation: bool,
     secure_bound: float,
     starting_sha256: str,
+    predictions_to_coordinator: bool = False,
 ) -> Plan:
-    """The plan of a run with these (resolved) settings."""
+    """The plan of a run with these (resolved) settings; ``predictions_to_coordinator``: the
+    sites send each test scan's prediction (the plan lists ``predictions``)."""
     return Plan(
         app=APP,
         version=__version__,
@@ -121,7 +127,7 @@ def make_plan(
         secure_aggregation=bool(secure_aggregation),
         secure_bound=float(secure_bound) if secure_aggregation else 0.0,
         starting_sha256=starting_sha256,
-        outputs=list(RUN_OUTPUTS),
+        outputs=[*RUN_OUTPUTS, *([PREDICTIONS] if predictions_to_coordinator else [])],
     )
 
 

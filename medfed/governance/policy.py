@@ -23,11 +23,13 @@ it says ``required = false``::
 
     [outputs]                             # what may leave the site (true: allowed)
     updates = true                        # model weights or their updates
-    figures = true                        # aggregate figures (AUC, counts, calibration)
-    predictions = false                   # each test scan's prediction
+    figures = true                        # aggregate figures (AUC, counts, sums, calibration)
+    predictions = false                   # each test scan's prediction (a run sends them only
+                                          # when it asks: run config predictions="coordinator")
     data_card = true                      # the site's description and counts
-    min_count = 0                         # cells on fewer scans must not leave (today's runs
-                                          # send their counts: any value above 0 refuses them)
+    min_count = 10                        # count cells on fewer scans (and the figures read
+                                          # off them, the ROC curve always) are withheld from
+                                          # what leaves; 0: none (the default)
 
     [approval]
     required = true                       # train only on an approved plan

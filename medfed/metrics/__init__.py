@@ -9,6 +9,8 @@
 * ``medfed.metrics.multiclass``: tasks with more than two classes: per-class and macro
   one-vs-rest AUC with CIs, quadratic weighted kappa with a patient bootstrap CI, and a graded
   task's binary endpoint (referable DR).
+* ``medfed.metrics.federated``: figures of the pooled test scans from the sums each site
+  sends (confusion matrices with a federated Poisson bootstrap, calibration bin sums).
 * ``medfed.metrics.routing``: the routing posterior's temperature, calibration (ECE, Brier,
   reliability curve) and the review queue's margin threshold.
 
@@ -16,6 +18,15 @@ Everything is importable from ``medfed.metrics``. Nothing here imports torch, an
 is imported only inside the functions that use it.
 """
 
+from medfed.metrics.federated import (
+    calibration_of_sums,
+    confusion_counts,
+    poisson_confusions,
+    pooled_kappa,
+    replicate_seed,
+    routing_bin_sums,
+    sum_bins,
+)
 from medfed.metrics.intervals import (
     Interval,
     Pooled,
@@ -114,6 +125,13 @@ __all__ = [
     "roc_points",
     "routing_accuracy",
     "routing_calibration",
+    "calibration_of_sums",
+    "confusion_counts",
+    "poisson_confusions",
+    "pooled_kappa",
+    "replicate_seed",
+    "routing_bin_sums",
+    "sum_bins",
     "site_metrics",
     "softmax_rows",
     "system_accuracy",

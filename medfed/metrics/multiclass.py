@@ -220,13 +220,19 @@ def _weighted_kappas(y: np.ndarray, pred: np.ndarray, k: int, w: np.ndarray) -> 
     """Quadratic weighted kappa under each row of scan weights ``w`` (b, n); NaN where the
     expected disagreement is 0."""
     cells = np.eye(k * k)[y * k + pred]  # (n, k*k): each scan's (true, predicted) cell
-    observed = (np.atleast_2d(w) @ cells).reshape(-1, k, k)
+    return kappa_of_confusions((np.atleast_2d(w) @ cells).reshape(-1, k, k))
+
+
+def kappa_of_confusions(observed: np.ndarray) -> np.ndarray:
+    """Quadratic weighted kappa of each ``(b, k, k)`` (weighted) confusion matrix of true
+    against predicted grades; NaN where the expected disagreement is 0."""
+    k = observed.shape[-1]
     total = observed.sum(axis=(1, 2))[:, None, None]
-    expected = observed.sum(axis=2)[:, :, None] * observed.sum(axis=1)[:, None, :] / total
     grid = np.arange(k)
     penalty = (grid[:, None] - grid[None, :]) ** 2 / (k - 1) ** 2
-    disagreement = (penalty * expected).sum(axis=(1, 2))
     with np.errstate(divide="ignore", invalid="ignore"):
+        expected = observed.sum(axis=2)[:, :, None] * observed.sum(axis=1)[:, None, :] / total
+        disagreement = np.nan_to_num((penalty * expected).sum(axis=(1, 2)))
         return np.where(
             disagreement > 0, 1.0 - (penalty * observed).sum(axis=(1, 2)) / disagreement, np.nan
         )

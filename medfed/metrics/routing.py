@@ -151,9 +151,12 @@ def routing_calibration(
     temperature: float = 1.0,
     low_margin: float | None = None,
     bins: int = 10,
+    binning: str = "mass",
 ) -> RoutingCalibration:
     """ECE, Brier score and reliability curve of site probabilities ``probs`` (n, K) against
-    the scans' true sites; ``temperature`` and ``low_margin`` are recorded with them."""
+    the scans' true sites; ``temperature`` and ``low_margin`` are recorded with them.
+    ``binning``: ``"mass"`` (equal-mass bins) or ``"width"`` (fixed-width bins of [0, 1], empty
+    ones left out: the bins sites can sum without pooling their scans)."""
     p, y = _checked(probs, sites)
     if y.size == 0:
         raise ValueError("routing calibration needs at least one scan; got none")
@@ -162,8 +165,15 @@ def routing_calibration(
     chosen = p.argmax(axis=1)
     confidence = p[np.arange(y.size), chosen]
     correct = (chosen == y).astype(np.float64)
-    order = np.argsort(confidence, kind="stable")
-    groups = [g for g in np.array_split(order, min(bins, y.size)) if g.size]
+    if binning == "width":
+        which = np.minimum((confidence * bins).astype(np.int64), bins - 1)
+        groups = [np.flatnonzero(which == b) for b in range(bins)]
+        groups = [g for g in groups if g.size]
+    elif binning == "mass":
+        order = np.argsort(confidence, kind="stable")
+        groups = [g for g in np.array_split(order, min(bins, y.size)) if g.size]
+    else:
+        raise ValueError(f"binning must be 'mass' or 'width'; got {binning!r}")
     table = [
         {
             "mean_predicted": float(confidence[g].mean()),

@@ -337,8 +337,18 @@ def privacy_section(inputs: CardInputs) -> CardSection:
         ),
         "left each site: model updates (the algorithm's shared weights, "
         f"{fmt(s.bytes_per_round / 1e6, 2)} MB per round over all sites), validation and test "
-        "figures, and each test scan's prediction (RUN/predictions.csv); never a scan",
+        + (
+            "figures (counts and sums only: each site kept its test scans' predictions in its "
+            "own state folder, STATE_DIR/RUN/SITE/predictions.csv); never a scan"
+            if s.predictions == "sites"
+            else "figures, and each test scan's prediction (RUN/predictions.csv); never a scan"
+        ),
     ]
+    if s.suppressed:
+        lines.append(
+            f"withheld by the sites' policies (outputs.min_count): {len(s.suppressed)} figure(s) "
+            f"on too few scans, e.g. {next(iter(s.suppressed))}"
+        )
     blocks.append(lines)
     return CardSection("Privacy and what left the sites", "data sharing; ethics", blocks)
 

@@ -6,6 +6,7 @@ dashboard) reads.
     RUN/events.jsonl     run-level events (start, resume, dropout, round skipped, finish)
     RUN/summary.json     final per-site and federation figures (schema.Summary)
     RUN/predictions.csv  one row per test scan (schema.PREDICTION_COLUMNS), to recompute them
+                         (a deployed run: only when it asked for them; summary.json says)
     RUN/checkpoints/     round_NNNN/ (safetensors + files.json + state.json), written atomically
     RUN/model/           model.json + one safetensors file per site (and abstention) + files.json
     RUN/site_overview/   data cards, class counts, sample scans, site distances
@@ -331,6 +332,14 @@ class RunDir:
         verify_folder(model, MODEL_FIX)
 
     # --- per-scan predictions ---
+    def _kept_at_sites(self) -> bool:
+        """Whether summary.json says the sites kept the per-scan predictions."""
+        try:
+            data = json.loads(self.summary_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        return isinstance(data, dict) and data.get("predictions") == "sites"
+
     @property
     def predictions_path(self) -> Path:
         return self.path / "predictions.csv"
@@ -351,6 +360,13 @@ class RunDir:
             "missing; runs written before per-scan predictions have none "
             "(train the run again to get them)"
         )
+        if not path.exists() and self._kept_at_sites():
+            missing = (
+                "not here: this deployed run kept each test scan's prediction at its site "
+                "(STATE_DIR/RUN/SITE/predictions.csv on each SuperNode); ask the sites for "
+                'them, or run again with run config predictions = "coordinator" where the '
+                "sites' policies allow it"
+            )
         text = read_run_text(path, missing, limit=TABLE_LIMIT)
         assert text is not None
         rows = []

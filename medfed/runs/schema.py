@@ -275,6 +275,12 @@ class Evaluation(Record):
     # Tasks with more than two classes only: the quadratic weighted kappa of the routed
     # system's grades on the pooled test scans (origin unknown), with a patient bootstrap CI.
     system_kappa: MulticlassFigure | None = kinds.part(None, omit_none=True)
+    # Added later: the figures a site's policy kept from leaving (outputs.min_count), as
+    # "site: figure" -> why; they are left out of the pooled figures.
+    suppressed: dict[str, str] | None = kinds.part(None, omit_none=True)
+    # Added later: where the per-scan test predictions are: "run" (the run's predictions.csv)
+    # or "sites" (each site's own state folder: a deployed run's default).
+    predictions: str | None = kinds.part(None, omit_none=True)
 
     def __post_init__(self) -> None:
         if self.sites and self.average_accuracy_operating is None:

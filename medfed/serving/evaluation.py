@@ -3,11 +3,19 @@ calibration; the federation's pooled AUC and cross-site matrix; and every router
 test scans under both protocols (origin unknown, origin known), with CIs.
 
 The work splits by site: :func:`site_evaluation` runs where a site's scans are and returns its
-figures, counts and its per-scan test predictions (scan id, patient id, label, score, routing:
-what ``predictions.csv`` holds, so every figure can be recomputed); :func:`combine_evaluation`
-turns every site's part into the figures of the federation. In one process :func:`evaluate`
-does both; on Flower each SuperNode does its part. Routing decides scan by scan, so counts
-summed over sites equal the figures on the pooled scans.
+figures, counts and sums, and (under ``scans``) its per-scan test predictions (scan id, patient
+id, label, score, routing: what ``predictions.csv`` holds, so every figure can be recomputed);
+:func:`combine_evaluation` turns every site's part into the figures of the federation from the
+aggregates alone, never from ``scans``: a deployed site keeps its per-scan rows in its own state
+folder unless the run asks for them and its policy lets them out. Routing decides scan by scan,
+so counts summed over sites equal the figures on the pooled scans; the routed system's kappa
+comes from summed confusion matrices (its interval from a federated Poisson bootstrap), the
+routing posterior's calibration from summed bin sums (:mod:`medfed.metrics.federated`).
+
+:func:`suppress_small` applies a site policy's ``min_count`` to a part before it leaves the
+site: a count cell on fewer scans (and the figures read off it) is replaced by None and named
+under ``suppressed``; :func:`combine_evaluation` leaves such cells out of the pooled figures and
+names them in the evaluation's ``suppressed``.
 """
 
 from __future__ import annotations
@@ -35,18 +43,24 @@ from medfed.metrics import (
     auc_interval,
     auc_variance,
     calibration,
+    calibration_of_sums,
     choose_threshold,
+    confusion_counts,
     federation_metrics,
     macro_auc,
     operating_point,
     per_class_auc,
+    poisson_confusions,
     pooled_auc,
+    pooled_kappa,
     quadratic_kappa,
     referable,
+    replicate_seed,
     roc_points,
-    routing_calibration,
+    routing_bin_sums,
     site_metrics,
     softmax_rows,
+    sum_bins,
     unreliable,
     wilson,
 )
@@ -236,12 +250,15 @@ def site_evaluation(
     index: int,
     normalizations: list[Normalization],
     split: Split = Split.TEST,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """One site's part of the evaluation, computed where its scans are.
 
     Its own model on its own scans (figures, CIs, operating point, calibration, ROC points);
     every site's model on its scans (``normalizations[j]``: site j's; the cross-site row); every
-    router's counts under both protocols; and one row per scan for ``predictions.csv``.
+    router's counts under both protocols; the routed system's confusion matrix with its Poisson
+    bootstrap replicates (``seed``: of the replicates' weights, with the site's id); the
+    routing posterior's bin sums; and one row per scan for ``predictions.csv`` (``scans``).
     """
     y = site.y[split].numpy()
     raw = site.raw[split]
@@ -287,9 +304,21 @@ def site_evaluation(
         "routers_origin_known": routers["origin_known"],
         "scans": _scan_rows(fed, site, index, y, probs, main, split),
     }
-    if fed.routes:  # the uncalibrated scores: the posterior's calibration is judged on them
+    k = probs.shape[1]
+    if k > 2:  # the routed system's grades (origin unknown): the kappa's sums
+        system = main["origin_unknown"].prediction
+        rng = np.random.default_rng(replicate_seed(seed, site.id))
+        part["system_confusion"] = {
+            "counts": confusion_counts(y, system, k).tolist(),
+            "replicates": poisson_confusions(y, system, k, patients, rng).tolist(),
+        }
+    if fed.routes:  # the posterior's calibration, as routed and at temperature 1
         scores = DensityRatioRouter().scores(fed, outputs["origin_unknown"])
-        part["routing_scores"] = scores.tolist()
+        truth = np.full(len(y), index)
+        part["routing_bins"] = {
+            "routed": routing_bin_sums(softmax_rows(scores, fed.routing_temperature), truth),
+            "uncalibrated": routing_bin_sums(softmax_rows(scores), truth),
+        }
     return part
 
 
@@ -297,19 +326,20 @@ def _routing_calibrations(
     fed: TrainedFederation, parts: list[dict[str, Any]]
 ) -> tuple[RoutingCalibration | None, RoutingCalibration | None]:
     """The routing posterior on the pooled test scans (origin unknown), as routed (at the
-    published temperature) and at temperature 1; None for a federation that does not route."""
-    ids = [s.id for s in fed.sites]
-    scored = [(ids.index(p["id"]), p["routing_scores"]) for p in parts if p.get("routing_scores")]
-    if not fed.routes or not scored:
+    published temperature) and at temperature 1, from the sites' bin sums (a bin a site
+    suppressed is left out); None for a federation that does not route."""
+    sent = [p["routing_bins"] for p in parts if p.get("routing_bins")]
+    if not fed.routes or not sent:
         return None, None
-    z = np.concatenate([np.asarray(s, dtype=np.float64) for _, s in scored])
-    y = np.concatenate([np.full(len(s), i) for i, s in scored])
-    temperature = fed.routing_temperature
     low = None if fed.routing is None else fed.routing.low_margin
-    routed = routing_calibration(
-        softmax_rows(z, temperature), y, temperature=temperature, low_margin=low
+    routed = sum_bins(b["routed"] for b in sent)
+    uncalibrated = sum_bins(b["uncalibrated"] for b in sent)
+    return (
+        None
+        if routed is None
+        else calibration_of_sums(routed, temperature=fed.routing_temperature, low_margin=low),
+        None if uncalibrated is None else calibration_of_sums(uncalibrated),
     )
-    return routed, routing_calibration(softmax_rows(z), y)
 
 
 def _scan_rows(
@@ -347,15 +377,27 @@ def _scan_rows(
     ]
 
 
-def _rates(total: dict[str, int], routes: bool) -> dict[str, Any]:
-    rates = {
-        "system_accuracy": wilson(total["correct"], total["n"]),
-        "routing_accuracy": wilson(total["routed_home"], total["n"]) if routes else None,
-        "abstain_rate": wilson(total["abstained"], total["n"]),
-        "answered_accuracy": wilson(total["answered_correct"], total["answered"]),
-        "sensitivity": wilson(total["true_pos"], total["answered_pos"]),
-        "specificity": wilson(total["true_neg"], total["answered_neg"]),
-    }
+RATE_CELLS = {
+    "system_accuracy": ("correct", "n"),
+    "routing_accuracy": ("routed_home", "n"),
+    "abstain_rate": ("abstained", "n"),
+    "answered_accuracy": ("answered_correct", "answered"),
+    "sensitivity": ("true_pos", "answered_pos"),
+    "specificity": ("true_neg", "answered_neg"),
+}
+"""Each router rate's count cells (numerator, denominator)."""
+
+
+def _pair_sum(counts: list[dict[str, Any]], num: str, den: str) -> tuple[int, int]:
+    """A rate's cells summed over the sites that released both (a suppressed cell is None)."""
+    kept = [c for c in counts if c.get(num) is not None and c.get(den) is not None]
+    return sum(c[num] for c in kept), sum(c[den] for c in kept)
+
+
+def _rates(counts: list[dict[str, Any]], routes: bool) -> dict[str, Any]:
+    rates = {k: wilson(*_pair_sum(counts, *cells)) for k, cells in RATE_CELLS.items()}
+    if not routes:
+        rates["routing_accuracy"] = None
     return {k: rates[k] for k in ROUTER_RATES if rates[k] is not None}
 
 
@@ -365,21 +407,24 @@ def _router_figures(
     figures = {}
     for router in routers_for(fed):
         counts = [p[key][router.name] for p in parts]
-        total = {k: sum(c[k] for c in counts) for k in counts[0] if k != "latency_ms"}
         latency = [t for c in counts for t in c.get("latency_ms", [])]
         routes = router.name != "majority_vote"
-        rates = _rates(total, routes)
+        rates = _rates(counts, routes)
         if len(fed.class_names()) != 2:
-            rates.pop("sensitivity"), rates.pop("specificity")
+            rates.pop("sensitivity", None), rates.pop("specificity", None)
         timing = median_interval(latency)
         figures[router.name] = RouterFigures(
             system_accuracy=rates["system_accuracy"].value,
-            routing_accuracy=rates["routing_accuracy"].value if routes else None,
+            routing_accuracy=rates["routing_accuracy"].value
+            if routes and "routing_accuracy" in rates
+            else None,
             abstain_rate=rates["abstain_rate"].value,
-            answered_accuracy=rates["answered_accuracy"].value,
+            answered_accuracy=rates["answered_accuracy"].value
+            if "answered_accuracy" in rates
+            else None,
             forward_passes=router.forward_passes(fed),
             latency_ms_per_scan=float(np.median(latency)) if latency else float("nan"),
-            n_pooled=total["n"],
+            n_pooled=sum(c["n"] for c in counts if c.get("n") is not None),
             latency_ms_low=None if timing is None else timing[1],
             latency_ms_high=None if timing is None else timing[2],
             rates=rates,
@@ -423,7 +468,12 @@ def _site_figures(part: dict[str, Any], metrics: SiteMetrics) -> SiteFigures:
 
 
 def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> Evaluation:
-    """The evaluation part of summary.json, from every site's :func:`site_evaluation`."""
+    """The evaluation part of summary.json, from every site's :func:`site_evaluation` (as
+    :func:`suppress_small` left it): aggregates only, never a part's per-scan ``scans``."""
+    suppressed = {
+        f"{p['id']}: {what}": why for p in parts for what, why in p.get("suppressed", {}).items()
+    }
+    parts = [p for p in parts if WITHHELD not in p.get("suppressed", {})]
     per_site = {p["id"]: SiteMetrics.from_dict(p["metrics"]) for p in parts}
     federation = federation_metrics(per_site, {p["id"]: p["n_train"] for p in parts})
     sites = {p["id"]: _site_figures(p, per_site[p["id"]]) for p in parts}
@@ -460,32 +510,153 @@ def combine_evaluation(fed: TrainedFederation, parts: list[dict[str, Any]]) -> E
         system_kappa=_system_kappa(fed, parts),
         system_by_site={
             protocol: {
-                p["id"]: wilson(p[key][main_name]["correct"], p[key][main_name]["n"]) for p in parts
+                p["id"]: wilson(*_pair_sum([p[key][main_name]], "correct", "n")) for p in parts
             }
             for protocol, key in (
                 ("origin_unknown", "routers"),
                 ("origin_known", "routers_origin_known"),
             )
         },
+        suppressed=suppressed or None,
+        predictions="run" if all("scans" in p for p in parts) else "sites",
     )
 
 
 def _system_kappa(fed: TrainedFederation, parts: list[dict[str, Any]]) -> MulticlassFigure | None:
     """Quadratic weighted kappa of the routed system's grades on the pooled test scans (origin
-    unknown), patients resampled; None for a two-class task."""
+    unknown), from the sites' summed confusion matrices, with the percentile interval of their
+    summed Poisson bootstrap replicates (patients resampled at each site); None for a two-class
+    task. A site that suppressed its matrix is left out (and named in ``suppressed``)."""
     k = len(fed.class_names())
-    rows = prediction_rows(parts)
-    if k <= 2 or not rows:
+    sent = [p["system_confusion"] for p in parts if p.get("system_confusion")]
+    if k <= 2 or not sent:
         return None
-    y = [r["label"] for r in rows]
-    pred = [r["system_prediction"] for r in rows]
-    patients = [f"{r['site']}/{r['patient_id']}" for r in rows]
-    return quadratic_kappa(y, pred, k, patients)
+    counts = np.sum([np.asarray(c["counts"], dtype=np.float64) for c in sent], axis=0)
+    replicates = np.sum([np.asarray(c["replicates"], dtype=np.float64) for c in sent], axis=0)
+    return pooled_kappa(counts, replicates)
 
 
-def prediction_rows(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every site's per-scan rows, in site order (what ``predictions.csv`` holds)."""
+def prediction_rows(parts: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """Every site's per-scan rows, in site order (what ``predictions.csv`` holds); None when a
+    site kept its rows (a deployed run's default: they stay in the site's state folder)."""
+    if any("scans" not in part for part in parts):
+        return None
     return [row for part in parts for row in part["scans"]]
+
+
+WITHHELD = "all figures"
+"""The ``suppressed`` entry of a site whose test split is smaller than ``min_count``."""
+
+
+def suppress_small(part: dict[str, Any], min_count: int) -> dict[str, Any]:
+    """``part`` as it may leave a site whose policy sets ``min_count``: every count cell on
+    fewer scans than ``min_count`` (but none) is withheld with the figures read off it, and
+    named under ``suppressed``. A cell whose complement is small (``n - k``) counts as small.
+
+    Withheld: everything but the site's id and split sizes when its test split is smaller;
+    its AUCs (own, interval, cross-site), calibration and class counts when a class has fewer
+    scans; an operating point with a small cell; a calibration bin; a router count; the
+    routed system's confusion matrix with a small cell; a routing calibration bin; and the
+    ROC curve (each of its steps is one scan) whenever ``min_count`` is above 0."""
+    if min_count <= 0:
+        return part
+    rule = f"fewer than {min_count} scans (the site's policy, outputs.min_count)"
+    notes: dict[str, str] = {}
+    n = part["metrics"]["n"]
+    if n < min_count:
+        notes[WITHHELD] = f"{rule}: the site's test split is smaller"
+        keep = ("id", "n_train", "n_val")
+        return {**{k: part[k] for k in keep}, "suppressed": notes}
+    out = dict(part)
+    roc = part["roc"]
+    if roc.get("fpr") is not None:
+        out["roc"] = {"fpr": None, "tpr": None, "thresholds": None, "reason": f"suppressed: {rule}"}
+        notes["roc"] = f"{rule}: each step of the curve is one scan"
+    _suppress_site_figures(out, min_count, rule, notes)
+    for key in ("routers", "routers_origin_known"):
+        out[key] = {
+            name: _suppress_counts(counts, min_count, f"{key}.{name}", rule, notes)
+            for name, counts in part[key].items()
+        }
+    confusion = part.get("system_confusion")
+    if confusion is not None and any(_small(c, min_count) for c in np.ravel(confusion["counts"])):
+        out.pop("system_confusion")
+        notes["system_confusion"] = f"{rule}: a cell of the routed system's confusion matrix"
+    if part.get("routing_bins"):
+        out["routing_bins"] = {
+            which: [_kept_bin(b, min_count, f"routing_bins.{which}", rule, notes) for b in bins]
+            for which, bins in part["routing_bins"].items()
+        }
+    out["suppressed"] = notes
+    return out
+
+
+def _small(count: int | None, min_count: int) -> bool:
+    return count is not None and 0 < count < min_count
+
+
+def _suppress_site_figures(out: dict[str, Any], m: int, rule: str, notes: dict[str, str]) -> None:
+    metrics, figures = dict(out["metrics"]), dict(out["figures"])
+    n = metrics["n"]
+    classes = metrics["n_per_class"].values()
+    if any(_small(c, m) or _small(n - c, m) for c in classes):
+        notes["class_counts"] = f"{rule}: a class of the test split"
+        metrics["n_per_class"] = {}
+        if metrics["auc"] is not None:
+            metrics["auc"], metrics["auc_reason"] = None, f"suppressed: {rule} in a class"
+        for key in ("n_pos", "n_neg", "unreliable", "auc_ci", "calibration", "class_auc"):
+            figures.pop(key, None)
+        out["auc_variance"] = None
+        out["cross_site"] = {
+            model: {**cell, "auc": None, "auc_reason": f"suppressed: {rule} in a class"}
+            for model, cell in out["cross_site"].items()
+        }
+    point = figures.get("operating_point")
+    if point is not None and any(_small(point[c], m) for c in ("tp", "fp", "tn", "fn")):
+        figures.pop("operating_point")
+        notes["operating_point"] = f"{rule}: a cell of the operating point's 2x2 table"
+    referable = figures.get("referable")
+    if referable is not None and (_small(referable["n_pos"], m) or _small(referable["n_neg"], m)):
+        figures.pop("referable")
+        notes["referable"] = f"{rule}: referable or non-referable scans"
+    calib = figures.get("calibration")
+    if calib is not None and any(_small(b["n"], m) for b in calib["bins"]):
+        figures["calibration"] = {**calib, "bins": []}
+        notes["calibration.bins"] = f"{rule}: a bin of the reliability curve"
+    out["metrics"], out["figures"] = metrics, figures
+
+
+def _suppress_counts(
+    counts: dict[str, Any], m: int, where: str, rule: str, notes: dict[str, str]
+) -> dict[str, Any]:
+    """A router's counts, each small cell (or one whose complement is small) None."""
+    n = counts["n"]
+    out = dict(counts)
+    for key, value in counts.items():
+        if key in ("n", "latency_ms"):
+            continue
+        den = next(d for num, d in RATE_CELLS.values() if num == key) if key in _NUMS else n
+        total = counts[den] if key in _NUMS else n
+        if _small(value, m) or _small(total - value, m):
+            out[key] = None
+            notes[f"{where}.{key}"] = rule
+    return out
+
+
+_NUMS = {num for num, _ in RATE_CELLS.values()}
+
+
+def _kept_bin(
+    sums: dict[str, Any] | None, m: int, where: str, rule: str, notes: dict[str, str]
+) -> dict[str, Any] | None:
+    """A routing calibration bin, or None when it holds a small cell."""
+    if sums is None:
+        return None
+    n, correct = int(sums["n"]), int(sums["correct"])
+    if _small(n, m) or _small(correct, m) or _small(n - correct, m):
+        notes[f"{where}.bins"] = f"{rule}: a bin of the reliability curve"
+        return None
+    return sums
 
 
 def evaluate(fed: TrainedFederation, sites: list[SiteData]) -> Evaluation:
