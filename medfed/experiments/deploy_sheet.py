@@ -106,6 +106,11 @@ def sheet(
     return rows
 
 
+def size(n: float) -> str:
+    """Bytes for a reader: MB, or kB below a tenth of a MB (LoRA's adapters)."""
+    return f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
 def sheet_markdown(results: dict[str, Any]) -> list[str]:
     """The bytes table and the 20/100-site sheet, as markdown lines."""
     per = results["algorithm_bytes"]
@@ -121,8 +126,7 @@ def sheet_markdown(results: dict[str, Any]) -> list[str]:
     ]
     for algorithm, b in per.items():
         lines.append(
-            f"| {algorithm} | {b['down'] / 1e6:.2f} MB | {b['up'] / 1e6:.2f} MB | "
-            f"{(b['eval'] + b['up']) / 1e6:.2f} MB |"
+            f"| {algorithm} | {size(b['down'])} | {size(b['up'])} | {size(b['eval'] + b['up'])} |"
         )
     cpu = results["superlink_cpu_per_message_s"]
     lines += [
@@ -142,7 +146,7 @@ def sheet_markdown(results: dict[str, Any]) -> list[str]:
     ]
     for row in results["sheet"]:
         lines.append(
-            f"| {row['sites']} | {row['algorithm']} | {row['superlink_bytes'] / 1e6:.0f} MB | "
+            f"| {row['sites']} | {row['algorithm']} | {size(row['superlink_bytes'])} | "
             f"{row['superlink_cpu_s']:.2f} s | {row['round_s']:.1f} | {row['floor_s']:.1f} | "
             f"{row['secure_round_s']:.1f} |"
         )
