@@ -303,7 +303,10 @@ def bench_deploy(
     from medfed.algorithms import make_algorithm
 
     for name in plan.algorithms:  # an unknown name is refused before anything starts
-        make_algorithm(name)
+        try:
+            make_algorithm(name)
+        except ConfigError as exc:
+            raise ConfigError(f"--sheet-algorithm {name!r}: {exc}") from None
     from medfed.federation.plan import resolved_settings
 
     resolved_settings(plan.config())  # a bad backbone or budget is refused before anything starts
