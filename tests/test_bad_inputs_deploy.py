@@ -265,6 +265,12 @@ CASES = [
         2,
         ("--rounds must be 3..1000", "first and the last rounds are left out"),
     ),
+    Case(
+        "bench-deploy with a sheet algorithm medfed does not have",
+        lambda tmp, s: ["bench-deploy", "--out", tmp / "bench", "--sheet-algorithm", "fedx"],
+        2,
+        ("--sheet-algorithm", "fedx", "unknown algorithm", "choose one of"),
+    ),
     # --- deploy worker: where its socket may go ----------------------------------------------
     Case(
         "deploy worker on a path that is a file",

@@ -129,3 +129,83 @@ def test_a_lora_site_whose_update_was_refused_sends_its_statistics_again(
     records = [r for r in run.run_dir.read_metrics() if r.site == LOST]
     assert records[0].status == "dropped" and "NaN" in (records[0].reason or "")
     assert sorted(run.server.algorithm.moments) == [0, 1, 2]
+
+
+class SlowGrid:
+    """A grid whose nodes answer at once, but those in ``asleep``, whose replies wait until
+    the test wakes them; replies carry no content."""
+
+    def __init__(self, nodes: list[int], asleep: set[int]) -> None:
+        from flwr.supercore.task_identity import TaskIdentity
+
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+        self.nodes, self.asleep = nodes, asleep
+        self.ready: dict[str, object] = {}
+        self.held: dict[str, object] = {}
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.nodes)
+
+    def push_messages(self, messages) -> list[str]:
+        import uuid
+
+        from flwr.app import Message, RecordDict
+
+        ids = []
+        for message in messages:
+            meta = message.metadata.__dict__
+            meta |= {"_message_id": uuid.uuid4().hex, "_src_node_id": 1, "_run_id": 1}
+            reply = Message(RecordDict(), reply_to=message)
+            asleep = message.metadata.dst_node_id in self.asleep
+            (self.held if asleep else self.ready)[message.metadata.message_id] = reply
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def wake(self) -> None:
+        self.ready |= self.held
+        self.held.clear()
+
+    def pull_messages(self, message_ids) -> list:
+        return [self.ready.pop(i) for i in list(message_ids) if i in self.ready]
+
+
+def test_a_site_silent_past_the_others_reply_times_is_given_up_at_the_deadline() -> None:
+    """The reply timeout is long; the silent site is given up at the exchange's deadline (the
+    slowest reply plus the larger of the floor and factor x that), the reason saying so. In the
+    next exchange it gets the floor only; its late reply, once it comes, counts as its reply
+    time and it is waited for as any other again."""
+    from flwr.app import RecordDict
+
+    from medfed.flower.messenger import Deadline, Messenger
+
+    grid = SlowGrid([10, 11, 12], asleep={12})
+    messenger = Messenger(grid, ["a", "b", "c"], reply_timeout_s=600.0, wait_s=1.0)
+    messenger.nodes = {"a": 10, "b": 11, "c": 12}
+    messenger.deadline = Deadline(floor_s=0.3, factor=2.0)
+
+    answers = messenger.send("train", {s: RecordDict() for s in "abc"})
+
+    assert not isinstance(answers["a"], str) and not isinstance(answers["b"], str)
+    assert "no reply within the exchange's deadline" in answers["c"]
+    assert "slowest reply so far" in answers["c"] and messenger.silent == {"c"}
+    answers = messenger.send("train", {"c": RecordDict()})
+    assert "missed the last exchange's deadline too" in answers["c"]
+    grid.wake()  # both late replies arrive while the next exchange waits
+    grid.asleep = set()
+    answers = messenger.send("train", {s: RecordDict() for s in "abc"})
+    assert messenger.silent == set() and "c" in messenger.reply_s
+    assert not isinstance(answers["c"], str)
+    assert messenger.late == {}
+
+
+def test_the_deadline_waits_without_a_reference_and_scales_with_the_slowest_reply() -> None:
+    from medfed.flower.messenger import Deadline
+
+    rule = Deadline(floor_s=10.0, factor=2.0)
+    assert rule.reason(500.0, None, None, silent=False) is None  # nobody answered: no deadline
+    assert rule.reason(13.9, 4.0, None, silent=False) is None  # 4 + max(10, 8)
+    assert "deadline of 14.0 s" in (rule.reason(14.1, 4.0, None, silent=False) or "")
+    assert rule.reason(59.0, 4.0, 20.0, silent=False) is None  # its own pace: 20 + 40
+    assert "its own slowest reply 20.0 s" in (rule.reason(60.5, 4.0, 20.0, silent=False) or "")
+    assert rule.reason(9.9, None, None, silent=True) is None
+    assert rule.reason(10.1, None, None, silent=True) is not None

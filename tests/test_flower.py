@@ -274,6 +274,13 @@ def test_a_killed_supernode_is_counted_and_the_run_finishes(deployed_runs) -> No
     records = RunDir(run_dir).read_metrics()
     later = [r for r in records if r["round"] > 1 and r["site"] != "refuge"]
     assert later and all(r["status"] == "ok" for r in later)
+    # Noticed well before Flower's own 60 s (two missed heartbeats): by the exchange's deadline
+    # from the other sites' reply times, or by the node's overdue heartbeat.
+    dropped = [r for r in records if r["site"] == "refuge" and r["status"] == "dropped"]
+    assert dropped and all(
+        "deadline" in r["reason"] or "heartbeat" in r["reason"] for r in dropped
+    ), dropped
+    assert all(r["round_seconds"] < 50 for r in records if r["round"] == dropped[0]["round"])
     events = [e["event"] for e in RunDir(run_dir).read_events()]
     assert "dropout" in events and "site_lost" in events and events[-1] == "finish"
 

@@ -263,6 +263,13 @@ def bench_deploy(
         ),
     ] = None,
     n_per_site: Annotated[int, typer.Option(hidden=True, help="Scans per site (tests).")] = 64,
+    sheet_algorithm: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An algorithm whose bytes the 20/100-site sheet lists (repeatable; default: "
+            "fedavg fedbn feddrm fedrep lora; each but fedavg trains two rounds in process)."
+        ),
+    ] = None,
 ) -> None:
     """A deployed round on loopback against the same round in one process.
 
@@ -291,7 +298,15 @@ def bench_deploy(
         local_steps=local_steps,
         without_workers=without_workers,
         **({} if task_poll is None else {"task_poll_s": task_poll}),
+        **({} if not sheet_algorithm else {"algorithms": tuple(dict.fromkeys(sheet_algorithm))}),
     )
+    from medfed.algorithms import make_algorithm
+
+    for name in plan.algorithms:  # an unknown name is refused before anything starts
+        try:
+            make_algorithm(name)
+        except ConfigError as exc:
+            raise ConfigError(f"--sheet-algorithm {name!r}: {exc}") from None
     from medfed.federation.plan import resolved_settings
 
     resolved_settings(plan.config())  # a bad backbone or budget is refused before anything starts

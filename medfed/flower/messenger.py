@@ -72,6 +72,55 @@ def reply_or_reason(reply: Message) -> Message | str:
     return reply
 
 
+HEARTBEAT_PATIENCE = 2
+"""Flower 1.42's SuperLink lists a node as online until this many heartbeat intervals after its
+last beat (flwr.common.constant.HEARTBEAT_PATIENCE)."""
+HEARTBEAT_SLACK_S = 5.0
+"""Seconds a beat may come late (Flower's heartbeat call times out after 5 s)."""
+HEARTBEAT_CHECKED_UP_TO_S = 600.0
+"""Longer intervals (Flower's simulation sets 1e300) are not checked."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Deadline:
+    """When an exchange stops waiting for a late site: ``floor_s`` plus ``factor`` times the
+    reference after the reference, which is the slowest reply of this exchange so far or the
+    site's own slowest earlier reply, whichever is longer; without either (no site answered
+    yet, and this one never did), only the reply timeout and Flower's liveness apply. A site
+    that missed a deadline and has not been heard from since (``silent``) is given ``floor_s``
+    only. Its late reply, when it comes, still counts as its reply time, so a site slower than
+    the others is given longer from then on."""
+
+    floor_s: float = 10.0
+    factor: float = 2.0
+
+    def reason(
+        self, elapsed: float, slowest: float | None, own: float | None, silent: bool
+    ) -> str | None:
+        """Why a site that has not answered after ``elapsed`` seconds is given up; None to
+        wait on."""
+        if silent:
+            if elapsed <= self.floor_s:
+                return None
+            return (
+                f"no reply within the exchange's deadline of {self.floor_s:g} s, after it "
+                "missed the last exchange's deadline too; its SuperNode may have stopped"
+            )
+        known = [s for s in (slowest, own) if s is not None]
+        if not known:
+            return None
+        reference = max(known)
+        limit = reference + max(self.floor_s, self.factor * reference)
+        if elapsed <= limit:
+            return None
+        whose = "the slowest reply so far" if reference == slowest else "its own slowest reply"
+        return (
+            f"no reply within the exchange's deadline of {limit:.1f} s ({whose} "
+            f"{reference:.1f} s, plus the larger of {self.floor_s:g} s and {self.factor:g} x "
+            "that); its SuperNode may have stopped"
+        )
+
+
 class Messenger:
     """Reaches the run's sites (``sites``: their ids, in the run's order) through a Flower grid.
 
@@ -85,6 +134,11 @@ class Messenger:
         self.lost: dict[str, str] = {}  # site -> why it left the run
         # site -> the rules of its policy that refused the run (the broken rules, each with why)
         self.refused: dict[str, list[dict[str, str]]] = {}
+        self.deadline = Deadline()
+        self.reply_s: dict[str, float] = {}  # site -> its slowest reply so far, in seconds
+        self.silent: set[str] = set()  # sites that missed a deadline and were not heard since
+        # message id -> (site, when sent): messages whose reply came too late, still looked for
+        self.late: dict[str, tuple[str, float]] = {}
 
     def reachable(
         self, contents: dict[str, RecordDict]
@@ -107,8 +161,11 @@ class Messenger:
     ) -> dict[str, Message | str]:
         """Send ``contents[site]`` to each site; its reply, or why there is none.
 
-        The wait is bounded by ``reply-timeout-s``, and stops early for a site whose SuperNode
-        the SuperLink sees go offline (missed heartbeats).
+        The wait is bounded by ``reply-timeout-s``, and by the exchange's deadline for a site
+        that is late (:class:`Deadline`): a SuperNode killed mid-task leaves no trace the
+        SuperLink sees until its heartbeats lapse, so the other sites' reply times say when
+        to stop waiting for it. It also stops early for a SuperNode whose heartbeat is overdue
+        or that the SuperLink sees go offline.
         """
         ready, why = self.reachable(contents)
         answers: dict[str, Message | str] = dict(why)
@@ -118,26 +175,88 @@ class Messenger:
         ]
         sites = list(ready)
         wait = self.reply_timeout_s if timeout is None else timeout
+        sent = time.monotonic()
+        # A late reply still counts for a while; past the reply timeout it is given up.
+        self.late = {m: (s, t) for m, (s, t) in self.late.items() if sent - t < wait}
         pending = dict(zip(self.grid.push_messages(messages), sites, strict=True))
-        deadline, checked = time.monotonic() + wait, time.monotonic()
+        deadline, checked = time.monotonic() + wait, time.monotonic()  # (after the push)
+        replied: list[float] = []  # this exchange's reply times, in seconds since it was sent
         while pending and time.monotonic() < deadline:
-            for reply in self.grid.pull_messages(list(pending)):
-                site = pending.pop(reply.metadata.reply_to_message_id, None)
+            for reply in self.grid.pull_messages([*pending, *self.late]):
+                message_id = reply.metadata.reply_to_message_id
+                if message_id in self.late:  # a late site's reply, after its deadline
+                    site, then = self.late.pop(message_id)
+                    if not reply.has_error():  # (Flower answers for a node gone offline)
+                        self.heard(site, time.monotonic() - then)
+                    continue
+                site = pending.pop(message_id, None)
                 if site is not None:
+                    if not reply.has_error():
+                        replied.append(time.monotonic() - sent)
+                        self.heard(site, replied[-1])
                     answers[site] = reply_or_reason(reply)
                     if refusal_of(reply) is not None:  # the site's policy: it leaves the run
                         self.lost[site] = str(answers[site])
+            for message_id, site in list(pending.items()):
+                elapsed, own = time.monotonic() - sent, self.reply_s.get(site)
+                slowest = max(replied, default=None)
+                late = self.deadline.reason(elapsed, slowest, own, site in self.silent)
+                if late is not None:
+                    answers[site] = late
+                    self.late[message_id] = (site, sent)
+                    self.silent.add(site)
+                    del pending[message_id]
             if pending and time.monotonic() - checked > 2.0:
-                online, checked = set(self.grid.get_node_ids()), time.monotonic()
+                checked, nodes = time.monotonic(), self.node_infos()
                 for message_id, site in list(pending.items()):
-                    if self.nodes[site] not in online:
-                        answers[site] = "its SuperNode went offline"
+                    gone = self.gone(site, nodes)
+                    if gone is not None:
+                        answers[site] = gone
+                        self.silent.add(site)
                         del pending[message_id]
             if pending:
                 time.sleep(0.2)
-        for site in pending.values():
+        for message_id, site in pending.items():
             answers[site] = f"no reply within {wait:g} s"
+            self.late[message_id] = (site, sent)
+            self.silent.add(site)
         return answers
+
+    def heard(self, site: str, seconds: float) -> None:
+        """``site`` answered a message ``seconds`` after it was sent."""
+        self.reply_s[site] = max(seconds, self.reply_s.get(site, 0.0))
+        self.silent.discard(site)
+
+    def node_infos(self) -> dict[int, Any] | None:
+        """The SuperLink's record of each online node (Flower's NodeInfo: status, online_until,
+        heartbeat_interval); None from a grid that lists node ids only."""
+        get_nodes = getattr(self.grid, "get_nodes", None)
+        if get_nodes is None:
+            return None
+        return {int(info.node_id): info for info in get_nodes()}
+
+    def gone(self, site: str, nodes: dict[int, Any] | None) -> str | None:
+        """Why the SuperLink's view of ``site``'s SuperNode (``nodes``: :meth:`node_infos`)
+        says it stopped; None while it looks alive.
+
+        Flower 1.42's SuperNodes beat every 17.5 to 22.5 s (HEARTBEAT_DEFAULT_INTERVAL, 30 s,
+        less its 5 s call timeout, times 0.7 to 0.9) and the SuperLink lists a node as online
+        until two intervals (60 s) after its last beat; a beat more than one interval old (plus
+        slack for a slow call) is overdue on a live node."""
+        node = self.nodes[site]
+        if nodes is None:
+            return None if node in set(self.grid.get_node_ids()) else "its SuperNode went offline"
+        info = nodes.get(node)
+        if info is None or info.status != "online":
+            return "its SuperNode went offline"
+        interval = float(info.heartbeat_interval)
+        age = time.time() - (float(info.online_until) - HEARTBEAT_PATIENCE * interval)
+        if 0 < interval <= HEARTBEAT_CHECKED_UP_TO_S and age > interval + HEARTBEAT_SLACK_S:
+            return (
+                f"its SuperNode's last heartbeat is {age:.0f} s old (a live one beats at least "
+                f"every {interval:g} s)"
+            )
+        return None
 
     def send_secure(
         self, round_: int, contents: dict[str, RecordDict], weights: dict[str, int]
