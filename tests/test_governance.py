@@ -257,6 +257,25 @@ def test_policy_check_tells_the_operator_in_advance(app_folder, tmp_path) -> Non
     assert result.exit_code == 0 and "accepted" in result.output
 
 
+def test_predictions_leave_only_when_the_app_asks_and_the_policy_allows(tmp_path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[outputs]\npredictions = false\n[approval]\nrequired = false\n")
+    check = ["deploy", "policy", "check", str(policy), "--run"]
+    home = ["deploy", "app", str(tmp_path / "home"), "--site", "a", "--site", "b"]
+    home += ["--run-dir", "/srv/runs/x", "--algorithm", "fedavg"]
+    sent = [*home[:2], str(tmp_path / "sent"), *home[3:], "--predictions-to-coordinator"]
+
+    assert runner.invoke(app, home).exit_code == 0
+    assert runner.invoke(app, sent).exit_code == 0
+
+    kept = Deployment.from_run_config(app_run_config(tmp_path / "home")).plan()
+    asked = Deployment.from_run_config(app_run_config(tmp_path / "sent")).plan()
+    assert "predictions" not in kept.outputs and "predictions" in asked.outputs
+    assert runner.invoke(app, [*check, str(tmp_path / "home")]).exit_code == 0
+    result = runner.invoke(app, [*check, str(tmp_path / "sent")])
+    assert result.exit_code == 1 and "refused: rule outputs.predictions" in result.output
+
+
 def test_not_an_app_folder_is_named(tmp_path) -> None:
     policy = tmp_path / "policy.toml"
     policy.write_text(OPEN)

@@ -77,6 +77,13 @@ def deploy_app_folder(
             help="When a site's policy refuses the run: stop, or continue without that site."
         ),
     ] = "stop",
+    predictions_to_coordinator: Annotated[
+        bool,
+        typer.Option(
+            help="Each site sends its per-scan test predictions (its policy must allow them); "
+            "by default they stay in each site's state folder and only figures leave."
+        ),
+    ] = False,
 ) -> None:
     """Write the Flower app folder of one run: medfed's ServerApp, ClientApp and settings."""
     from medfed.config import merge_train_settings
@@ -119,6 +126,7 @@ def deploy_app_folder(
         secure_aggregation=secure_aggregation,
         **({"secure_bound": secure_bound} if secure_bound is not None else {}),
         on_refusal=on_refusal,
+        predictions_to_coordinator=predictions_to_coordinator,
     )
     typer.echo(f"wrote {path}")
     typer.echo(f"submit it with: flwr run {out} <connection> --stream")

@@ -160,6 +160,7 @@ def write_app(
     secure_aggregation: bool = False,
     secure_bound: float = secure.DEFAULT_BOUND,
     on_refusal: str = "stop",
+    predictions_to_coordinator: bool = False,
 ) -> Path:
     """Write the Flower app folder for one run; returns its pyproject.toml.
 
@@ -167,7 +168,9 @@ def write_app(
     learning rate once it knows the modality (as ``medfed train`` does).
     ``secure_aggregation``: SecAgg+ (:mod:`medfed.flower.secure`), each update's differences
     clipped to ``+-secure_bound``. ``on_refusal``: when a site's policy refuses the run,
-    ``stop`` it or ``continue`` without that site."""
+    ``stop`` it or ``continue`` without that site. ``predictions_to_coordinator``: each site
+    sends its per-scan test predictions (the plan lists them, so a site's policy must allow
+    them); by default they stay in each site's state folder."""
     _check_sites(sites)
     if on_refusal not in ("stop", "continue"):
         raise ConfigError(f"--on-refusal {on_refusal!r}: give stop or continue")
@@ -196,6 +199,7 @@ def write_app(
             "secure-aggregation": bool(secure_aggregation),
             "secure-bound": float(secure_bound),
             "on-refusal": on_refusal,
+            "predictions": "coordinator" if predictions_to_coordinator else "site",
             # The plan's starting weights: sites approve the run by this hash.
             "init-sha256": starting_sha256(config.init),
         },
