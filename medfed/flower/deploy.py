@@ -184,7 +184,7 @@ def write_app(
     check_wait("--reply-timeout", reply_timeout_s)
     run_dir = check_run_dir(run_dir)
     _check_app_folder(out)
-    return _write_pyproject(
+    return write_pyproject(
         out,
         "A medfed federated training run",
         {
@@ -206,14 +206,27 @@ def write_app(
     )
 
 
-def _write_pyproject(out: Path, description: str, run_config: dict[str, Any]) -> Path:
-    """The app folder's pyproject.toml (medfed's ServerApp and ClientApp, this run config)."""
+MEDFED_APP = ("medfed.flower.server_app:app", "medfed.flower.client_app:app")
+
+
+def write_pyproject(
+    out: Path,
+    description: str,
+    run_config: dict[str, Any],
+    *,
+    name: str = "medfed-federation",
+    components: tuple[str, str] = MEDFED_APP,
+    source: str = "medfed_run.py",
+) -> Path:
+    """An app folder's pyproject.toml: the ServerApp and ClientApp ``components`` (medfed's,
+    unless a bench's own app is named) and this run config."""
     check_out_folder(out, "OUT")
     out.mkdir(parents=True, exist_ok=True)
+    server, client = components
     pyproject = {
         "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
         "project": {
-            "name": "medfed-federation",
+            "name": name,
             "version": "1.0.0",
             "description": description,
             "license": "Apache-2.0",
@@ -224,10 +237,7 @@ def _write_pyproject(out: Path, description: str, run_config: dict[str, Any]) ->
             "flwr": {
                 "app": {
                     "publisher": "medfed",
-                    "components": {
-                        "serverapp": "medfed.flower.server_app:app",
-                        "clientapp": "medfed.flower.client_app:app",
-                    },
+                    "components": {"serverapp": server, "clientapp": client},
                     "config": run_config,
                 }
             },
@@ -236,8 +246,9 @@ def _write_pyproject(out: Path, description: str, run_config: dict[str, Any]) ->
     path = out / "pyproject.toml"
     path.write_text(tomli_w.dumps(pyproject), encoding="utf-8")
     # The bundle must hold at least one source file; the apps themselves come from medfed.
-    (out / "medfed_run.py").write_text(
-        '"""A medfed run: the ServerApp and ClientApp live in medfed.flower."""\n',
+    module = server.split(":")[0]
+    (out / source).write_text(
+        f'"""{description}: its ServerApp and ClientApp live in {module}."""\n',
         encoding="utf-8",
     )
     return path
@@ -279,7 +290,7 @@ def write_statistics_app(
     )
     config = deployment.run_config()
     config["run-dir"] = run_dir  # as given: a path on the SuperLink's machine
-    return _write_pyproject(out, "A medfed statistics-only run", config)
+    return write_pyproject(out, "A medfed statistics-only run", config)
 
 
 def check_run_dir(run_dir: str) -> str:
@@ -307,7 +318,7 @@ def _is_medfed_app(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return False
     components = data.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {})
-    return components.get("serverapp") == "medfed.flower.server_app:app"
+    return components.get("serverapp") == MEDFED_APP[0]
 
 
 @dataclass(frozen=True)

@@ -120,44 +120,21 @@ def write_floor_app(
     reply_timeout_s: float = 600.0,
 ) -> Path:
     """The Flower app folder of a floor run; its pyproject.toml."""
-    import tomli_w
+    from medfed.flower.deploy import write_pyproject  # the bench's side: never a ClientApp's
 
-    folder.mkdir(parents=True, exist_ok=True)
-    pyproject = {
-        "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
-        "project": {
-            "name": "medfed-floor",
-            "version": "1.0.0",
-            "description": "Flower's floor under a medfed round: the same messages, no work",
-            "license": "Apache-2.0",
-            "dependencies": [],
+    return write_pyproject(
+        folder,
+        "Flower's floor under a medfed round: the same messages, no work",
+        {
+            "nodes": nodes,
+            "rounds": rounds,
+            "down-bytes": down_bytes,
+            "up-bytes": up_bytes,
+            "out": str(out),
+            "wait-s": float(wait_s),
+            "reply-timeout-s": float(reply_timeout_s),
         },
-        "tool": {
-            "hatch": {"build": {"targets": {"wheel": {"packages": ["."]}}}},
-            "flwr": {
-                "app": {
-                    "publisher": "medfed",
-                    "components": {
-                        "serverapp": "medfed.flower.floor:server",
-                        "clientapp": "medfed.flower.floor:client",
-                    },
-                    "config": {
-                        "nodes": nodes,
-                        "rounds": rounds,
-                        "down-bytes": down_bytes,
-                        "up-bytes": up_bytes,
-                        "out": str(out),
-                        "wait-s": float(wait_s),
-                        "reply-timeout-s": float(reply_timeout_s),
-                    },
-                }
-            },
-        },
-    }
-    path = folder / "pyproject.toml"
-    path.write_text(tomli_w.dumps(pyproject), encoding="utf-8")
-    (folder / "medfed_floor.py").write_text(
-        '"""The floor run: its ServerApp and ClientApp live in medfed.flower.floor."""\n',
-        encoding="utf-8",
+        name="medfed-floor",
+        components=("medfed.flower.floor:server", "medfed.flower.floor:client"),
+        source="medfed_floor.py",
     )
-    return path

@@ -57,18 +57,22 @@ def check_plan(
             out.append(Refusal(f"outputs.{output}", f"the run sends {_OUTPUT_WORDS[output]}"))
     # outputs.min_count refuses nothing: the site withholds every figure on fewer scans from
     # what it sends (medfed.serving.evaluation.suppress_small).
-    if policy.approval_required:
-        sha = plan.sha256
-        if sha not in policy.approved_plans and sha not in approved:
-            out.append(
-                Refusal(
-                    "approval.required",
-                    f"plan {sha} was not approved at this site; its operator approves it with "
-                    "'medfed deploy approve --run APP --state-dir DIR' or lists it in "
-                    "[approval] plans",
-                )
-            )
-    return out
+    return out + approval_refusals(policy, plan, approved)
+
+
+def approval_refusals(policy: SitePolicy, plan: Plan, approved: Collection[str]) -> list[Refusal]:
+    """``approval.required`` when the policy asks for approval and the plan's hash is neither
+    in the policy's list nor among those the operator approved (``approved``)."""
+    sha = plan.sha256
+    if not policy.approval_required or sha in policy.approved_plans or sha in approved:
+        return []
+    return [
+        Refusal(
+            "approval.required",
+            f"plan {sha} was not approved at this site; its operator approves it with "
+            "'medfed deploy approve --run APP --state-dir DIR' or lists it in [approval] plans",
+        )
+    ]
 
 
 _OUTPUT_WORDS = {

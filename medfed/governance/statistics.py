@@ -19,7 +19,7 @@ from typing import Any
 
 from medfed import __version__
 from medfed.errors import ConfigError
-from medfed.governance.checks import Refusal
+from medfed.governance.checks import Refusal, approval_refusals
 from medfed.governance.plan import APP, Plan
 from medfed.governance.policy import SitePolicy
 
@@ -175,15 +175,4 @@ def check_statistics_plan(
                 "the statistics run sends this site's counts to the coordinator in the clear",
             )
         )
-    if policy.approval_required:
-        sha = plan.sha256
-        if sha not in policy.approved_plans and sha not in approved:
-            out.append(
-                Refusal(
-                    "approval.required",
-                    f"plan {sha} was not approved at this site; its operator approves it with "
-                    "'medfed deploy approve --run APP --state-dir DIR' or lists it in "
-                    "[approval] plans",
-                )
-            )
-    return out
+    return out + approval_refusals(policy, plan, approved)
