@@ -588,6 +588,11 @@ def sweep_file(results: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- tables
+def _signed(interval: Mapping[str, Any] | None) -> str:
+    """``+0.095 (-0.119 to +0.310)``: a difference with its interval; ``n/a`` without one."""
+    return difference_cell({"interval": interval, "verdict": "n/a"}).removesuffix(" n/a")
+
+
 def scenario_markdown(results: Mapping[str, Any], image_prefix: str = "") -> str:
     """The ablation's tables: each method's figures per level, FedDRM's paired differences,
     then the paper's claims beside medfed's intervals and verdicts."""
@@ -619,8 +624,7 @@ def scenario_markdown(results: Mapping[str, Any], image_prefix: str = "") -> str
     ]
     for claim in results["claims"]:
         found = "; ".join(
-            f"{r['what']}: {ci_cell(r['interval'], 3) if r['interval'] else 'n/a'}"
-            for r in claim.get("rows", [])
+            f"{r['what']}: {_signed(r['interval'])}" for r in claim.get("rows", [])
         ) or claim.get("why", "")
         lines.append(f"| {claim['text']} | {claim['paper']} | {found} | {claim['verdict']} |")
     lines += [
