@@ -64,6 +64,10 @@ CASES = [
     Case("a sweep file that is no sweep", _sweep('{"a": 1}'), 2,
          ("sweep.json", "not a scenario sweep")),
     Case("a sweep file that is not JSON", _sweep("{"), 2, ("sweep.json", "not a readable JSON")),
+    Case("a sweep whose differences have no verdict",
+         _sweep('{"format": 1, "scenarios": [{"covariate": "mid", "concept": false, '
+                '"ranking": ["feddrm"], "differences": {"local": 0.1}}]}'), 2,
+         ("sweep.json", "scenarios[0]['differences']", "'verdict'")),
     Case("glaucoma sites with grades per site", _synth("--classes-per-site", "2"), 2,
          ("--classes-per-site", "--task dr only")),
     Case("glaucoma covariate shift not a level", _synth("--covariate-shift", "extreme"), 2,

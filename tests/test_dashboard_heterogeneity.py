@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from medfed.cli import app
 from medfed.dashboard import APP, RUNS_ENV
+from medfed.reports.heterogeneity import ranking_text
 from tests.badinput import Shared, shared  # noqa: F401 - the session fixture
 
 TIMEOUT = 120  # seconds per script run: the first one imports torch and plotly
@@ -39,5 +40,6 @@ def test_sites_page_shows_the_heterogeneity_report(monkeypatch, shared: Shared) 
         assert row["scans"] == f"{p['k']}/{p['n']}"
     markdown = "\n".join(str(m.value) for m in at.markdown)
     assert f"label shift: **{report['label_shift']['level']}**" in markdown
-    assert "no scenario sweep given" in markdown
+    # the shipped sweeps' ranking for the regime found (or why there is none), as the CLI says it
+    assert f"**Methods:** {ranking_text(report['methods'])}" in markdown
     assert "Guidance from medfed's synthetic scenarios" in "\n".join(c.value for c in at.caption)

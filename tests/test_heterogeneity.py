@@ -24,7 +24,10 @@ from medfed.reports.heterogeneity import (
     covariate_shift,
     heterogeneity,
     label_shift,
-    read_sweep,
+    measured_sweep,
+    ranking,
+    ranking_text,
+    read_sweeps,
 )
 from tests.badinput import Shared, shared  # noqa: F401 - the shared trained run
 
@@ -210,27 +213,76 @@ def test_concept_indicator_says_it_needs_a_run_or_more_sites() -> None:
     assert "needs at least 4" in two["reason"]
 
 
-def test_a_measured_sweep_ranks_methods_for_the_regime_found(tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep.json"
-    scenario = {
+def _scenario(n_sites: int, ranking: list[str], verdict: str) -> dict:
+    return {
+        "level": f"clients: m = {n_sites}",
         "covariate": "mid",
         "label": "strong",
         "concept": False,
-        "ranking": ["fedbn", "fedavg"],
+        "n_sites": n_sites,
+        "ranking": ranking,
+        "reference": "feddrm",
+        "differences": {
+            m: {"interval": {"estimate": 0.0, "low": -0.1, "high": 0.1}, "verdict": verdict}
+            for m in ranking
+            if m != "feddrm"
+        },
     }
-    sweep.write_text(json.dumps({"format": 1, "source": "a sweep", "scenarios": [scenario]}))
+
+
+def test_a_measured_sweep_ranks_methods_for_the_regime_found(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep.json"
+    scenarios = [
+        _scenario(16, ["feddrm", "fedbn"], "ahead"),
+        _scenario(3, ["fedbn", "feddrm", "local"], "no difference detected"),
+        {**_scenario(3, ["local", "feddrm"], "behind"), "label": "none"},
+    ]
+    sweep.write_text(json.dumps({"format": 1, "source": "a sweep", "scenarios": scenarios}))
     counts = _counts({"a": {"n": 90, "g": 10}, "b": {"n": 10, "g": 90}, "c": {"n": 50, "g": 50}})
     value = bands("glaucoma")["mid"][0] + 0.01
     distances = _matrix(["a", "b", "c"], lambda a, b: value)
 
     without = heterogeneity(counts, distances, "glaucoma")
-    ranked = heterogeneity(counts, distances, "glaucoma", sweep=read_sweep(sweep))
+    ranked = heterogeneity(counts, distances, "glaucoma", sweep=read_sweeps([sweep]))
 
     assert without["methods"] == {"ranking": None, "note": NO_SWEEP}
-    assert ranked["methods"]["ranking"] == ["fedbn", "fedavg"]
+    assert ranked["regime"]["label"] == "strong"
+    # of the two scenarios of this regime, the one with as many sites as the federation
+    assert ranked["methods"]["ranking"] == ["fedbn", "feddrm", "local"]
+    text = ranking_text(ranked["methods"])
+    assert text.startswith("fedbn > feddrm > local (by point estimates of system accuracy")
+    assert "feddrm's paired 95% intervals: no difference detected from fedbn, local" in text
+    assert "measured by a sweep (clients: m = 3, 3 sites)" in text
     assert ranked["regime"]["resembles"].startswith(
         "medfed synth --covariate-shift mid --label-alpha"
     )
+    # a federation of 20 sites reads the 16-site scenario
+    many = heterogeneity(
+        {f"s{k}": counts["ab"[k % 2]] for k in range(20)},
+        _matrix([f"s{k}" for k in range(20)], lambda a, b: value),
+        "glaucoma",
+        sweep=read_sweeps([sweep]),
+    )
+    assert many["methods"]["ranking"] == ["feddrm", "fedbn"]
+    assert "ahead of fedbn" in ranking_text(many["methods"])
+
+
+def test_the_sweeps_measured_for_the_docs_ship_with_medfed() -> None:
+    sweep = measured_sweep()
+
+    assert sweep is not None
+    ablations = {s["level"].split(":")[0] for s in sweep["scenarios"]}
+    assert {"covariate", "label", "concept"} <= ablations
+    verdicts = {"ahead", "behind", "no difference detected"}
+    for s in sweep["scenarios"]:
+        accuracy = s["system_accuracy"]
+        assert s["ranking"] == sorted(accuracy, key=lambda m: -accuracy[m])
+        assert set(s["differences"]) == set(s["ranking"]) - {"feddrm"}
+        for d in s["differences"].values():
+            iv = d["interval"]
+            assert d["verdict"] in verdicts
+            assert iv["low"] <= iv["estimate"] <= iv["high"]
+            assert (d["verdict"] == "no difference detected") == (iv["low"] <= 0 <= iv["high"])
 
 
 # -------------------------------------------------------------------------------- the report
@@ -253,7 +305,11 @@ def test_report_on_a_synthetic_glaucoma_federation_without_a_run(
     )
 
     assert "Guidance from medfed's synthetic scenarios" in text
-    assert "no scenario sweep given" in text and "--run RUN" in text
+    assert "--run RUN" in text
+    # the methods line: the shipped sweeps' ranking for the regime found, or why there is none
+    expected = ranking(data["regime"], measured_sweep(), 4)
+    assert data["methods"] == json.loads(json.dumps(expected))
+    assert f"methods: {ranking_text(expected)}" in text
     assert "glaucoma share (95% CI) k/n" in text
     assert set(data["sites"]) == {"acrima", "rimone", "refuge", "acrima_2"}
     meta = load_synth_meta(concept_federation)

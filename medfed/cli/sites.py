@@ -266,8 +266,12 @@ def sites_heterogeneity(
         str | None, typer.Option(help="fundus or ct: which sites, when the folder holds both.")
     ] = None,
     sweep: Annotated[
-        Path | None,
-        typer.Option(help="A scenario sweep's result file: the method ranking per regime."),
+        list[Path] | None,
+        typer.Option(
+            help="A scenario sweep's result file (medfed scenarios' OUT/sweep-ABLATION.json; "
+            "repeat for several): the method ranking per regime. Default: the sweeps measured "
+            "for docs/scenarios.md, shipped with medfed."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     cache_dir: Annotated[
@@ -276,13 +280,18 @@ def sites_heterogeneity(
 ) -> None:
     """Label, covariate and concept shift between sites; the synthetic scenario they resemble."""
     from medfed.cli.heterogeneity import run_figures, site_figures
-    from medfed.reports.heterogeneity import heterogeneity, heterogeneity_text, read_sweep
+    from medfed.reports.heterogeneity import (
+        heterogeneity,
+        heterogeneity_text,
+        measured_sweep,
+        read_sweeps,
+    )
 
     if sites_dir is None and run is None:
         raise MedfedError("give --sites-dir DIR (a federation's sites) or --run RUN (or both)")
     counts, distances, task = site_figures(sites_dir, run, modality, cache_dir)
     cross, sizes = run_figures(run, list(counts)) if run is not None else (None, None)
-    found = read_sweep(sweep) if sweep is not None else None
+    found = read_sweeps(sweep) if sweep else measured_sweep()
     report = heterogeneity(counts, distances, task, cross, found, sizes)
     if as_json:
         typer.echo(json.dumps(report, indent=2, allow_nan=False))

@@ -559,25 +559,32 @@ def run_scenarios(
 def sweep_file(results: Mapping[str, Any]) -> dict[str, Any]:
     """The ablation's levels as the heterogeneity report reads a sweep
     (:func:`medfed.reports.heterogeneity.read_sweep`): each level's regime (covariate level,
-    label-shift regime, concept shift) and its methods ranked by system accuracy, origin
-    unknown (the point estimates; their intervals and FedDRM's paired differences are in
-    scenario-ABLATION.json)."""
+    label-shift regime, concept shift, number of sites), its methods ranked by system accuracy,
+    origin unknown (point estimates), and FedDRM minus each other method on that figure as a
+    paired interval with its verdict, so that a ranking is never read as more than its
+    intervals show."""
+    key = SYSTEM.key
     scenarios = []
     for level in results["levels"]:
-        accuracy = {
-            m: (f["system_accuracy"] or {}).get("estimate") for m, f in level["methods"].items()
-        }
+        accuracy = {m: (f[key] or {}).get("estimate") for m, f in level["methods"].items()}
         ranked = sorted(
             (m for m in accuracy if accuracy[m] is not None), key=lambda m: -accuracy[m]
         )
+        differences = {
+            m: {"interval": d[key]["interval"], "verdict": d[key]["verdict"]}
+            for m, d in level["differences"].items()
+        }
         scenarios.append(
             {
+                "level": f"{results['ablation']}: {level['label']}",
                 "covariate": level["shift"]["covariate"],
                 "label": level["label_regime"],
                 "concept": bool(level["shift"]["concept"]),
                 "n_sites": level["shift"]["n_sites"],
                 "ranking": ranked,
                 "system_accuracy": {m: accuracy[m] for m in ranked},
+                "reference": REFERENCE,
+                "differences": differences,
             }
         )
     return {

@@ -33,8 +33,12 @@ Three kinds of shift, each measured from what a federation already publishes:
 
 Which method to use in each regime comes from a scenario sweep (every method trained on the
 synthetic federation of each regime): ``medfed scenarios`` writes one per ablation
-(``OUT/sweep-ABLATION.json``, :func:`read_sweep`'s format), given with ``--sweep``. Without one
-the report says so and names no method. Everything here is guidance from synthetic scenarios.
+(``OUT/sweep-ABLATION.json``, :func:`read_sweep`'s format). The sweeps measured for
+docs/scenarios.md ship with medfed (``medfed/reports/sweeps``) and are read when ``--sweep``
+names no others. Of the scenarios of the regime found, the one whose number of sites is
+nearest the federation's gives the ranking (point estimates), always with FedDRM's paired
+intervals against each method, so that a ranking is never read as more than they show.
+Everything here is guidance from synthetic scenarios.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ NO_SWEEP = (
     "no scenario sweep given: no method ranking for this regime (medfed scenarios writes one, "
     "OUT/sweep-ABLATION.json; pass it with --sweep FILE)"
 )
+# The sweeps measured for docs/scenarios.md (each ablation's OUT/sweep-ABLATION.json).
+MEASURED_SWEEPS = Path(__file__).with_name("sweeps")
 NEEDS_RUN = (
     "needs a trained run: train the federation (medfed train --sites ...) and pass its run "
     "directory with --run RUN"
@@ -366,6 +372,18 @@ def read_sweep(path: str | Path) -> dict[str, Any]:
         )
     for k, s in enumerate(scenarios):
         ok = isinstance(s, dict) and isinstance(s.get("ranking"), list) and s["ranking"]
+        differences = s.get("differences") if isinstance(s, dict) else None
+        if differences is not None and not (
+            isinstance(differences, dict)
+            and all(
+                isinstance(d, dict) and isinstance(d.get("verdict"), str)
+                for d in differences.values()
+            )
+        ):
+            raise HeterogeneityError(
+                f"{path}: scenarios[{k}]['differences'] must map each method to an object "
+                "with its 'verdict' (as medfed scenarios writes it)"
+            )
         if not ok or s.get("covariate") not in LEVELS or not isinstance(s.get("concept"), bool):
             raise HeterogeneityError(
                 f"{path}: scenarios[{k}] needs 'covariate' (one of {list(LEVELS)}), 'label', "
@@ -395,16 +413,75 @@ def regime(
     }
 
 
-def ranking(found: Mapping[str, Any], sweep: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The sweep's method ranking for the regime ``found``, or why there is none."""
+def read_sweeps(paths: Sequence[str | Path]) -> dict[str, Any] | None:
+    """Several sweep files read as one (each scenario keeps its file's source); ``None`` for
+    no files."""
+    scenarios = []
+    for path in paths:
+        data = read_sweep(path)
+        source = data.get("source") or str(path)
+        scenarios += [{"source": source, **s} for s in data["scenarios"]]
+    if not scenarios:
+        return None
+    return {"format": SWEEP_FORMAT, "source": "; ".join(map(str, paths)), "scenarios": scenarios}
+
+
+def measured_sweep() -> dict[str, Any] | None:
+    """The sweeps measured for docs/scenarios.md, as shipped with medfed."""
+    return read_sweeps(sorted(MEASURED_SWEEPS.glob("sweep-*.json")))
+
+
+def ranking(
+    found: Mapping[str, Any], sweep: Mapping[str, Any] | None, n_sites: int | None = None
+) -> dict[str, Any]:
+    """The sweep's method ranking for the regime ``found`` (of its scenarios of that regime,
+    the one with the number of sites nearest ``n_sites``; the first on a tie), with FedDRM's
+    paired differences there; or why there is none."""
     if sweep is None:
         return {"ranking": None, "note": NO_SWEEP}
-    for s in sweep["scenarios"]:
-        concept_ok = found["concept"] is None or s["concept"] == found["concept"]
-        if s["covariate"] == found["covariate"] and s.get("label") == found["label"] and concept_ok:
-            source = sweep.get("source", "the sweep file")
-            return {"ranking": list(s["ranking"]), "note": f"measured by {source}"}
-    return {"ranking": None, "note": "the sweep has no scenario of this regime"}
+    matches = [
+        s
+        for s in sweep["scenarios"]
+        if s["covariate"] == found["covariate"]
+        and s.get("label") == found["label"]
+        and (found["concept"] is None or s["concept"] == found["concept"])
+    ]
+    if not matches:
+        return {"ranking": None, "note": "the sweep has no scenario of this regime"}
+    if n_sites is not None:
+        matches.sort(key=lambda s: abs(int(s.get("n_sites") or n_sites) - n_sites))
+    s = matches[0]
+    source = s.get("source") or sweep.get("source", "the sweep file")
+    where = f" ({s['level']}, {s['n_sites']} sites)" if "level" in s and "n_sites" in s else ""
+    return {
+        "ranking": list(s["ranking"]),
+        "note": f"measured by {source}{where}",
+        "reference": s.get("reference"),
+        "differences": s.get("differences"),
+    }
+
+
+def ranking_text(methods: Mapping[str, Any]) -> str:
+    """The ranking with what its intervals show: ``a > b > c (by point estimates of system
+    accuracy, origin unknown; FedDRM's paired 95% intervals: no difference detected from a, b;
+    ahead of c) (measured by ...)``, or the note of why there is none."""
+    if not methods["ranking"]:
+        return methods["note"]
+    text = " > ".join(methods["ranking"]) + " (by point estimates of system accuracy"
+    differences = methods.get("differences")
+    if differences:
+        by_verdict: dict[str, list[str]] = {}
+        for method, d in differences.items():
+            by_verdict.setdefault(d["verdict"], []).append(method)
+        words = {
+            "no difference detected": "no difference detected from",
+            "ahead": "ahead of",
+            "behind": "behind",
+            "not measured": "not measured against",
+        }
+        parts = [f"{words.get(v, v)} {', '.join(ms)}" for v, ms in by_verdict.items()]
+        text += f"; {methods['reference']}'s paired 95% intervals: " + "; ".join(parts)
+    return text + f"; {methods['note']})"
 
 
 def heterogeneity(
@@ -447,7 +524,7 @@ def heterogeneity(
         "distances": distances,
         "concept_shift": {c["figure"]: c for c in concepts},
         "regime": found,
-        "methods": ranking(found, sweep),
+        "methods": ranking(found, sweep, len(totals)),
     }
 
 
@@ -540,11 +617,7 @@ def heterogeneity_text(report: Mapping[str, Any]) -> str:
         f"concept: {concept_word[found['concept']]}"
     )
     lines.append(f"  resembles: {found['resembles'] or 'no shift'}")
-    methods = report["methods"]
-    ranked = " > ".join(methods["ranking"]) if methods["ranking"] else None
-    lines.append(
-        f"  methods: {ranked + ' (' + methods['note'] + ')' if ranked else methods['note']}"
-    )
+    lines.append(f"  methods: {ranking_text(report['methods'])}")
     return "\n".join(lines)
 
 

@@ -18,6 +18,8 @@ from medfed.reports.heterogeneity import (
     HeterogeneityError,
     cross_figures,
     heterogeneity,
+    measured_sweep,
+    ranking_text,
     task_of,
     test_sizes,
 )
@@ -32,7 +34,9 @@ def run_report(run: Run, overview: dict[str, Any]) -> dict[str, Any]:
     if summary is not None and summary.cross_site:
         cross, sizes = cross_figures(summary.cross_site), test_sizes(summary.sites)
     task = task_of(overview.get("modality"), counts)
-    return heterogeneity(counts, overview.get("distances"), task, cross, sizes=sizes)
+    return heterogeneity(
+        counts, overview.get("distances"), task, cross, measured_sweep(), sizes=sizes
+    )
 
 
 def share_frame(report: dict[str, Any]) -> pd.DataFrame:
@@ -99,5 +103,5 @@ def section(run: Run, overview: dict[str, Any]) -> None:
         st.caption(f"Concept shift: {NEEDS_RUN} (this run has no cross-site matrix yet).")
     st.markdown(
         f"**Resembles:** `{found['resembles'] or 'no shift'}`  \n"
-        f"**Methods:** {report['methods']['note']}"
+        f"**Methods:** {ranking_text(report['methods'])}"
     )
