@@ -199,3 +199,8 @@ def test_quick_concept_sweep_writes_its_tables_and_docs_section(tmp_path: Path):
         accuracy = {m: f["system_accuracy"]["estimate"] for m, f in level["methods"].items()}
         assert scenario["ranking"][0] == max(accuracy, key=accuracy.get)
         assert scenario["label"] == level["label_regime"]
+        # FedDRM's paired difference beside the ranking, as the scenario's JSON holds it
+        paired = level["differences"]["local"]["system_accuracy"]
+        assert scenario["differences"] == {
+            "local": {"interval": paired["interval"], "verdict": paired["verdict"]}
+        }
