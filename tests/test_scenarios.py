@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tomli_w
 
 from medfed.errors import ConfigError
 from medfed.experiments.paired import (
@@ -23,6 +24,8 @@ from medfed.experiments.scenarios import (
     NOT_REPRODUCED,
     REPRODUCED,
     ScenarioPlan,
+    constant_answer,
+    finished_run,
     judge,
     level_figures,
     scenario_markdown,
@@ -204,3 +207,56 @@ def test_quick_concept_sweep_writes_its_tables_and_docs_section(tmp_path: Path):
         assert scenario["differences"] == {
             "local": {"interval": paired["interval"], "verdict": paired["verdict"]}
         }
+    assert "| on | (most common grade) |" in text
+
+    # Again with --reuse-runs: every run is read back, nothing trains, the figures are the same
+    # and the wall time stated is the first invocation's plus this one's.
+    again: list[str] = []
+    second = run_scenarios(tmp_path / "out", plan, echo=again.append, reuse=True)
+    assert second["reused_runs"] == 4 and not any("system accuracy" in x for x in again)
+    assert [lv["methods"] for lv in second["levels"]] == [lv["methods"] for lv in saved["levels"]]
+    assert second["seconds"] >= saved["seconds"]
+
+
+def test_the_constant_answer_is_the_most_common_grade():
+    rows = [
+        {
+            "site": site,
+            "scan_id": f"{site}{k}",
+            "patient_id": f"{site}{k}",
+            "label": g,
+            "score": None,
+            "prediction": 0,
+            "system_prediction": 0,
+            "system_prediction_origin_known": 0,
+        }
+        for site, grades in (("a", [0, 0, 0, 1]), ("b", [2, 2, 0, 1]))
+        for k, g in enumerate(grades)
+    ]
+    found = constant_answer({0: scans_from_rows(rows)})
+
+    assert found["grade"] == 0
+    assert found["system"]["estimate"] == pytest.approx(4 / 8)  # grade 0 for every scan
+    assert found["system_origin_known"]["estimate"] == pytest.approx(5 / 8)  # a: 0, b: 2
+    assert found["average"] == pytest.approx((3 / 4 + 2 / 4) / 2)
+    assert found["system"]["low"] < 0.5 < found["system"]["high"]
+
+
+def test_a_run_is_reused_only_when_it_finished_with_the_same_settings(tmp_path: Path):
+    from medfed.config import TrainConfig
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    config = TrainConfig(algorithm="feddrm", rounds=2, seed=0)
+    stored = {"train": json.loads(json.dumps(config.to_dict()))}
+    (folder / "config.toml").write_text(tomli_w.dumps(stored), encoding="utf-8")
+    assert not finished_run(folder, config)  # no summary or predictions: it did not finish
+    (folder / "summary.json").write_text("{}", encoding="utf-8")
+    (folder / "predictions.csv").write_text("site\n", encoding="utf-8")
+
+    assert finished_run(folder, config)
+    assert not finished_run(folder, TrainConfig(algorithm="feddrm", rounds=2, seed=1))
+    lam = TrainConfig(algorithm="feddrm", rounds=2, seed=0, params={"lam": 0.1})
+    assert not finished_run(folder, lam)  # another lambda: the stored params lack it
+    (folder / "config.toml").write_text("[train\n", encoding="utf-8")
+    assert not finished_run(folder, config)  # a damaged config.toml: train again

@@ -425,6 +425,13 @@ def scenarios(
             help="Write the tables into this page's scenario section (docs/scenarios.md)."
         ),
     ] = None,
+    reuse_runs: Annotated[
+        bool,
+        typer.Option(
+            help="Read runs that finished in OUT with the same settings instead of training "
+            "them again (an interrupted sweep continues; a finished one is re-rendered)."
+        ),
+    ] = False,
 ) -> None:
     """One of FedDRM's published ablations on synthetic DR-grading federations.
 
@@ -439,7 +446,7 @@ def scenarios(
     check_readme(update_readme, marker(ablation))
     check_out_folder(out)
     check_not_in_run(out)
-    run_scenarios(out, plan, echo=typer.echo, readme=update_readme)
+    run_scenarios(out, plan, echo=typer.echo, readme=update_readme, reuse=reuse_runs)
 
 
 def register(app: typer.Typer) -> None:

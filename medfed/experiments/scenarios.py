@@ -30,12 +30,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tomli_w
 import torch
 
 from medfed.config import TrainConfig
@@ -59,11 +61,12 @@ from medfed.experiments.paired import (
     accuracy_interval,
     compare,
     level_difference,
+    load_scans,
 )
 from medfed.federation.plan import default_lr
 from medfed.federation.training import load_sites
 from medfed.fileio import fresh_folder
-from medfed.metrics import Interval
+from medfed.metrics import Interval, wilson
 from medfed.reports.comparisons import ci_cell, difference_cell
 from medfed.reports.heterogeneity import SWEEP_FORMAT, label_shift
 
@@ -81,6 +84,8 @@ REPRODUCED, NOT_REPRODUCED, NO_DIFFERENCE = (
     "no difference detected",
 )
 NOT_MEASURED = "not measured"
+# The tables' reference row: what answering without a model scores (see constant_answer).
+CONSTANT_ROW = "(most common grade)"
 
 
 @dataclass(frozen=True)
@@ -365,16 +370,37 @@ def label_regime(sites: Sequence[Any]) -> str:
     return label_shift(totals)["level"]
 
 
+def finished_run(folder: Path, config: TrainConfig) -> bool:
+    """Whether ``folder`` holds a run that finished (summary and predictions written) with
+    exactly ``config``'s settings (its config.toml)."""
+    if not ((folder / "summary.json").is_file() and (folder / "predictions.csv").is_file()):
+        return False
+    try:
+        stored = tomllib.loads((folder / "config.toml").read_text(encoding="utf-8"))["train"]
+    except (OSError, UnicodeDecodeError, KeyError, TypeError, tomllib.TOMLDecodeError):
+        return False
+    planned = tomllib.loads(tomli_w.dumps(config.to_dict()))
+    # config.toml holds every parameter resolved; the plan names only those it sets
+    params = planned.pop("params", None) or {}
+    kept = stored.get("params") if isinstance(stored.get("params"), dict) else {}
+    return all(stored.get(name) == value for name, value in planned.items()) and all(
+        kept.get(name) == value for name, value in params.items()
+    )
+
+
 def train_scenarios(
-    out: Path, plan: ScenarioPlan, echo: Callable[[str], Any]
-) -> tuple[dict[str, dict[str, dict[int, Scans]]], dict[str, str]]:
+    out: Path, plan: ScenarioPlan, echo: Callable[[str], Any], reuse: bool = False
+) -> tuple[dict[str, dict[str, dict[int, Scans]]], dict[str, str], int]:
     """Every method at every level on every seed's federation: level -> method -> seed ->
-    test scans, and each level's label-shift regime (on its first seed's federation). Levels
-    that share a federation (lambda's) synthesize it once per seed."""
+    test scans, each level's label-shift regime (on its first seed's federation), and how
+    many runs were read back rather than trained. Levels that share a federation (lambda's)
+    synthesize it once per seed. With ``reuse``, a run that finished in OUT with the same
+    settings (an earlier, interrupted or re-rendered invocation) is read from its folder."""
     found: dict[str, dict[str, dict[int, Scans]]] = {
         lv.label: {m: {} for m in plan.methods} for lv in plan.levels
     }
     regimes: dict[str, str] = {}
+    reused = 0
     for seed in range(plan.seeds):
         shared: tuple[DRShift, list[Any]] | None = None
         for level in plan.levels:
@@ -387,13 +413,21 @@ def train_scenarios(
                 config = _config(level, method, plan, seed, sites)
                 name = level.method_label(method).replace(":", "_").replace("=", "")
                 folder = out / "runs" / _slug(level.label) / f"seed{seed}" / name
+                if reuse and finished_run(folder, config):
+                    found[level.label][method][seed] = load_scans(folder)
+                    reused += 1
+                    echo(
+                        f"[{level.label}, seed {seed}] {level.method_label(method)}: read "
+                        f"from {folder}"
+                    )
+                    continue
                 run: Trained = train_run(sites, config, fresh_folder(folder))
                 echo(
                     f"[{level.label}, seed {seed}] {level.method_label(method)}: system "
                     f"accuracy {run.summary.system_accuracy:.3f}"
                 )
                 found[level.label][method][seed] = run.scans
-    return found, regimes
+    return found, regimes, reused
 
 
 def _slug(text: str) -> str:
@@ -419,7 +453,40 @@ def level_figures(scans: Mapping[str, Mapping[int, Scans]], n_boot: int) -> dict
         for m, by_seed in scans.items()
         if m != REFERENCE
     }
-    return {"methods": methods, "differences": differences}
+    return {
+        "methods": methods,
+        "differences": differences,
+        "constant": constant_answer(scans[REFERENCE]),
+    }
+
+
+def constant_answer(by_seed: Mapping[int, Scans]) -> dict[str, Any]:
+    """What answering without a model scores on these test scans (every seed's, pooled): the
+    federation's most common grade for every scan (system accuracy, origin unknown), each
+    site's most common grade for its scans (origin known), and the mean over sites of the
+    latter (average accuracy). A method at these figures has learned nothing beyond the grade
+    mix; Wilson 95% CIs on the pooled scans."""
+    pooled: dict[int, int] = {}
+    own_hits = total = 0
+    shares = []
+    for scans in by_seed.values():
+        for site in scans.values():
+            grades, counts = np.unique(site.y, return_counts=True)
+            for g, n in zip(grades, counts, strict=True):
+                pooled[int(g)] = pooled.get(int(g), 0) + int(n)
+            if len(site.y):
+                own_hits += int(counts.max())
+                total += len(site.y)
+                shares.append(counts.max() / len(site.y))
+    if not total:
+        return {"grade": None, "system": None, "system_origin_known": None, "average": None}
+    grade = max(pooled, key=lambda g: (pooled[g], -g))
+    return {
+        "grade": grade,
+        "system": wilson(pooled[grade], total).interval.to_dict(),
+        "system_origin_known": wilson(own_hits, total).interval.to_dict(),
+        "average": float(np.mean(shares)),
+    }
 
 
 def _word(interval: Interval | Mapping[str, Any] | None, rising: bool = True) -> str:
@@ -504,14 +571,19 @@ def run_scenarios(
     *,
     echo: Callable[[str], Any] = print,
     readme: Path | None = None,
+    reuse: bool = False,
 ) -> dict[str, Any]:
     """Train the ablation, compute its figures and verdicts, write OUT/scenario-NAME.json and
-    .md (and with ``readme`` that page's ``scenario-NAME`` section)."""
+    .md (and with ``readme`` that page's ``scenario-NAME`` section). With ``reuse``, finished
+    runs of the same settings in OUT are read instead of trained (:func:`train_scenarios`);
+    the wall time stated then adds the earlier invocation's (OUT/scenario-NAME.json) when
+    that one trained them."""
     from medfed.experiments.speed import device_info
 
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    scans, regimes = train_scenarios(out, plan, echo)
+    earlier = _earlier_seconds(out / f"scenario-{plan.ablation.name}.json") if reuse else 0.0
+    scans, regimes, reused = train_scenarios(out, plan, echo, reuse)
     levels = {label: level_figures(by_method, plan.n_boot) for label, by_method in scans.items()}
     results = {
         "command": plan.command,
@@ -535,7 +607,8 @@ def run_scenarios(
         ],
         "claims": [judge(c, plan, scans, levels) for c in plan.ablation.claims],
         "device": device_info(),
-        "seconds": time.perf_counter() - start,
+        "seconds": time.perf_counter() - start + (earlier if reused else 0.0),
+        "reused_runs": reused,
     }
     if len(plan.methods) > 1:
         path = out / f"sweep-{plan.ablation.name}.json"
@@ -554,6 +627,15 @@ def run_scenarios(
         ),
     )
     return results
+
+
+def _earlier_seconds(path: Path) -> float:
+    """The wall time an earlier invocation recorded in ``path`` (0 when there is none)."""
+    try:
+        seconds = json.loads(path.read_text(encoding="utf-8")).get("seconds")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return 0.0
+    return float(seconds) if isinstance(seconds, int | float) and seconds >= 0 else 0.0
 
 
 def sweep_file(results: Mapping[str, Any]) -> dict[str, Any]:
@@ -624,6 +706,13 @@ def scenario_markdown(results: Mapping[str, Any], image_prefix: str = "") -> str
                 f"{ci_cell(figures['average_accuracy'], 3)} | "
                 f"{'—' if diff is None else difference_cell(diff['system_accuracy'])} |"
             )
+        constant = level.get("constant")
+        if constant and constant["grade"] is not None:
+            lines.append(
+                f"| {level['label']} | {CONSTANT_ROW} | {ci_cell(constant['system'], 3)} | "
+                f"{ci_cell(constant['system_origin_known'], 3)} | {constant['average']:.3f} | "
+                "— |"
+            )
     lines += [
         "",
         "| the paper's claim | the paper's figures | medfed (95% CI) | verdict |",
@@ -635,6 +724,10 @@ def scenario_markdown(results: Mapping[str, Any], image_prefix: str = "") -> str
         ) or claim.get("why", "")
         lines.append(f"| {claim['text']} | {claim['paper']} | {found} | {claim['verdict']} |")
     lines += [
+        "",
+        f"{CONSTANT_ROW}: no model; every scan answered with the most common grade of the "
+        "pooled test scans (origin unknown) or of its own site's (origin known, average); a "
+        "method at this row has learned nothing beyond the grade mix.",
         "",
         "Guidance from synthetic scenarios: the paper's figures are on CIFAR and its RETINA "
         "federation, medfed's on its synthetic DR federation, so directions are compared, not "
