@@ -23,13 +23,14 @@ from medfed.data.synth import SynthesisError, load_synth_meta, synthesize
 from medfed.data.synth_dr import DRShift, plan_sites
 
 N = 30
+SIZE = 64  # pixels: the layouts, labels and cameras do not need the default 224
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def dr(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dr") / "federation"
-    synthesize(out, n_per_site=N, seed=0, task="dr")
+    synthesize(out, n_per_site=N, seed=0, image_size=SIZE, task="dr")
     return out
 
 
@@ -151,7 +152,7 @@ def test_each_site_has_its_own_camera(dr: Path) -> None:
 
 
 def test_same_seed_gives_the_same_bytes(dr: Path, tmp_path: Path) -> None:
-    synthesize(tmp_path, n_per_site=N, seed=0, task="dr")
+    synthesize(tmp_path, n_per_site=N, seed=0, image_size=SIZE, task="dr")
 
     assert _hashes(tmp_path) == _hashes(dr)
 
@@ -195,7 +196,9 @@ def test_classes_per_site_leaves_each_site_that_many_grades() -> None:
 
 
 def test_concept_shift_makes_one_site_record_moderate_eyes_as_mild(tmp_path: Path) -> None:
-    synthesize(tmp_path, n_per_site=40, seed=1, task="dr", shift=DRShift(concept=True))
+    synthesize(
+        tmp_path, n_per_site=40, seed=1, image_size=SIZE, task="dr", shift=DRShift(concept=True)
+    )
     meta = load_synth_meta(tmp_path)["sites"]
 
     shifted = meta["eyepacs"]
@@ -212,6 +215,7 @@ def test_concept_shift_makes_one_site_record_moderate_eyes_as_mild(tmp_path: Pat
 def test_cli_writes_a_dr_federation_with_its_knobs(tmp_path: Path) -> None:
     argv = ["synth", "--out", str(tmp_path / "f"), "--task", "dr", "--n-per-site", "20"]
     argv += ["--n-sites", "4", "--covariate-shift", "high", "--label-alpha", "0.5"]
+    argv += ["--image-size", "48"]
 
     result = runner.invoke(app, argv)
 
@@ -219,6 +223,7 @@ def test_cli_writes_a_dr_federation_with_its_knobs(tmp_path: Path) -> None:
     assert "wrote 4 site(s)" in result.output
     shift = load_synth_meta(tmp_path / "f")["shift"]
     assert shift["n_sites"] == 4 and shift["covariate"] == "high" and shift["label_alpha"] == 0.5
+    assert load_synth_meta(tmp_path / "f")["image_size"] == 48
 
 
 def test_cli_refuses_dr_knobs_without_task_dr(tmp_path: Path) -> None:
@@ -261,7 +266,7 @@ def test_dr_shift_settings_need_task_dr(tmp_path: Path) -> None:
 def test_a_dr_federation_replaces_a_binary_one(tmp_path: Path) -> None:
     synthesize(tmp_path, "ct", n_per_site=4)
 
-    synthesize(tmp_path, n_per_site=20, task="dr")
+    synthesize(tmp_path, n_per_site=20, image_size=SIZE, task="dr")
 
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "APTOS", "EYEPACS", "IDRID", "sites", "synth_meta.json"

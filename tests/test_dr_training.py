@@ -115,7 +115,7 @@ def test_sites_that_never_see_some_grades_train_with_client_sampling(tmp_path: P
     made = runner.invoke(
         app,
         ["synth", "--out", str(tmp_path / "d"), "--task", "dr", "--n-per-site", "24"]
-        + ["--classes-per-site", "2", "--covariate-shift", "high"],
+        + ["--classes-per-site", "2", "--covariate-shift", "high", "--image-size", "64"],
     )
     assert made.exit_code == 0, made.output
     sites = sorted(str(p) for p in (tmp_path / "d" / "sites").glob("*.toml"))

@@ -56,6 +56,14 @@ def synth(
             "cup-to-disc ratio of 0.7 (the others 0.6); DR referable from grade 3."
         ),
     ] = False,
+    image_size: Annotated[
+        int | None,
+        typer.Option(
+            help="Native height in pixels of the largest fundus camera, 48 to 2048 (default "
+            "224); the other cameras keep their relative sizes. Smaller photos synthesize and "
+            "train faster."
+        ),
+    ] = None,
 ) -> None:
     """Write synthetic sites in real on-disk layouts, with their manifests under OUT/sites/."""
     from medfed.data.synth import GlaucomaShift, SynthesisError, synthesize
@@ -82,7 +90,13 @@ def synth(
     elif given:  # the glaucoma sites, planned; without a knob the three hand-made ones
         shift = GlaucomaShift(**settings)
     manifests = synthesize(
-        out, modality=modality, n_per_site=n_per_site, seed=seed, task=task, shift=shift
+        out,
+        modality=modality,
+        n_per_site=n_per_site,
+        seed=seed,
+        image_size=image_size,
+        task=task,
+        shift=shift,
     )
     typer.echo(f"wrote {len(manifests)} site(s) under {out}:")
     for path in manifests:
