@@ -56,6 +56,7 @@ class Case:
     make: Callable[[Path, Shared], list[str]]  # (tmp folder, shared inputs) -> argv
     exit_code: int
     words: tuple[str, ...]  # each must appear in the output (case-insensitive)
+    env: tuple[tuple[str, str], ...] = ()  # environment variables the command runs with
 
     def __str__(self) -> str:
         return self.name
@@ -64,7 +65,7 @@ class Case:
 def check(case: Case, tmp_path: Path, shared: Shared) -> None:
     """Run ``case`` and hold it to the policy: clear words, the right exit code, no traceback."""
     argv = case.make(tmp_path, shared)
-    result = CliRunner().invoke(app, [str(a) for a in argv])
+    result = CliRunner().invoke(app, [str(a) for a in argv], env=dict(case.env) or None)
     output = result.output
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise AssertionError(f"{case.name}: uncaught {result.exception!r}\n{output}")

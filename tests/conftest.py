@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import warnings
 from collections.abc import Callable, Sequence
@@ -21,6 +22,10 @@ FUNDUS_LABELS = {"normal": 0, "glaucoma": 1}
 
 # The test models are tiny: one thread is faster than two, and immune to a busy machine.
 torch.set_num_threads(1)
+# A run's evaluation times routing one scan at a time (16 per router by default): on the tests'
+# tiny federations that is much of a run's cost. Six, the fewest the median's CI needs, keeps
+# every figure (processes the tests start inherit it); tests of the setting set their own.
+os.environ.setdefault("MEDFED_LATENCY_SCANS", "6")
 
 
 @pytest.fixture

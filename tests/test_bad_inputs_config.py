@@ -325,6 +325,13 @@ TRAIN_CASES = [
     ),
     Case("rounds is zero", _train("--algorithm", "fedavg", "--rounds", "0"), 2, ("--rounds",)),
     Case(
+        "latency scans set to no whole number",
+        _train("--algorithm", "fedavg"),
+        2,
+        ("MEDFED_LATENCY_SCANS='0'", "1 or more", "unset it"),
+        env=(("MEDFED_LATENCY_SCANS", "0"),),
+    ),
+    Case(
         "precision is not one medfed trains in",
         _train("--algorithm", "fedavg", "--precision", "fp8"),
         2,

@@ -354,3 +354,17 @@ def test_a_model_published_without_a_routing_fit_routes_at_temperature_one(tenso
     expected = np.exp(scores - scores.max(axis=1, keepdims=True))
     result = DensityRatioRouter().route(fed, views)
     assert result.site_probs == pytest.approx(expected / expected.sum(axis=1, keepdims=True))
+
+
+def test_latency_scans_default_to_16_and_follow_their_variable(monkeypatch):
+    from medfed.errors import ConfigError
+    from medfed.serving.evaluation import LATENCY_ENV, latency_scans
+
+    monkeypatch.delenv(LATENCY_ENV, raising=False)
+    assert latency_scans() == 16
+    monkeypatch.setenv(LATENCY_ENV, " 3 ")
+    assert latency_scans() == 3
+    for bad in ("0", "-2", "six", "1.5"):
+        monkeypatch.setenv(LATENCY_ENV, bad)
+        with pytest.raises(ConfigError, match=f"{LATENCY_ENV}="):
+            latency_scans()

@@ -17,6 +17,7 @@ from medfed.federation.plan import RunPlan, SiteInfo, plan_run
 from medfed.models.device import keep_freed_memory
 from medfed.reports.model_card import write_model_card
 from medfed.runs import RunDir, Summary
+from medfed.serving.evaluation import latency_scans
 
 WARMUP_DIR = "warmup"
 """Where a run that builds its own base (``warmup_rounds``) keeps that FedAvg run."""
@@ -50,7 +51,9 @@ def train(
     ``lr_from_modality``: no learning rate was chosen; the sites' modality sets it. ``say``
     hears the rounds line by line (where no progress bar shows).
     """
-    # Planned before anything trains, a warm-up base included.
+    # Planned before anything trains, a warm-up base included; a bad setting of the final
+    # evaluation is refused now, not after the rounds.
+    latency_scans()
     plan = plan_run(config, [SiteInfo.of(s) for s in sites], lr_from_modality=lr_from_modality)
     base = warmup_base(sites, plan, Path(out), resume, progress, echo, say=say)
     engine = Engine(sites, plan, RunDir(out), progress=progress, init=base, say=say)

@@ -21,6 +21,7 @@ names them in the evaluation's ``suppressed``.
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from medfed.data.grading import REFERABLE_FROM, is_icdr_grading
 from medfed.data.preprocess import Normalization, NormalizedView
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
+from medfed.errors import ConfigError
 from medfed.metrics import (
     Calibration,
     ClassAUC,
@@ -83,7 +85,8 @@ from medfed.serving.routers import (
     routers_for,
 )
 
-LATENCY_SCANS = 16  # per router, spread over the sites
+LATENCY_SCANS = 16  # per router, spread over the sites (MEDFED_LATENCY_SCANS sets it)
+LATENCY_ENV = "MEDFED_LATENCY_SCANS"
 Z95 = 1.959964  # the standard normal's 97.5% quantile
 
 
@@ -96,6 +99,22 @@ def pooled_views(sites: list[SiteData], split: Split) -> list[NormalizedView]:
     """Every site's scans of ``split`` pooled (once, as stored), as each site sees them."""
     pooled = torch.cat([origin.raw[split] for origin in sites])
     return [mine.normalization.view(pooled) for mine in sites]
+
+
+def latency_scans() -> int:
+    """Scans per router whose routing, one scan at a time, is timed when a run is evaluated:
+    ``MEDFED_LATENCY_SCANS``, else 16. Each costs a forward pass of every site's model, which
+    on a small federation's test split is much of the evaluation; its 95% CI (the median's)
+    needs at least 6."""
+    text = os.environ.get(LATENCY_ENV, "").strip()
+    if not text:
+        return LATENCY_SCANS
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(
+            f"{LATENCY_ENV}={text!r}: give a whole number of scans, 1 or more (default "
+            f"{LATENCY_SCANS}), or unset it"
+        )
+    return int(text)
 
 
 def _latency_ms(router: Router, fed: TrainedFederation, views: list[NormalizedView], n: int):
@@ -277,7 +296,7 @@ def site_evaluation(
         if macro is not None:  # the site's AUC is the macro AUC: its CI, and a variance to pool
             figures["auc_ci"] = macro
             variance = ((macro["high"] - macro["low"]) / (2 * Z95)) ** 2
-    per_router_scans = math.ceil(LATENCY_SCANS / len(normalizations))
+    per_router_scans = math.ceil(latency_scans() / len(normalizations))
     routers: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in PROTOCOLS}
     main: dict[str, RouteResult] = {}
     for router in routers_for(fed):
