@@ -219,27 +219,25 @@ def test_quick_concept_sweep_writes_its_tables_and_docs_section(tmp_path: Path):
 
 
 def test_the_constant_answer_is_the_most_common_grade():
-    rows = [
-        {
-            "site": site,
-            "scan_id": f"{site}{k}",
-            "patient_id": f"{site}{k}",
-            "label": g,
-            "score": None,
-            "prediction": 0,
-            "system_prediction": 0,
-            "system_prediction_origin_known": 0,
-        }
-        for site, grades in (("a", [0, 0, 0, 1]), ("b", [2, 2, 0, 1]))
-        for k, g in enumerate(grades)
-    ]
-    found = constant_answer({0: scans_from_rows(rows)})
+    def rows(sites):
+        return [
+            {"site": site, "scan_id": f"{site}{k}", "patient_id": f"{site}{k}", "label": g,
+             "score": None, "prediction": 0, "system_prediction": 0,
+             "system_prediction_origin_known": 0}
+            for site, grades in sites
+            for k, g in enumerate(grades)
+        ]  # fmt: skip
 
-    assert found["grade"] == 0
-    assert found["system"]["estimate"] == pytest.approx(4 / 8)  # grade 0 for every scan
-    assert found["system_origin_known"]["estimate"] == pytest.approx(5 / 8)  # a: 0, b: 2
-    assert found["average"] == pytest.approx((3 / 4 + 2 / 4) / 2)
-    assert found["system"]["low"] < 0.5 < found["system"]["high"]
+    first = scans_from_rows(rows([("a", [0, 0, 0, 1]), ("b", [2, 2, 0, 1])]))
+    second = scans_from_rows(rows([("a", [3, 3, 1, 1]), ("b", [3, 4, 4, 4])]))
+
+    found = constant_answer({0: first, 1: second})
+
+    assert found["grades"] == {"0": 0, "1": 3}  # each seed's federation its own grade
+    assert found["system"]["estimate"] == pytest.approx((4 + 3) / 16)
+    assert found["system_origin_known"]["estimate"] == pytest.approx((3 + 2 + 2 + 3) / 16)
+    assert found["average"] == pytest.approx((3 / 4 + 2 / 4 + 2 / 4 + 3 / 4) / 4)
+    assert found["system"]["low"] < 7 / 16 < found["system"]["high"]
 
 
 def test_a_run_is_reused_only_when_it_finished_with_the_same_settings(tmp_path: Path):

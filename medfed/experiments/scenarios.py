@@ -461,29 +461,33 @@ def level_figures(scans: Mapping[str, Mapping[int, Scans]], n_boot: int) -> dict
 
 
 def constant_answer(by_seed: Mapping[int, Scans]) -> dict[str, Any]:
-    """What answering without a model scores on these test scans (every seed's, pooled): the
-    federation's most common grade for every scan (system accuracy, origin unknown), each
-    site's most common grade for its scans (origin known), and the mean over sites of the
-    latter (average accuracy). A method at these figures has learned nothing beyond the grade
-    mix; Wilson 95% CIs on the pooled scans."""
-    pooled: dict[int, int] = {}
-    own_hits = total = 0
+    """What answering without a model scores on these test scans: each seed's federation's most
+    common grade for every one of its scans (system accuracy, origin unknown), each site's most
+    common grade for its scans (origin known), and the mean over sites and seeds of the latter
+    (average accuracy). A method at these figures has learned nothing beyond the grade mix.
+    Wilson 95% CIs on the scans of every seed pooled."""
+    grades: dict[int, int] = {}
+    hits = own_hits = total = 0
     shares = []
-    for scans in by_seed.values():
+    for seed, scans in by_seed.items():
+        pooled: dict[int, int] = {}
         for site in scans.values():
-            grades, counts = np.unique(site.y, return_counts=True)
-            for g, n in zip(grades, counts, strict=True):
+            if not len(site.y):
+                continue
+            found, counts = np.unique(site.y, return_counts=True)
+            for g, n in zip(found, counts, strict=True):
                 pooled[int(g)] = pooled.get(int(g), 0) + int(n)
-            if len(site.y):
-                own_hits += int(counts.max())
-                total += len(site.y)
-                shares.append(counts.max() / len(site.y))
+            own_hits += int(counts.max())
+            total += len(site.y)
+            shares.append(counts.max() / len(site.y))
+        if pooled:
+            grades[seed] = max(pooled, key=lambda g: (pooled[g], -g))
+            hits += pooled[grades[seed]]
     if not total:
-        return {"grade": None, "system": None, "system_origin_known": None, "average": None}
-    grade = max(pooled, key=lambda g: (pooled[g], -g))
+        return {"grades": {}, "system": None, "system_origin_known": None, "average": None}
     return {
-        "grade": grade,
-        "system": wilson(pooled[grade], total).interval.to_dict(),
+        "grades": {str(seed): g for seed, g in grades.items()},
+        "system": wilson(hits, total).interval.to_dict(),
         "system_origin_known": wilson(own_hits, total).interval.to_dict(),
         "average": float(np.mean(shares)),
     }
@@ -707,7 +711,7 @@ def scenario_markdown(results: Mapping[str, Any], image_prefix: str = "") -> str
                 f"{'—' if diff is None else difference_cell(diff['system_accuracy'])} |"
             )
         constant = level.get("constant")
-        if constant and constant["grade"] is not None:
+        if constant and constant["system"] is not None:
             lines.append(
                 f"| {level['label']} | {CONSTANT_ROW} | {ci_cell(constant['system'], 3)} | "
                 f"{ci_cell(constant['system_origin_known'], 3)} | {constant['average']:.3f} | "
@@ -725,9 +729,9 @@ def scenario_markdown(results: Mapping[str, Any], image_prefix: str = "") -> str
         lines.append(f"| {claim['text']} | {claim['paper']} | {found} | {claim['verdict']} |")
     lines += [
         "",
-        f"{CONSTANT_ROW}: no model; every scan answered with the most common grade of the "
-        "pooled test scans (origin unknown) or of its own site's (origin known, average); a "
-        "method at this row has learned nothing beyond the grade mix.",
+        f"{CONSTANT_ROW}: no model; every scan answered with the most common grade of its "
+        "seed's pooled test scans (origin unknown) or of its own site's (origin known, "
+        "average); a method at this row has learned nothing beyond the grade mix.",
         "",
         "Guidance from synthetic scenarios: the paper's figures are on CIFAR and its RETINA "
         "federation, medfed's on its synthetic DR federation, so directions are compared, not "
