@@ -236,6 +236,8 @@ def test_a_measured_sweep_ranks_methods_for_the_regime_found(tmp_path: Path) -> 
         _scenario(16, ["feddrm", "fedbn"], "ahead"),
         _scenario(3, ["fedbn", "feddrm", "local"], "no difference detected"),
         {**_scenario(3, ["local", "feddrm"], "behind"), "label": "none"},
+        {**_scenario(3, ["local", "feddrm"], "behind"), "level": "label: 2 grades per site"},
+        _scenario(3, ["fedbn", "feddrm", "local"], "no difference detected"),  # measured alike
     ]
     sweep.write_text(json.dumps({"format": 1, "source": "a sweep", "scenarios": scenarios}))
     counts = _counts({"a": {"n": 90, "g": 10}, "b": {"n": 10, "g": 90}, "c": {"n": 50, "g": 50}})
@@ -253,6 +255,13 @@ def test_a_measured_sweep_ranks_methods_for_the_regime_found(tmp_path: Path) -> 
     assert text.startswith("fedbn > feddrm > local (by point estimates of system accuracy")
     assert "feddrm's paired 95% intervals: no difference detected from fedbn, local" in text
     assert "measured by a sweep (clients: m = 3, 3 sites)" in text
+    # the regime's other measurement at this size is stated beside it, a repeated one once
+    assert [a["ranking"] for a in ranked["methods"]["also"]] == [["local", "feddrm"]]
+    assert text.endswith(
+        "; also measured in this regime: local > feddrm (by point estimates of system accuracy; "
+        "feddrm's paired 95% intervals: behind local; measured by a sweep "
+        "(label: 2 grades per site, 3 sites))"
+    )
     assert ranked["regime"]["resembles"].startswith(
         "medfed synth --covariate-shift mid --label-alpha"
     )

@@ -434,9 +434,11 @@ def measured_sweep() -> dict[str, Any] | None:
 def ranking(
     found: Mapping[str, Any], sweep: Mapping[str, Any] | None, n_sites: int | None = None
 ) -> dict[str, Any]:
-    """The sweep's method ranking for the regime ``found`` (of its scenarios of that regime,
-    the one with the number of sites nearest ``n_sites``; the first on a tie), with FedDRM's
-    paired differences there; or why there is none."""
+    """The sweep's method ranking for the regime ``found``, with FedDRM's paired differences
+    there; or why there is none. Of the scenarios of that regime, those with the number of
+    sites nearest ``n_sites`` count: the first gives ``ranking``, the others (other ablations'
+    levels that fall in the same regime, each its own measurement) are listed in ``also``, so
+    that a regime measured more than once is never read from one of its measurements alone."""
     if sweep is None:
         return {"ranking": None, "note": NO_SWEEP}
     matches = [
@@ -449,8 +451,23 @@ def ranking(
     if not matches:
         return {"ranking": None, "note": "the sweep has no scenario of this regime"}
     if n_sites is not None:
-        matches.sort(key=lambda s: abs(int(s.get("n_sites") or n_sites) - n_sites))
-    s = matches[0]
+
+        def distance(s: Mapping[str, Any]) -> int:
+            return abs(int(s.get("n_sites") or n_sites) - n_sites)
+
+        nearest = min(map(distance, matches))
+        matches = [s for s in matches if distance(s) == nearest]
+    first, *others = (_measured(s, sweep) for s in matches)
+    seen = [(first["ranking"], first["differences"])]
+    also = []
+    for other in others:  # a level measured twice alike (one federation in two ablations) once
+        if (other["ranking"], other["differences"]) not in seen:
+            seen.append((other["ranking"], other["differences"]))
+            also.append(other)
+    return first | {"also": also}
+
+
+def _measured(s: Mapping[str, Any], sweep: Mapping[str, Any]) -> dict[str, Any]:
     source = s.get("source") or sweep.get("source", "the sweep file")
     where = f" ({s['level']}, {s['n_sites']} sites)" if "level" in s and "n_sites" in s else ""
     return {
@@ -461,25 +478,35 @@ def ranking(
     }
 
 
+VERDICT_WORDS = {
+    "no difference detected": "no difference detected from",
+    "ahead": "ahead of",
+    "behind": "behind",
+    "not measured": "not measured against",
+}
+
+
 def ranking_text(methods: Mapping[str, Any]) -> str:
     """The ranking with what its intervals show: ``a > b > c (by point estimates of system
-    accuracy, origin unknown; FedDRM's paired 95% intervals: no difference detected from a, b;
-    ahead of c) (measured by ...)``, or the note of why there is none."""
+    accuracy; feddrm's paired 95% intervals: no difference detected from a, b; ahead of c;
+    measured by ...)``, then each other measurement of the regime; or the note of why there
+    is none."""
     if not methods["ranking"]:
         return methods["note"]
+    text = _one_ranking(methods)
+    for other in methods.get("also") or []:
+        text += f"; also measured in this regime: {_one_ranking(other)}"
+    return text
+
+
+def _one_ranking(methods: Mapping[str, Any]) -> str:
     text = " > ".join(methods["ranking"]) + " (by point estimates of system accuracy"
     differences = methods.get("differences")
     if differences:
         by_verdict: dict[str, list[str]] = {}
         for method, d in differences.items():
             by_verdict.setdefault(d["verdict"], []).append(method)
-        words = {
-            "no difference detected": "no difference detected from",
-            "ahead": "ahead of",
-            "behind": "behind",
-            "not measured": "not measured against",
-        }
-        parts = [f"{words.get(v, v)} {', '.join(ms)}" for v, ms in by_verdict.items()]
+        parts = [f"{VERDICT_WORDS.get(v, v)} {', '.join(ms)}" for v, ms in by_verdict.items()]
         text += f"; {methods['reference']}'s paired 95% intervals: " + "; ".join(parts)
     return text + f"; {methods['note']})"
 
