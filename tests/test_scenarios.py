@@ -241,12 +241,15 @@ def test_the_constant_answer_is_the_most_common_grade():
 
 
 def test_a_run_is_reused_only_when_it_finished_with_the_same_settings(tmp_path: Path):
+    from medfed.algorithms import make_algorithm
     from medfed.config import TrainConfig
 
     folder = tmp_path / "run"
     folder.mkdir()
     config = TrainConfig(algorithm="feddrm", rounds=2, seed=0)
-    stored = {"train": json.loads(json.dumps(config.to_dict()))}
+    # as a run writes it: the algorithm's parameters resolved (lam 0.8 by default)
+    resolved = make_algorithm("feddrm", {}).resolved_params()
+    stored = {"train": json.loads(json.dumps(config.to_dict() | {"params": resolved}))}
     (folder / "config.toml").write_text(tomli_w.dumps(stored), encoding="utf-8")
     assert not finished_run(folder, config)  # no summary or predictions: it did not finish
     (folder / "summary.json").write_text("{}", encoding="utf-8")
@@ -254,7 +257,9 @@ def test_a_run_is_reused_only_when_it_finished_with_the_same_settings(tmp_path: 
 
     assert finished_run(folder, config)
     assert not finished_run(folder, TrainConfig(algorithm="feddrm", rounds=2, seed=1))
-    lam = TrainConfig(algorithm="feddrm", rounds=2, seed=0, params={"lam": 0.1})
-    assert not finished_run(folder, lam)  # another lambda: the stored params lack it
+    lam = TrainConfig(algorithm="feddrm", rounds=2, seed=0, params={"lam": "0.1"})
+    assert not finished_run(folder, lam)  # another lambda
+    same = TrainConfig(algorithm="feddrm", rounds=2, seed=0, params={"lam": "0.8"})
+    assert finished_run(folder, same)  # the default, named: parameters compare resolved
     (folder / "config.toml").write_text("[train\n", encoding="utf-8")
     assert not finished_run(folder, config)  # a damaged config.toml: train again

@@ -40,6 +40,7 @@ import numpy as np
 import tomli_w
 import torch
 
+from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
 from medfed.data.synth_dr import DRShift
@@ -379,13 +380,10 @@ def finished_run(folder: Path, config: TrainConfig) -> bool:
         stored = tomllib.loads((folder / "config.toml").read_text(encoding="utf-8"))["train"]
     except (OSError, UnicodeDecodeError, KeyError, TypeError, tomllib.TOMLDecodeError):
         return False
-    planned = tomllib.loads(tomli_w.dumps(config.to_dict()))
-    # config.toml holds every parameter resolved; the plan names only those it sets
-    params = planned.pop("params", None) or {}
-    kept = stored.get("params") if isinstance(stored.get("params"), dict) else {}
-    return all(stored.get(name) == value for name, value in planned.items()) and all(
-        kept.get(name) == value for name, value in params.items()
-    )
+    # config.toml holds the algorithm's parameters resolved (typed, defaults filled in)
+    resolved = make_algorithm(config.algorithm, config.params).resolved_params()
+    planned = tomllib.loads(tomli_w.dumps(config.to_dict() | {"params": resolved}))
+    return all(stored.get(name) == value for name, value in planned.items())
 
 
 def train_scenarios(
