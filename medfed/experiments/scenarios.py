@@ -578,8 +578,8 @@ def run_scenarios(
     """Train the ablation, compute its figures and verdicts, write OUT/scenario-NAME.json and
     .md (and with ``readme`` that page's ``scenario-NAME`` section). With ``reuse``, finished
     runs of the same settings in OUT are read instead of trained (:func:`train_scenarios`);
-    the wall time stated then adds the earlier invocation's (OUT/scenario-NAME.json) when
-    that one trained them."""
+    the wall time stated is then the earlier invocation's (OUT/scenario-NAME.json) when it
+    trained them all, both added when this one trained the rest."""
     from medfed.experiments.speed import device_info
 
     start = time.perf_counter()
@@ -609,7 +609,7 @@ def run_scenarios(
         ],
         "claims": [judge(c, plan, scans, levels) for c in plan.ablation.claims],
         "device": device_info(),
-        "seconds": time.perf_counter() - start + (earlier if reused else 0.0),
+        "seconds": _wall_time(time.perf_counter() - start, earlier, reused, plan),
         "reused_runs": reused,
     }
     if len(plan.methods) > 1:
@@ -629,6 +629,16 @@ def run_scenarios(
         ),
     )
     return results
+
+
+def _wall_time(now: float, earlier: float, reused: int, plan: ScenarioPlan) -> float:
+    """The sweep's training wall time: this invocation's when it trained everything; the
+    earlier one's when every run was read back (re-rendering costs no training); both when
+    it continued an earlier, interrupted invocation."""
+    if not reused:
+        return now
+    runs = plan.seeds * len(plan.levels) * len(plan.methods)
+    return earlier if reused == runs and earlier else now + earlier
 
 
 def _earlier_seconds(path: Path) -> float:
