@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -438,7 +439,13 @@ def scenarios(
     FedDRM and the paper's baselines medfed has, the same budget each, over several seeds:
     every figure with its 95% CI, FedDRM's paired differences, and the paper's claims beside
     medfed's intervals with a verdict each (OUT/scenario-ABLATION.md)."""
-    from medfed.experiments.scenarios import ScenarioPlan, marker, run_scenarios
+    from medfed.experiments.scenarios import (
+        SWEEP_LATENCY_SCANS,
+        ScenarioPlan,
+        marker,
+        run_scenarios,
+    )
+    from medfed.serving.evaluation import LATENCY_ENV
 
     plan = ScenarioPlan.make(
         ablation, quick=quick, seeds=seeds, methods=method or (), n_boot=n_boot, levels=level or ()
@@ -446,6 +453,9 @@ def scenarios(
     check_readme(update_readme, marker(ablation))
     check_out_folder(out)
     check_not_in_run(out)
+    # The sweep reports no routing latency: its runs time the fewest scans the median's CI needs
+    # (each timed scan is a forward pass of every site's model; a 32-site level pays 32).
+    os.environ.setdefault(LATENCY_ENV, str(SWEEP_LATENCY_SCANS))
     run_scenarios(out, plan, echo=typer.echo, readme=update_readme, reuse=reuse_runs)
 
 

@@ -79,6 +79,9 @@ SYSTEM_KNOWN = FIGURES_BY_KEY["system_accuracy_origin_known"]
 FIGURES: tuple[Figure, ...] = (SYSTEM, SYSTEM_KNOWN, AVERAGE_ACCURACY)
 # Sites that train in one round, at most (the rest wait: client sampling).
 SITES_PER_ROUND = 8
+# Scans per router whose routing latency a sweep's run times (MEDFED_LATENCY_SCANS): the sweep
+# reports none, so the fewest the median's CI needs.
+SWEEP_LATENCY_SCANS = 6
 REPRODUCED, NOT_REPRODUCED, NO_DIFFERENCE = (
     "reproduced in direction",
     "not reproduced",
