@@ -347,6 +347,8 @@ def test_report_on_a_synthetic_dr_federation(tmp_path: Path) -> None:
     }
     # screening and referral sites: their grade mixes differ beyond sampling
     assert data["label_shift"]["level"] in ("strong", "moderate")
+    # the methods measured by the shipped sweeps in the regime found, with their intervals
+    assert data["methods"] == json.loads(json.dumps(ranking(data["regime"], measured_sweep(), 3)))
 
 
 def test_report_with_a_trained_run_measures_each_pairs_drop(shared: Shared, tmp_path: Path) -> None:  # noqa: F811
