@@ -73,6 +73,12 @@ def machine() -> str:
     return str(torch.backends.cpu.get_cpu_capability())
 
 
+# Lists whose length follows the figures rather than the run's shape: the routing
+# calibration's bins (only the bins some scan fell in are listed, and which those are moves
+# with the last digits).
+FOLLOW_THE_FIGURES = (".routing_calibration.bins", ".routing_calibration_uncalibrated.bins")
+
+
 def shape_differences(found: Any, pinned: Any, where: str = "") -> list[str]:
     """Where ``found`` lacks the shape of ``pinned``: keys, list lengths, kinds of values, the
     table's header and row labels; numbers and hashes may differ."""
@@ -86,6 +92,14 @@ def shape_differences(found: Any, pinned: Any, where: str = "") -> list[str]:
         if all(_scalar(v) for v in [*found, *pinned]):  # a curve: its points follow the scores
             bad = [v for v in found if v is not None and not _finite(v)]
             return [f"{where}: {bad[:3]} are not numbers"] if bad else []
+        if where.endswith(FOLLOW_THE_FIGURES) and found and pinned:
+            # as many items as the figures fill (calibration bins list the non-empty ones):
+            # each has the shape of a pinned one
+            return [
+                d
+                for i, a in enumerate(found)
+                for d in shape_differences(a, pinned[0], f"{where}[{i}]")
+            ]
         if len(found) != len(pinned):
             return [f"{where}: {len(found)} items != pinned {len(pinned)}"]
         pairs = enumerate(zip(found, pinned, strict=True))

@@ -54,3 +54,21 @@ def test_a_lost_field_round_or_column_changes_the_shape() -> None:
         else:
             next(iter(run["summary"]["sites"].values()))["auc"] = float("nan")
         assert shape_differences(moved, pinned), change
+
+
+def test_calibration_bins_may_be_more_or_fewer_but_each_keeps_its_shape() -> None:
+    pinned = _pinned()
+    moved = copy.deepcopy(pinned)
+    bins = moved["runs"]["feddrm"]["summary"]["routing_calibration"]["bins"]
+    bins.append(copy.deepcopy(bins[0]))  # a scan fell in one more bin on this CPU
+
+    assert shape_differences(moved, pinned) == []
+    del bins[-1][next(iter(bins[-1]))]
+    assert shape_differences(moved, pinned)  # a bin without one of its figures is a new shape
+    site = next(iter(moved["runs"]["feddrm"]["summary"]["sites"].values()))
+    del bins[-1]
+    del site["calibration"]["bins"][-1]  # a site's ten bins are always ten
+    assert shape_differences(moved, pinned) == [
+        f".runs.feddrm.summary.sites.{next(iter(moved['runs']['feddrm']['summary']['sites']))}"
+        ".calibration.bins: 9 items != pinned 10"
+    ]
