@@ -35,10 +35,11 @@ Which method to use in each regime comes from a scenario sweep (every method tra
 synthetic federation of each regime): ``medfed scenarios`` writes one per ablation
 (``OUT/sweep-ABLATION.json``, :func:`read_sweep`'s format). The sweeps measured for
 docs/scenarios.md ship with medfed (``medfed/reports/sweeps``) and are read when ``--sweep``
-names no others. Of the scenarios of the regime found, the one whose number of sites is
-nearest the federation's gives the ranking (point estimates), always with FedDRM's paired
-intervals against each method, so that a ranking is never read as more than they show.
-Everything here is guidance from synthetic scenarios.
+names no others. Of the scenarios of the regime found, those whose number of sites is nearest
+the federation's count: the first gives the ranking (point estimates) and each other
+measurement of the regime is stated beside it, always with FedDRM's paired intervals against
+each method, so that a ranking is never read as more than they show. Everything here is
+guidance from synthetic scenarios.
 """
 
 from __future__ import annotations
@@ -507,7 +508,8 @@ def _one_ranking(methods: Mapping[str, Any]) -> str:
         for method, d in differences.items():
             by_verdict.setdefault(d["verdict"], []).append(method)
         parts = [f"{VERDICT_WORDS.get(v, v)} {', '.join(ms)}" for v, ms in by_verdict.items()]
-        text += f"; {methods['reference']}'s paired 95% intervals: " + "; ".join(parts)
+        reference = methods.get("reference") or "the reference method"
+        text += f"; {reference}'s paired 95% intervals: " + "; ".join(parts)
     return text + f"; {methods['note']})"
 
 
