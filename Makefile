@@ -55,8 +55,8 @@ gpu-wheels: $(STAMP)
 # - the rest.
 # The first three streams' output follows the rest's. The lists keep the four about as long.
 SIDE_TESTS := tests/test_bench.py tests/test_engine.py tests/test_privacy.py tests/test_synth.py \
-	tests/test_compile.py tests/test_scenarios.py \
-	tests/test_serve_load.py tests/test_pacs_dicomweb.py
+	tests/test_compile.py tests/test_scenarios.py tests/test_dr_training.py \
+	tests/test_tv_backbones.py tests/test_serve_load.py tests/test_pacs_dicomweb.py
 FLOWER_MORE := tests/test_bench_deploy.py
 MORE_TESTS := tests/test_dashboard_browser.py tests/test_bad_inputs_dashboard.py \
 	tests/test_extras.py tests/test_pfedme.py tests/test_fedgmi.py tests/test_transfer.py \
