@@ -7,6 +7,7 @@ This is the only place where dictionaries read from files become typed objects.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields
@@ -658,3 +659,14 @@ def merge_train_settings(
     if where is None:
         return TrainConfig(**values)
     return TrainConfig.from_dict(values, where=where)
+
+
+def count_from_env(name: str, what: str, hint: str = "") -> int | None:
+    """The whole number, 1 or more, that environment variable ``name`` sets (None when it is
+    unset or blank); anything else is a ConfigError naming the variable and ``what`` it counts."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{name}={text!r}: give a whole number of {what}, 1 or more{hint}")
+    return int(text)

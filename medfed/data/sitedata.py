@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from medfed.config import SiteManifest
+from medfed.config import SiteManifest, count_from_env
 from medfed.data.cache import (
     StackWriter,
     TensorCache,
@@ -33,7 +33,7 @@ from medfed.data.preprocess import (
 from medfed.data.records import Problem, Record, Split
 from medfed.data.splits import assign_splits
 from medfed.data.transforms import NoCameraField
-from medfed.errors import ConfigError, DataError, MedfedError
+from medfed.errors import DataError, MedfedError
 from medfed.progress import bar
 
 _SHOWN = 5
@@ -257,13 +257,9 @@ def _split_tensor(
 def decode_workers() -> int:
     """Scans decoded at once when the cache is cold: one per core, at most 4
     (``MEDFED_DECODE_WORKERS`` sets it; 1 decodes in the calling thread)."""
-    text = os.environ.get("MEDFED_DECODE_WORKERS", "").strip()
-    if text:
-        if not text.isdigit() or int(text) < 1:
-            raise ConfigError(
-                f"MEDFED_DECODE_WORKERS={text!r}: give a whole number of threads, 1 or more"
-            )
-        return int(text)
+    given = count_from_env("MEDFED_DECODE_WORKERS", "threads")
+    if given is not None:
+        return given
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:

@@ -21,7 +21,6 @@ names them in the evaluation's ``suppressed``.
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -29,11 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from medfed.config import count_from_env
 from medfed.data.grading import REFERABLE_FROM, is_icdr_grading
 from medfed.data.preprocess import Normalization, NormalizedView
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import ConfigError
 from medfed.metrics import (
     Calibration,
     ClassAUC,
@@ -106,15 +105,8 @@ def latency_scans() -> int:
     ``MEDFED_LATENCY_SCANS``, else 16. Each costs a forward pass of every site's model, which
     on a small federation's test split is much of the evaluation; its 95% CI (the median's)
     needs at least 6."""
-    text = os.environ.get(LATENCY_ENV, "").strip()
-    if not text:
-        return LATENCY_SCANS
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(
-            f"{LATENCY_ENV}={text!r}: give a whole number of scans, 1 or more (default "
-            f"{LATENCY_SCANS}), or unset it"
-        )
-    return int(text)
+    given = count_from_env(LATENCY_ENV, "scans", f" (default {LATENCY_SCANS}), or unset it")
+    return LATENCY_SCANS if given is None else given
 
 
 def _latency_ms(router: Router, fed: TrainedFederation, views: list[NormalizedView], n: int):
