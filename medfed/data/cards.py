@@ -50,9 +50,10 @@ def render_card(manifest: SiteManifest, report: SiteReport) -> str:
     lines.append(
         "| all | " + " | ".join(str(totals[n]) for n in names) + f" | {sum(totals.values())} |"
     )
-    if len(names) == 2 and min(totals.values()) > 0:
-        a, b = names
-        lines += ["", f"Class ratio {a}:{b} = {totals[a] / totals[b]:.2f}"]
+    if len(classes) == 2 and all(totals.get(n, 0) > 0 for n in classes):
+        negative, positive = classes  # label 0 first: the ratio reads positive:negative
+        ratio = totals[positive] / totals[negative]
+        lines += ["", f"Class ratio {positive}:{negative} = {ratio:.2f}"]
     lines += [
         "",
         "## Acquisition",
