@@ -281,7 +281,7 @@ def test_the_sweeps_measured_for_the_docs_ship_with_medfed() -> None:
 
     assert sweep is not None
     ablations = {s["level"].split(":")[0] for s in sweep["scenarios"]}
-    assert {"covariate", "label", "concept"} <= ablations
+    assert {"covariate", "label", "concept", "clients"} <= ablations
     verdicts = {"ahead", "behind", "no difference detected"}
     for s in sweep["scenarios"]:
         accuracy = s["system_accuracy"]
