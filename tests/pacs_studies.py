@@ -2,7 +2,10 @@
 
 ``fundus_photo(png, ...)``: one Ophthalmic Photography instance (or Secondary Capture) whose
 pixels are a synthetic site's photo; ``ct_series(folder, ...)``: a small CT series.
-``orthanc(tmp)``: Orthanc with its DICOMweb plugin on free loopback ports, killed by PID.
+``orthanc(tmp)``: Orthanc with its DICOMweb plugin on free loopback ports, killed by PID
+(``users``: HTTP Basic accounts it requires). ``tls_proxy(port, ...)``: HTTPS on loopback in
+front of it, as a hospital's reverse proxy would be (Orthanc 1.10's own HTTPS, ``SslEnabled``,
+resets every request in the Debian build, so the TLS tests go through the proxy).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import shutil
 import socket
 import subprocess
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -125,6 +127,7 @@ class Orthanc:
     http: int
     dicom: int
     process: subprocess.Popen
+    auth: tuple[str, str] | None = None  # an account of RegisteredUsers, when required
 
     @property
     def url(self) -> str:
@@ -134,19 +137,127 @@ class Orthanc:
     def dicomweb(self) -> str:
         return f"{self.url}/dicom-web"
 
+    def session(self):  # a requests.Session signed in and trusting the server's certificate
+        import requests
+
+        session = requests.Session()
+        session.trust_env = False
+        session.auth = self.auth
+        return session
+
     def get(self, path: str) -> object:
-        with urllib.request.urlopen(self.url + path, timeout=10) as answer:
-            return json.loads(answer.read())
+        answer = self.session().get(self.url + path, timeout=10)
+        answer.raise_for_status()
+        return answer.json()
 
     def store(self, datasets: list[Dataset]) -> None:
         from dicomweb_client.api import DICOMwebClient
 
-        DICOMwebClient(self.dicomweb).store_instances(datasets)
+        DICOMwebClient(self.dicomweb, session=self.session()).store_instances(datasets)
+
+    def reports(self, study: str) -> int:
+        """How many SR series (medfed's answers) the study holds."""
+        from dicomweb_client.api import DICOMwebClient
+
+        client = DICOMwebClient(self.dicomweb, session=self.session())
+        return len(client.search_for_series(study, search_filters={"Modality": "SR"}))
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that is its own CA: (certificate, key) PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "medfed test PACS")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
+    (folder / "ca.pem").write_bytes(pem)
+    (folder / "key.pem").write_bytes(private)
+    (folder / "key.pem").chmod(0o600)
+    return folder / "ca.pem", folder / "key.pem"
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)
 
 
 @contextlib.contextmanager
-def orthanc(tmp: Path) -> Iterator[Orthanc]:
-    """A fresh Orthanc with DICOMweb on loopback, storage under ``tmp``; killed on exit."""
+def tls_proxy(target: int, cert: Path, key: Path) -> Iterator[int]:
+    """HTTPS on a free loopback port, passed on to http://127.0.0.1:``target``; its port."""
+    import ssl
+    import threading
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                raw, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=_relay, args=(raw,), daemon=True).start()
+
+    def _relay(raw: socket.socket) -> None:
+        raw.settimeout(30)
+        try:
+            client = context.wrap_socket(raw, server_side=True)
+        except (OSError, ssl.SSLError):  # a client that does not trust the certificate
+            raw.close()
+            return
+        with client, socket.create_connection(("127.0.0.1", target), timeout=30) as upstream:
+            back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+            back.start()
+            _pipe(client, upstream)
+            back.join(timeout=30)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+@contextlib.contextmanager
+def orthanc(tmp: Path, *, users: dict[str, str] | None = None) -> Iterator[Orthanc]:
+    """A fresh Orthanc with DICOMweb on loopback, storage under ``tmp``; killed on exit.
+    ``users``: it requires HTTP Basic with one of these accounts."""
     require_orthanc()
     http, dicom = free_port(), free_port()
     config = {
@@ -157,7 +268,8 @@ def orthanc(tmp: Path) -> Iterator[Orthanc]:
         "DicomPort": dicom,
         "DicomServerEnabled": False,
         "RemoteAccessAllowed": False,
-        "AuthenticationEnabled": False,
+        "AuthenticationEnabled": bool(users),
+        "RegisteredUsers": users or {},
         "Plugins": [str(DICOMWEB_PLUGIN)],
         "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
     }
@@ -166,7 +278,8 @@ def orthanc(tmp: Path) -> Iterator[Orthanc]:
     path.write_text(json.dumps(config), encoding="utf-8")
     log = (tmp / "orthanc.log").open("w")
     process = subprocess.Popen([str(ORTHANC), str(path)], stdout=log, stderr=subprocess.STDOUT)
-    server = Orthanc(http, dicom, process)
+    account = next(iter(users.items())) if users else None
+    server = Orthanc(http, dicom, process, account)
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -49,12 +49,12 @@ def _reports(server, study: str) -> list:
     return reports
 
 
-def _watch(run: Path, url: str) -> str:
+def _watch(run: Path, url: str, *options: str, exit_code: int = 0) -> str:
     argv = ["pacs", "watch", str(run), "--dicomweb", url, "--polls", "1", "--device", "cpu"]
-    result = CliRunner().invoke(cli, argv)
+    result = CliRunner().invoke(cli, [*argv, *options])
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == exit_code, result.output
     return result.output
 
 
@@ -128,7 +128,7 @@ def test_watcher_answers_each_study_once_and_stores_the_answer_back(
         assert (len(AuditLog(run).records()), len(AuditLog(ct_copy).records())) == rows
         for ds in [*fundus, *(series[0] for series in cts)]:
             assert len(_reports(server, str(ds.StudyInstanceUID))) == 1
-        assert log.checkpoint(server.dicomweb.rstrip("/")) == "20261201"
+        assert log.feed_seq(server.dicomweb.rstrip("/")) is not None  # Orthanc's change feed
 
 
 def test_an_answer_stored_before_a_crash_is_sent_again_never_routed_again(
@@ -170,15 +170,16 @@ def test_plain_http_to_another_machine_is_refused(shared: Shared) -> None:
     assert "Traceback" not in result.output
 
 
-def test_an_unreachable_pacs_is_a_warning_and_nothing_is_recorded(
+def test_an_unreachable_pacs_exits_3_with_an_error_line_and_nothing_is_recorded(
     shared: Shared, tmp_path: Path
 ) -> None:
     from medfed.pacs.records import PacsLog
     from tests.pacs_studies import free_port
 
     run = shared.copy_run(tmp_path)
-    output = _watch(run, f"http://127.0.0.1:{free_port()}/dicom-web")
-    assert "warning" in output and "Nothing was recorded" in output
+    output = _watch(run, f"http://127.0.0.1:{free_port()}/dicom-web", exit_code=3)
+    assert "error:" in output and "Nothing was recorded" in output
+    assert "could not reach" in output and "Traceback" not in output
     assert PacsLog(run).scans() == []
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -126,54 +129,197 @@ def _inbox(run: Path, router: str, device: str, source: str) -> Any:  # an Inbox
     return Inbox(run, fed, make_router(router, fed), source)
 
 
-def _token(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    from medfed.pacs.bearer import bearer_token
+def _seconds(least: float) -> Any:
+    """Option callback: a finite number of seconds, at least ``least``."""
 
-    if not path.is_file():
-        raise ConfigError(f"--token-file {path}: no such file")
-    return bearer_token(path)[0]
+    def check(ctx: typer.Context, param: typer.CallbackParam, value: float | None) -> Any:
+        if value is not None and not (math.isfinite(value) and value >= least):
+            name = param.opts[0] if param.opts else param.name
+            raise typer.BadParameter(
+                f"{name} {value}: give a number of seconds, at least {least:g}",
+                ctx=ctx,
+                param=param,
+            )
+        return value
+
+    return check
+
+
+DicomwebOpt = Annotated[
+    str,
+    typer.Option(
+        "--dicomweb",
+        help="The PACS's DICOMweb root (QIDO-RS, WADO-RS, STOW-RS), e.g. "
+        "https://pacs.example.org/dicom-web; plain http only on loopback.",
+    ),
+]
+TokenFileOpt = Annotated[
+    Path | None,
+    typer.Option("--token-file", help="Bearer token for the PACS (an owner-only file)."),
+]
+BasicFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--basic-auth-file",
+        help="HTTP Basic credentials for the PACS (stock Orthanc): an owner-only (chmod 600) "
+        "file whose first line is USER:PASSWORD.",
+    ),
+]
+BasicEnvOpt = Annotated[
+    bool,
+    typer.Option(
+        "--basic-auth-env",
+        help="HTTP Basic credentials from the environment variables MEDFED_PACS_USER and "
+        "MEDFED_PACS_PASSWORD.",
+    ),
+]
+CaFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--ca-file",
+        help="CA certificates (PEM) that signed the PACS's TLS certificate (default: the "
+        "system's).",
+    ),
+]
+
+
+def _watcher(
+    run: Path, dicomweb: str, router: str, device: str, auth: tuple[Path | None, Path | None, bool],
+    ca_file: Path | None, find: str = "sweep", orthanc: str | None = None,
+) -> Any:  # a DicomwebWatcher  # fmt: skip
+    """A watcher of ``dicomweb`` for ``run``, every option checked before the run is loaded."""
+    require_extra("dicomweb_client", "serve", "medfed pacs")
+    from medfed.pacs.credentials import check_ca_file, credentials
+    from medfed.pacs.finding import FINDERS
+    from medfed.pacs.watcher import DicomwebWatcher, check_url
+
+    url = check_url(dicomweb)
+    if find not in FINDERS:
+        raise ConfigError(f"--find {find!r}: expected one of {', '.join(FINDERS)}")
+    if orthanc is not None and find == "sweep":
+        raise ConfigError("--orthanc names the change feed's server; --find sweep reads none")
+    if orthanc is not None:
+        check_url(orthanc, "--orthanc")
+    creds = credentials(*auth)
+    ca = check_ca_file(ca_file, url)
+    warn = functools.partial(typer.echo, err=True)
+    inbox = _inbox(run, router, device, url)
+    return DicomwebWatcher.connect(inbox, url, creds, ca, find, orthanc, warn)
 
 
 @friendly
 def watch(
     run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
-    dicomweb: Annotated[
+    dicomweb: DicomwebOpt,
+    interval: Annotated[
+        float, typer.Option(help="Seconds between polls.", callback=_seconds(1.0))
+    ] = 30.0,
+    polls: Annotated[
+        int | None,
+        typer.Option(help="Stop after this many polls (default: run until stopped).", min=1),
+    ] = None,
+    max_failures: Annotated[
+        int,
+        typer.Option(
+            "--max-failures",
+            help="Stop (exit 3) after this many polls in a row could not reach the PACS; 0: "
+            "keep trying.",
+            min=0,
+        ),
+    ] = 0,
+    find: Annotated[
         str,
         typer.Option(
-            "--dicomweb",
-            help="The PACS's DICOMweb root (QIDO-RS, WADO-RS, STOW-RS), e.g. "
-            "https://pacs.example.org/dicom-web; plain http only on loopback.",
+            help="How new studies are found: 'changes' (Orthanc's change feed), 'sweep' (every "
+            "study each poll, against those examined), 'auto' (the feed when offered).",
         ),
-    ],
-    interval: Annotated[float, typer.Option(help="Seconds between polls.", min=1.0)] = 30.0,
-    polls: Annotated[
-        int | None, typer.Option(help="Stop after this many polls (default: run until stopped).")
+    ] = "auto",
+    orthanc: Annotated[
+        str | None,
+        typer.Option(
+            "--orthanc",
+            help="Orthanc's REST root, for its change feed (default: --dicomweb without its "
+            "/dicom-web).",
+        ),
     ] = None,
-    token_file: Annotated[
-        Path | None,
-        typer.Option("--token-file", help="Bearer token for the PACS (an owner-only file)."),
-    ] = None,
+    token_file: TokenFileOpt = None,
+    basic_auth_file: BasicFileOpt = None,
+    basic_auth_env: BasicEnvOpt = False,
+    ca_file: CaFileOpt = None,
     router: RouterOpt = "auto",
     device: DeviceOpt = "auto",
 ) -> None:
     """Answer new studies in the PACS through DICOMweb, once each, beside each study.
 
-    Search (QIDO-RS), fetch (WADO-RS), route, and store the answer back in each study as a
-    DICOM Basic Text SR (STOW-RS). Each scan (a CT series, or one photo) is answered once,
-    also across restarts (RUN/pacs.sqlite); series of another modality, and unreadable ones,
-    are reported as skipped, with why."""
-    require_extra("dicomweb_client", "serve", "medfed pacs watch")
-    from medfed.pacs.watcher import DicomwebWatcher, check_url
+    New studies are found by Orthanc's change feed, or by a sweep of every study, never by
+    StudyDate (a backdated study stored late is answered too). Search (QIDO-RS), fetch
+    (WADO-RS), route, and store the answer back in each study as a DICOM Basic Text SR
+    (STOW-RS). Each scan (a CT series, or one photo) is answered once, also across restarts
+    (RUN/pacs.sqlite); series of another modality, and unreadable ones, are reported as
+    skipped, with why. A poll that cannot reach the PACS is an error line; the command then
+    exits 3 (with --polls, or after --max-failures polls in a row)."""
+    from medfed.pacs.records import watch_lock
 
-    url = check_url(dicomweb)
-    watcher = DicomwebWatcher.connect(_inbox(run, router, device, url), url, _token(token_file))
-    typer.echo(f"watching {url} for {watcher.inbox.fed.modality} studies", err=True)
-    try:
-        watcher.watch(interval, typer.echo, polls)
-    except KeyboardInterrupt:
-        typer.echo("stopped", err=True)
+    auth = (token_file, basic_auth_file, basic_auth_env)
+    watcher = _watcher(run, dicomweb, router, device, auth, ca_file, find, orthanc)
+    url = watcher.inbox.source
+    failed = 0
+    with watch_lock(run):
+        typer.echo(f"watching {url} for {watcher.inbox.fed.modality} studies", err=True)
+        try:
+            failed = watcher.watch(interval, typer.echo, polls, max_failures)
+        except KeyboardInterrupt:
+            typer.echo("stopped", err=True)
+    if failed:
+        typer.echo(f"error: {failed} poll(s) could not reach {url}; see the lines above", err=True)
+        raise typer.Exit(3)
+
+
+@friendly
+def backfill(
+    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    dicomweb: DicomwebOpt,
+    answer: Annotated[
+        bool, typer.Option("--answer", help="Answer the pending scans (once each).")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object: the counts and every scan.")
+    ] = False,
+    token_file: TokenFileOpt = None,
+    basic_auth_file: BasicFileOpt = None,
+    basic_auth_env: BasicEnvOpt = False,
+    ca_file: CaFileOpt = None,
+    router: RouterOpt = "auto",
+    device: DeviceOpt = "auto",
+) -> None:
+    """List every study in the PACS: each scan answered, skipped (with why) or pending.
+
+    The PACS is searched whole (QIDO-RS, whatever the studies' dates) and each scan read
+    against RUN/pacs.sqlite. Pending: not yet answered, or routed but its answer not yet
+    stored. --answer answers the pending ones as 'medfed pacs watch' would, once each. Exits
+    3 when the PACS cannot be reached."""
+    import json
+
+    from medfed.pacs.reconcile import count_rows, survey
+    from medfed.pacs.records import watch_lock
+
+    auth = (token_file, basic_auth_file, basic_auth_env)
+    watcher = _watcher(run, dicomweb, router, device, auth, ca_file)
+    with watch_lock(run) if answer else contextlib.nullcontext():
+        rows = []
+        for row in survey(watcher, answer):
+            rows.append(row)
+            if not as_json:
+                typer.echo(row.describe())
+    counts = count_rows(rows)
+    if as_json:
+        typer.echo(json.dumps({**counts, "scans": [r.to_dict() for r in rows]}, indent=1))
+        return
+    typer.echo(
+        f"{counts['studies']} studies in {watcher.inbox.source}: {counts['answered']} scans "
+        f"answered, {counts['skipped']} skipped, {counts['pending']} pending"
+        + ("" if answer or not counts["pending"] else " (--answer answers them)")
+    )
 
 
 @friendly
@@ -194,7 +340,10 @@ def listen(
     ),
     quiet: Annotated[
         float,
-        typer.Option(help="Seconds with no new instance after which a series is complete."),
+        typer.Option(
+            help="Seconds with no new instance after which a series is complete.",
+            callback=_seconds(0.0),
+        ),
     ] = 10.0,
     answer_to: Annotated[
         str | None,
@@ -293,6 +442,7 @@ def load(
 def register(app: typer.Typer) -> None:
     pacs_add = adder(pacs_app)
     pacs_add(watch)
+    pacs_add(backfill)
     pacs_add(listen)
     pacs_add(load)
     add = adder(app, SERVING)

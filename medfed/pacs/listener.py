@@ -64,6 +64,8 @@ def parse_destination(text: str) -> Destination:
         )
     if len(title.strip()) > 16:
         raise ConfigError(f"--answer-to {text!r}: an AE title has at most 16 characters")
+    if not 1 <= int(port) <= 65535:
+        raise ConfigError(f"--answer-to {text!r}: the port {int(port)} is not 1 to 65535")
     return Destination(title.strip(), host, int(port))
 
 

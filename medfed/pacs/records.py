@@ -1,5 +1,6 @@
 """What the PACS inboxes have done, in ``RUN/pacs.sqlite``: each scan answered or skipped (and
-why), and each DICOMweb source's checkpoint.
+why), and how far each DICOMweb source was read: the position in Orthanc's change feed, or the
+studies a sweep has examined (with their instance counts then).
 
 A scan is answered once: its key (a CT series, or one photo) is recorded with its audit id and
 the answer's file as soon as it is routed, before the answer is sent; a restart that finds a
@@ -9,15 +10,17 @@ Instance UID: the PACS keeps one copy), and never routes it again.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from medfed.errors import MedfedError
+from medfed.errors import ConfigError, MedfedError
 
-__all__ = ["PACS_FILE", "PacsLog", "PacsLogError", "PacsScan"]
+__all__ = ["PACS_FILE", "PacsLog", "PacsLogError", "PacsScan", "watch_lock"]
 
 PACS_FILE = "pacs.sqlite"
 _SCHEMA = (
@@ -39,13 +42,23 @@ _SCHEMA = (
     """,
     "CREATE INDEX IF NOT EXISTS scans_by_audit ON scans (audit_id)",
     """
-    CREATE TABLE IF NOT EXISTS checkpoints (
+    CREATE TABLE IF NOT EXISTS feeds (
         source TEXT PRIMARY KEY,
-        study_date TEXT NOT NULL,
+        seq INTEGER NOT NULL,
         time TEXT NOT NULL
     )
     """,
+    """
+    CREATE TABLE IF NOT EXISTS seen_studies (
+        source TEXT NOT NULL,
+        study_uid TEXT NOT NULL,
+        instances INTEGER NOT NULL,
+        time TEXT NOT NULL,
+        PRIMARY KEY (source, study_uid)
+    )
+    """,
 )
+LOCK_FILE = Path("pacs") / "watch.lock"
 _COLUMNS = (
     "key, source, study_uid, series_uid, instance_uid, modality, status, reason, audit_id, "
     "answer_uid, answer_file, time"
@@ -121,17 +134,58 @@ class PacsLog:
             rows = db.execute(f"SELECT {_COLUMNS} FROM scans{where} ORDER BY time, key", args)
             return [PacsScan(*row) for row in rows.fetchall()]
 
-    def checkpoint(self, source: str) -> str | None:
-        """The study date (YYYYMMDD) from which ``source`` is searched again, or None."""
+    def feed_seq(self, source: str) -> int | None:
+        """The last change of ``source``'s change feed whose studies were all handled."""
         with closing(self._connect()) as db:
-            row = db.execute(
-                "SELECT study_date FROM checkpoints WHERE source = ?", (source,)
-            ).fetchone()
-        return None if row is None else str(row[0])
+            row = db.execute("SELECT seq FROM feeds WHERE source = ?", (source,)).fetchone()
+        return None if row is None else int(row[0])
 
-    def set_checkpoint(self, source: str, study_date: str) -> None:
-        with closing(self._connect()) as db, db:
-            db.execute(
-                "INSERT OR REPLACE INTO checkpoints (source, study_date, time) VALUES (?, ?, ?)",
-                (source, study_date, now()),
-            )
+    def set_feed_seq(self, source: str, seq: int) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO feeds (source, seq, time) VALUES (?, ?, ?)",
+            [(source, seq, now())],
+        )
+
+    def seen_counts(self, source: str) -> dict[str, int]:
+        """Study UID -> its instance count when a sweep of ``source`` last examined it whole."""
+        with closing(self._connect()) as db:
+            rows = db.execute(
+                "SELECT study_uid, instances FROM seen_studies WHERE source = ?", (source,)
+            ).fetchall()
+        return {str(uid): int(count) for uid, count in rows}
+
+    def mark_seen(self, source: str, counts: dict[str, int]) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO seen_studies (source, study_uid, instances, time) "
+            "VALUES (?, ?, ?, ?)",
+            [(source, uid, count, now()) for uid, count in counts.items()],
+        )
+
+    def _write(self, statement: str, rows: list[tuple[object, ...]]) -> None:
+        try:
+            with closing(self._connect()) as db, db:
+                db.executemany(statement, rows)
+        except sqlite3.Error as exc:
+            raise PacsLogError(f"{self.path}: cannot be written ({exc})") from exc
+
+
+@contextlib.contextmanager
+def watch_lock(run_dir: str | Path) -> Iterator[None]:
+    """Held while a watcher (or a backfill that answers) works on the run: two at once could
+    route the same new scan twice. ConfigError when another holds it."""
+    import fcntl
+
+    path = Path(run_dir) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise ConfigError(
+                f"{path}: another 'medfed pacs watch' or 'pacs backfill --answer' is answering "
+                "for this run; stop it first (one at a time, so no scan is answered twice)"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,7 +1,8 @@
 """``medfed pacs watch --dicomweb URL``: the DICOMweb inbox.
 
-Each poll searches the PACS (QIDO-RS) for studies since the source's checkpoint (their
-StudyDate, from the checkpoint's day on), lists each study's series, fetches those of the run's
+Each poll finds the studies with new instances (:mod:`medfed.pacs.finding`: Orthanc's change
+feed, or a sweep of every study against those already examined; never by StudyDate, so a
+backdated study stored late is found), lists each study's series, fetches those of the run's
 modality (WADO-RS), answers each scan once (:mod:`medfed.pacs.handling`) and stores the
 answer in the study (STOW-RS). Series of another modality are recorded as skipped, with why,
 once; medfed's own reports (SR) and other non-image objects are passed over.
@@ -12,45 +13,34 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from pydicom.errors import InvalidDicomError
 
-from medfed.errors import ConfigError, DataError, MedfedError
-from medfed.pacs.bearer import is_loopback
+from medfed.errors import DataError
+from medfed.pacs.connection import TIMEOUT_S, PacsUnreachable, call, check_url, make_session
+from medfed.pacs.credentials import PacsCredentials
+from medfed.pacs.finding import ChangeFeed, StudySweep, finder, orthanc_root
 from medfed.pacs.handling import Inbox, Outcome, wrong_modality
 from medfed.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, Ids, kind_of
 
 if TYPE_CHECKING:
     from pydicom.dataset import Dataset
 
-__all__ = ["DicomwebWatcher", "PacsUnreachable", "check_url"]
+__all__ = ["DicomwebWatcher", "PacsUnreachable", "check_url", "stamped"]
 
-_STUDY_UID, _SERIES_UID, _MODALITY, _STUDY_DATE = "0020000D", "0020000E", "00080060", "00080020"
-_PAGE = 100
-
-
-class PacsUnreachable(MedfedError):
-    """The PACS did not answer (network, HTTP error): nothing is recorded, the poll is retried."""
-
-
-def check_url(url: str) -> str:
-    """``url`` when it is http(s); plain http only to a loopback host (TLS everywhere else)."""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(f"--dicomweb {url!r}: not an http(s) URL of a DICOMweb service")
-    if parsed.scheme == "http" and not is_loopback(parsed.hostname):
-        raise ConfigError(
-            f"--dicomweb {url}: plain http to another machine would send scans unencrypted; "
-            "use https (TLS), e.g. through the PACS's reverse proxy"
-        )
-    return url.rstrip("/")
+_SERIES_UID, _MODALITY, _SOP_UID = "0020000E", "00080060", "00080018"
 
 
 def _value(obj: dict[str, Any], tag: str) -> str:
     values = (obj.get(tag) or {}).get("Value") or [""]
     return str(values[0] or "").strip()
+
+
+def stamped(text: str) -> str:
+    """``text`` after the time (UTC), as a log line a journal or a cron mail can be read by."""
+    return f"{datetime.now(UTC).isoformat(timespec='seconds')} {text}"
 
 
 @dataclass
@@ -59,56 +49,55 @@ class DicomwebWatcher:
 
     inbox: Inbox
     client: Any  # dicomweb_client.DICOMwebClient
+    session: Any = None  # requests.Session: the client's, with the PACS's credentials
+    find: str = "auto"  # how new studies are found: auto, changes, sweep
+    root: str | None = None  # Orthanc's REST root (its change feed), when known
+    warn: Callable[[str], None] = print
+    _finder: ChangeFeed | StudySweep | None = None
 
     @classmethod
-    def connect(cls, inbox: Inbox, url: str, token: str | None = None) -> DicomwebWatcher:
+    def connect(
+        cls, inbox: Inbox, url: str, creds: PacsCredentials | None = None,
+        ca_file: str | None = None, find: str = "auto", orthanc: str | None = None,
+        warn: Callable[[str], None] = print,
+    ) -> DicomwebWatcher:  # fmt: skip
+        """A watcher of ``url``; ``find`` and ``orthanc`` say how new studies are found."""
         from dicomweb_client.api import DICOMwebClient
 
-        headers = {"Authorization": f"Bearer {token}"} if token else None
-        client = DICOMwebClient(check_url(url), headers=headers)
+        url = check_url(url)
+        session = make_session(creds or PacsCredentials(), ca_file)
+        client = DICOMwebClient(url, session=session, timeout=TIMEOUT_S)
         client.set_http_retry_params(retry=False)  # the next poll is the retry
-        return cls(inbox, client)
+        root = None if find == "sweep" else orthanc_root(url, orthanc)
+        return cls(inbox, client, session, find, root, warn)
 
-    def _call(self, what: str, call: Callable[[], Any]) -> Any:
-        import requests
+    def call(self, what: str, request: Callable[[], Any]) -> Any:
+        """``request()``; PacsUnreachable saying what failed and what to check otherwise."""
+        return call(self.inbox.source, what, request)
 
-        try:
-            return call()
-        except (requests.RequestException, OSError) as exc:
-            raise PacsUnreachable(
-                f"{self.inbox.source}: {what} failed ({exc}); is the PACS up and the URL right? "
-                "Nothing was recorded; the next poll tries again"
-            ) from exc
-
-    def _studies(self, since: str | None) -> list[dict[str, Any]]:
-        filters = {"StudyDate": f"{since}-"} if since else None
-        found, offset = [], 0
-        while True:
-            page = self._call(
-                "searching studies (QIDO-RS)",
-                lambda o=offset: self.client.search_for_studies(
-                    search_filters=filters, fields=["StudyDate"], limit=_PAGE, offset=o
-                ),
-            )
-            found += page
-            if len(page) < _PAGE:
-                return found
-            offset += len(page)
+    @property
+    def finder(self) -> ChangeFeed | StudySweep:
+        """How new studies are found; decided at the first poll the PACS answers."""
+        if self._finder is None:
+            log = self.inbox.log
+            self._finder = finder(
+                self.find, self.inbox.source, self.client, self.session, log, self.root,
+                self.warn,
+            )  # fmt: skip
+            self.warn(f"finding new studies by {self._finder.description}")
+        return self._finder
 
     def poll(self) -> list[Outcome]:
-        """One pass over the studies since the checkpoint; the scans answered or skipped."""
-        log = self.inbox.log
+        """One pass over the studies with new instances; the scans answered or skipped."""
         outcomes: list[Outcome] = []
-        studies = self._studies(log.checkpoint(self.inbox.source))
-        for study in studies:
-            outcomes += self._study(_value(study, _STUDY_UID))
-        dates = [d for d in (_value(s, _STUDY_DATE) for s in studies) if len(d) == 8]
-        if dates:
-            log.set_checkpoint(self.inbox.source, max(dates))
+        for batch in self.finder.batches():
+            for study in batch.studies:
+                outcomes += self.answer_study(study)
+            batch.commit()  # only once every study of the batch was handled
         return outcomes
 
-    def _study(self, study: str) -> list[Outcome]:
-        series = self._call(
+    def answer_study(self, study: str) -> list[Outcome]:
+        series = self.call(
             f"listing the series of study {study} (QIDO-RS)",
             lambda: self.client.search_for_series(study, fields=["Modality"]),
         )
@@ -132,7 +121,7 @@ class DicomwebWatcher:
         if photo and self._all_known(study, series):
             return []
         try:
-            instances: list[Dataset] = self._call(
+            instances: list[Dataset] = self.call(
                 f"fetching series {series} of study {study} (WADO-RS)",
                 lambda: self.client.retrieve_series(study, series),
             )
@@ -147,11 +136,11 @@ class DicomwebWatcher:
 
     def _all_known(self, study: str, series: str) -> bool:
         """Whether every photo of the series was answered or skipped (no fetch needed)."""
-        listed = self._call(
+        listed = self.call(
             f"listing the instances of series {series} (QIDO-RS)",
             lambda: self.client.search_for_instances(study, series, fields=["SOPInstanceUID"]),
         )
-        keys = [Ids(study, series, _value(i, "00080018")).key for i in listed]
+        keys = [Ids(study, series, _value(i, _SOP_UID)).key for i in listed]
         done = [self.inbox.log.get(k) for k in keys]
         return bool(keys) and all(d is not None and d.status != "pending" for d in done)
 
@@ -164,21 +153,32 @@ class DicomwebWatcher:
             return self.inbox.skip(listed, modality, f"unreadable: {exc}")
 
     def _store(self, report: Dataset) -> None:
-        self._call(
+        self.call(
             f"storing the answer in study {report.StudyInstanceUID} (STOW-RS)",
             lambda: self.client.store_instances([report], report.StudyInstanceUID),
         )
 
-    def watch(self, interval: float, echo: Callable[[str], None], polls: int | None) -> None:
-        """Poll every ``interval`` seconds (``polls`` times, or until interrupted)."""
-        done = 0
+    def watch(
+        self, interval: float, echo: Callable[[str], None], polls: int | None,
+        max_failures: int = 0,
+    ) -> int:  # fmt: skip
+        """Poll every ``interval`` seconds, ``polls`` times or until interrupted, or until
+        ``max_failures`` polls in a row could not reach the PACS (0: never give up). Each
+        failed poll is a log line through ``warn``; returns how many polls failed."""
+        done = failed = in_a_row = 0
         while polls is None or done < polls:
             try:
                 for outcome in self.poll():
                     if outcome.new:
                         echo(outcome.describe())
+                in_a_row = 0
             except PacsUnreachable as exc:
-                echo(f"warning: {exc}")
+                failed, in_a_row = failed + 1, in_a_row + 1
+                self.warn(stamped(f"error: {exc}"))
+                if max_failures and in_a_row >= max_failures:
+                    self.warn(stamped(f"error: {in_a_row} polls in a row failed; stopping"))
+                    return failed
             done += 1
             if polls is None or done < polls:
                 time.sleep(interval)
+        return failed
