@@ -38,9 +38,11 @@ def check_url(url: str, option: str = "--dicomweb") -> str:
             "can read; give them with --basic-auth-file or --basic-auth-env"
         )
     try:
-        parsed.port  # noqa: B018  (a port above 65535 or not a number raises here)
+        port = parsed.port  # a port above 65535 or not a number raises here
     except ValueError as exc:
         raise ConfigError(f"{option} {url}: {exc} (a port is 1 to 65535)") from None
+    if port == 0:
+        raise ConfigError(f"{option} {url}: port 0 (a port is 1 to 65535)")
     if parsed.scheme == "http" and not is_loopback(parsed.hostname):
         raise ConfigError(
             f"{option} {url}: plain http to another machine would send scans unencrypted; "

@@ -1,0 +1,149 @@
+"""The bad-input corpus, `medfed pacs watch`, `pacs backfill` and `pacs listen` cases (see
+tests/badinput.py for the policy). Every option is refused before the run is loaded or any PACS
+is asked; the one PACS these rows reach is a closed loopback port."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.badinput import Case, Shared, check
+from tests.pacs_studies import free_port
+
+pytest.importorskip("dicomweb_client")
+
+URL = "http://127.0.0.1:8042/dicom-web"
+
+
+def _watch(*options: str, url: str = URL, command: str = "watch"):
+    def make(tmp: Path, s: Shared) -> list:
+        return ["pacs", command, s.run, "--dicomweb", url, "--device", "cpu", *options]
+
+    return make
+
+
+def _secret(name: str, text: str | bytes, mode: int = 0o600, option: str = "--basic-auth-file"):
+    """``watch`` with ``option`` naming a file holding ``text`` with ``mode``."""
+
+    def make(tmp: Path, s: Shared) -> list:
+        path = tmp / name
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        path.chmod(mode)
+        return ["pacs", "watch", s.run, "--dicomweb", URL, option, path]
+
+    return make
+
+
+def _file(option: str, text: str | None, url: str = "https://pacs.example.org/dicom-web"):
+    """``watch`` with ``option`` naming a file holding ``text`` (None: no such file)."""
+
+    def make(tmp: Path, s: Shared) -> list:
+        path = tmp / "given.pem"
+        if text is not None:
+            path.write_text(text, encoding="utf-8")
+        return ["pacs", "watch", s.run, "--dicomweb", url, option, path]
+
+    return make
+
+
+def _unreachable(command: str):
+    def make(tmp: Path, s: Shared) -> list:
+        url = f"http://127.0.0.1:{free_port()}/dicom-web"
+        argv = ["pacs", command, s.copy_run(tmp), "--dicomweb", url, "--device", "cpu"]
+        return argv + (["--polls", "1"] if command == "watch" else [])
+
+    return make
+
+
+def _listen(*options: str):
+    def make(tmp: Path, s: Shared) -> list:
+        return ["pacs", "listen", s.run, "--allow", "CAMERA", *options]
+
+    return make
+
+
+AUTH = "MEDFED_PACS_USER"
+CASES = [
+    Case("pacs watch --polls is negative", _watch("--polls", "-1"), 2, ("--polls", "-1")),
+    Case("pacs watch --polls is 0", _watch("--polls", "0"), 2, ("--polls",)),
+    Case("pacs watch --polls is not a number", _watch("--polls", "many"), 2, ("--polls",)),
+    Case("pacs watch --interval is negative", _watch("--interval", "-5"), 2,
+         ("--interval", "-5.0", "seconds")),
+    Case("pacs watch --interval is nan", _watch("--interval", "nan"), 2,
+         ("--interval", "nan", "seconds")),
+    Case("pacs watch --interval is inf", _watch("--interval", "inf"), 2, ("--interval", "inf")),
+    Case("pacs watch --max-failures is negative", _watch("--max-failures", "-2"), 2,
+         ("--max-failures",)),
+    Case("pacs watch --find is unknown", _watch("--find", "date"), 2,
+         ("--find", "auto, changes, sweep")),
+    Case("pacs watch --orthanc with --find sweep",
+         _watch("--find", "sweep", "--orthanc", "http://127.0.0.1:8042"), 2,
+         ("--orthanc", "sweep")),
+    Case("pacs watch --orthanc is plain http off loopback",
+         _watch("--orthanc", "http://pacs.example.org"), 2, ("--orthanc", "https")),
+    Case("pacs watch --dicomweb port above 65535",
+         _watch(url="http://127.0.0.1:70000/dicom-web"), 2, ("--dicomweb", "port", "65535")),
+    Case("pacs watch --dicomweb port 0", _watch(url="http://127.0.0.1:0/dicom-web"), 2,
+         ("--dicomweb", "port 0")),
+    Case("pacs watch --dicomweb is no URL", _watch(url="pacs.example.org"), 2,
+         ("--dicomweb", "not an http(s) URL")),
+    Case("pacs watch --dicomweb holds a password",
+         _watch(url="https://medfed:secret@pacs.example.org/dicom-web"), 2,
+         ("--dicomweb", "--basic-auth-file")),
+    Case("pacs backfill --dicomweb port above 65535",
+         _watch(url="http://127.0.0.1:99999/dicom-web", command="backfill"), 2,
+         ("--dicomweb", "65535")),
+    Case("pacs watch --basic-auth-file is missing",
+         lambda tmp, s: ["pacs", "watch", s.run, "--dicomweb", URL, "--basic-auth-file",
+                         tmp / "nothing.auth"], 2, ("--basic-auth-file", "no such file")),
+    Case("pacs watch --basic-auth-file others may read", _secret("a.auth", "u:p\n", 0o644), 2,
+         ("--basic-auth-file", "chmod 600")),
+    Case("pacs watch --basic-auth-file has no colon", _secret("a.auth", "medfed\n"), 2,
+         ("--basic-auth-file", "USER:PASSWORD")),
+    Case("pacs watch --basic-auth-file has no password", _secret("a.auth", "medfed:\n"), 2,
+         ("--basic-auth-file", "password is empty")),
+    Case("pacs watch --basic-auth-file has no user", _secret("a.auth", ":secret\n"), 2,
+         ("--basic-auth-file", "user name is empty")),
+    Case("pacs watch --basic-auth-file is empty", _secret("a.auth", "\n"), 2,
+         ("--basic-auth-file", "empty")),
+    Case("pacs watch --basic-auth-file is binary", _secret("a.auth", b"\xff\xfe:\x00"), 2,
+         ("--basic-auth-file",)),
+    Case("pacs watch --token-file others may read",
+         _secret("t.token", "abc\n", 0o640, "--token-file"), 2, ("--token-file", "chmod 600")),
+    Case("pacs watch --token-file holds spaces",
+         _secret("t.token", "two words\n", option="--token-file"), 2,
+         ("--token-file", "spaces")),
+    Case("pacs watch --basic-auth-env without the variables", _watch("--basic-auth-env"), 2,
+         ("--basic-auth-env", "MEDFED_PACS_PASSWORD")),
+    Case("pacs watch --basic-auth-env without the password", _watch("--basic-auth-env"), 2,
+         ("MEDFED_PACS_PASSWORD", "not set"), env=((AUTH, "medfed"),)),
+    Case("pacs watch --basic-auth-env user holds a colon", _watch("--basic-auth-env"), 2,
+         ("--basic-auth-env", "':'"), env=((AUTH, "a:b"), ("MEDFED_PACS_PASSWORD", "x"))),
+    Case("pacs watch two ways to sign in",
+         _watch("--basic-auth-env", "--token-file", "/nonexistent"), 2,
+         ("--token-file", "--basic-auth-env", "give one")),
+    Case("pacs watch --ca-file is missing", _file("--ca-file", None), 2,
+         ("--ca-file", "no such file")),
+    Case("pacs watch --ca-file is not PEM", _file("--ca-file", "not a certificate\n"), 2,
+         ("--ca-file", "not a PEM file")),
+    Case("pacs watch --ca-file with plain http", _file("--ca-file", "x\n", URL), 2,
+         ("--ca-file", "not https")),
+    Case("pacs watch cannot reach the PACS", _unreachable("watch"), 3,
+         ("error:", "could not reach", "is the PACS up")),
+    Case("pacs backfill cannot reach the PACS", _unreachable("backfill"), 3,
+         ("error:", "searching studies", "is the PACS up")),
+    Case("pacs listen --quiet is negative", _listen("--quiet", "-1"), 2,
+         ("--quiet", "-1.0", "seconds")),
+    Case("pacs listen --quiet is nan", _listen("--quiet", "nan"), 2, ("--quiet", "nan")),
+    Case("pacs listen --port above 65535", _listen("--port", "70000"), 2, ("--port", "70000")),
+    Case("pacs listen --answer-to port above 65535",
+         _listen("--answer-to", "ORTHANC@127.0.0.1:70000"), 2, ("--answer-to", "65535")),
+    Case("pacs listen --answer-to port 0", _listen("--answer-to", "ORTHANC@127.0.0.1:0"), 2,
+         ("--answer-to", "not 1 to 65535")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_bad_input_gets_a_clear_answer(case: Case, tmp_path, shared: Shared) -> None:
+    check(case, tmp_path, shared)
