@@ -17,7 +17,8 @@ from medfed.pacs import MAX_BYTES, MAX_FILES, MAX_PIXELS
 
 pacs_app = typer.Typer(
     help="New scans from the hospital's PACS: a DICOMweb inbox and a DICOM listener.\n\n"
-    "Also the routing service's load test (medfed pacs load).",
+    "Also every study's state in the PACS (medfed pacs backfill) and the routing service's "
+    "load test (medfed pacs load).",
     no_args_is_help=True,
 )
 
