@@ -85,12 +85,12 @@ class StudySweep:
     description: str = "sweeping every study (QIDO-RS) against the studies already examined"
 
     def batches(self) -> Iterator[Batch]:
-        seen = self.log.seen_counts(self.source)
         for page in all_studies(self.source, self.client):
             counts: dict[str, int | None] = {}
             for study in page:
                 uid, count = _value(study, _STUDY_UID), _value(study, _INSTANCES)
                 counts[uid] = int(count) if count.isdigit() else None
+            seen = self.log.seen_counts(self.source, [uid for uid in counts if uid])
             todo = [uid for uid, n in counts.items() if uid and (n is None or seen.get(uid) != n)]
             known = {uid: n for uid, n in counts.items() if uid in todo and n is not None}
             yield Batch(todo, lambda k=known: self.log.mark_seen(self.source, k))
@@ -133,6 +133,7 @@ class ChangeFeed:
         return isinstance(last, dict) and isinstance(last.get("Last"), int)
 
     def batches(self) -> Iterator[Batch]:
+        self._studies.clear()  # this poll's; Orthanc's ids are stable, but the PACS grows
         since = self.log.feed_seq(self.source) or 0
         last = self._get("/changes?last", "reading Orthanc's change feed")
         newest = int(last.get("Last", 0)) if isinstance(last, dict) else 0

@@ -146,13 +146,20 @@ class PacsLog:
             [(source, seq, now())],
         )
 
-    def seen_counts(self, source: str) -> dict[str, int]:
-        """Study UID -> its instance count when a sweep of ``source`` last examined it whole."""
+    def seen_counts(self, source: str, studies: list[str]) -> dict[str, int]:
+        """Study UID -> its instance count when a sweep of ``source`` last examined it whole,
+        for those of ``studies`` it examined."""
+        found: dict[str, int] = {}
         with closing(self._connect()) as db:
-            rows = db.execute(
-                "SELECT study_uid, instances FROM seen_studies WHERE source = ?", (source,)
-            ).fetchall()
-        return {str(uid): int(count) for uid, count in rows}
+            for at in range(0, len(studies), 500):  # well under SQLite's variable limit
+                part = studies[at : at + 500]
+                rows = db.execute(
+                    "SELECT study_uid, instances FROM seen_studies WHERE source = ? AND "
+                    f"study_uid IN ({', '.join('?' * len(part))})",
+                    (source, *part),
+                ).fetchall()
+                found.update({str(uid): int(count) for uid, count in rows})
+        return found
 
     def mark_seen(self, source: str, counts: dict[str, int]) -> None:
         self._write(
