@@ -92,7 +92,8 @@ def now() -> str:
 
 
 class PacsLog:
-    """``RUN/pacs.sqlite``: every scan the inboxes answered or skipped, and the checkpoints."""
+    """``RUN/pacs.sqlite``: every scan the inboxes answered or skipped, and how far each
+    DICOMweb source was read."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.path = Path(run_dir) / PACS_FILE
