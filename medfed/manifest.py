@@ -199,6 +199,10 @@ class SiteManifest:
     known_shifts: str = ""
     licence: str = ""
     ethics: str = ""
+    provenance: str = ""
+    # The classes of [labels] this site holds scans of, when it holds only some of the
+    # federation's classes (a screening site with only 'dr', say); empty: all of them.
+    classes_held: tuple[str, ...] = ()
     manifest_path: Path | None = None
 
     @property
@@ -209,18 +213,27 @@ class SiteManifest:
         """Class index -> name, by index (see :func:`class_names`)."""
         return class_names(self.labels)
 
+    def held_indices(self) -> set[int]:
+        """The class indices this site holds scans of (``classes_held``, else every class)."""
+        return {self.labels[name] for name in self.classes_held or self.labels}
+
     def to_dict(self) -> dict[str, Any]:
         """A TOML/JSON-ready dictionary of the resolved manifest."""
         data = asdict(self)
         data["modality"] = str(self.modality)
         data["root"] = str(self.root)
         data["manifest_path"] = str(self.manifest_path) if self.manifest_path else ""
+        if self.classes_held:
+            data["classes_held"] = list(self.classes_held)
+        else:  # every class: the field is left out, as a manifest that holds them all leaves it
+            del data["classes_held"]
         return data
 
 
 _TOP_KEYS = {
     "id", "modality", "layout", "root", "labels", "preprocess", "split", "layout_options",
-    "description", "source", "acquisition", "known_shifts", "licence", "ethics",
+    "description", "source", "acquisition", "known_shifts", "licence", "ethics", "provenance",
+    "classes_held",
 }  # fmt: skip
 
 
@@ -244,7 +257,7 @@ _TABLE_EXAMPLES = {
 
 # Free-text fields of a manifest (shown on site cards and in reports).
 _TEXT_FIELDS: tuple[str, ...] = (
-    "description", "source", "acquisition", "known_shifts", "licence", "ethics",
+    "description", "source", "acquisition", "known_shifts", "licence", "ethics", "provenance",
 )  # fmt: skip
 
 
@@ -411,6 +424,7 @@ def parse_manifest(
             )
         text_fields[key] = value
     return SiteManifest(
+        classes_held=_classes_held(data, labels, where),
         id=site_id,
         modality=modality,
         layout=layout,
@@ -421,6 +435,31 @@ def parse_manifest(
         layout_options=dict(layout_options),
         **text_fields,
     )
+
+
+def _classes_held(data: dict[str, Any], labels: dict[str, int], where: str) -> tuple[str, ...]:
+    """``classes_held``: a non-empty list of distinct class names that [labels] declares."""
+    value = data.get("classes_held", [])
+    example = f"e.g. classes_held = [{', '.join(repr(n) for n in list(labels)[-1:])}]"
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ManifestError(
+            f"{where}: field 'classes_held' must be a list of class names (strings), "
+            f"{example}; got {value!r}"
+        )
+    if "classes_held" in data and not value:
+        raise ManifestError(
+            f"{where}: 'classes_held' is empty; list the classes of [labels] this site holds "
+            f"scans of ({example}), or leave the field out when it holds all of them"
+        )
+    undeclared = [v for v in value if v not in labels]
+    if undeclared:
+        raise ManifestError(
+            f"{where}: classes_held names {undeclared}, which [labels] does not declare "
+            f"(declared: {list(labels)}); use the names of [labels]"
+        )
+    if len(set(value)) != len(value):
+        raise ManifestError(f"{where}: classes_held lists a class twice ({value}); list each once")
+    return tuple(value)
 
 
 def load_manifest(path: str | Path) -> SiteManifest:

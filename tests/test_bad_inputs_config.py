@@ -294,6 +294,36 @@ MANIFEST_CASES = [
         2,
         ("site.toml", "licence", "must be a string"),
     ),
+    Case(
+        "manifest provenance is a number",
+        _manifest(_replace(r"^licence = .*$", "provenance = 3")),
+        2,
+        ("site.toml", "provenance", "must be a string"),
+    ),
+    Case(
+        "manifest classes_held is a string",
+        _manifest(_replace(r"^licence = .*$", 'classes_held = "glaucoma"')),
+        2,
+        ("site.toml", "classes_held", "list of class names", "'glaucoma'"),
+    ),
+    Case(
+        "manifest classes_held is empty",
+        _manifest(_replace(r"^licence = .*$", "classes_held = []")),
+        2,
+        ("site.toml", "classes_held", "is empty", "leave the field out"),
+    ),
+    Case(
+        "manifest classes_held names a class labels does not declare",
+        _manifest(_replace(r"^licence = .*$", 'classes_held = ["dr"]')),
+        2,
+        ("site.toml", "classes_held names ['dr']", "[labels] does not declare"),
+    ),
+    Case(
+        "manifest classes_held lists a class twice",
+        _manifest(_replace(r"^licence = .*$", 'classes_held = ["normal", "normal"]')),
+        2,
+        ("site.toml", "classes_held", "twice"),
+    ),
 ]
 
 

@@ -30,6 +30,11 @@ def render_card(manifest: SiteManifest, report: SiteReport) -> str:
         f"| on-disk layout | `{manifest.layout}` |",
         f"| source | {_field(manifest.source)} |",
         f"| labels | {', '.join(f'{n} = {manifest.labels[n]}' for n in classes)} |",
+        *(
+            [f"| classes held | {', '.join(manifest.classes_held)} |"]
+            if manifest.classes_held
+            else []
+        ),
         f"| scans | {report.n_records} listed, {report.n_readable} readable |",
         *([f"| optic disc position | {report.disc_text()} |"] if report.disc else []),
         f"| ready to join | {'yes' if report.ready else 'no: see problems below'} |",
@@ -54,6 +59,8 @@ def render_card(manifest: SiteManifest, report: SiteReport) -> str:
         negative, positive = classes  # label 0 first: the ratio reads positive:negative
         ratio = totals[positive] / totals[negative]
         lines += ["", f"Class ratio {positive}:{negative} = {ratio:.2f}"]
+    if manifest.provenance.strip():  # optional: where the files came from, and how
+        lines += ["", "## Provenance", "", manifest.provenance.strip()]
     lines += [
         "",
         "## Acquisition",

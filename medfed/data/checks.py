@@ -17,9 +17,15 @@ from medfed.config import SiteManifest, load_manifest
 from medfed.data.cache import TensorCache, content_hash
 from medfed.data.disc import disc_of
 from medfed.data.distances import SiteFeatures, scan_features, site_distances
-from medfed.data.io import Volume, image_info
+from medfed.data.io import ImageInfo, Volume, image_info
 from medfed.data.layouts import scan_site
 from medfed.data.modality import modality_spec, read_record
+from medfed.data.photochecks import (
+    border_share,
+    border_warnings,
+    federation_photo_warnings,
+    format_warnings,
+)
 from medfed.data.plausibility import modality_doubts
 from medfed.data.records import Problem, Record, Split
 from medfed.data.scanstats import acquisition_values, histogram_edges, scan_histogram
@@ -62,6 +68,8 @@ class SiteReport:
     features: np.ndarray | None = field(default=None, repr=False)
     # content hash -> the readable scan's file (cross-site copies are found from it)
     contents: dict[str, Path] = field(default_factory=dict, repr=False)
+    # file format ("JPEG", "PNG") -> readable photos of it
+    formats: dict[str, int] = field(default_factory=dict)
     # Fundus with a disc crop or a layout that gives disc positions: how many readable photos
     # have their optic disc's position from the layout, how many have it estimated.
     disc: dict[str, int] = field(default_factory=dict)
@@ -121,6 +129,7 @@ class SiteReport:
             "size_counts": self.size_counts,
             "histogram": self.histogram,
             "acquisition": self.acquisition,
+            "formats": self.formats,
         }
 
 
@@ -234,74 +243,18 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
         )
         return report
 
-    shapes, spacings, moments, features = [], [], [], []
-    readable, contents = [], []
-    kinds: dict[tuple[str, str], list[Path]] = {}
-    orientations: Counter[str] = Counter()
-    unit = modality_spec(manifest.modality).intensity_unit
-    edges, histogram = histogram_edges(unit), None
-    acquisition: dict[str, Counter[str]] = {}
-    unlike: dict[tuple[str, ...], list[Path]] = {}
+    readings = _Readings(manifest)
     records = bar(scan.records, f"check {manifest.id}", unit="scan", total=len(scan.records))
     for record in records:
         try:
-            decoded = read_record(record, manifest.modality)
-            if (disc := disc_of(record)) is not None and isinstance(decoded, np.ndarray):
-                disc.locate(*decoded.shape[:2])  # inside the photo, its mask usable
-            tensor = preprocess_record(manifest, record, cache, decoded=decoded)
-            content = content_hash(record.content_files)
-            if isinstance(decoded, np.ndarray):
-                _note_kind(manifest, record.path, kinds)
-            if doubts := modality_doubts(manifest.modality, decoded):
-                unlike.setdefault(tuple(doubts), []).append(record.path)
+            readings.read(record, cache)
         except MedfedError as exc:
             report.problems.append(
                 Problem(str(record.path), str(exc), "replace or remove the file, then re-check")
             )
-            continue
-        shape, moment, spacing = _raw_stats(decoded)
-        if isinstance(decoded, Volume) and decoded.orientation is not None:
-            orientations[decoded.orientation.describe()] += 1
-        shapes.append(tuple(int(s) for s in shape))
-        one = scan_histogram(_pixels(decoded), edges)
-        histogram = one if histogram is None else histogram + one
-        for key, value in acquisition_values(record.meta).items():
-            acquisition.setdefault(key, Counter())[value] += 1
-        spacings.append(spacing)
-        moments.append(moment)
-        features.append(scan_features(tensor))
-        readable.append(record)
-        contents.append(content)
-    report.n_readable = len(readable)
-    report.disc = _disc_counts(manifest, scan.records, readable)
-    report.sizes = _summarize_sizes(shapes, spacings)
-    report.size_counts = {_dims(k): n for k, n in Counter(shapes).most_common()}
-    if histogram is not None:
-        report.histogram = {
-            "unit": unit,
-            "edges": [float(e) for e in edges],
-            "counts": [[round(float(v), 4) for v in row] for row in histogram],
-        }
-    report.acquisition = {k: dict(v.most_common()) for k, v in acquisition.items()}
-    report.orientation = dict(orientations.most_common())
-    unknown = sum(n for how, n in orientations.items() if how.startswith("unknown"))
-    if unknown:
-        report.warnings.append(
-            f"{unknown} volume(s) have no orientation in their headers, so their left and "
-            "right may not match the other volumes' (see the card's orientation); export them with "
-            "ImageOrientationPatient (DICOM) or a qform/sform (NIfTI)"
-        )
-    if moments:
-        m = np.stack(moments)  # (n, channels, 2)
-        report.intensity = {
-            "unit": modality_spec(manifest.modality).intensity_unit,
-            "mean": [round(float(v), 2) for v in m[:, :, 0].mean(axis=0)],
-            "std": [round(float(v), 2) for v in m[:, :, 1].mean(axis=0)],
-        }
-        report.features = np.stack(features)
-    for (what, how), paths in kinds.items():
-        report.warnings.append(f"{len(paths)} {what} image(s) ({how}): {_names(manifest, paths)}")
-    report.warnings.extend(_unlike_warnings(manifest, unlike))
+    readings.fill(report)
+    report.disc = _disc_counts(manifest, scan.records, readings.readable)
+    readable, contents = readings.readable, readings.contents
     report.warnings.extend(_duplicate_warnings(manifest, readable, contents))
     report.contents = {c: r.path for r, c in zip(readable, contents, strict=True)}
     if readable:
@@ -309,6 +262,99 @@ def _check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
     else:
         _count(manifest, scan.records, report, None)
     return report
+
+
+class _Readings:
+    """What ``sites check`` gathers from each readable scan of a site, and the report's figures
+    and warnings made of it."""
+
+    def __init__(self, manifest: SiteManifest) -> None:
+        self.manifest = manifest
+        self.shapes: list[tuple[int, ...]] = []
+        self.spacings: list[tuple] = []
+        self.moments: list[np.ndarray] = []
+        self.features: list[np.ndarray] = []
+        self.readable: list[Record] = []
+        self.contents: list[str] = []
+        self.kinds: dict[tuple[str, str], list[Path]] = {}
+        self.orientations: Counter[str] = Counter()
+        self.unit = modality_spec(manifest.modality).intensity_unit
+        self.edges, self.histogram = histogram_edges(self.unit), None
+        self.acquisition: dict[str, Counter[str]] = {}
+        self.unlike: dict[tuple[str, ...], list[Path]] = {}
+        self.formats: dict[str, Counter[str]] = {}  # class name -> file format -> photos
+        self.borders: list[float] = []
+
+    def read(self, record: Record, cache: TensorCache) -> None:
+        """Decode, preprocess (into the cache) and measure one scan; MedfedError when it
+        cannot be read."""
+        manifest = self.manifest
+        decoded = read_record(record, manifest.modality)
+        if (disc := disc_of(record)) is not None and isinstance(decoded, np.ndarray):
+            disc.locate(*decoded.shape[:2])  # inside the photo, its mask usable
+        tensor = preprocess_record(manifest, record, cache, decoded=decoded)
+        content = content_hash(record.content_files)
+        if isinstance(decoded, np.ndarray):
+            info = _note_kind(manifest, record.path, self.kinds)
+            name = str(record.meta.get("class_name") or manifest.class_names()[record.label])
+            self.formats.setdefault(name, Counter())[info.format or "unknown"] += 1
+            self.borders.append(border_share(decoded))
+        if doubts := modality_doubts(manifest.modality, decoded):
+            self.unlike.setdefault(tuple(doubts), []).append(record.path)
+        shape, moment, spacing = _raw_stats(decoded)
+        if isinstance(decoded, Volume) and decoded.orientation is not None:
+            self.orientations[decoded.orientation.describe()] += 1
+        self.shapes.append(tuple(int(s) for s in shape))
+        one = scan_histogram(_pixels(decoded), self.edges)
+        self.histogram = one if self.histogram is None else self.histogram + one
+        for key, value in acquisition_values(record.meta).items():
+            self.acquisition.setdefault(key, Counter())[value] += 1
+        self.spacings.append(spacing)
+        self.moments.append(moment)
+        self.features.append(scan_features(tensor))
+        self.readable.append(record)
+        self.contents.append(content)
+
+    def fill(self, report: SiteReport) -> None:
+        """The report's sizes, histogram, intensity, formats and the warnings of what was read."""
+        manifest = self.manifest
+        report.n_readable = len(self.readable)
+        report.sizes = _summarize_sizes(self.shapes, self.spacings)
+        report.size_counts = {_dims(k): n for k, n in Counter(self.shapes).most_common()}
+        if self.histogram is not None:
+            report.histogram = {
+                "unit": self.unit,
+                "edges": [float(e) for e in self.edges],
+                "counts": [[round(float(v), 4) for v in row] for row in self.histogram],
+            }
+        report.acquisition = {k: dict(v.most_common()) for k, v in self.acquisition.items()}
+        report.orientation = dict(self.orientations.most_common())
+        unknown = sum(n for how, n in self.orientations.items() if how.startswith("unknown"))
+        if unknown:
+            report.warnings.append(
+                f"{unknown} volume(s) have no orientation in their headers, so their left and "
+                "right may not match the other volumes' (see the card's orientation); export "
+                "them with ImageOrientationPatient (DICOM) or a qform/sform (NIfTI)"
+            )
+        if self.moments:
+            m = np.stack(self.moments)  # (n, channels, 2)
+            report.intensity = {
+                "unit": self.unit,
+                "mean": [round(float(v), 2) for v in m[:, :, 0].mean(axis=0)],
+                "std": [round(float(v), 2) for v in m[:, :, 1].mean(axis=0)],
+            }
+            report.features = np.stack(self.features)
+        total: Counter[str] = Counter()
+        for per in self.formats.values():
+            total.update(per)
+        report.formats = dict(total.most_common())
+        for (what, how), paths in self.kinds.items():
+            report.warnings.append(
+                f"{len(paths)} {what} image(s) ({how}): {_names(manifest, paths)}"
+            )
+        report.warnings.extend(format_warnings(manifest, self.formats))
+        report.warnings.extend(border_warnings(manifest, self.borders))
+        report.warnings.extend(_unlike_warnings(manifest, self.unlike))
 
 
 def _disc_counts(
@@ -353,8 +399,9 @@ def _grouped_warnings(manifest: SiteManifest, warnings: list[Problem]) -> list[s
 
 def _note_kind(
     manifest: SiteManifest, path: Path, kinds: dict[tuple[str, str], list[Path]]
-) -> None:
-    """Record a photo that is not plain 8-bit RGB, or that is smaller than the model's input."""
+) -> ImageInfo:
+    """Record a photo that is not plain 8-bit RGB, or that is smaller than the model's input;
+    returns what its header says."""
     info = image_info(path)
     if info.kind is not None:
         kinds.setdefault(info.kind, []).append(path)
@@ -362,6 +409,7 @@ def _note_kind(
     if min(info.size) < size:
         how = f"smaller than image_size {size} px, upscaled and so blurred"
         kinds.setdefault(("tiny", how), []).append(path)
+    return info
 
 
 def _unlike_warnings(
@@ -444,16 +492,16 @@ def _count(
         counts[str(split)][class_name[record.label]] += 1
     report.counts = counts
     totals = Counter(class_name[r.label] for r in records)
-    for name in class_name.values():
-        if totals[name] == 0:
-            report.problems.append(
-                Problem(
-                    str(manifest.root),
-                    f"no scans of class '{name}'",
-                    "a site needs examples of every declared class; add them or drop the class",
-                )
-            )
-    report.warnings.extend(split_warnings(counts, by_index))
+    report.problems.extend(_class_problems(manifest, class_name, totals))
+    held = manifest.held_indices()
+    if len(held) < len(class_name):
+        report.warnings.append(_subset_warning(manifest, [class_name[i] for i in sorted(held)]))
+    held_counts = {
+        split: {name: n for name, n in per.items() if manifest.labels.get(name) in held}
+        for split, per in counts.items()
+    }
+    if len(held) > 1:  # a one-class site's splits hold one class by its declaration
+        report.warnings.extend(split_warnings(held_counts, by_index))
     if "train" in counts and ("val" not in counts or sum(counts["val"].values()) == 0):
         report.warnings.append(_no_validation_warning(manifest))
     if "train" not in counts or sum(counts["train"].values()) == 0:
@@ -468,6 +516,48 @@ def _count(
                 "(test_fraction), or add scans",
             )
         )
+
+
+def _class_problems(
+    manifest: SiteManifest, class_name: dict[int, str], totals: Counter[str]
+) -> list[Problem]:
+    """A declared class the site should hold but has no scans of, and scans of a class that
+    ``classes_held`` leaves out."""
+    held = manifest.held_indices()
+    where = manifest.manifest_path or "the manifest"
+    out = []
+    for index, name in class_name.items():
+        if totals[name] == 0 and index in held:
+            out.append(
+                Problem(
+                    str(manifest.root),
+                    f"no scans of class '{name}'",
+                    "a site needs examples of every class it holds; add them, or (when the "
+                    "federation's other sites hold it) list the classes this site does hold "
+                    f"in classes_held of {where}",
+                )
+            )
+        elif totals[name] and index not in held:
+            out.append(
+                Problem(
+                    str(manifest.root),
+                    f"{totals[name]} scan(s) of class '{name}', which classes_held "
+                    f"{list(manifest.classes_held)} leaves out",
+                    f"add '{name}' to classes_held in {where}, or remove those scans",
+                )
+            )
+    return out
+
+
+def _subset_warning(manifest: SiteManifest, held: list[str]) -> str:
+    """What holding only some of the federation's classes means for a site's own figures."""
+    one = len(held) == 1
+    return (
+        f"site {manifest.id} holds scans of {', '.join(held)} only (classes_held), not of "
+        f"every class of [labels]: its own "
+        + ("AUC is undefined (one class)" if one else "figures cover those classes only")
+        + "; it still trains the shared model, and the federation's other sites hold the rest"
+    )
 
 
 def _no_validation_warning(manifest: SiteManifest) -> str:
@@ -564,6 +654,7 @@ def check_manifests(paths: list[str | Path], cache: TensorCache) -> list[SiteRep
     reports = [item if isinstance(item, SiteReport) else check_site(item, cache) for item in loaded]
     _site_distances(reports)
     _cross_site_duplicates(reports)
+    federation_photo_warnings(reports)
     return reports
 
 

@@ -191,6 +191,7 @@ class ImageInfo:
 
     mode: str  # PIL mode: 'RGB', 'L', 'RGBA', 'I;16', ...
     size: tuple[int, int]  # (width, height)
+    format: str = ""  # what the bytes are, whatever the suffix says: 'JPEG', 'PNG', ...
 
     @property
     def kind(self) -> tuple[str, str] | None:
@@ -213,7 +214,7 @@ def image_info(path: Path) -> ImageInfo:
     require_regular(path)
     try:
         with _open_image(path) as image:
-            return ImageInfo(mode=image.mode, size=image.size)
+            return ImageInfo(mode=image.mode, size=image.size, format=image.format or "")
     except PermissionError as exc:
         raise DataError(permission_denied(path)) from exc
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
