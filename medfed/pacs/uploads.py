@@ -2,8 +2,9 @@
 routing reads it: a photo, a DICOM file (a photo's pixels become a PNG), a zipped DICOM series
 (unpacked into one folder), or a NIfTI file.
 
-Sizes and pixel counts are read from headers before anything is decoded, so an oversized scan
-is refused without using the memory it asks for.
+Sizes and pixel counts are read from headers before anything is decoded (PNG's IHDR, JPEG's
+frame header, DICOM's Rows and Columns, NIfTI's shape), so an oversized scan is refused
+(LimitError: 413, never routed, never logged) without using the memory it asks for.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from medfed.data.io import DICOM_SUFFIX, IMAGE_SUFFIXES, NIFTI_SUFFIXES, probe_dicom
+from medfed.data.io import DICOM_SUFFIX, NIFTI_SUFFIXES, probe_dicom
 from medfed.errors import DataError
 from medfed.names import printable
 from medfed.pacs import MAX_BYTES, MAX_FILES, MAX_PIXELS
+from medfed.pacs.headers import OVER_DECODER, image_size
 from medfed.pacs.instances import PHOTO_MODALITIES, modality_of, write_photo
 
 __all__ = ["Limits", "LimitError", "unpack_upload"]
@@ -55,13 +57,16 @@ def _over(what: str, pixels: int, limits: Limits) -> LimitError:
 
 
 def _check_image(path: Path, limits: Limits) -> None:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as image:
-            width, height = image.size
-    except (OSError, UnidentifiedImageError, Image.DecompressionBombError):
+    """Refuse an image whose header claims more pixels than the limit, whatever its suffix."""
+    size = image_size(path)
+    if size is None:
         return  # routing names what is wrong with the file
+    width, height = size
+    if width == OVER_DECODER:
+        raise LimitError(
+            f"{path.name}: more pixels than can be decoded safely, over the limit of "
+            f"{limits.max_pixels} pixels this service accepts (--max-pixels)"
+        )
     if width * height > limits.max_pixels:
         raise _over(path.name, width * height, limits)
 
@@ -85,10 +90,10 @@ def _dicom_pixels(path: Path) -> int:
 
     try:
         ds = pydicom.dcmread(path, stop_before_pixels=True)
-    except Exception:  # routing names what is wrong
+        frames = int(ds.get("NumberOfFrames", 1) or 1)
+        return int(ds.get("Rows", 0) or 0) * int(ds.get("Columns", 0) or 0) * max(frames, 1)
+    except Exception:  # pydicom raises many kinds; routing names what is wrong
         return 0
-    frames = int(ds.get("NumberOfFrames", 1) or 1)
-    return int(ds.get("Rows", 0) or 0) * int(ds.get("Columns", 0) or 0) * max(frames, 1)
 
 
 def _dicom_file(path: Path, limits: Limits) -> Path:
@@ -157,6 +162,6 @@ def unpack_upload(folder: Path, name: str, data: bytes, limits: Limits) -> Path:
         _check_nifti(path, limits)
     elif lower.endswith(DICOM_SUFFIX) or probe_dicom(path):
         return _dicom_file(path, limits)
-    elif lower.endswith(IMAGE_SUFFIXES):
+    else:  # a photo, by its suffix or by its bytes (PNG, JPEG, ...): the header decides
         _check_image(path, limits)
     return path
