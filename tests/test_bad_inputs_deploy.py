@@ -1,6 +1,6 @@
-"""The bad-input corpus, `medfed deploy app`, `medfed deploy pki`, `medfed deploy worker` and
-`medfed bench-deploy` cases (see tests/badinput.py for the policy). None of these rows trains
-or starts a Flower process."""
+"""The bad-input corpus, `medfed deploy app`, `medfed deploy pki`, `medfed deploy worker`,
+`medfed deploy policy check` and `medfed bench-deploy` cases (see tests/badinput.py for the
+policy). None of these rows trains or starts a Flower process."""
 
 from __future__ import annotations
 
@@ -53,6 +53,26 @@ def _app_settings_folder(tmp: Path, s: Shared) -> list:
 def _train_file(tmp: Path, text: str = 'algorithm = "fedavg"\nwire_precision = "int8"\n') -> str:
     path = tmp / "train.toml"
     path.write_text(f"[train]\n{text}", encoding="utf-8")
+    return str(path)
+
+
+def _policy_check(policy: str, *options: str):
+    """``deploy policy check`` of a policy holding ``policy`` against a fedavg app (auto)."""
+
+    def make(tmp: Path, s: Shared) -> list:
+        from medfed.config import TrainConfig
+        from medfed.flower.deploy import write_app
+
+        write_app(tmp / "app", TrainConfig(algorithm="fedavg"), ["acrima", "rimone"], "/srv/r")
+        (tmp / "policy.toml").write_text(policy, encoding="utf-8")
+        return ["deploy", "policy", "check", tmp / "policy.toml", "--run", tmp / "app", *options]
+
+    return make
+
+
+def _bare_train(tmp: Path) -> str:
+    path = tmp / "train.toml"
+    path.write_text("train = 3\n", encoding="utf-8")
     return str(path)
 
 
@@ -202,6 +222,51 @@ CASES = [
         lambda tmp, s: _app("--train-config", str(tmp / "nosuch.toml"))(tmp, s),
         2,
         ("--train-config", "nosuch.toml", "no such file"),
+    ),
+    Case(
+        "deploy app with a settings file that is not TOML",
+        lambda tmp, s: _app("--train-config", _train_file(tmp, "rounds = \n"))(tmp, s),
+        2,
+        ("--train-config", "train.toml", "not valid TOML"),
+    ),
+    Case(
+        "deploy app with a settings file whose train is no table",
+        lambda tmp, s: _app("--algorithm", "feddrm", "--train-config", _bare_train(tmp))(tmp, s),
+        2,
+        ("--train-config", "'train' must be a [train] table"),
+    ),
+    Case(
+        "deploy app with a settings file holding an unknown setting",
+        lambda tmp, s: _app(
+            "--algorithm", "feddrm", "--train-config", _train_file(tmp, "roundz = 3\n")
+        )(tmp, s),
+        2,
+        ("train.toml", "unknown training setting", "roundz"),
+    ),
+    # --- deploy policy check: the policy's names and --modality ------------------------------
+    Case(
+        "policy check with a backbone name medfed does not have",
+        _policy_check("[allow]\nbackbones = ['resnet18']\n"),
+        2,
+        ("policy.toml", "allow.backbones", "'resnet18' is no backbone", "resnet18-gn"),
+    ),
+    Case(
+        "policy check with auto among the allowed backbones",
+        _policy_check("[allow]\nbackbones = ['auto']\n"),
+        2,
+        ("allow.backbones", "'auto' is no backbone", "resolved"),
+    ),
+    Case(
+        "policy check with an algorithm name medfed does not have",
+        _policy_check("[allow]\nalgorithms = ['fedadam']\n"),
+        2,
+        ("allow.algorithms", "'fedadam' is no algorithm", "fedavg"),
+    ),
+    Case(
+        "policy check with an unknown modality",
+        _policy_check("[approval]\nrequired = false\n", "--modality", "mri"),
+        2,
+        ("--modality", "'mri'", "fundus, ct"),
     ),
     # --- deploy app --secure-aggregation: settings SecAgg+ cannot run ------------------------
     Case(

@@ -13,8 +13,9 @@ from medfed.errors import ConfigError, require_extra
 
 
 def _stored_train_settings(train_config: Path | None) -> dict[str, Any]:
-    """The settings of --train-config's 'train' table (none without the option)."""
-    from medfed.flower.node import train_config_from_toml
+    """The settings of --train-config's 'train' table as the file spells them (none without
+    the option); checked once merged with the command line's, which take precedence."""
+    import tomllib
 
     if train_config is None:
         return {}
@@ -25,10 +26,17 @@ def _stored_train_settings(train_config: Path | None) -> dict[str, Any]:
     if not train_config.is_file():
         raise ConfigError(f"--train-config {train_config}: no such file")
     try:
-        text = train_config.read_text(encoding="utf-8")
+        data = tomllib.loads(train_config.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
         raise ConfigError(f"--train-config {train_config}: not UTF-8 text ({exc})") from None
-    return train_config_from_toml(text, str(train_config)).to_dict()
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--train-config {train_config}: not valid TOML ({exc})") from None
+    train = data.get("train", data)
+    if not isinstance(train, dict):
+        raise ConfigError(
+            f"--train-config {train_config}: 'train' must be a [train] table of training settings"
+        )
+    return dict(train)
 
 
 @friendly
@@ -40,7 +48,10 @@ def _stored_train_settings(train_config: Path | None) -> dict[str, Any]:
     "seed",
     config="--train-config",
     from_config=True,
-    help={"algorithm": "Algorithm (listed below); default: --train-config's, else feddrm."},
+    help={
+        "algorithm": "Algorithm (listed below); over --train-config's (a setting given here "
+        "wins over the file's); default: the file's, else feddrm."
+    },
 )
 def deploy_app_folder(
     out: Annotated[Path, typer.Argument(help="Folder to write (then: flwr run OUT CONNECTION).")],
@@ -103,8 +114,13 @@ def deploy_app_folder(
     if algorithm is not None and not algorithm.strip():
         raise ConfigError("--algorithm is empty: name one (listed in --help), or leave it out")
     stored = _stored_train_settings(train_config)
+    # The command line over the file, the file over the defaults (feddrm when neither names
+    # an algorithm).
     given = given_settings(
-        {**(settings or {}), "algorithm": algorithm or (None if stored else "feddrm")}
+        {
+            **(settings or {}),
+            "algorithm": algorithm or (None if "algorithm" in stored else "feddrm"),
+        }
     )
     where = str(train_config) if train_config is not None else None
     from medfed.federation.plan import checked_deployment, resolved_settings
@@ -258,6 +274,30 @@ RUN_HELP = "The run's app folder (written by 'medfed deploy app', as the coordin
 STATE_HELP = "The SuperNode's state-dir (its --node-config), where approvals are kept."
 
 
+def _modalities(modality: str | None) -> list[str]:
+    """The modalities --modality names (every one when not given)."""
+    from medfed.config import Modality
+
+    known = [str(m) for m in Modality]
+    if modality is None:
+        return known
+    if modality.strip().lower() not in known:
+        raise ConfigError(f"--modality {modality!r}: expected one of {', '.join(known)}")
+    return [modality.strip().lower()]
+
+
+def _auto_backbones(config: Any, modalities: list[str]) -> dict[str, str | None]:
+    """Modality -> the backbone a run's 'auto' resolves to at a site of it; {"": None} when
+    the run names its backbone (the check takes it as it is)."""
+    if config.backbone != "auto":
+        return {"": None}
+    from medfed.algorithms import make_algorithm
+    from medfed.federation.plan import resolved_backbone
+
+    algorithm = make_algorithm(config.algorithm, config.params)
+    return {m: resolved_backbone(config, m, algorithm) for m in modalities}
+
+
 @friendly
 def deploy_policy_check(
     policy: Annotated[Path, typer.Argument(help="The site's policy TOML file.")],
@@ -268,10 +308,19 @@ def deploy_policy_check(
     state_dir: Annotated[
         Path | None, typer.Option(help=STATE_HELP + " Approvals there count as approved.")
     ] = None,
+    modality: Annotated[
+        str | None,
+        typer.Option(
+            help="The site's modality (fundus or ct): a run's backbone 'auto' is checked as it "
+            "resolves there (default: as it resolves for each modality)."
+        ),
+    ] = None,
 ) -> None:
     """Whether a site's policy would accept a run, rule by rule, before it is submitted.
 
-    Exit 0: accepted; 1: refused (each broken rule named); 2: an unusable policy or app."""
+    A backbone 'auto' is resolved first, as the site will resolve it, then checked against
+    allow.backbones. Exit 0: accepted; 1: refused (each broken rule named); 2: an unusable
+    policy or app."""
     from medfed.governance.checks import check_plan
     from medfed.governance.policy import load_policy
     from medfed.governance.records import approved_plans
@@ -281,13 +330,24 @@ def deploy_policy_check(
         plan_lines,
     )
 
+    modalities = _modalities(modality)
     rules = load_policy(policy)
     plan = _app_plan(run)
     approved = approved_plans(state_dir) if state_dir is not None else set()
-    check = check_statistics_plan if is_statistics_plan(plan) else check_plan
-    found = check(rules, plan, site=site, approved=approved)
     for line in plan_lines(plan):
         typer.echo(line)
+    if is_statistics_plan(plan):
+        found = check_statistics_plan(rules, plan, site=site, approved=approved)
+    else:
+        found = []
+        for where, backbone in _auto_backbones(plan.config, modalities).items():
+            if where:
+                typer.echo(f"backbone auto resolves to {backbone} at a {where} site")
+            for refusal in check_plan(rules, plan, site=site, approved=approved, backbone=backbone):
+                if refusal.rule == "allow.backbones" and where:
+                    refusal = type(refusal)(refusal.rule, f"{refusal.reason} (auto, {where} site)")
+                if refusal not in found:
+                    found.append(refusal)
     if found:
         for refusal in found:
             typer.echo(f"refused: rule {refusal.rule}: {refusal.reason}")

@@ -9,7 +9,7 @@ it says ``required = false``::
 
     [allow]
     algorithms = ["fedavg", "feddrm"]     # any, when absent
-    backbones = ["cnn", "resnet18"]       # any, when absent
+    backbones = ["cnn-gn", "resnet18-gn"] # any, when absent (auto is resolved first)
     max_rounds = 50
     max_local_steps = 200
 
@@ -35,8 +35,9 @@ it says ``required = false``::
     required = true                       # train only on an approved plan
     plans = ["<plan sha256>", ...]        # approved here, besides 'medfed deploy approve'
 
-Parsing refuses an unknown table or key, and a value of the wrong kind, naming the file, the
-key and what to write instead.
+Parsing refuses an unknown table or key, a value of the wrong kind, and a name in an
+allow-list that is no algorithm or backbone of medfed, naming the file, the key and what to
+write instead.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from medfed.errors import ConfigError
+from medfed.governance.names import ALGORITHMS, BACKBONES, unknown_name
 
 OUTPUTS = ("updates", "figures", "predictions", "data_card")
 """What a run can send out of a site, as a policy's [outputs] table names it."""
@@ -135,8 +137,8 @@ def parse_policy(text: str, where: str) -> SitePolicy:
     return SitePolicy(
         path=where,
         site=reader.text(data, "site") if "site" in data else None,
-        algorithms=reader.names(allow, "allow.algorithms"),
-        backbones=reader.names(allow, "allow.backbones"),
+        algorithms=reader.names(allow, "allow.algorithms", ALGORITHMS, "algorithm"),
+        backbones=reader.names(allow, "allow.backbones", BACKBONES, "backbone"),
         max_rounds=reader.count(allow, "allow.max_rounds"),
         max_local_steps=reader.count(allow, "allow.max_local_steps"),
         require_dp=reader.flag(privacy, "privacy.require_dp", False),
@@ -167,12 +169,18 @@ class _Reader:
             raise self._bad(key, value, "a site id in quotes")
         return value
 
-    def names(self, table: Mapping[str, Any], key: str) -> tuple[str, ...] | None:
+    def names(
+        self, table: Mapping[str, Any], key: str, known: tuple[str, ...], what: str
+    ) -> tuple[str, ...] | None:
         value = table.get(key.split(".")[1])
         if value is None:
             return None
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise self._bad(key, value, 'a list of names, e.g. ["fedavg", "feddrm"]')
+            raise self._bad(key, value, f'a list of names, e.g. ["{known[1]}", "{known[2]}"]')
+        for name in value:
+            why = unknown_name(name, known, what)
+            if why is not None:
+                raise PolicyError(f"site policy {self.where}: {key}: {why}")
         return tuple(value)
 
     def count(self, table: Mapping[str, Any], key: str, *, zero: bool = False) -> int | None:
