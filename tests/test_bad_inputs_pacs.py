@@ -1,5 +1,5 @@
-"""The bad-input corpus, `medfed pacs watch`, `pacs backfill` and `pacs listen` cases (see
-tests/badinput.py for the policy). Every option is refused before the run is loaded or any PACS
+"""The bad-input corpus, `medfed pacs watch`, `pacs backfill`, `pacs listen` and `serve` cases
+(see tests/badinput.py for the policy). Every option is refused before the run is loaded or any PACS
 is asked; the one PACS these rows reach is a closed loopback port."""
 
 from __future__ import annotations
@@ -133,6 +133,17 @@ CASES = [
          ("error:", "could not reach", "is the PACS up")),
     Case("pacs backfill cannot reach the PACS", _unreachable("backfill"), 3,
          ("error:", "searching studies", "is the PACS up")),
+    Case("pacs watch --metrics-port above 65535", _watch("--metrics-port", "70000"), 2,
+         ("--metrics-port", "70000")),
+    Case("pacs watch --metrics-port is 0", _watch("--metrics-port", "0"), 2,
+         ("--metrics-port", "0")),
+    Case("pacs watch --metrics-port is not a number", _watch("--metrics-port", "http"), 2,
+         ("--metrics-port", "http")),
+    Case("pacs watch --metrics-host is no IP address",
+         _watch("--metrics-port", "9100", "--metrics-host", "localhost:9100"), 2,
+         ("--metrics-host", "localhost:9100", "not an IP address")),
+    Case("serve --log-format is unknown", lambda tmp, s: ["serve", s.run, "--log-format", "xml"],
+         2, ("--log-format", "'xml'", "text or json")),
     Case("pacs listen --quiet is negative", _listen("--quiet", "-1"), 2,
          ("--quiet", "-1.0", "seconds")),
     Case("pacs listen --quiet is nan", _listen("--quiet", "nan"), 2, ("--quiet", "nan")),

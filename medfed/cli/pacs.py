@@ -29,6 +29,23 @@ TlsCertOpt = Annotated[Path | None, typer.Option("--tls-cert", help="TLS certifi
 TlsKeyOpt = Annotated[Path | None, typer.Option("--tls-key", help="TLS private key (PEM).")]
 
 
+def _log_format(ctx: typer.Context, param: typer.CallbackParam, value: str) -> str:
+    if value not in ("text", "json"):
+        raise typer.BadParameter(f"{value!r}: expected text or json", ctx=ctx, param=param)
+    return value
+
+
+LogFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--log-format",
+        help="Log lines on stderr: text, or json (one object a line: time, level, event, "
+        "request_id, ...).",
+        callback=_log_format,
+    ),
+]
+
+
 def _load(runs: list[Path], router: str, device: str) -> dict[str, Any]:
     from medfed.pacs.api import Served
     from medfed.serving.bundle import TrainedFederation
@@ -72,20 +89,25 @@ def serve(
     ] = MAX_BYTES,
     max_pixels: Annotated[int, typer.Option(help="Most pixels (voxels) of one scan.")] = MAX_PIXELS,
     max_files: Annotated[int, typer.Option(help="Most files in one zipped series.")] = MAX_FILES,
+    log_format: LogFormatOpt = "text",
 ) -> None:
     """Start the routing service: an HTTP API that answers scans as 'medfed route --json' does.
 
     POST /route (the scan's bytes with ?name=FILE, or a form field 'file'), GET /health,
     GET /model-card, GET /review-queue; ?run=NAME picks a run when several are served. Every
-    answer is in the run's audit log before it is sent."""
+    answer is in the run's audit log before it is sent. GET /livez and GET /readyz (no token),
+    GET /metrics (Prometheus); one log line per request on stderr (--log-format json)."""
     require_extra("fastapi", "serve", "medfed serve")
     require_extra("uvicorn", "serve", "medfed serve")
+    require_extra("prometheus_client", "serve", "medfed serve")
     import uvicorn
 
     from medfed.pacs.api import create_app, warm_up
     from medfed.pacs.bearer import TOKEN_FILE, bearer_token, is_loopback
+    from medfed.pacs.telemetry import EventLog
     from medfed.pacs.uploads import Limits
 
+    log = EventLog(log_format)
     limits = Limits(max_bytes, max_pixels, max_files)
     if not runs:
         raise ConfigError("name at least one run directory to serve")
@@ -107,9 +129,9 @@ def serve(
         typer.echo(f"bearer token {'written to' if made else 'read from'} {where} (owner-only)")
     served = _load(runs, router, device)
     warm_up()  # before listening: the first patient does not wait for imports
-    app = create_app(served, limits, token)
+    app = create_app(served, limits, token, log)
     scheme = "https" if tls_cert else "http"
-    typer.echo(f"serving {', '.join(served)} on {scheme}://{host}:{port}", err=True)
+    log("service.started", runs=",".join(served), url=f"{scheme}://{host}:{port}")
     uvicorn.run(
         app,
         host=host,
@@ -208,6 +230,24 @@ def _watcher(
     return DicomwebWatcher.connect(inbox, url, creds, ca, find, orthanc, warn)
 
 
+def _watch_metrics(port: int | None, host: str) -> Any:  # a WatchMetrics, or None
+    """The watcher's metrics when --metrics-port is given; --metrics-host checked either way."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(
+            f"--metrics-host {host!r}: not an IP address; give one, e.g. 127.0.0.1 (loopback)"
+        ) from None
+    if port is None:
+        return None
+    require_extra("prometheus_client", "serve", "medfed pacs watch --metrics-port")
+    from medfed.pacs.telemetry import WatchMetrics
+
+    return WatchMetrics()
+
+
 @friendly
 def watch(
     run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
@@ -249,6 +289,22 @@ def watch(
     ca_file: CaFileOpt = None,
     router: RouterOpt = "auto",
     device: DeviceOpt = "auto",
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            help="Serve Prometheus metrics (polls, lag, queue depth, scans) at "
+            "http://--metrics-host:PORT/metrics (default: none).",
+            min=1,
+            max=65535,
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str,
+        typer.Option(
+            "--metrics-host", help="Address of --metrics-port: an IP address; keep loopback."
+        ),
+    ] = "127.0.0.1",
 ) -> None:
     """Answer new studies in the PACS through DICOMweb, once each, beside each study.
 
@@ -261,11 +317,16 @@ def watch(
     exits 3 (with --polls, or after --max-failures polls in a row)."""
     from medfed.pacs.records import watch_lock
 
+    metrics = _watch_metrics(metrics_port, metrics_host)
     auth = (token_file, basic_auth_file, basic_auth_env)
     watcher = _watcher(run, dicomweb, router, device, auth, ca_file, find, orthanc)
+    watcher.metrics = metrics
     url = watcher.inbox.source
     failed = 0
     with watch_lock(run):
+        if metrics is not None:
+            metrics.serve(metrics_port, metrics_host)
+            typer.echo(f"metrics on http://{metrics_host}:{metrics_port}/metrics", err=True)
         typer.echo(f"watching {url} for {watcher.inbox.fed.modality} studies", err=True)
         try:
             failed = watcher.watch(interval, typer.echo, polls, max_failures)

@@ -4,38 +4,49 @@
 file) with the same JSON as ``medfed route --json``, plus ``audit_id`` (its row in the run's
 audit log, the scan id of the Review page) and ``run``; the row is committed before the answer
 is sent. ``GET /health``, ``GET /model-card`` and ``GET /review-queue`` read the runs.
+``GET /livez`` (the process answers) and ``GET /readyz`` (every run's model is loaded and its
+audit log takes a row) need no token and name nothing; ``GET /metrics`` is Prometheus' text.
 
 Limits are checked before anything is decoded: the request's size (its Content-Length, and the
 bytes actually read), a zip's members and unpacked size, and the pixels of every image, DICOM
 file and NIfTI volume (from their headers). A refused request is answered 413 or 400 and is
-never routed or logged. Off loopback every request needs ``Authorization: Bearer TOKEN``.
+never routed or logged. Off loopback every request but the probes needs ``Authorization:
+Bearer TOKEN``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import math
+import os
+import sqlite3
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from medfed.errors import DataError, MedfedError
+from medfed.pacs.telemetry import EventLog, ServeMetrics, request_id
 from medfed.pacs.uploads import LimitError, Limits, unpack_upload
-from medfed.serving.audit import AuditError
+from medfed.serving.audit import AUDIT_FILE, AuditError
 from medfed.serving.bundle import TrainedFederation
 from medfed.serving.kept import keep_scan
 from medfed.serving.recorded import record_scan
 from medfed.serving.routers import Router
 
-__all__ = ["Served", "create_app", "warm_up"]
+__all__ = ["OPEN_PATHS", "Served", "create_app", "readiness", "warm_up"]
 
 _CHUNK = 1 << 16
+OPEN_PATHS = ("/livez", "/readyz")  # probes: no token, and a body that names nothing
+_QUIET = (*OPEN_PATHS, "/metrics")  # polled every few seconds: logged only when they fail
 
 
 @dataclass
@@ -116,25 +127,87 @@ def warm_up() -> None:
     import monai.transforms  # noqa: F401
 
 
-def create_app(runs: dict[str, Served], limits: Limits, token: str | None) -> FastAPI:
-    """The FastAPI application over ``runs`` (name -> Served); ``token``: the bearer token
-    every request must carry (None: none needed, loopback only)."""
-    app = FastAPI(title="medfed routing service", docs_url=None, redoc_url=None)
+def _refusal(request: Request, limits: Limits, token: str | None) -> Any:
+    """The answer to a request refused before it is handled (no token, too large); None when
+    it may go on. The liveness and readiness probes need no token and carry no body."""
+    if request.url.path in OPEN_PATHS:
+        return None
+    if token is not None:
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return _error(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > limits.max_bytes):
+        return _error(
+            413,
+            f"the request is over the {limits.max_bytes} bytes this service accepts (--max-bytes)",
+        )
+    return None
+
+
+def _add_guard(
+    app: FastAPI, limits: Limits, token: str | None, log: EventLog, metrics: ServeMetrics
+) -> None:
+    """Every request: its id, the token and size checks, one log line and its metrics. The
+    log line names the path, never the query (which may name the scan's file)."""
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Any:
-        if token is not None:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return _error(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > limits.max_bytes):
-            return _error(
-                413,
-                f"the request is over the {limits.max_bytes} bytes this service "
-                "accepts (--max-bytes)",
-            )
-        return await call_next(request)
+        rid = request_id(request.headers.get("x-request-id"))
+        request.state.request_id, request.state.outcome = rid, None
+        start = time.perf_counter()
+        response = _refusal(request, limits, token)
+        if response is None:
+            try:
+                response = await call_next(request)
+            except Exception as exc:  # answered 500; the log says what, never a traceback
+                log("request.failed", "error", request_id=rid, path=request.url.path,
+                    error=type(exc).__name__)  # fmt: skip
+                response = _error(500, "internal error; the service log has the request id")
+        seconds = time.perf_counter() - start
+        response.headers["X-Request-ID"] = rid
+        metrics.observe(request.url.path, response.status_code, seconds, request.state.outcome)
+        if request.url.path not in _QUIET or response.status_code != 200:
+            log(
+                "request", "info" if response.status_code < 500 else "error", request_id=rid,
+                method=request.method, path=request.url.path, status=response.status_code,
+                seconds=round(seconds, 4), outcome=request.state.outcome,
+            )  # fmt: skip
+        return response
+
+
+def create_app(
+    runs: dict[str, Served],
+    limits: Limits,
+    token: str | None,
+    log: EventLog | None = None,
+    metrics: ServeMetrics | None = None,
+) -> FastAPI:
+    """The FastAPI application over ``runs`` (name -> Served); ``token``: the bearer token
+    every request must carry but the probes (None: none needed, loopback only); ``log``:
+    where its event lines go (text on stderr by default); ``metrics``: its /metrics."""
+    app = FastAPI(title="medfed routing service", docs_url=None, redoc_url=None)
+    log = log or EventLog()
+    metrics = metrics or ServeMetrics()
+    _add_guard(app, limits, token, log, metrics)
+
+    @app.get("/livez")
+    def livez() -> Any:
+        return PlainTextResponse("ok")
+
+    @app.get("/readyz")
+    def readyz() -> Any:
+        problems = readiness(runs)
+        for problem in problems:
+            log("not_ready", "warning", reason=problem)
+        checks = {"model": not any(p.startswith("model") for p in problems),
+                  "audit_log": not any(p.startswith("audit") for p in problems)}  # fmt: skip
+        body = {"status": "not ready" if problems else "ready", "checks": checks}
+        return JSONResponse(body, status_code=503 if problems else 200)
+
+    @app.get("/metrics")
+    def prometheus() -> Any:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -186,10 +259,42 @@ def create_app(runs: dict[str, Served], limits: Limits, token: str | None) -> Fa
             return _error(503, f"not answered: the decision cannot be recorded ({exc})")
         except MedfedError as exc:
             return _error(413 if isinstance(exc, LimitError) else 400, str(exc))
+        request.state.outcome = answer["status"]
+        log("scan.answered", request_id=request.state.request_id, run=served.name,
+            audit_id=answer.get("audit_id"), status=answer["status"])  # fmt: skip
         code = 422 if answer["status"] == "error" else 200
         return JSONResponse(json.loads(json.dumps(_clean(answer))), status_code=code)
 
     return app
+
+
+def readiness(runs: dict[str, Served]) -> list[str]:
+    """Why the service cannot answer yet ([]: ready): a run without its model, or an audit
+    log that cannot be written (each answer is recorded there before it is sent)."""
+    problems = [] if runs else ["model: no run is served"]
+    for served in runs.values():
+        if served.fed is None or not served.fed.sites:
+            problems.append(f"model: run {served.name} has no model loaded")
+        why = audit_unwritable(served.path / AUDIT_FILE)
+        if why:
+            problems.append(f"audit log {served.path / AUDIT_FILE}: {why}")
+    return problems
+
+
+def audit_unwritable(path: Path) -> str | None:
+    """Why the audit log at ``path`` cannot take a row (None when it can): a write lock is
+    taken and given back, nothing written."""
+    if not path.exists():
+        folder = path.parent
+        return None if os.access(folder, os.W_OK | os.X_OK) else f"{folder} is not writable"
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=2)) as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("SELECT count(*) FROM sqlite_master")
+            db.rollback()
+    except sqlite3.Error as exc:
+        return str(exc)
+    return None
 
 
 def _describe(served: Served) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from medfed.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, Ids, kind_of
 if TYPE_CHECKING:
     from pydicom.dataset import Dataset
 
+    from medfed.pacs.telemetry import WatchMetrics
+
 __all__ = ["DicomwebWatcher", "PacsUnreachable", "check_url", "stamped"]
 
 _SERIES_UID, _MODALITY, _SOP_UID = "0020000E", "00080060", "00080018"
@@ -53,6 +55,7 @@ class DicomwebWatcher:
     find: str = "auto"  # how new studies are found: auto, changes, sweep
     root: str | None = None  # Orthanc's REST root (its change feed), when known
     warn: Callable[[str], None] = print
+    metrics: WatchMetrics | None = None  # --metrics-port: polls, lag, queue depth, scans
     _finder: ChangeFeed | StudySweep | None = None
 
     @classmethod
@@ -91,8 +94,12 @@ class DicomwebWatcher:
         """One pass over the studies with new instances; the scans answered or skipped."""
         outcomes: list[Outcome] = []
         for batch in self.finder.batches():
+            if self.metrics is not None:
+                self.metrics.queue.inc(len(batch.studies))
             for study in batch.studies:
                 outcomes += self.answer_study(study)
+                if self.metrics is not None:
+                    self.metrics.queue.dec()
             batch.commit()  # only once every study of the batch was handled
         return outcomes
 
@@ -158,6 +165,11 @@ class DicomwebWatcher:
             lambda: self.client.store_instances([report], report.StudyInstanceUID),
         )
 
+    def _count(self, outcome: Outcome) -> None:
+        if self.metrics is not None:
+            skipped = outcome.scan.status == "skipped"
+            self.metrics.scans.labels("skipped" if skipped else "answered").inc()
+
     def watch(
         self, interval: float, echo: Callable[[str], None], polls: int | None,
         max_failures: int = 0,
@@ -171,9 +183,14 @@ class DicomwebWatcher:
                 for outcome in self.poll():
                     if outcome.new:
                         echo(outcome.describe())
+                        self._count(outcome)
                 in_a_row = 0
+                if self.metrics is not None:
+                    self.metrics.polled(ok=True)
             except PacsUnreachable as exc:
                 failed, in_a_row = failed + 1, in_a_row + 1
+                if self.metrics is not None:
+                    self.metrics.polled(ok=False)
                 self.warn(stamped(f"error: {exc}"))
                 if max_failures and in_a_row >= max_failures:
                     self.warn(stamped(f"error: {in_a_row} polls in a row failed; stopping"))

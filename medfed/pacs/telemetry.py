@@ -1,0 +1,185 @@
+"""What an IT department watches a running service by: its log lines and its metrics.
+
+* :class:`EventLog`: one line per event on stderr, a JSON object (``time``, ``level``,
+  ``event``, ``request_id`` and the event's fields) or the same as text. No line holds a file
+  name or anything else a request's query carries: those may name a patient.
+* :class:`ServeMetrics`: ``medfed serve``'s Prometheus metrics (requests by endpoint and
+  status, latency, answers by outcome), on the service's own ``/metrics``.
+* :class:`WatchMetrics`: ``medfed pacs watch``'s (polls, lag since the last good poll, studies
+  waiting in the current poll, scans answered or skipped), served on a loopback port.
+
+Each object keeps its own registry, so two services in one process (the tests) never mix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from medfed.errors import ConfigError
+
+__all__ = [
+    "LOG_FORMATS",
+    "EventLog",
+    "ServeMetrics",
+    "WatchMetrics",
+    "check_log_format",
+    "request_id",
+]
+
+LOG_FORMATS = ("text", "json")
+# The endpoints metrics are labelled with; any other path counts as "other", so that a scan
+# of random paths cannot grow the metrics without bound.
+ENDPOINTS = ("/route", "/health", "/model-card", "/review-queue", "/livez", "/readyz", "/metrics")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# Seconds: from a cached answer (milliseconds) to a CT series on a busy CPU (a minute).
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def check_log_format(value: str, option: str = "--log-format") -> str:
+    """``value`` when it is a log format; ConfigError naming ``option`` otherwise."""
+    if value not in LOG_FORMATS:
+        raise ConfigError(f"{option} {value!r}: expected one of {', '.join(LOG_FORMATS)}")
+    return value
+
+
+def request_id(given: str | None) -> str:
+    """The request's id: the caller's X-Request-ID when it is a short plain token (so a
+    reverse proxy's id follows the request), else a new random one."""
+    if given and _REQUEST_ID.fullmatch(given):
+        return given
+    return uuid.uuid4().hex
+
+
+class EventLog:
+    """Writes one line per event: JSON (``fmt="json"``) or text."""
+
+    def __init__(self, fmt: str = "text", stream: TextIO | None = None) -> None:
+        self.fmt = check_log_format(fmt)
+        self.stream = stream
+
+    def __call__(self, event: str, level: str = "info", **fields: Any) -> None:
+        stamp = datetime.now(UTC).isoformat(timespec="milliseconds")
+        stream = self.stream or sys.stderr
+        if self.fmt == "json":
+            record = {"time": stamp, "level": level, "event": event, **fields}
+            line = json.dumps(record, default=str, separators=(",", ":"))
+        else:
+            words = " ".join(f"{k}={v}" for k, v in fields.items())
+            line = f"{stamp} {level.upper()} {event}" + (f" {words}" if words else "")
+        stream.write(line + "\n")
+        stream.flush()
+
+
+class ServeMetrics:
+    """``medfed serve``'s metrics, rendered in Prometheus' text format by :meth:`render`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "medfed_serve_requests",
+            "HTTP requests answered, by endpoint and status code.",
+            ("endpoint", "status"),
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "medfed_serve_request_seconds",
+            "Time from a request's arrival to its answer, by endpoint.",
+            ("endpoint",),
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.outcomes = Counter(
+            "medfed_serve_scans",
+            "Scans sent to POST /route, by outcome: routed, abstained, error (answered and "
+            "logged), refused (over a limit, no scan, no token, or the log not writable: not "
+            "answered, not logged).",
+            ("outcome",),
+            registry=self.registry,
+        )
+        for outcome in ("routed", "abstained", "error", "refused"):
+            self.outcomes.labels(outcome)  # every outcome shows, 0 until it happens
+
+    def observe(self, path: str, status: int, seconds: float, outcome: str | None) -> None:
+        endpoint = path if path in ENDPOINTS else "other"
+        self.requests.labels(endpoint, str(status)).inc()
+        self.latency.labels(endpoint).observe(seconds)
+        if endpoint == "/route" and outcome is None:
+            outcome = "refused"
+        if outcome is not None:
+            self.outcomes.labels(outcome).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class WatchMetrics:
+    """``medfed pacs watch``'s metrics; :meth:`serve` starts their HTTP endpoint."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.registry = CollectorRegistry()
+        self.started = clock()
+        self.last_ok: float | None = None
+        self.polls = Counter(
+            "medfed_pacs_watch_polls",
+            "Polls of the PACS, by result: ok, or failed (the PACS could not be reached).",
+            ("result",),
+            registry=self.registry,
+        )
+        for result in ("ok", "failed"):
+            self.polls.labels(result)
+        self.scans = Counter(
+            "medfed_pacs_watch_scans",
+            "Scans handled for the first time, by outcome: answered or skipped.",
+            ("outcome",),
+            registry=self.registry,
+        )
+        for outcome in ("answered", "skipped"):
+            self.scans.labels(outcome)
+        self.queue = Gauge(
+            "medfed_pacs_watch_queue_depth",
+            "Studies with new instances found by the current poll and not yet handled "
+            "(0 between polls).",
+            registry=self.registry,
+        )
+        lag = Gauge(
+            "medfed_pacs_watch_lag_seconds",
+            "Seconds since the last poll that reached the PACS and handled every study it "
+            "found (since the start, before the first).",
+            registry=self.registry,
+        )
+        lag.set_function(self.lag)
+
+    def lag(self) -> float:
+        return max(0.0, self.clock() - (self.last_ok if self.last_ok is not None else self.started))
+
+    def polled(self, ok: bool) -> None:
+        self.polls.labels("ok" if ok else "failed").inc()
+        self.queue.set(0)
+        if ok:
+            self.last_ok = self.clock()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> Any:
+        """Serve the metrics at http://HOST:PORT/metrics from a daemon thread; the server."""
+        from prometheus_client import start_http_server
+
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise ConfigError(
+                f"--metrics-port {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); "
+                "choose a free port"
+            ) from None
+        return server
