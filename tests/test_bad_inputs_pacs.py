@@ -1,6 +1,6 @@
-"""The bad-input corpus, `medfed pacs watch`, `pacs backfill`, `pacs listen` and `serve` cases
-(see tests/badinput.py for the policy). Every option is refused before the run is loaded or any PACS
-is asked; the one PACS these rows reach is a closed loopback port."""
+"""The bad-input corpus, `medfed pacs watch`, `pacs backfill`, `pacs listen`, `serve` and
+`ops units` cases (see tests/badinput.py for the policy). Every option is refused before the run
+is loaded or any PACS is asked; the one PACS these rows reach is a closed loopback port."""
 
 from __future__ import annotations
 
@@ -61,6 +61,23 @@ def _listen(*options: str):
         return ["pacs", "listen", s.run, "--allow", "CAMERA", *options]
 
     return make
+
+
+def _units(*options: str, run: str = "runs/feddrm"):
+    """``ops units`` of a run directory at ``run`` under the test's folder."""
+
+    def make(tmp: Path, s: Shared) -> list:
+        folder = tmp / run
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.toml").write_text("[train]\n", encoding="utf-8")
+        return ["ops", "units", "--run", folder, "--out", tmp / "units", *options]
+
+    return make
+
+
+def _units_into_a_file(tmp: Path, s: Shared) -> list:
+    (tmp / "units").write_text("a file\n", encoding="utf-8")
+    return _units()(tmp, s)
 
 
 AUTH = "MEDFED_PACS_USER"
@@ -144,6 +161,30 @@ CASES = [
          ("--metrics-host", "localhost:9100", "not an IP address")),
     Case("serve --log-format is unknown", lambda tmp, s: ["serve", s.run, "--log-format", "xml"],
          2, ("--log-format", "'xml'", "text or json")),
+    Case("ops units --user root", _units("--user", "root"), 2, ("--user root", "unprivileged")),
+    Case("ops units --user is no account name", _units("--user", "Med Fed"), 2,
+         ("--user", "'Med Fed'", "not an account name")),
+    Case("ops units --run is no run directory",
+         lambda tmp, s: ["ops", "units", "--run", tmp, "--out", tmp / "units"], 2,
+         ("--run", "not a run directory", "config.toml")),
+    Case("ops units --run path holds a space", _units(run="my runs/feddrm"), 2,
+         ("--run", "no spaces")),
+    Case("ops units --out is a file", _units_into_a_file, 2, ("--out", "a file")),
+    Case("ops units --serve-port above 65535", _units("--serve-port", "70000"), 2,
+         ("--serve-port", "70000")),
+    Case("ops units --dashboard-port is 0", _units("--dashboard-port", "0"), 2,
+         ("--dashboard-port", "0")),
+    Case("ops units --metrics-port without --dicomweb", _units("--metrics-port", "9101"), 2,
+         ("--metrics-port", "add --dicomweb")),
+    Case("ops units --dicomweb plain http off loopback",
+         _units("--dicomweb", "http://pacs.example.org/dicom-web"), 2, ("--dicomweb", "https")),
+    Case("ops units --allow of 17 characters", _units("--allow", "A" * 17), 2,
+         ("--allow", "1 to 16")),
+    Case("ops units --answer-to without --allow",
+         _units("--answer-to", "ORTHANC@127.0.0.1:4242"), 2, ("--answer-to", "add --allow")),
+    Case("ops units --answer-to port above 65535",
+         _units("--allow", "CAM", "--answer-to", "ORTHANC@127.0.0.1:70000"), 2,
+         ("--answer-to", "65535")),
     Case("pacs listen --quiet is negative", _listen("--quiet", "-1"), 2,
          ("--quiet", "-1.0", "seconds")),
     Case("pacs listen --quiet is nan", _listen("--quiet", "nan"), 2, ("--quiet", "nan")),

@@ -214,7 +214,10 @@ def dashboard(
 
 
 def register(app: typer.Typer) -> None:
+    from medfed.cli import ops
+
     add = adder(app, SERVING)
     add(route, cls=with_registries("routers"))
     add(review)
     add(dashboard)
+    ops.register(app)  # medfed ops units: these commands as systemd services
