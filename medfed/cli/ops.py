@@ -60,6 +60,10 @@ def units(
     answer_to: Annotated[
         str | None, typer.Option("--answer-to", help="The listener's AE_TITLE@HOST:PORT.")
     ] = None,
+    python: Annotated[
+        Path | None,
+        typer.Option(help="The Python medfed is installed in (default: this one)."),
+    ] = None,
     writable: Annotated[
         list[Path] | None,
         typer.Option(help="Another folder the services may write to (repeat)."),
@@ -67,8 +71,9 @@ def units(
 ) -> None:
     """Write systemd units for medfed serve, the dashboard and the PACS inboxes.
 
-    The watcher's unit comes with --dicomweb, the listener's with --allow. Each runs as --user, restarts on failure (not on wrong settings, exit 2), may write only
-    to the run directory (ReadWritePaths) and /var/lib/medfed, under NoNewPrivileges,
+    The watcher's unit comes with --dicomweb, the listener's with --allow. Each runs as
+    --user, restarts on failure (not on wrong settings, exit 2), may write only to the run
+    directory (ReadWritePaths) and /var/lib/medfed, under NoNewPrivileges,
     ProtectSystem=strict and the other sandboxing options (docs/operations.md)."""
     from medfed.ops.units import UnitSettings, check_user, in_tmp, unit_files
 
@@ -96,6 +101,7 @@ def units(
         dicomweb=dicomweb, basic_auth_file=basic_auth_file, metrics_port=metrics_port,
         allow=_titles(allow or []), listen_port=listen_port, answer_to=answer_to,
         extra_paths=tuple(writable or ()),
+        **({"python": str(python)} if python is not None else {}),
     )  # fmt: skip
     files = unit_files(settings)
     for path in in_tmp(settings):

@@ -166,12 +166,15 @@ def _add_guard(
                 response = _error(500, "internal error; the service log has the request id")
         seconds = time.perf_counter() - start
         response.headers["X-Request-ID"] = rid
-        metrics.observe(request.url.path, response.status_code, seconds, request.state.outcome)
+        path, outcome = request.url.path, request.state.outcome
+        if path == "/route" and outcome is None:
+            outcome = "refused"  # not answered, not logged in the audit log
+        metrics.observe(path, response.status_code, seconds, outcome)
         if request.url.path not in _QUIET or response.status_code != 200:
             log(
                 "request", "info" if response.status_code < 500 else "error", request_id=rid,
                 method=request.method, path=request.url.path, status=response.status_code,
-                seconds=round(seconds, 4), outcome=request.state.outcome,
+                seconds=round(seconds, 4), outcome=outcome,
             )  # fmt: skip
         return response
 
