@@ -158,6 +158,7 @@ MAX_ROUNDS = 100_000
 MAX_LOCAL_STEPS = 1_000_000
 MAX_BATCH_SIZE = 65_536
 MAX_CONCURRENCY = 256
+MAX_UNFREEZE_BLOCKS = 32  # more than any torchvision backbone has; each backbone checks its own
 
 
 # Bounds a setting may declare, and the test its value must pass; comparisons are false for NaN,
@@ -413,6 +414,24 @@ class TrainConfig:
         help="Refuse to start when --init leaves any backbone tensor unloaded.",
         option="--init-strict",
     )
+    # The frozen-encoder mode (medfed.models.encoder): the pretrained backbone runs once per
+    # scan, its features are cached, and only what sits on them trains.
+    frozen_encoder: bool = setting(
+        False,
+        help="Freeze the pretrained backbone given by --init (a torchvision ImageNet file): its "
+        "features are computed once per scan and cached, and only the trunk and heads on them "
+        "train (a CPU can afford it).",
+        option="--frozen-encoder",
+    )
+    unfreeze_blocks: int = setting(
+        0,
+        help="With --frozen-encoder: the backbone's last N blocks train too (the features are "
+        "then cached before them) {default}.",
+        option="--unfreeze-blocks",
+        min=0,
+        max=MAX_UNFREEZE_BLOCKS,
+        problem="{setting} must be a number of blocks from 0 to {max}, got {value}",
+    )
     # Sample-level differential privacy at every site (DP-SGD); DPSettings checks the values.
     dp_epsilon: float = setting(
         0.0,
@@ -452,6 +471,16 @@ class TrainConfig:
         problems = [*setting_problems(self), *self.dp.problems()]
         if problems:
             raise ConfigError(f"training setting: {problems[0]}")
+        if self.unfreeze_blocks and not self.frozen_encoder:
+            raise ConfigError(
+                "training setting: unfreeze_blocks (--unfreeze-blocks) is for the frozen "
+                "encoder; add --frozen-encoder or drop --unfreeze-blocks"
+            )
+        if self.frozen_encoder and not self.init:
+            raise ConfigError(
+                "training setting: frozen_encoder (--frozen-encoder) freezes pretrained "
+                "weights; pass them with --init (e.g. --init torchvision:mobilenet_v2)"
+            )
         if self.init_strict and not self.init:
             raise ConfigError(
                 "training setting: init_strict (--init-strict) needs starting weights; "

@@ -14,6 +14,12 @@ import torch
 
 _CHUNK_VALUES = 1 << 22  # values per chunk when statistics run over a stored split
 
+# The input normalization torchvision's ImageNet weights expect (the values of
+# ``ResNet18_Weights.IMAGENET1K_V1.transforms()``; a test checks them against torchvision, and
+# keeping them as constants spares every import the cost of torchvision's).
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
 
 @dataclass(frozen=True)
 class Normalization:

@@ -57,6 +57,13 @@ def _unrelated(path: Path) -> None:
     )
 
 
+def _resnet_file(path: Path) -> None:
+    """A torchvision ResNet's names (ResNet-18, -34 and -50 share them): which one is it?"""
+    torch.save(
+        {"conv1.weight": torch.zeros(64, 3, 7, 7), "layer1.0.conv1.weight": torch.zeros(1)}, path
+    )
+
+
 def _wrong_shape(path: Path) -> None:
     save_file({"backbone.features.0.weight": torch.zeros(16, 3, 5, 5)}, str(path))
 
@@ -138,6 +145,33 @@ CASES = [
         _train(algorithm="lora"),
         2,
         ("lora", "--init", "warmup_rounds"),
+    ),
+    Case(
+        "unfreeze-blocks without the frozen encoder",
+        _train("--unfreeze-blocks", "2"),
+        2,
+        ("--unfreeze-blocks", "--frozen-encoder"),
+    ),
+    Case(
+        "frozen encoder without init", _train("--frozen-encoder"), 2, ("--frozen-encoder", "--init")
+    ),
+    Case(
+        "frozen encoder on a medfed run's weights",
+        _train("--frozen-encoder", "--init", lambda tmp, s: s.run),
+        2,
+        ("--frozen-encoder", "torchvision", "medfed weights"),
+    ),
+    Case(
+        "negative unfreeze-blocks",
+        _train("--frozen-encoder", "--init", "torchvision:mobilenet_v2", "--unfreeze-blocks", "-1"),
+        2,
+        ("--unfreeze-blocks", "-1"),
+    ),
+    Case(
+        "frozen encoder from a file whose network cannot be told",
+        _train("--frozen-encoder", "--init", _file("resnet.pt", _resnet_file)),
+        2,
+        ("cannot tell which torchvision network", "--backbone", "tv-resnet18"),
     ),
     Case(
         "lora given both init and a warm-up",

@@ -22,6 +22,7 @@ from medfed.models import (
 
 _TV_WIDTHS = {"resnet18": 512, "resnet34": 512, "resnet50": 2048, "densenet121": 1024}
 _TV_WIDTHS["efficientnet-b0"] = 1280
+_TV_WIDTHS["mobilenet-v2"] = 1280
 FEAT_DIMS = {
     "cnn": 128,
     "cnn-gn": 128,

@@ -15,8 +15,6 @@ from safetensors.torch import load_file, save_file
 from medfed.config import TrainConfig
 from medfed.errors import ConfigError, MedfedError, RunDirError
 from medfed.federation.pretrained import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     InitReport,
     apply_init,
     read_init,
@@ -27,6 +25,7 @@ from medfed.federation.pretrained import (
 from medfed.federation.training import train
 from medfed.models.backbones import build_backbone
 from medfed.models.fedmodel import ModelSpec, build_model
+from medfed.normalization import IMAGENET_MEAN, IMAGENET_STD
 from tests.tensorsites import tensor_sites
 
 TV_FILE = "resnet18-f37072fd.pth"  # the basename of torchvision's ImageNet ResNet-18 weights

@@ -189,6 +189,7 @@ def train(
         lr_from_modality=lr_from_modality,
         # No bar in a log file or a pipe: a line per round (or every few) instead of silence.
         say=lines_instead(progress),
+        cache_dir=cache_dir,  # the frozen encoder's features sit beside the decoded photos
     )
     _print_outcome(summary, out, time.perf_counter() - started)
 

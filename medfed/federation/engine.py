@@ -29,10 +29,10 @@ from medfed.errors import ConfigError, RunDirError
 from medfed.federation.coordinator import Coordinator, Downlink
 from medfed.federation.lanes import Lanes
 from medfed.federation.plan import RunPlan
-from medfed.federation.pretrained import IMAGENET_MEAN, IMAGENET_STD
 from medfed.federation.rounds import RoundInputs, RoundLoop, SiteFailure, SiteReply, Trained
 from medfed.federation.site import LocalRound, Published, SiteWorker, clone_state, failure_reason
 from medfed.models.device import resolve_device
+from medfed.normalization import IMAGENET_MEAN, IMAGENET_STD
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import damaged_fix
 from medfed.runs.schema import Summary
@@ -203,7 +203,11 @@ def imagenet_normalized(sites: list[SiteData]) -> list[SiteData]:
 
 
 def normalized(sites: list[SiteData], config: TrainConfig) -> list[SiteData]:
-    """The sites as ``config.normalization`` asks (their own statistics are the default)."""
+    """The sites as ``config.normalization`` asks (their own statistics are the default).
+    The frozen encoder's features keep their identity normalization: the photos met ImageNet's
+    statistics before the encoder."""
+    if config.frozen_encoder:
+        return sites
     if config.normalization == "federation":
         return federation_normalized(sites)
     if config.normalization == "imagenet":

@@ -22,7 +22,14 @@ from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError
-from medfed.federation.pretrained import InitReport, apply_init, resolve_init
+from medfed.federation.features import encoder_for
+from medfed.federation.pretrained import (
+    InitReport,
+    apply_frozen_init,
+    apply_init,
+    frozen_backbone,
+    resolve_init,
+)
 from medfed.federation.site import derive_seed
 from medfed.models.backbones import BACKBONES, spatial_dims
 from medfed.models.device import DeviceSetup
@@ -218,12 +225,22 @@ def plan_run(
     if lr_from_modality:
         config = dataclasses.replace(config, lr=default_lr(modality))
     first = sites[0]
+    in_channels = int(first.input_shape[0])
+    if config.frozen_encoder:
+        backbone = frozen_backbone(config.init, config.backbone)
+        if len(first.input_shape) == 3:  # photos (a SuperNode's): the encoder's output width
+            encoder = encoder_for(config, backbone).module
+            in_channels = encoder.output_shape(first.input_shape[1:])[0]
+    else:
+        backbone = resolved_backbone(config, modality, algorithm)
     spec = ModelSpec(
-        backbone=resolved_backbone(config, modality, algorithm),
-        in_channels=int(first.input_shape[0]),
+        backbone=backbone,
+        in_channels=in_channels,
         n_classes=first.n_classes,
         n_sites=len(sites),
         client_branch=algorithm.needs_client_branch,
+        frozen_encoder=config.frozen_encoder,
+        unfreeze_blocks=config.unfreeze_blocks,
     )
     spec = algorithm.adapt_spec(spec, ids)
     return RunPlan(config, algorithm, tuple(sites), modality, spec)
@@ -247,11 +264,17 @@ def starting_model(
     base) loaded over them; and the record of what was loaded."""
     config, algorithm = plan.config, plan.algorithm
     source = init or config.init
-    algorithm.check_start(bool(source))
+    # The frozen encoder's file starts the encoder; the trained part then starts from it only
+    # where blocks are unfrozen (a trunk alone starts random).
+    encoder_only = plan.spec.frozen_encoder and source == config.init
+    algorithm.check_start(bool(source) and not (encoder_only and not plan.spec.unfreeze_blocks))
     model = initial_model(plan.spec, algorithm, config.seed, setup)
     algorithm.check(model)
     if config.dp.enabled:
         check_dp_model(model, plan.spec.backbone)
     if not source:
         return model, None
+    if encoder_only:
+        keys = set(encoder_for(config, plan.spec.backbone).module.state_dict())
+        return model, apply_frozen_init(model, resolve_init(source), keys)
     return model, apply_init(model, resolve_init(source), strict=config.init_strict)

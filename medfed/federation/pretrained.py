@@ -6,12 +6,15 @@ Sources (:func:`resolve_init`):
 - a finished medfed run's folder: the shared (global) weights of its last checkpoint;
 - a ``.safetensors`` file, or a PyTorch state-dict file (``.pt``, ``.pth``, ``.bin``) read with
   ``weights_only=True`` (a file holding other Python objects is refused, never unpickled);
-- ``torchvision:resnet18`` (and resnet34, resnet50, densenet121, efficientnet_b0): the ImageNet
-  weights torchvision keeps in its local hub cache (``$TORCH_HOME/hub/checkpoints``); nothing is
-  ever downloaded.
+- ``torchvision:resnet18`` (and resnet34, resnet50, densenet121, efficientnet_b0,
+  mobilenet_v2): the ImageNet weights torchvision keeps in its local hub cache
+  (``$TORCH_HOME/hub/checkpoints``), or the same file given by path; whether its bytes match
+  the hash in its name is reported (a SuperNode's frozen encoder requires it); nothing is ever
+  downloaded.
 
 Formats, told apart by the tensor names (:func:`read_init`): ``medfed`` (medfed's own names),
-``torchvision-resnet``, ``torchvision-densenet`` and ``torchvision-efficientnet`` (torchvision's
+``torchvision-resnet``, ``torchvision-densenet``, ``torchvision-efficientnet`` and
+``torchvision-mobilenet`` (torchvision's
 networks: into the torchvision-shaped ``tv-*`` backbones under their own names, tensor for
 tensor; a ResNet-18 also into medfed's small ResNet-18, renamed), ``medicalnet`` (a
 MONAI/MedicalNet 3-D ResNet, usually saved from ``DataParallel`` with a ``module.`` prefix) and
@@ -28,8 +31,8 @@ from __future__ import annotations
 import hashlib
 import pickle
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,29 +40,20 @@ import torch
 from torch import nn
 
 from medfed.errors import ConfigError, RunDirError
+from medfed.federation.init_report import (
+    FEW,
+    FORMAT_NAMES,
+    KINDS,
+    TORCHVISION_FORMATS,
+    InitReport,
+    is_adapter_key,
+)
 from medfed.models.fedmodel import NORM_TYPES, SUBMODULES, FedModel
 from medfed.models.torchvision_nets import TV_BACKBONES, TV_NETS
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import ROUND_DIR, CheckpointStore
 from medfed.runs.weights import check_finite
 
-# The input normalization torchvision's ImageNet weights expect (the values of
-# ``ResNet18_Weights.IMAGENET1K_V1.transforms()``; a test checks them against torchvision, and
-# keeping them as constants spares every import of this module the cost of torchvision's).
-IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
-IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
-
-KINDS = ("run", "safetensors", "state_dict", "torchvision")
-TORCHVISION_FORMATS = ("torchvision-resnet", "torchvision-densenet", "torchvision-efficientnet")
-FORMATS = ("medfed", *TORCHVISION_FORMATS, "medicalnet", "backbone")
-FORMAT_NAMES = {
-    "medfed": "medfed weights",
-    "torchvision-resnet": "torchvision ResNet",
-    "torchvision-densenet": "torchvision DenseNet",
-    "torchvision-efficientnet": "torchvision EfficientNet",
-    "medicalnet": "MedicalNet 3-D ResNet",
-    "backbone": "backbone weights",
-}
 # torchvision:NAME -> (weights enum in torchvision.models, member); the file is the enum's url.
 TORCHVISION_WEIGHTS = {net.constructor: net.weights for net in TV_NETS.values()}
 # Which medfed backbones a foreign format can start.
@@ -74,6 +68,7 @@ FORMAT_BACKBONES = {
     ),
     "torchvision-densenet": tuple(n for n in TV_BACKBONES if n.startswith("tv-densenet")),
     "torchvision-efficientnet": tuple(n for n in TV_BACKBONES if n.startswith("tv-efficientnet")),
+    "torchvision-mobilenet": tuple(n for n in TV_BACKBONES if n.startswith("tv-mobilenet")),
     "medicalnet": ("monai3d", "monai3d-gn"),
 }
 MEDFED_PREFIXES = tuple(f"{name}." for name in (*SUBMODULES, "vaes"))
@@ -93,7 +88,6 @@ STEM_HINT = (
     "a 3x3 stride-1 one for 32-128 pixel images"
 )
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-FEW = 3  # names shown per list in messages and summaries
 
 State = dict[str, torch.Tensor]
 
@@ -146,6 +140,34 @@ def _is_torchvision_file(source: InitSource) -> bool:
     if source.kind != "state_dict":
         return False
     return any(source.path.name == torchvision_hub_file(n).name for n in TORCHVISION_WEIGHTS)
+
+
+# torchvision names its weight files NAME-HASH.pth, HASH the start of the file's SHA-256.
+_HUB_HASH = re.compile(r"-([0-9a-f]{8,64})\.[A-Za-z]+$")
+HASH_MATCHES = "SHA-256 matches the hash in the file name"
+
+
+def torchvision_hash_check(path: Path) -> str:
+    """Whether a torchvision weights file's bytes match the hash in its name, as torchvision's
+    own check asks ("" for a file without one): a mismatch is a damaged copy or another file
+    under torchvision's name. In words, for the init report."""
+    match = _HUB_HASH.search(path.name)
+    if match is None:
+        return ""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as exc:
+        raise ConfigError(f"--init {path}: cannot read it ({exc.strerror or exc})") from None
+    if digest.hexdigest().startswith(match.group(1)):
+        return f"{HASH_MATCHES} ({match.group(1)}): torchvision's published file"
+    return (
+        f"SHA-256 {digest.hexdigest()[:12]}... does not start with the {match.group(1)} of its "
+        "name: not torchvision's published file (a damaged copy, or other weights under its "
+        "name)"
+    )
 
 
 def _torchvision_file(text: str) -> Path:
@@ -206,6 +228,32 @@ def _check_finished_run(path: Path) -> Path:
             f"rounds; its last round's checkpoint is missing; {pick}"
         )
     return latest
+
+
+def frozen_backbone(init: str, backbone: str) -> str:
+    """The torchvision-shaped backbone the frozen encoder is cut from: ``backbone`` as given,
+    or for ``auto`` the network the ``init`` file was saved from."""
+    if backbone != "auto":
+        return backbone
+    source = resolve_init(init)
+    names = {torchvision_hub_file(n).name: n for n in TORCHVISION_WEIGHTS}
+    constructor = None
+    if source.kind == "torchvision":
+        constructor = source.given.split(":", 1)[1].strip().lower()
+    elif source.path.name in names:
+        constructor = names[source.path.name]
+    if constructor is None:
+        state, fmt = read_init(source)
+        fits = [n for n in FORMAT_BACKBONES.get(fmt, ()) if n.startswith("tv-")]
+        fits = [n for n in fits if not n.endswith("-gn")]
+        if len(fits) == 1:
+            return fits[0]
+        raise ConfigError(
+            f"--frozen-encoder: cannot tell which torchvision network --init {init} was saved "
+            f"from ({FORMAT_NAMES.get(fmt, fmt)}); name it with --backbone "
+            f"({', '.join(fits) or ', '.join(n for n in TV_BACKBONES if not n.endswith('-gn'))})"
+        )
+    return next(n for n, net in TV_NETS.items() if net.constructor == constructor)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -308,6 +356,8 @@ def detect_format(state: Mapping[str, torch.Tensor]) -> str:
         return "torchvision-densenet"
     if "features.0.0.weight" in names and any(k.startswith("features.1.0.block.") for k in names):
         return "torchvision-efficientnet"
+    if "features.0.0.weight" in names and any(k.startswith("features.1.conv.") for k in names):
+        return "torchvision-mobilenet"
     conv1 = names.get("conv1.weight")
     if conv1 is not None and any(k.startswith("layer1.") for k in names):
         three_d = conv1.dim() == 5 or any(k.startswith("conv_seg.") for k in names)
@@ -334,136 +384,7 @@ def state_sha256(state: Mapping[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-# ----------------------------------------------------------------------------- the report
-@dataclass
-class InitReport:
-    """What starting weights did to a model. Plain data: the loaded tensors themselves stay in
-    the model (:meth:`loaded_state` reads them back), so the report goes into a run's config."""
-
-    source: str  # what the user gave
-    kind: str  # one of KINDS
-    file: str  # the weights file read
-    format: str  # one of FORMATS
-    sha256: str  # state_sha256 of the loaded tensors, under the model's names
-    loaded: list[str]  # model keys that got a tensor
-    skipped: list[dict[str, str]]  # {"key": source key, "reason": why}
-    random: list[str]  # model keys left at their seeded init (LoRA adapters excepted)
-    # LoRA adapter keys of the model, never in ``random``: they start fresh unless a medfed
-    # source holds adapters of the same names (those are in ``loaded``)
-    adapters: int
-    weights_normalization: str  # "imagenet" when the weights expect ImageNet mean/std inputs
-
-    def loaded_state(self, model: nn.Module) -> State:
-        """The model's tensors under the loaded keys: what was loaded, until training changes
-        them (``state_sha256(report.loaded_state(model)) == report.sha256`` right after)."""
-        state = model.state_dict()
-        return {k: state[k] for k in self.loaded}
-
-    def to_dict(self) -> dict[str, Any]:
-        """TOML-safe: strings, an integer, lists of strings and of string tables."""
-        return {
-            "source": self.source,
-            "kind": self.kind,
-            "file": self.file,
-            "format": self.format,
-            "sha256": self.sha256,
-            "loaded": list(self.loaded),
-            "skipped": [{"key": s["key"], "reason": s["reason"]} for s in self.skipped],
-            "random": list(self.random),
-            "adapters": self.adapters,
-            "weights_normalization": self.weights_normalization,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "init report") -> InitReport:
-        """Inverse of :meth:`to_dict`; every field must be present with its type."""
-        names = {f.name for f in fields(cls)}
-        unknown, missing = set(data) - names, names - set(data)
-        if unknown or missing:
-            raise ConfigError(
-                f"{where}: unknown field(s) {sorted(unknown)}, missing field(s) {sorted(missing)}"
-            )
-        for name in ("source", "kind", "file", "format", "sha256", "weights_normalization"):
-            _expect(where, name, data[name], isinstance(data[name], str), "a string")
-        _expect(where, "kind", data["kind"], data["kind"] in KINDS, f"one of {list(KINDS)}")
-        _expect(where, "format", data["format"], data["format"] in FORMATS, f"one of {FORMATS}")
-        for name in ("loaded", "random"):
-            value = data[name]
-            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-            _expect(where, name, value, ok, "a list of strings")
-        skipped = data["skipped"]
-        ok = isinstance(skipped, list) and all(
-            isinstance(s, Mapping)
-            and set(s) == {"key", "reason"}
-            and all(isinstance(v, str) for v in s.values())
-            for s in skipped
-        )
-        _expect(where, "skipped", skipped, ok, 'a list of {key = "...", reason = "..."} tables')
-        adapters = data["adapters"]
-        ok = isinstance(adapters, int) and not isinstance(adapters, bool) and adapters >= 0
-        _expect(where, "adapters", adapters, ok, "a whole number >= 0")
-        return cls(**{**data, "skipped": [dict(s) for s in skipped]})
-
-    def lines(self) -> list[str]:
-        """A short human summary: counts and the first few names of each list."""
-        what = FORMAT_NAMES.get(self.format, self.format)
-        if self.kind == "run":
-            what = f"the global weights of medfed run {self.source}"
-        out = [f"loaded {len(self.loaded)} tensors from {self.file} ({what})"]
-        if self.skipped:
-            out.append(f"skipped {len(self.skipped)}: {_by_reason(self.skipped)}")
-        if self.random:
-            groups = _count_by_module(self.random)
-            out.append(
-                f"left random: {len(self.random)} ({groups}): "
-                f"{', '.join(self.random[:FEW])}{_more(self.random)}"
-            )
-        else:
-            out.append("left random: 0")
-        if self.adapters:
-            fresh = self.adapters - sum(1 for k in self.loaded if is_adapter_key(k))
-            out.append(f"LoRA adapters: {fresh} of {self.adapters} tensors start fresh")
-        if self.weights_normalization == "imagenet":
-            out.append(
-                "these weights expect inputs normalized with ImageNet's mean and std "
-                f"(mean {list(IMAGENET_MEAN)}, std {list(IMAGENET_STD)})"
-            )
-        return out
-
-
-def _expect(where: str, name: str, value: Any, ok: bool, expected: str) -> None:
-    if not ok:
-        raise ConfigError(f"{where}: {name} must be {expected}, got {value!r}")
-
-
-def _more(items: list[Any]) -> str:
-    return f", ... (+{len(items) - FEW} more)" if len(items) > FEW else ""
-
-
-def _by_reason(skipped: list[dict[str, str]]) -> str:
-    """The first few reasons, each with the first few keys it applies to."""
-    groups: dict[str, list[str]] = {}
-    for entry in skipped:
-        groups.setdefault(entry["reason"], []).append(entry["key"])
-    parts = [f"{', '.join(keys[:FEW])}{_more(keys)} ({reason})" for reason, keys in groups.items()]
-    rest = len(parts) - FEW
-    return "; ".join(parts[:FEW]) + (f"; and {rest} more reason(s)" if rest > 0 else "")
-
-
-def _count_by_module(keys: Iterable[str]) -> str:
-    counts: dict[str, int] = {}
-    for key in keys:
-        top = key.split(".", 1)[0]
-        counts[top] = counts.get(top, 0) + 1
-    return ", ".join(f"{name} {n}" for name, n in counts.items())
-
-
 # ----------------------------------------------------------------------------- mapping
-def is_adapter_key(key: str) -> bool:
-    """A LoRA adapter tensor (PEFT names them ``<layer>.lora_A.<adapter>.weight`` and alike)."""
-    return any(part.startswith("lora_") for part in key.split("."))
-
-
 def _plain(key: str) -> str:
     """A layer's key without PEFT's ``base_layer`` step (the name the layer has without LoRA)."""
     return key.replace(".base_layer.", ".")
@@ -525,6 +446,17 @@ def _model_name(fmt: str, key: str, backbone: str = "") -> str | None:
     if fmt == "medicalnet":
         return f"backbone.{_strip_module(key)}"
     return _torchvision_name(key)
+
+
+def torchvision_names(state: Mapping[str, torch.Tensor], fmt: str) -> State:
+    """A torchvision file's tensors under the names a torchvision-shaped backbone gives them
+    (without ``backbone.``), its ImageNet classifier left out."""
+    some_backbone = FORMAT_BACKBONES[fmt][0]
+    return {
+        _model_name(fmt, key, some_backbone).removeprefix("backbone."): tensor
+        for key, tensor in state.items()
+        if _head_reason(fmt, key) is None
+    }
 
 
 class _Target:
@@ -681,6 +613,35 @@ def apply_init(model: FedModel, source: InitSource, *, strict: bool = False) -> 
         _check_strict(file, own, plan)
     if not plan.loaded:
         _refuse_nothing_loaded(file, len(state), plan)
+    return _loaded(model, source, fmt, plan)
+
+
+def apply_frozen_init(model: FedModel, source: InitSource, encoder_keys: set[str]) -> InitReport:
+    """The frozen-encoder mode's start: the file's ``encoder_keys`` (torchvision-shaped names)
+    are the frozen encoder's, and the rest of its backbone (the unfrozen blocks) loads into
+    ``model``; the trunk and heads keep their seeded start."""
+    state, fmt = read_init(source)
+    if fmt not in TORCHVISION_FORMATS:
+        raise ConfigError(
+            f"--frozen-encoder: --init {source.file} holds {FORMAT_NAMES.get(fmt, fmt)} "
+            "weights; the frozen encoder starts from torchvision's ImageNet weights (e.g. --init "
+            "torchvision:mobilenet_v2)"
+        )
+    backbone = getattr(model.spec, "backbone", "")
+    rest = {
+        key: tensor
+        for key, tensor in state.items()
+        if _model_name(fmt, key, backbone).removeprefix("backbone.") not in encoder_keys
+    }
+    plan = _plan(model, rest, fmt)
+    report = _loaded(model, source, fmt, plan)
+    report.encoder = len(state) - len(rest)
+    return report
+
+
+def _loaded(model: FedModel, source: InitSource, fmt: str, plan: _Plan) -> InitReport:
+    """Load ``plan``'s tensors into ``model`` (strictly, over its own state) and report it."""
+    own = model.state_dict()
     merged = dict(own)
     merged.update(plan.loaded)
     model.load_state_dict(merged, strict=True)
@@ -688,7 +649,7 @@ def apply_init(model: FedModel, source: InitSource, *, strict: bool = False) -> 
     return InitReport(
         source=source.given,
         kind=source.kind,
-        file=str(file),
+        file=str(source.file),
         format=fmt,
         sha256=state_sha256(plan.loaded),
         loaded=loaded,
@@ -696,4 +657,5 @@ def apply_init(model: FedModel, source: InitSource, *, strict: bool = False) -> 
         random=[k for k in own if k not in plan.loaded and not is_adapter_key(k)],
         adapters=sum(1 for k in own if is_adapter_key(k)),
         weights_normalization="imagenet" if _is_torchvision_file(source) else "",
+        hash_check=torchvision_hash_check(source.file) if _is_torchvision_file(source) else "",
     )

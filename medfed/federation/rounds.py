@@ -22,6 +22,7 @@ from medfed.algorithms.base import State, Stats, Update
 from medfed.algorithms.privacy import BUDGET_SPENT
 from medfed.errors import MedfedError
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan
+from medfed.federation.features import frozen_encoder_of
 from medfed.federation.site import Published, SiteDropped, failure_reason
 from medfed.progress import counter
 from medfed.reports.model_card import write_model_card
@@ -344,6 +345,7 @@ class RoundLoop:
             [p.state for p in published],
             server.setup,
             operating_rule=self.config.operating_point,
+            **frozen_encoder_of(server.config, server.spec),
         )
         fed.abstention = uncalibrated([p.gaussian for p in published], DEFAULT_FALSE_ABSTAIN)
         calibrate(fed.abstention, self.link.abstention_scores(fed))

@@ -358,6 +358,8 @@ class SiteWorker:
     @property
     def flips(self) -> bool:
         """Whether training flips scans left-right (set, and right for the modality)."""
+        if self.model.spec.frozen_encoder:  # features, not photos: nothing to flip
+            return False
         return self.config.augment == "flip" and modality_spec(self.modality).horizontal_flip
 
     def operating_choice(self) -> OperatingChoice | None:

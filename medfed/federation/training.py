@@ -10,10 +10,13 @@ from typing import Any
 from medfed.config import TrainConfig, load_manifests
 from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.overview import write_site_overview
+from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError
 from medfed.federation.engine import Engine
+from medfed.federation.features import encoded_sites
 from medfed.federation.plan import RunPlan, SiteInfo, plan_run
+from medfed.federation.pretrained import frozen_backbone
 from medfed.models.device import keep_freed_memory
 from medfed.reports.model_card import write_model_card
 from medfed.runs import RunDir, Summary
@@ -43,28 +46,43 @@ def train(
     echo: Callable[[str], Any] | None = None,
     lr_from_modality: bool = False,
     say: Callable[[str], Any] | None = None,
+    cache_dir: Path | None = None,
 ) -> Summary:
     """Train ``config.algorithm`` over ``sites`` and write the run directory ``out``.
 
     An algorithm with ``warmup_rounds = N`` (LoRA) first trains FedAvg for N rounds into
     ``out/warmup`` and starts from its weights; ``echo`` hears what the starting weights were.
     ``lr_from_modality``: no learning rate was chosen; the sites' modality sets it. ``say``
-    hears the rounds line by line (where no progress bar shows).
+    hears the rounds line by line (where no progress bar shows). With ``frozen_encoder`` the
+    sites' photos are encoded first (cached under ``cache_dir``, by default the image cache's).
     """
     # Planned before anything trains, a warm-up base included; a bad setting of the final
     # evaluation is refused now, not after the rounds.
     latency_scans()
-    plan = plan_run(config, [SiteInfo.of(s) for s in sites], lr_from_modality=lr_from_modality)
-    base = warmup_base(sites, plan, Path(out), resume, progress, echo, say=say)
-    engine = Engine(sites, plan, RunDir(out), progress=progress, init=base, say=say)
+    read = frozen_features(sites, config, cache_dir)
+    plan = plan_run(config, [SiteInfo.of(s) for s in read], lr_from_modality=lr_from_modality)
+    base = warmup_base(read, plan, Path(out), resume, progress, echo, say=say, shown=sites)
+    engine = Engine(read, plan, RunDir(out), progress=progress, init=base, say=say)
     report = engine.server.init_report
     if echo is not None and report is not None:
         for line in report.lines():
             echo(line)
     summary = engine.train(resume=resume)
-    write_site_overview(out, sites)  # the dashboard's Sites page
+    if all(s.raw[Split.TRAIN].dim() > 2 for s in sites):  # photos, not the encoder's features
+        write_site_overview(out, sites)  # the dashboard's Sites page
     write_model_card(out)  # again, now with the data cards beside it
     return summary
+
+
+def frozen_features(
+    sites: list[SiteData], config: TrainConfig, cache_dir: Path | None = None
+) -> list[SiteData]:
+    """The sites as training reads them: their photos' features under the frozen encoder
+    (``frozen_encoder``), or as they are."""
+    if not config.frozen_encoder:
+        return sites
+    backbone = frozen_backbone(config.init, config.backbone)
+    return encoded_sites(sites, config, backbone, cache_dir)
 
 
 def warmup_base(
@@ -75,16 +93,19 @@ def warmup_base(
     progress: bool,
     echo: Callable[[str], Any] | None,
     say: Callable[[str], Any] | None = None,
+    shown: list[SiteData] | None = None,
 ) -> str | None:
     """The run's warm-up base, trained first (or resumed, or reused when finished), when the
     algorithm asks for one (``warmup_rounds``); None otherwise. config.toml keeps the setting
-    (``init`` stays empty), its [init] table the base it started from."""
+    (``init`` stays empty, but for the frozen encoder's file), its [init] table the base it
+    started from. ``shown``: the sites as the run's Sites page shows them (their photos, where
+    ``sites`` hold the encoder's features)."""
     config = plan.config
     rounds = int(getattr(plan.algorithm.params, "warmup_rounds", 0) or 0)
     if not rounds or not sites:
         return None
     base = (out / WARMUP_DIR).resolve()
-    if config.init:
+    if config.init and not config.frozen_encoder:  # the frozen encoder's file stays
         raise ConfigError(
             f"{config.algorithm}: --init {config.init} and --param warmup_rounds={rounds} both "
             "give the starting weights; pass one of them"
@@ -96,7 +117,7 @@ def warmup_base(
         rounds=rounds,
         backbone=plan.spec.backbone,
         faults=(),
-        init="",
+        init=config.init if config.frozen_encoder else "",
         init_strict=False,
     )
     run = RunDir(base)
@@ -110,6 +131,8 @@ def warmup_base(
         Engine(sites, warmup_plan, run, progress=progress, say=say).train(
             resume=resume and run.config_path.is_file()
         )
-        write_site_overview(base, sites)
+        shown = shown or sites
+        if all(s.raw[Split.TRAIN].dim() > 2 for s in shown):
+            write_site_overview(base, shown)
         write_model_card(base)
     return str(base)

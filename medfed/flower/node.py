@@ -34,8 +34,14 @@ from medfed.errors import ConfigError, RunDirError
 from medfed.federation import wire
 from medfed.federation.engine import normalized
 from medfed.federation.plan import SiteInfo, initial_model
-from medfed.federation.pretrained import state_sha256
+from medfed.federation.pretrained import (
+    HASH_MATCHES,
+    resolve_init,
+    state_sha256,
+    torchvision_hash_check,
+)
 from medfed.federation.site import SiteWorker, clone_state, planned_dp_steps
+from medfed.federation.training import frozen_features
 from medfed.fileio import atomic_write
 from medfed.models.device import resolve_device
 from medfed.models.fedmodel import ModelSpec
@@ -77,6 +83,25 @@ def node_site(node_config: dict[str, Any]) -> SiteData:
         cache = TensorCache(Path(cache_dir) if cache_dir else default_cache_dir())
         _SITES[key] = load_site(load_manifest(manifest), cache)
     return _SITES[key]
+
+
+def node_encoded(node_config: dict[str, Any], run: RunSettings) -> SiteData:
+    """The site as the run trains on it: in the frozen-encoder mode, its photos' features
+    under this node's own copy of the encoder's weights (--init), which must be torchvision's
+    published file (its bytes match the hash in its name), cached beside the photos."""
+    site = node_site(node_config)
+    if not run.config.frozen_encoder:
+        return site
+    check = torchvision_hash_check(resolve_init(run.config.init).file)
+    if not check.startswith(HASH_MATCHES):
+        raise ConfigError(
+            f"--frozen-encoder: this SuperNode's weights for --init {run.config.init} are not "
+            f"torchvision's published file ({check or 'no hash in its name'}); every site must "
+            "encode with the same file: copy torchvision's file to this machine"
+        )
+    cache_dir = _setting(node_config, "cache-dir")
+    folder = Path(cache_dir) if cache_dir else default_cache_dir()
+    return frozen_features([site], run.config, folder)[0]
 
 
 def describe(node_config: dict[str, Any]) -> dict[str, Any]:
@@ -138,7 +163,7 @@ class SiteNode:
         self, node_config: dict[str, Any], run: RunSettings, init: State | None = None
     ) -> None:
         self.run = run
-        self.data = normalized([node_site(node_config)], run.config)[0]
+        self.data = normalized([node_encoded(node_config, run)], run.config)[0]
         if self.data.id not in run.sites:
             raise ConfigError(
                 f"this SuperNode serves site {self.data.id!r}, which run {run.name!r} does not "

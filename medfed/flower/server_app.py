@@ -226,7 +226,8 @@ class FlowerRun:
             self.d.config,
             self.server.spec,
             self.d.sites,
-            init_sha256=report.sha256 if report else "",
+            # nothing to send where the file went into the frozen encoder alone
+            init_sha256=report.sha256 if report and report.loaded else "",
             plan=approved.to_json(),
         )
         inputs = RoundSource(self.server)

@@ -24,6 +24,7 @@ from medfed.models.backbones import (
     kaiming_init,
     spatial_dims,
 )
+from medfed.models.encoder import EncoderError, encoded_backbone
 from medfed.models.mixture import PREDICT_RULES, MixtureBranch, MixtureHead, VAEBank
 
 NORM_TYPES: tuple[type[nn.Module], ...] = (
@@ -74,6 +75,11 @@ class ModelSpec:
     mixture_latent: int = 2
     mixture_resolution: int = 8  # pooled view size per axis (half of it for 3D volumes)
     mixture_predict: str = "posterior"  # or "coefficients"
+    # The frozen-encoder mode (medfed.models.encoder): the backbone's first blocks run once per
+    # scan outside the model, which takes their output (``in_channels`` wide) and trains the
+    # last ``unfreeze_blocks`` blocks and a trunk on it.
+    frozen_encoder: bool = False
+    unfreeze_blocks: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -99,6 +105,15 @@ class ModelSpec:
             (
                 self.mixture_predict in PREDICT_RULES,
                 f"mixture_predict must be one of {list(PREDICT_RULES)}",
+            ),
+            (self.unfreeze_blocks >= 0, "unfreeze_blocks must be >= 0"),
+            (
+                self.frozen_encoder or not self.unfreeze_blocks,
+                "unfreeze_blocks needs the frozen encoder",
+            ),
+            (
+                not (self.frozen_encoder and self.mixture_components),
+                "a mixture model (FedGMI) reads the scan itself, not a frozen encoder's features",
             ),
         ]
         for ok, message in checks:
@@ -138,8 +153,18 @@ class FedModel(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.backbone, self.feat_dim = build_backbone(spec.backbone, spec.in_channels)
-        self.spatial_dims = spatial_dims(spec.backbone)
+        if spec.frozen_encoder:
+            try:
+                self.backbone, self.feat_dim = encoded_backbone(
+                    spec.backbone, spec.unfreeze_blocks, spec.in_channels
+                )
+            except EncoderError as exc:
+                raise ModelConfigError(f"model spec: {exc}") from None
+            # pooled features (N, D), or the feature maps before the unfrozen blocks
+            self.spatial_dims = 2 if spec.unfreeze_blocks else 0
+        else:
+            self.backbone, self.feat_dim = build_backbone(spec.backbone, spec.in_channels)
+            self.spatial_dims = spatial_dims(spec.backbone)
         self.target_branch = _branch(self.feat_dim, spec.branch_dim)
         self.target_head: nn.Module = nn.Linear(spec.branch_dim, spec.n_classes)
         self.vaes: VAEBank | None = None
@@ -251,12 +276,18 @@ class FedModel(nn.Module):
 
 
 def lora_targets(model: nn.Module, kinds: tuple[str, ...] = ("conv", "linear")) -> list[str]:
-    """Layers of the given kinds in the backbone and the target branch (the heads stay plain)."""
+    """Layers of the given kinds in the backbone and the target branch (the heads stay plain).
+
+    Grouped convolutions (MobileNet's and EfficientNet's depthwise ones) get no adapter: a
+    low-rank update of a per-channel filter is no smaller than the filter, and PEFT refuses a
+    rank the groups do not divide."""
     types = tuple(t for kind in kinds for t in LORA_KINDS[kind])
     return [
         name
         for name, module in model.named_modules()
-        if isinstance(module, types) and name.startswith(("backbone.", "target_branch."))
+        if isinstance(module, types)
+        and name.startswith(("backbone.", "target_branch."))
+        and getattr(module, "groups", 1) == 1
     ]
 
 

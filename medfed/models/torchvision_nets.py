@@ -59,6 +59,13 @@ TV_NETS: dict[str, TorchvisionNet] = {
         ("EfficientNet_B0_Weights", "IMAGENET1K_V1"),
         "torchvision EfficientNet-B0",
     ),
+    "tv-mobilenet-v2": TorchvisionNet(
+        "mobilenet_v2",
+        1280,
+        "classifier",
+        ("MobileNet_V2_Weights", "IMAGENET1K_V1"),
+        "torchvision MobileNetV2",
+    ),
 }
 # Every architecture with BatchNorm (as torchvision has it) and with GroupNorm.
 TV_BACKBONES: tuple[str, ...] = tuple(n for name in TV_NETS for n in (name, f"{name}-gn"))
@@ -82,7 +89,7 @@ def build_torchvision(name: str, in_channels: int) -> tuple[nn.Module, int]:
 
     net = tv_net(name)
     module = getattr(torchvision.models, net.constructor)(weights=None)
-    setattr(module, net.classifier, nn.Identity())  # EfficientNet's dropout goes with it
+    setattr(module, net.classifier, nn.Identity())  # EfficientNet's and MobileNet's dropout too
     if net.constructor.startswith("densenet"):
         module = DenseNetFeatures(module.features)
     if in_channels != 3:

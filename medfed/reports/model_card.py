@@ -121,6 +121,19 @@ def _starting_weights(config: Mapping[str, Any], seed: int) -> str:
     return f"{init.get('source')} (sha256 {sha})"
 
 
+def _frozen_encoder(config: Mapping[str, Any]) -> list[str]:
+    """The frozen-encoder mode's line (none without it)."""
+    train = config.get("train")
+    if not isinstance(train, Mapping) or not train.get("frozen_encoder"):
+        return []
+    blocks = int(train.get("unfreeze_blocks") or 0)
+    trained = f"the last {blocks} blocks, a trunk and the heads" if blocks else "a trunk and heads"
+    return [
+        f"frozen encoder: the backbone's ImageNet weights ({train.get('init')}) stay fixed and "
+        f"compute each scan's features once (model/encoder.safetensors); {trained} train on them"
+    ]
+
+
 def _finished(events: Sequence[Mapping[str, Any]]) -> str:
     times = [e.get("time") for e in events if e.get("event") == "finish"]
     times = [t for t in times if isinstance(t, int | float)]
@@ -137,6 +150,7 @@ def model_section(inputs: CardInputs) -> CardSection:
     facts = [
         f"algorithm: {s.algorithm} ({params})",
         f"backbone: {s.backbone}; modality: {s.modality}",
+        *_frozen_encoder(inputs.config),
         f"training: {s.rounds} rounds of {s.local_steps} local steps, seed {s.seed}",
         f"normalization: {s.normalization}; augmentation: {s.augment}",
         f"starting weights: {_starting_weights(inputs.config, s.seed)}",

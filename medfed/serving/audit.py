@@ -130,11 +130,15 @@ class AuditEntry:
     prediction_prob: float | None
     ood_score: float | None
     reason: str | None = None
+    # every class's probability in the federation's answer (not kept in the audit log)
+    class_probs: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as plain values; a NaN or infinite number (never valid) becomes None."""
         out = asdict(self)
         out["site_probs"] = {k: _finite(v) for k, v in self.site_probs.items()}
+        if self.class_probs is not None:
+            out["class_probs"] = {k: _finite(v) for k, v in self.class_probs.items()}
         for key in ("prediction_prob", "ood_score"):
             out[key] = _finite(out[key])
         return out

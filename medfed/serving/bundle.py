@@ -18,6 +18,7 @@ from medfed.config import SiteManifest, parse_manifest
 from medfed.data.preprocess import Normalization
 from medfed.errors import RunDirError
 from medfed.models.device import DeviceSetup, resolve_device
+from medfed.models.encoder import FrozenEncoder
 from medfed.models.fedmodel import HEAD_PREFIX, FedModel, ModelSpec, build_model
 from medfed.models.forward import run_model
 from medfed.models.mixture import COEFFICIENTS
@@ -33,6 +34,7 @@ from medfed.runs.weights import (
 from medfed.serving.abstention import Abstention
 
 State = dict[str, torch.Tensor]
+ENCODER = "encoder"  # model/encoder.safetensors: the frozen encoder (--frozen-encoder)
 
 # The version of the model a run's model.json describes: what its weights mean (the backbone's
 # tensor names and shapes, the heads, the spec's fields). 1: runs written before model.json
@@ -193,12 +195,17 @@ class TrainedFederation:
         abstention: Abstention | None = None,
         routing: RoutingFit | None = None,
         operating_rule: str = DEFAULT_OPERATING_RULE,
+        encoder: FrozenEncoder | None = None,
+        encoder_info: dict[str, Any] | None = None,
     ) -> None:
         self.spec, self.algorithm, self.sites, self.setup = spec, algorithm, sites, setup
         # The run's --operating-point: endpoints chosen at evaluation (referable DR) follow it.
         self.operating_rule = str(OperatingRule.parse(operating_rule))
         self.abstention = abstention
         self.routing = routing
+        # The frozen-encoder mode: every scan meets the encoder once, then the sites' models.
+        self.encoder = None if encoder is None else encoder.to(setup.device)
+        self.encoder_info = encoder_info
         base = build_model(spec).to(setup.device).eval()
         self.models: list[FedModel] = []
         for site, state in zip(sites, states, strict=True):
@@ -307,6 +314,7 @@ class TrainedFederation:
             "abstention": self.abstention.info() if self.abstention else None,
             **({"routing": self.routing.to_dict()} if self.routing else {}),
             "operating_rule": self.operating_rule,
+            **({"encoder": self.encoder_info} if self.encoder is not None else {}),
             **(extra or {}),
         }
 
@@ -315,6 +323,8 @@ class TrainedFederation:
         states = {f"site_{s.id}": st for s, st in zip(self.sites, self.states, strict=True)}
         if self.abstention is not None:
             states["abstention"] = self.abstention.state()
+        if self.encoder is not None:
+            states[ENCODER] = {k: v.cpu() for k, v in self.encoder.state_dict().items()}
         return states
 
     def save(self, run: RunDir, extra: dict[str, Any]) -> None:
@@ -355,6 +365,13 @@ class TrainedFederation:
             path = run.model_weights_path("abstention")
             weights["abstention"] = load_model_state(run, "abstention")
             _check_abstention(path, weights["abstention"], len(info["sites"]))
+        if info.get("encoder"):
+            weights[ENCODER] = load_model_state(run, ENCODER)
+            expected = frozen_encoder(info["encoder"]).state_dict()
+            against = "the frozen encoder described in model.json"
+            check_tensors(
+                run.model_weights_path(ENCODER), weights[ENCODER], expected, MODEL_FIX, against
+            )
         return cls.from_parts(info, weights, device)
 
     @classmethod
@@ -373,7 +390,27 @@ class TrainedFederation:
             raise ValueError(f"routing one_pass_site {routing.one_pass_site} is not a site here")
         rule = info.get("operating_rule", DEFAULT_OPERATING_RULE)  # older runs: the default
         setup = resolve_device(device)
-        return cls(spec, info["algorithm"], sites, states, setup, abstention, routing, rule)
+        encoder = None
+        if info.get("encoder"):
+            encoder = frozen_encoder(info["encoder"])
+            encoder.load_state_dict(weights[ENCODER], strict=True)
+        return cls(
+            spec,
+            info["algorithm"],
+            sites,
+            states,
+            setup,
+            abstention,
+            routing,
+            rule,
+            encoder=encoder,
+            encoder_info=info.get("encoder"),
+        )
+
+
+def frozen_encoder(info: dict[str, Any]) -> FrozenEncoder:
+    """The frozen encoder model.json describes (its weights not yet loaded)."""
+    return FrozenEncoder(str(info["backbone"]), int(info["unfreeze_blocks"]))
 
 
 def _damaged(where: Path, what: str) -> RunDirError:

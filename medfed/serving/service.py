@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from medfed.config import FundusPreprocess
-from medfed.data.cache import content_hash
+from medfed.data.cache import content_hash, data_digest
 from medfed.data.preprocess import apply_pipeline
 from medfed.data.transforms import CameraField
 from medfed.errors import DataError, MedfedError
@@ -54,9 +54,15 @@ class RoutedScan:
 def views_for(fed: TrainedFederation, scan: Scan) -> list[torch.Tensor]:
     """The scan as each site sees it: that site's pipeline, then its normalization."""
     views = []
+    encoded: dict[str, torch.Tensor] = {}  # the encoder runs once per distinct pipeline
     for site in fed.sites:
         _require_camera_field(site.manifest.preprocess, scan)
         raw = apply_pipeline(site.manifest.modality, site.manifest.preprocess, scan.decoded)
+        if fed.encoder is not None:
+            seen = data_digest(raw.contiguous())
+            if seen not in encoded:
+                encoded[seen] = fed.encoder.encode(raw[None])[0]
+            raw = encoded[seen]
         views.append(site.normalization.apply(raw[None]))
     return views
 
@@ -178,6 +184,10 @@ def route_one(
         },
         "prediction": fed.class_names()[prediction],
         "prediction_prob": float(result.class_probs[0, prediction]),
+        "class_probs": {
+            name: float(p)
+            for name, p in zip(fed.class_names(), result.class_probs[0], strict=True)
+        },
         "ood_score": score if math.isfinite(score) else None,  # NaN when uncalibrated
     }
     threshold = fed.abstention.threshold if fed.abstention else float("nan")
