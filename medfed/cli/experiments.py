@@ -1,5 +1,5 @@
 """Experiments: ``medfed demo``, ``bench``, ``transfer``, ``privacy-curve``, ``gpu-check``,
-``bench-deploy``, ``bench-throughput`` and ``scenarios``."""
+``bench-deploy``, ``bench-throughput``, ``scenarios`` and ``real-study``."""
 
 from __future__ import annotations
 
@@ -459,6 +459,74 @@ def scenarios(
     run_scenarios(out, plan, echo=typer.echo, readme=update_readme, reuse=reuse_runs)
 
 
+@friendly
+def real_study(
+    site: Annotated[
+        list[Path],
+        typer.Option(help="A real site's manifest (repeat), e.g. sites/real/*.toml."),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(help="Folder for the runs, the cache and the results.", callback=named_folder),
+    ] = Path("real_study_out"),
+    init: Annotated[
+        str, typer.Option(help="The frozen encoder's ImageNet weights (--init of medfed train).")
+    ] = "torchvision:mobilenet_v2",
+    seeds: Annotated[int, typer.Option(help="Training seeds (the split is the manifests').")] = 5,
+    rounds: Annotated[int, typer.Option(help="Rounds of every run.")] = 40,
+    local_steps: Annotated[int, typer.Option(help="Local steps per round.")] = 10,
+    method: Annotated[
+        list[str] | None,
+        typer.Option(help="Only these methods (repeat); FedDRM always trains."),
+    ] = None,
+    n_boot: Annotated[int, typer.Option(help="Bootstrap resamples of every interval.")] = 1000,
+    outside: Annotated[
+        bool, typer.Option(help="Also leave each source out and measure the flag rates.")
+    ] = True,
+    update_readme: Annotated[
+        Path | None,
+        typer.Option(help="Write the tables into this page's sections (docs/real-data.md)."),
+    ] = None,
+    reuse_runs: Annotated[
+        bool,
+        typer.Option(
+            help="Read runs that finished in OUT with the same settings instead of training "
+            "them again (an interrupted study continues; a finished one is re-rendered)."
+        ),
+    ] = False,
+) -> None:
+    """Every method on real sites with the frozen ImageNet encoder, over several seeds.
+
+    Per-site macro AUC, the worst site, ODIR's glaucoma AUC, system and routing accuracy with
+    intervals over seeds and patients, FedDRM's paired verdicts (Holm), a centralized
+    reference, and how photos from a source no site has seen are flagged."""
+    from medfed.experiments.realdata import CENTRAL, METHODS, REFERENCE, StudyPlan
+    from medfed.experiments.realstudy import MARKERS, run_real_study
+
+    for name, value in (("--seeds", seeds), ("--rounds", rounds), ("--local-steps", local_steps)):
+        if value < 1:
+            raise ConfigError(f"{name} must be at least 1, got {value}")
+    if n_boot < 1:
+        raise ConfigError(f"--n-boot must be at least 1, got {n_boot}")
+    methods = tuple(dict.fromkeys([REFERENCE, *(method or [*METHODS, CENTRAL])]))
+    plan = StudyPlan(
+        manifests=tuple(site),
+        init=init,
+        seeds=tuple(range(seeds)),
+        rounds=rounds,
+        local_steps=local_steps,
+        methods=methods,
+        n_boot=n_boot,
+    )
+    for marker in MARKERS if outside else MARKERS[:1]:
+        check_readme(update_readme, marker)
+    check_out_folder(out)
+    check_not_in_run(out)
+    run_real_study(
+        plan, out, echo=typer.echo, readme=update_readme, outside=outside, reuse=reuse_runs
+    )
+
+
 def register(app: typer.Typer) -> None:
     add = adder(app, EXPERIMENTS)
     add(demo)
@@ -469,3 +537,4 @@ def register(app: typer.Typer) -> None:
     add(bench_deploy, "bench-deploy")
     add(bench_throughput, "bench-throughput")
     add(scenarios)
+    add(real_study, "real-study")
