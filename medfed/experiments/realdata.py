@@ -222,6 +222,7 @@ def collect_scans(folder: Path, sites: Sequence[SiteData]) -> dict[str, SiteScan
         for row in csv.DictReader(handle):
             rows.setdefault(row["site"], []).append(row)
     ids = [s.id for s in fed.sites]
+    routes = fed.routes
     out = {}
     for site in sites:
         got = rows.get(site.id, [])
@@ -238,7 +239,8 @@ def collect_scans(folder: Path, sites: Sequence[SiteData]) -> dict[str, SiteScan
             probs=probs[site.id],
             system=np.where(abstained, -1, system),
             known=np.array([int(r["system_prediction_origin_known"]) for r in got]),
-            routed=np.array([ids.index(r["routed_site"]) for r in got]),
+            # a majority vote sends the scan to no site: no routing to measure
+            routed=np.array([ids.index(r["routed_site"]) if routes else -1 for r in got]),
             index=ids.index(site.id),
         )
     return out

@@ -117,8 +117,21 @@ def _starting_weights(config: Mapping[str, Any], seed: int) -> str:
     init = config.get("init")
     if not isinstance(init, Mapping) or not init.get("source"):
         return f"random initialization (seed {seed})"
+    if init.get("encoder") and not init.get("loaded"):  # it went into the frozen encoder only
+        check = f"; {init['hash_check']}" if init.get("hash_check") else ""
+        return (
+            f"{init.get('source')}: {init['encoder']} tensors into the frozen encoder{check}; "
+            f"what trains starts at random (seed {seed})"
+        )
     sha = str(init.get("sha256") or NA)
     return f"{init.get('source')} (sha256 {sha})"
+
+
+def _augmentation(config: Mapping[str, Any], summary: Any) -> str:
+    train = config.get("train")
+    if isinstance(train, Mapping) and train.get("frozen_encoder"):
+        return "none (the frozen encoder's features, computed once per scan)"
+    return str(summary.augment)
 
 
 def _frozen_encoder(config: Mapping[str, Any]) -> list[str]:
@@ -152,7 +165,7 @@ def model_section(inputs: CardInputs) -> CardSection:
         f"backbone: {s.backbone}; modality: {s.modality}",
         *_frozen_encoder(inputs.config),
         f"training: {s.rounds} rounds of {s.local_steps} local steps, seed {s.seed}",
-        f"normalization: {s.normalization}; augmentation: {s.augment}",
+        f"normalization: {s.normalization}; augmentation: {_augmentation(inputs.config, s)}",
         f"starting weights: {_starting_weights(inputs.config, s.seed)}",
         f"engine: {engine}; updates on the wire: {wire}; device: {s.device}",
         f"training finished: {_finished(inputs.events)}",
