@@ -51,6 +51,14 @@ def fake_home(tmp_path_factory) -> Path:
     return home
 
 
+def real_home(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TORCH_HOME at ``home``, its hub cache holding the real file (linked, never copied)."""
+    monkeypatch.setenv("TORCH_HOME", str(home))
+    hub = torchvision_hub_file("mobilenet_v2")
+    hub.parent.mkdir(parents=True)
+    hub.symlink_to(REAL_FILE)
+
+
 @pytest.fixture
 def home(fake_home, monkeypatch) -> Path:
     monkeypatch.setenv("TORCH_HOME", str(fake_home))
@@ -75,10 +83,7 @@ def _config(algorithm: str, tmp_path: Path, **kw) -> TrainConfig:
 def test_the_real_imagenet_file_loads_every_backbone_tensor_and_its_hash_is_checked(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    hub = torchvision_hub_file("mobilenet_v2")
-    hub.parent.mkdir(parents=True)
-    hub.symlink_to(REAL_FILE)
+    real_home(tmp_path, monkeypatch)
     model = build_model(ModelSpec(backbone="tv-mobilenet-v2"))
 
     report = apply_init(model, resolve_init("torchvision:mobilenet_v2"), strict=True)
@@ -308,10 +313,7 @@ def test_a_deployed_frozen_run_is_the_in_process_run(tiny_sites, tmp_path, monke
     from medfed.runs import RunDir
     from tests.flowergrid import run_in_process
 
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "home"))
-    hub = torchvision_hub_file("mobilenet_v2")
-    hub.parent.mkdir(parents=True)
-    hub.symlink_to(REAL_FILE)
+    real_home(tmp_path / "home", monkeypatch)
     manifests, cache = tiny_sites
     config = _config("feddrm", tmp_path, rounds=2, seed=3)
 
