@@ -95,6 +95,8 @@ PRIVACY_CASES = [
          _train("--dp-epsilon", "3", "--dp-delta", "1e-400"), 2, ("--dp-delta", "default delta")),
     Case("privacy noise of zero", _train("--dp-noise", "0"), 2,
          ("--dp-noise", "no noise multiplier")),
+    Case("privacy delta not below 1/n", _train("--dp-epsilon", "3", "--dp-delta", "0.5"), 2,
+         ("--dp-delta 0.5", "not below 1/n", "site 'acrima'", "n = ")),
 ]  # fmt: skip
 
 

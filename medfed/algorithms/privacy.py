@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from medfed.config import DPSettings
+from medfed.config import DP_DELTA_PER_SCAN, DPSettings
 from medfed.errors import ConfigError
 
 STEPS_KEY = "dp.steps"
@@ -64,6 +64,13 @@ class SitePrivacy:
             )
         rate = min(1.0, batch_size / n_train)
         delta = settings.delta_for(n_train)
+        if delta >= 1 / n_train:  # a delta of 1/n allows leaking one scan outright
+            raise ConfigError(
+                f"--dp-delta {delta:g} is not below 1/n for site {site!r} (n = {n_train} "
+                f"training scans, 1/n = {1 / n_train:.2g}): such a delta allows releasing a "
+                "scan outright; give a --dp-delta well below 1/n of the smallest site, or "
+                f"leave it out for the default {DP_DELTA_PER_SCAN:g}/n at each site"
+            )
         budget = settings.epsilon or None
         noise = settings.noise
         if not noise:
