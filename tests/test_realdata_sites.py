@@ -405,3 +405,14 @@ def test_few_real_fundus_photos_are_doubted() -> None:
     ]
     assert len(rows) == 2378
     assert len(doubted) <= 12, doubted  # 0.5%: rare, each an odd photo (white surround, artefact)
+
+
+def test_four_disease_classes_get_no_dr_grading_bands() -> None:
+    from medfed.reports.heterogeneity import task_of
+
+    def counts(names: list[str]) -> dict:
+        return {"a": {"train": dict.fromkeys(names, 1)}, "b": {"train": dict.fromkeys(names, 1)}}
+
+    assert task_of("fundus", counts(list(LABELS))) == "fundus"  # no band calibrated for it
+    assert task_of("fundus", counts(["normal", "glaucoma"])) == "glaucoma"
+    assert task_of("fundus", counts(["0", "1", "2", "3", "4"])) == "dr"

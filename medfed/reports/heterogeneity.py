@@ -22,7 +22,8 @@ Three kinds of shift, each measured from what a federation already publishes:
   ======== ========================= =========================
 
   (mean of the two seeds, each seed's figure in brackets). The bands of a fundus federation
-  are those of its task (two classes: glaucoma; ICDR grades: DR); no band is calibrated for CT.
+  are those of its task (two classes: glaucoma; five, the ICDR grades: DR); no band is
+  calibrated for CT, nor for fundus sites of three or four classes (e.g. four diseases).
 * **concept shift** (sites that label by different rules): needs a trained run. Each site's
   model loses some of its own-site figure on another site's test scans; covariate shift
   explains part of that drop. The drops of all ordered site pairs are regressed on the pairs'
@@ -86,6 +87,7 @@ LEVELS = ("low", "mid", "high")
 # or 1 draws such sites); above the second, little beyond sampling noise.
 ALPHA_BANDS = (2.0, 20.0)
 CONCEPT_FIGURES = ("auc", "accuracy")
+ICDR_CLASSES = 5  # a DR federation's classes: the ICDR grades 0-4
 MIN_CONCEPT_PAIRS = 4  # a line and a leave-one-out prediction interval need at least this many
 LEVEL = 0.95
 Z95 = 1.959964
@@ -324,12 +326,15 @@ def _left_out_bound(x: np.ndarray, y: np.ndarray, i: int) -> tuple[float, float]
 
 
 def task_of(modality: str | None, counts: Mapping[str, Mapping[str, Mapping[str, int]]]) -> str:
-    """Whose covariate bands fit: "glaucoma" (two-class fundus), "dr" (graded fundus) or the
-    modality itself (no band)."""
+    """Whose covariate bands fit: "glaucoma" (two-class fundus), "dr" (fundus in five classes:
+    the ICDR grades 0-4) or the modality itself (no band: CT, or fundus sites of other classes,
+    such as normal, glaucoma, cataract and dr as four diseases)."""
     if modality != "fundus":
         return str(modality)
     names = {c for splits in counts.values() for per in splits.values() for c in per}
-    return "glaucoma" if len(names) <= 2 else "dr"
+    if len(names) <= 2:
+        return "glaucoma"
+    return "dr" if len(names) == ICDR_CLASSES else str(modality)
 
 
 def test_sizes(sites: Mapping[str, Any]) -> dict[str, dict[str, int | None]]:
