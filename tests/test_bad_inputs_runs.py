@@ -155,6 +155,15 @@ def flip_byte(name: str):
     return edit
 
 
+def flip_header_byte(name: str):
+    def edit(run: Path) -> None:
+        data = bytearray((run / name).read_bytes())
+        data[100] ^= 0xFF  # inside the safetensors header
+        (run / name).write_bytes(bytes(data))
+
+    return edit
+
+
 def cut_short(name: str):
     def edit(run: Path) -> None:
         data = (run / name).read_bytes()
@@ -463,6 +472,9 @@ CASES = [
          (SITE, "NaN", "round_0002")),
     Case("resume: a checkpoint file has an edited byte", _on_run("resume", flip_byte(C + GLOBAL)),
          2, (GLOBAL, "sha256", "delete")),
+    Case("resume: a checkpoint file's header bytes were changed",
+         _on_run("resume", flip_header_byte(C + GLOBAL)), 2,
+         (GLOBAL, "checkpoint", "round_0002 is damaged", "delete", "new --out")),
     Case("resume: an unlisted file in a checkpoint",
          _on_run("resume", copy_file(C + SITE, C + "site_other.safetensors")), 2,
          ("site_other.safetensors", "not listed")),

@@ -35,8 +35,9 @@ MARKER = "state.json"
 def damaged_fix(folder: Path) -> str:
     """What to do about a damaged checkpoint ``folder``."""
     return (
-        f"delete {folder} to resume from the checkpoint before it, or start the run again "
-        "without --resume"
+        f"the checkpoint {folder} is damaged (changed or cut short since it was written): "
+        f"delete {folder} and resume again to continue from the checkpoint before it, or "
+        "train from the start into a new --out folder"
     )
 
 
