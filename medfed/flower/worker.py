@@ -177,7 +177,7 @@ def check_socket_path(path: Path) -> None:
         raise ConfigError(f"{where}: exists and is not a socket; choose another path")
     folder = path.parent
     if not folder.is_dir():
-        raise ConfigError(f"{where}: the folder {folder} does not exist; make it first")
+        raise ConfigError(_missing_folder(where, folder))
     # Even a sticky folder (/tmp) lets another account take the socket's name first, and the
     # SuperNode would then hand its messages to that account's process.
     if folder.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH):
@@ -187,6 +187,17 @@ def check_socket_path(path: Path) -> None:
         )
     if os.path.lexists(path):
         _check_left_socket(path, where)
+
+
+def _missing_folder(where: str, folder: Path) -> str:
+    """Why ``folder`` is no folder: a part of its path is a file, or it is not there yet."""
+    for part in (folder, *folder.parents):
+        if os.path.lexists(part) and not part.is_dir():
+            return (
+                f"{where}: {part} is a file, not a folder, so the socket cannot go under it; "
+                "choose a socket path inside a folder"
+            )
+    return f"{where}: the folder {folder} does not exist; make it first"
 
 
 def _check_left_socket(path: Path, where: str) -> None:
