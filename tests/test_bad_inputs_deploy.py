@@ -81,6 +81,11 @@ def _worker_on_a_file(tmp: Path, s: Shared) -> list:
     return ["deploy", "worker", tmp / "w.sock"]
 
 
+def _worker_under_a_file(tmp: Path, s: Shared) -> list:
+    (tmp / "plain").write_text("a file\n", encoding="utf-8")
+    return ["deploy", "worker", tmp / "plain" / "w.sock"]
+
+
 def _worker_in_a_shared_folder(tmp: Path, s: Shared) -> list:
     (tmp / "shared").mkdir()
     (tmp / "shared").chmod(0o777)
@@ -276,6 +281,23 @@ CASES = [
         ("--secure-aggregation", "at least 2 sites"),
     ),
     Case(
+        "deploy app with secure aggregation of two sites, not accepted",
+        _app("--secure-aggregation"),
+        2,
+        (
+            "--secure-aggregation",
+            "only 2 sites",
+            "recover the other's update",
+            "--secure-aggregation-two-sites",
+        ),
+    ),
+    Case(
+        "deploy app accepting two sites without secure aggregation",
+        _app("--secure-aggregation-two-sites"),
+        2,
+        ("--secure-aggregation-two-sites", "add --secure-aggregation"),
+    ),
+    Case(
         "deploy app with secure aggregation of lora",
         # (a federated base: LoRA on random weights is refused before, as train refuses it)
         _app("--secure-aggregation", "--algorithm", "lora", "--param", "base=federated"),
@@ -350,6 +372,12 @@ CASES = [
         ("worker socket", "nofolder", "does not exist"),
     ),
     Case(
+        "deploy worker under a path that is a plain file",
+        _worker_under_a_file,
+        2,
+        ("worker socket", "plain", "is a file, not a folder"),
+    ),
+    Case(
         "deploy worker in a folder everyone may write to",
         _worker_in_a_shared_folder,
         2,
@@ -375,3 +403,20 @@ def test_a_refused_deployment_leaves_nothing_behind(tmp_path) -> None:
     for make in (_pki(hosts=("a b",)), _app(run_dir="")):
         check(Case("refused", make, 2, ()), tmp_path, NOTHING_SHARED)
     assert not (tmp_path / "pki").exists() and not (tmp_path / "app").exists()
+
+
+def test_two_site_secure_aggregation_runs_only_when_accepted(tmp_path) -> None:
+    import tomllib
+
+    from medfed.errors import ConfigError
+    from medfed.flower.server_app import Deployment
+
+    accepted = _app("--secure-aggregation", "--secure-aggregation-two-sites")
+    check(Case("accepted", accepted, 0, ("wrote",)), tmp_path, NOTHING_SHARED)
+    pyproject = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text(encoding="utf-8"))
+    run_config = pyproject["tool"]["flwr"]["app"]["config"]
+    assert run_config["secure-aggregation-two-sites"] is True
+    assert Deployment.from_run_config(run_config).secure_aggregation
+    del run_config["secure-aggregation-two-sites"]
+    with pytest.raises(ConfigError, match="secure-aggregation-two-sites"):
+        Deployment.from_run_config(run_config)

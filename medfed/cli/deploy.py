@@ -39,6 +39,19 @@ def _stored_train_settings(train_config: Path | None) -> dict[str, Any]:
     return dict(train)
 
 
+def _check_secure_options(secure: bool, bound: float | None, two_sites: bool) -> None:
+    """The options that tune secure aggregation come with --secure-aggregation."""
+    for given, option in (
+        (bound is not None, "--secure-bound"),
+        (two_sites, "--secure-aggregation-two-sites"),
+    ):
+        if given and not secure:
+            raise ConfigError(
+                f"{option} tunes secure aggregation; add --secure-aggregation, or leave "
+                f"{option} out"
+            )
+
+
 @friendly
 @training_options(
     "algorithm",
@@ -82,6 +95,13 @@ def deploy_app_folder(
             "site clips the difference (counted in metrics.jsonl) \\[default: 1.0].",
         ),
     ] = None,
+    secure_aggregation_two_sites: Annotated[
+        bool,
+        typer.Option(
+            help="With --secure-aggregation over exactly 2 sites: accept that each site can "
+            "recover the other's update from the mean (docs/privacy.md, 'Threat model')."
+        ),
+    ] = False,
     on_refusal: Annotated[
         str,
         typer.Option(
@@ -105,11 +125,7 @@ def deploy_app_folder(
 
     if str(out) in ("", "."):
         raise ConfigError("OUT is empty (or '.'): give the app folder by name, e.g. pilot_app")
-    if secure_bound is not None and not secure_aggregation:
-        raise ConfigError(
-            "--secure-bound sets secure aggregation's clipping; add --secure-aggregation, or "
-            "leave --secure-bound out"
-        )
+    _check_secure_options(secure_aggregation, secure_bound, secure_aggregation_two_sites)
     algorithm = (settings or {}).get("algorithm")
     if algorithm is not None and not algorithm.strip():
         raise ConfigError("--algorithm is empty: name one (listed in --help), or leave it out")
@@ -141,6 +157,7 @@ def deploy_app_folder(
         lr_from_modality="lr" not in stored,  # CT and fundus differ (see medfed train --lr)
         secure_aggregation=secure_aggregation,
         **({"secure_bound": secure_bound} if secure_bound is not None else {}),
+        secure_two_sites=secure_aggregation_two_sites,
         on_refusal=on_refusal,
         predictions_to_coordinator=predictions_to_coordinator,
     )

@@ -130,9 +130,14 @@ def refuse_unsupported(config: TrainConfig) -> None:
 
 
 def refuse_insecure_settings(
-    config: TrainConfig, algorithm: Algorithm, n_sites: int, bound: float
+    config: TrainConfig,
+    algorithm: Algorithm,
+    n_sites: int,
+    bound: float,
+    two_sites: bool = False,
 ) -> None:
-    """Refuse, before the run starts, settings that cannot run under secure aggregation."""
+    """Refuse, before the run starts, settings that cannot run under secure aggregation
+    (``two_sites``: two sites, each able to recover the other's update, were accepted)."""
     per_round = max(config.min_sites, math.ceil(config.client_fraction * n_sites))
     reason = secure.refusal(
         n_sites=n_sites,
@@ -141,6 +146,7 @@ def refuse_insecure_settings(
         wire_precision=config.wire_precision,
         wire_delta=config.wire_delta,
         bound=bound,
+        two_sites=two_sites,
     )
     if reason:
         raise ConfigError(f"--secure-aggregation: {reason}")
@@ -159,6 +165,7 @@ def write_app(
     lr_from_modality: bool = False,
     secure_aggregation: bool = False,
     secure_bound: float = secure.DEFAULT_BOUND,
+    secure_two_sites: bool = False,
     on_refusal: str = "stop",
     predictions_to_coordinator: bool = False,
 ) -> Path:
@@ -167,7 +174,8 @@ def write_app(
     ``lr_from_modality``: ``config.lr`` was not chosen; the server sets the sites' modality's
     learning rate once it knows the modality (as ``medfed train`` does).
     ``secure_aggregation``: SecAgg+ (:mod:`medfed.flower.secure`), each update's differences
-    clipped to ``+-secure_bound``. ``on_refusal``: when a site's policy refuses the run,
+    clipped to ``+-secure_bound``; ``secure_two_sites``: run it over two sites although each can
+    recover the other's update. ``on_refusal``: when a site's policy refuses the run,
     ``stop`` it or ``continue`` without that site. ``predictions_to_coordinator``: each site
     sends its per-scan test predictions (the plan lists them, so a site's policy must allow
     them); by default they stay in each site's state folder."""
@@ -179,7 +187,9 @@ def write_app(
         from medfed.federation.plan import checked_algorithm
 
         algorithm = checked_algorithm(config, sites)
-        refuse_insecure_settings(config, algorithm, len(sites), secure_bound)
+        refuse_insecure_settings(
+            config, algorithm, len(sites), secure_bound, two_sites=secure_two_sites
+        )
     check_wait("--wait", wait_s)
     check_wait("--reply-timeout", reply_timeout_s)
     run_dir = check_run_dir(run_dir)
@@ -198,6 +208,7 @@ def write_app(
             "lr-from-modality": bool(lr_from_modality),
             "secure-aggregation": bool(secure_aggregation),
             "secure-bound": float(secure_bound),
+            **({"secure-aggregation-two-sites": True} if secure_two_sites else {}),
             "on-refusal": on_refusal,
             "predictions": "coordinator" if predictions_to_coordinator else "site",
             # The plan's starting weights: sites approve the run by this hash.

@@ -103,8 +103,11 @@ def refusal(
     wire_precision: str,
     wire_delta: bool,
     bound: float,
+    two_sites: bool = False,
 ) -> str:
-    """Why these settings cannot run under secure aggregation ("" when they can)."""
+    """Why these settings cannot run under secure aggregation ("" when they can).
+
+    ``two_sites``: the operator accepted that with two sites each recovers the other's update."""
     if n_sites < 2:
         return (
             "secure aggregation needs at least 2 sites: the sum of one site's update is that "
@@ -126,6 +129,13 @@ def refusal(
         )
     if not (math.isfinite(bound) and bound > 0):
         return f"--secure-bound must be a number > 0, got {bound}"
+    if n_sites == 2 and not two_sites:
+        return (
+            "with only 2 sites, each site can recover the other's update from the mean it "
+            "receives (the mean less its own update), so secure aggregation hides nothing "
+            "between them; add a third site, or accept this with --secure-aggregation-two-sites "
+            "(run config 'secure-aggregation-two-sites'; docs/privacy.md, 'Threat model')"
+        )
     return ""
 
 

@@ -112,16 +112,18 @@ class Deployment:
         )
         refuse_unsupported(config)
         algorithm = checked_algorithm(config, sites)  # before the wait for the sites
-        flags = ("resume", "lr-from-modality", "secure-aggregation")
-        resume, modality_lr, secure = (run_config.get(k, False) for k in flags)
-        for key, value in zip(flags, (resume, modality_lr, secure), strict=True):
+        flags = ("resume", "lr-from-modality", "secure-aggregation", "secure-aggregation-two-sites")
+        resume, modality_lr, secure, two_sites = (run_config.get(k, False) for k in flags)
+        for key, value in zip(flags, (resume, modality_lr, secure, two_sites), strict=True):
             if not isinstance(value, bool):
                 raise ConfigError(f"run config {key!r} must be true or false, got {value!r}")
         bound = run_config.get("secure-bound", DEFAULT_BOUND)
         if isinstance(bound, bool) or not isinstance(bound, int | float):
             raise ConfigError(f"run config 'secure-bound' must be a number > 0, got {bound!r}")
         if secure:
-            refuse_insecure_settings(config, algorithm, len(sites), float(bound))
+            refuse_insecure_settings(
+                config, algorithm, len(sites), float(bound), two_sites=two_sites
+            )
         on_refusal = run_config.get("on-refusal", "stop")
         if on_refusal not in ON_REFUSAL:
             raise ConfigError(
