@@ -396,6 +396,21 @@ def bench_throughput(
         typer.echo(f"updated the {MARKER} section of {update_readme}")
 
 
+MAX_SCENARIO_SEEDS = 100
+MAX_RESAMPLES = 100_000
+
+
+def _check_scenario_counts(seeds: int | None, n_boot: int | None) -> None:
+    """--seeds and --n-boot within what a sweep can finish (each seed trains every method)."""
+    if seeds is not None and not 1 <= seeds <= MAX_SCENARIO_SEEDS:
+        raise ConfigError(
+            f"--seeds must be 1..{MAX_SCENARIO_SEEDS} (each seed trains every method at every "
+            f"level), got {seeds}"
+        )
+    if n_boot is not None and not 1 <= n_boot <= MAX_RESAMPLES:
+        raise ConfigError(f"--n-boot must be 1..{MAX_RESAMPLES} resamples, got {n_boot}")
+
+
 @friendly
 def scenarios(
     ablation: Annotated[
@@ -447,6 +462,7 @@ def scenarios(
     )
     from medfed.serving.evaluation import LATENCY_ENV
 
+    _check_scenario_counts(seeds, n_boot)
     plan = ScenarioPlan.make(
         ablation, quick=quick, seeds=seeds, methods=method or (), n_boot=n_boot, levels=level or ()
     )

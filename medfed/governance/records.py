@@ -9,7 +9,7 @@ import getpass
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +36,33 @@ def _append(path: Path, record: Mapping[str, Any]) -> None:
         os.close(handle)
 
 
-def read_lines(path: Path) -> list[dict[str, Any]]:
-    """Every record of a JSON-lines file ([] when there is none)."""
+def read_lines(
+    path: Path, check: Callable[[dict[str, Any]], str] | None = None
+) -> list[dict[str, Any]]:
+    """Every record of a JSON-lines file ([] when there is none); ``check`` says what is wrong
+    with a record ("" when nothing is)."""
     if not path.is_file():
         return []
     out = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
+    for number, raw in enumerate(path.read_bytes().splitlines(), 1):
+        problem = ""
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            line = raw.decode("utf-8")
+            record = json.loads(line) if line.strip() else {}
+        except UnicodeDecodeError:
+            line, record, problem = "", None, "not UTF-8 text"
+        except (json.JSONDecodeError, RecursionError):
             record = None
+        if not line.strip() and not problem:
+            continue
         if not isinstance(record, dict):
+            problem = problem or "not a JSON record"
+        elif check is not None:
+            problem = check(record)
+        if problem:
             raise RunDirError(
-                f"{path}, line {number}: not a record medfed wrote; the file was edited or cut "
-                "short; restore it from a backup (it is append-only)"
+                f"{path}, line {number}: not a record medfed wrote ({problem}); the file was "
+                "edited or cut short; restore it from a backup (it is append-only)"
             )
         out.append(record)
     return out
@@ -91,8 +102,27 @@ def log_message(state_dir: Path, **fields: Any) -> None:
     _append(state_dir / AUDIT, {**dict.fromkeys(AUDIT_FIELDS), "time": time.time(), **fields})
 
 
+def _audit_problem(record: dict[str, Any]) -> str:
+    """What is wrong with one audit record ("" when nothing is)."""
+    when = record.get("time")
+    if isinstance(when, bool) or not isinstance(when, int | float):
+        return f"'time' is {when!r}, not a number of seconds"
+    if not 0 <= when < 1e11:  # NaN fails too; 1e11 s is past the year 5000
+        return f"'time' {when!r} is not a time"
+    for key in ("round", "bytes"):
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            return f"{key!r} is {value!r}, not a whole number"
+    for key in ("direction", "kind", "run", "sha256", "decision", "rule", "reason"):
+        value = record.get(key)
+        if value is not None and not isinstance(value, str):
+            return f"{key!r} is {value!r}, not text"
+    return ""
+
+
 def read_audit(state_dir: Path) -> list[dict[str, Any]]:
-    return read_lines(state_dir / AUDIT)
+    """The site's audit log, each line checked (a line that is not one is refused by number)."""
+    return read_lines(state_dir / AUDIT, _audit_problem)
 
 
 def audit_rows(records: Iterable[Mapping[str, Any]]) -> list[list[Any]]:

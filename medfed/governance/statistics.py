@@ -46,14 +46,14 @@ class StatisticsSettings:
 
     def __post_init__(self) -> None:
         where = "statistics settings"
-        if type(self.min_count) is not int or self.min_count < 0:
-            raise ConfigError(f"{where}: min_count must be a whole number >= 0, got "
-                              f"{self.min_count!r}")  # fmt: skip
+        if type(self.min_count) is not int or not 0 <= self.min_count < 2**63:
+            raise ConfigError(f"{where}: min_count (--min-count) must be a whole number >= 0 "
+                              f"(below 2**63), got {self.min_count!r}")  # fmt: skip
         if self.noise not in NOISE:
             raise ConfigError(f"{where}: noise {self.noise!r} is not one of {', '.join(NOISE)}")
         eps = self.epsilon
         if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps):
-            raise ConfigError(f"{where}: epsilon must be a number, got {eps!r}")
+            raise ConfigError(f"{where}: epsilon (--epsilon) must be a finite number, got {eps!r}")
         if self.noise == "none" and eps:
             raise ConfigError(
                 f"{where}: epsilon {eps:g} without noise; choose --noise laplace or gaussian, "
@@ -68,7 +68,7 @@ class StatisticsSettings:
                     f"{eps:g}; use a smaller epsilon or --noise laplace"
                 )
             if not 0 < self.delta < 1:
-                raise ConfigError(f"{where}: gaussian noise needs 0 < delta < 1, got "
+                raise ConfigError(f"{where}: gaussian noise needs 0 < delta (--delta) < 1, got "
                                   f"{self.delta!r}")  # fmt: skip
         elif self.delta:
             raise ConfigError(f"{where}: delta is for gaussian noise only, got {self.delta!r}")
