@@ -193,6 +193,10 @@ CASES = [
          _listen("--answer-to", "ORTHANC@127.0.0.1:70000"), 2, ("--answer-to", "65535")),
     Case("pacs listen --answer-to port 0", _listen("--answer-to", "ORTHANC@127.0.0.1:0"), 2,
          ("--answer-to", "not 1 to 65535")),
+    Case("pacs listen --ae-title with a backslash", _listen("--ae-title", "MED\\FED"), 2,
+         ("--ae-title", "backslash")),
+    Case("pacs listen --allow with a control character", _listen("--allow", "CAM\tERA"), 2,
+         ("--allow", "printable ASCII")),
 ]  # fmt: skip
 
 

@@ -88,9 +88,18 @@ class Listener:
     def __post_init__(self) -> None:
         if not self.allowed:
             raise ConfigError("give at least one --allow AE title: no caller may store otherwise")
-        for title in (self.ae_title, *self.allowed):
+        for option, title in (
+            ("--ae-title", self.ae_title),
+            *(("--allow", t) for t in self.allowed),
+        ):
             if not title.strip() or len(title) > 16:
-                raise ConfigError(f"AE title {title!r}: 1 to 16 characters")
+                raise ConfigError(f"{option}: AE title {title!r}: 1 to 16 characters")
+            if any(c == "\\" or not " " <= c <= "~" for c in title):
+                raise ConfigError(
+                    f"{option}: AE title {title!r} holds a backslash or a character outside "
+                    "printable ASCII, which DICOM does not allow; use letters, digits, spaces "
+                    "and punctuation other than a backslash"
+                )
 
     @property
     def incoming(self) -> Path:
