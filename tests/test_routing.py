@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -280,10 +281,14 @@ def test_every_routed_scan_lands_in_the_audit_log(file_runs, tmp_path):
     _, rows = route_json(run, *photos)
     log = AuditLog(run).read()
     assert [e.file for e in reversed(log)] == [str(p) for p in photos]
-    # the log keeps every field of the answer but the class probabilities
-    assert [e.to_dict() for e in reversed(log)] == [
-        {k: v for k, v in r.items() if k != "class_probs"} for r in rows
+    # the log keeps every field of the answer but the class probabilities, the decision rule
+    # and an abstained scan's nearest site; each answer names the row it was logged as
+    unkept = {"class_probs", "decision_rule", "nearest", "audit_id"}
+    assert [{k: v for k, v in e.to_dict().items() if k not in unkept} for e in reversed(log)] == [
+        {k: v for k, v in r.items() if k not in unkept} for r in rows
     ]
+    assert [r["audit_id"] for r in rows] == sorted(r["audit_id"] for r in rows)
+    assert {r["audit_id"] for r in rows} == {i for i, _ in AuditLog(run).records()}
     assert len(log[0].sha256) == 64
     routed = [e for e in log if e.status == "routed"]
     if routed:
@@ -299,7 +304,9 @@ def test_audit_log_round_trips_and_filters(tmp_path):
                    {"acrima": 0.9, "rimone": 0.1}, "glaucoma", 0.8, 1.5)  # fmt: skip
     b = AuditEntry("t2", "b.jpg", "1" * 64, "density_ratio", "abstained", None,
                    {"acrima": 0.5, "rimone": 0.5}, "normal", 0.6, 9.0, "no site fits")  # fmt: skip
-    log.append([a, b])
+    assert log.append([a, b]) == [1, 2]
+    # an abstained scan has no answer: a prediction logged for one (by an older medfed) is dropped
+    b = dataclasses.replace(b, prediction=None, prediction_prob=None)
     assert log.read() == [b, a]
     assert log.read(site="acrima") == [a]
     assert log.read(status="abstained") == [b]

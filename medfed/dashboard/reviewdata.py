@@ -22,9 +22,9 @@ ABSTAINED_MARK = "abstained: not an answer"
 
 
 def answer_text(status: str, prediction: str | None) -> str:
-    """A routed scan's prediction as tables show it: an abstained scan's marked as no answer."""
-    if status == "abstained" and prediction:
-        return f"({prediction}) {ABSTAINED_MARK}"
+    """A routed scan's prediction as tables show it; an abstained scan has none (marked so)."""
+    if status == "abstained":
+        return ABSTAINED_MARK
     return prediction or ""
 
 

@@ -74,19 +74,32 @@ def answer_texts(answer: dict[str, Any], run_name: str) -> dict[str, str]:
     )
     prob = answer.get("prediction_prob")
     prediction = answer.get("prediction")
+    shown = {k: v for k, v in answer.items() if k != "nearest"}  # never an answer in the PACS
+    if answer.get("status") == "abstained":
+        prediction = prob = None
+        shown.update(prediction=None, prediction_prob=None, class_probs=None)
+    rule = answer.get("decision_rule")
     texts = {
         "status": str(answer.get("status")),
         "site": str(answer.get("chosen_site") or "none (no site answers this scan)"),
         "prediction": (
-            f"{prediction} ({prob:.3f})" if prediction is not None and prob is not None else "none"
+            f"{prediction} (P({prediction}) {prob:.3f}; decided by {rule or 'argmax'})"
+            if prediction is not None and prob is not None
+            else _no_prediction(answer)
         ),
         "operating": str(answer.get("reason") or "n/a"),
         "posterior": posterior or "n/a",
         "audit": f"{answer.get('audit_id')} (run {run_name})",
-        "json": json.dumps(answer, sort_keys=True, allow_nan=False),
+        "json": json.dumps(shown, sort_keys=True, allow_nan=False),
         "notice": NOTICE,
     }
     return texts
+
+
+def _no_prediction(answer: dict[str, Any]) -> str:
+    if answer.get("status") == "abstained":
+        return "none: abstained (no site fits this scan), so no answer is given"
+    return "none"
 
 
 def answer_report(

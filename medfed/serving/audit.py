@@ -132,6 +132,12 @@ class AuditEntry:
     reason: str | None = None
     # every class's probability in the federation's answer (not kept in the audit log)
     class_probs: dict[str, float] | None = None
+    # the rule that decided ``prediction``: argmax, or an operating threshold (not kept)
+    decision_rule: str | None = None
+    # an abstained scan's nearest site and what its model outputs: never an answer (not kept)
+    nearest: dict[str, Any] | None = None
+    # the row in the audit log holding this decision, once it is written
+    audit_id: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as plain values; a NaN or infinite number (never valid) becomes None."""
@@ -141,7 +147,17 @@ class AuditEntry:
             out["class_probs"] = {k: _finite(v) for k, v in self.class_probs.items()}
         for key in ("prediction_prob", "ood_score"):
             out[key] = _finite(out[key])
+        if self.nearest is not None:
+            out["nearest"] = {k: _finite_any(v) for k, v in self.nearest.items()}
         return out
+
+
+def _finite_any(value: Any) -> Any:
+    if isinstance(value, float):
+        return _finite(value)
+    if isinstance(value, dict):
+        return {k: _finite_any(v) for k, v in value.items()}
+    return value
 
 
 def _finite(value: float | None) -> float | None:
@@ -179,8 +195,14 @@ class Reveal:
 
 
 def _entry_of(row: Sequence[Any]) -> AuditEntry:
-    """An entry from a ``routed`` row's columns time .. reason."""
-    return AuditEntry(*row[:6], json.loads(row[6]), *row[7:])  # type: ignore[arg-type]
+    """An entry from a ``routed`` row's columns time .. reason.
+
+    An abstained scan has no answer: a prediction an older medfed logged for one is dropped.
+    """
+    values = list(row)
+    if values[4] == "abstained":
+        values[7] = values[8] = None
+    return AuditEntry(*values[:6], json.loads(values[6]), *values[7:])  # type: ignore[arg-type]
 
 
 class AuditLog:
@@ -292,35 +314,40 @@ class AuditLog:
         except (sqlite3.Error, OSError) as exc:
             raise self._failed(exc, "recorded") from exc
 
-    def append(self, entries: list[AuditEntry]) -> None:
+    def append(self, entries: list[AuditEntry]) -> list[int]:
+        """Write ``entries`` in one transaction; their row ids (audit ids), in order."""
         try:
-            self._append(entries)
+            return self._append(entries)
         except (sqlite3.Error, OSError) as exc:
             raise self._failed(exc, "recorded") from exc
 
-    def _append(self, entries: list[AuditEntry]) -> None:
+    def _append(self, entries: list[AuditEntry]) -> list[int]:
+        ids: list[int] = []
         with closing(self._connect()) as db, db:
-            db.executemany(
-                "INSERT INTO routed (time, file, sha256, router, status, chosen_site, site_probs,"
-                " prediction, prediction_prob, ood_score, reason)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        e.time,
-                        printable(e.file),
-                        e.sha256,
-                        e.router,
-                        e.status,
-                        e.chosen_site,
-                        json.dumps(d["site_probs"], sort_keys=True, allow_nan=False),
-                        e.prediction,
-                        d["prediction_prob"],
-                        d["ood_score"],
-                        None if e.reason is None else printable(e.reason),
-                    )
-                    for e, d in ((e, e.to_dict()) for e in entries)
-                ],
-            )
+            for row in [
+                (
+                    e.time,
+                    printable(e.file),
+                    e.sha256,
+                    e.router,
+                    e.status,
+                    e.chosen_site,
+                    json.dumps(d["site_probs"], sort_keys=True, allow_nan=False),
+                    e.prediction,
+                    d["prediction_prob"],
+                    d["ood_score"],
+                    None if e.reason is None else printable(e.reason),
+                )
+                for e, d in ((e, e.to_dict()) for e in entries)
+            ]:
+                cursor = db.execute(
+                    "INSERT INTO routed (time, file, sha256, router, status, chosen_site,"
+                    " site_probs, prediction, prediction_prob, ood_score, reason)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    row,
+                )
+                ids.append(int(cursor.lastrowid or 0))
+        return ids
 
     def read(
         self, *, site: str | None = None, status: str | None = None, limit: int | None = None

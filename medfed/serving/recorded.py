@@ -8,12 +8,11 @@ answer leaves, so a crash right after never loses a decision that was given.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
-from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 
-from medfed.serving.audit import AUDIT_FILE, AuditEntry, AuditError, AuditLog
+from medfed.serving.audit import AuditEntry, AuditLog
 from medfed.serving.bundle import TrainedFederation
 from medfed.serving.routers import Router
 from medfed.serving.service import route_one
@@ -34,21 +33,10 @@ class Recorded:
 
     def to_dict(self) -> dict[str, object]:
         """The entry as ``medfed route --json`` prints it, with ``audit_id`` added."""
-        return {**self.entry.to_dict(), "audit_id": self.audit_id}
-
-
-def _row_id(run_dir: Path, entry: AuditEntry) -> int:
-    """The id of the newest row holding ``entry`` (just written under the lock)."""
-    query = "SELECT max(id) FROM routed WHERE time = ? AND file = ? AND sha256 = ? AND status = ?"
-    path = Path(run_dir) / AUDIT_FILE
-    try:
-        with closing(sqlite3.connect(path, timeout=30.0)) as db:
-            row = db.execute(query, (entry.time, entry.file, entry.sha256, entry.status)).fetchone()
-    except sqlite3.Error as exc:
-        raise AuditError(f"{path}: the decision just recorded cannot be read back ({exc})") from exc
-    if row is None or row[0] is None:
-        raise AuditError(f"{path}: the decision just recorded is missing from the log")
-    return int(row[0])
+        out = {**self.entry.to_dict(), "audit_id": self.audit_id}
+        if out.get("nearest") is None:
+            out.pop("nearest", None)
+        return out
 
 
 def record_scan(
@@ -58,5 +46,5 @@ def record_scan(
     decision to ``run_dir``'s audit log; AuditError when it cannot be recorded (no answer)."""
     with _LOCK:
         entry = route_one(fed, router, Path(path), name)
-        AuditLog(run_dir).append([entry])
-        return Recorded(entry, _row_id(run_dir, entry))
+        (audit_id,) = AuditLog(run_dir).append([entry])
+        return Recorded(replace(entry, audit_id=audit_id), audit_id)

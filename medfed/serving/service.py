@@ -33,7 +33,12 @@ class RoutedScan:
     entry: AuditEntry
 
     def to_dict(self) -> dict[str, Any]:
-        return self.entry.to_dict()
+        out = self.entry.to_dict()
+        if out.get("audit_id") is None:  # not logged (--no-audit): no audit id to name
+            out.pop("audit_id", None)
+        if out.get("nearest") is None:
+            out.pop("nearest", None)
+        return out
 
     def describe(self) -> str:
         e = self.entry
@@ -41,10 +46,11 @@ class RoutedScan:
             return f"{e.file}: error: {e.reason}"
         probs = ", ".join(f"{site} {p:.2f}" for site, p in e.site_probs.items())
         if e.status == "abstained":
-            head = f"{e.file}: abstain ({e.reason})"
+            head = f"{e.file}: abstain ({e.reason}); no answer"
         else:
             head = (
-                f"{e.file}: routed to {e.chosen_site} -> {e.prediction} ({e.prediction_prob:.2f})"
+                f"{e.file}: routed to {e.chosen_site} -> {e.prediction} "
+                f"(P({e.prediction}) {e.prediction_prob:.2f}, decided by {e.decision_rule})"
             )
             if e.reason:
                 head += f"\n    {e.reason}"
@@ -185,8 +191,7 @@ def route_one(
         "prediction": fed.class_names()[prediction],
         "prediction_prob": float(result.class_probs[0, prediction]),
         "class_probs": {
-            name: float(p)
-            for name, p in zip(fed.class_names(), result.class_probs[0], strict=True)
+            name: float(p) for name, p in zip(fed.class_names(), result.class_probs[0], strict=True)
         },
         "ood_score": score if math.isfinite(score) else None,  # NaN when uncalibrated
     }
@@ -198,12 +203,39 @@ def route_one(
             "unknown; no answer is given. The run's abstention statistics may be damaged"
         )
         return _entry(path, router, "error", sha256=digest, reason=reason)
+    rule = _decision_rule(fed, router, result)
     if bool(result.abstained[0]):
         reason = f"no site fits: distance {score:.2f} above the threshold {threshold:.2f}"
-        return _entry(path, router, "abstained", reason=reason, **answer)
+        nearest = {
+            "note": NOT_AN_ANSWER,
+            "site": site_ids[int(result.routed[0])],
+            "prediction": answer.pop("prediction"),
+            "prediction_prob": answer.pop("prediction_prob"),
+            "class_probs": answer.pop("class_probs"),
+            "decision_rule": rule,
+        }
+        return _entry(path, router, "abstained", reason=reason, nearest=nearest, **answer)
     chosen = site_ids[int(result.routed[0])]
     reason = _operating_words(fed, router, result)
-    return _entry(path, router, "routed", chosen_site=chosen, reason=reason, **answer)
+    return _entry(
+        path, router, "routed", chosen_site=chosen, reason=reason, decision_rule=rule, **answer
+    )
+
+
+NOT_AN_ANSWER = (
+    "not an answer: no site fits this scan; the nearest site's model output, for review only"
+)
+
+
+def _decision_rule(fed: TrainedFederation, router: Router, result: RouteResult) -> str:
+    """The rule that decided the class: argmax, or the answering site's operating threshold."""
+    if fed.thresholds is None or result.class_probs.shape[1] != 2:
+        return "argmax"
+    positive = fed.class_names()[1]
+    if isinstance(router, MajorityVoteRouter):
+        return "majority vote, each site at its own operating threshold"
+    t = float(router.answer_threshold(fed.thresholds, result.site_probs)[0])
+    return f"operating threshold: {positive} when P({positive}) >= {t:.3f}"
 
 
 def _operating_words(fed: TrainedFederation, router: Router, result: RouteResult) -> str | None:
@@ -261,5 +293,6 @@ def route_files(
         for f, n in bar(pairs, "routing", show=progress and len(pairs) > 1, unit="scan")
     ]
     if log is not None:
-        log.append(entries)
+        ids = log.append(entries)
+        entries = [replace(e, audit_id=i) for e, i in zip(entries, ids, strict=True)]
     return [RoutedScan(e) for e in entries]

@@ -250,14 +250,9 @@ def answer(item: QueueItem) -> None:
     not to be relied on."""
     if item.status == "abstained":
         st.warning(f"abstain: {common.escape(item.entry.reason or 'no site fits')}")
-        if item.prediction is None and not item.site_probs:
+        if not item.site_probs:
             return
         with st.expander(HYPOTHETICAL, expanded=False):
-            if item.prediction is not None:
-                st.caption(
-                    f"Not an answer: {item.prediction} (probability "
-                    f"{fmt(item.prediction_prob, 2)}) had the models been asked."
-                )
             site_probabilities(item)
         return
     cols = st.columns(2)

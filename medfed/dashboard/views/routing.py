@@ -191,17 +191,18 @@ HYPOTHETICAL = f"{NOT_RELIED_ON}: what the models would have answered (no site f
 def not_relied_on(entry: dict[str, Any]) -> None:
     """An abstained scan's model outputs, folded away and marked: no site's model fits it, so
     they are no answer."""
-    if entry.get("prediction") is None and not entry.get("site_probs"):
+    nearest = entry.get("nearest") or {}
+    if not nearest.get("prediction") and not entry.get("site_probs"):
         return
     with st.expander(HYPOTHETICAL, expanded=False):
         st.caption(
             "No site's model fits this scan, so what follows is shown for completeness only: it "
             "is not a prediction and should not be relied on."
         )
-        if entry.get("prediction") is not None:
+        if nearest.get("prediction"):
             st.caption(
-                f"Not an answer: {entry['prediction']} (probability "
-                f"{fmt(entry['prediction_prob'], 2)}) had the models been asked."
+                f"Not an answer: the nearest site ({nearest.get('site')}) would have said "
+                f"{nearest['prediction']} (probability {fmt(nearest.get('prediction_prob'), 2)})."
             )
         if entry.get("site_probs"):
             probs = rundata.probabilities_frame(entry["site_probs"], None)
