@@ -75,6 +75,12 @@ def _units(*options: str, run: str = "runs/feddrm"):
     return make
 
 
+def _serve_damaged_audit(tmp: Path, s: Shared) -> list:
+    run = s.copy_run(tmp)
+    (run / "audit.sqlite").write_bytes(b"this is no database" * 100)
+    return ["serve", run]
+
+
 def _units_into_a_file(tmp: Path, s: Shared) -> list:
     (tmp / "units").write_text("a file\n", encoding="utf-8")
     return _units()(tmp, s)
@@ -161,6 +167,8 @@ CASES = [
          ("--metrics-host", "localhost:9100", "not an IP address")),
     Case("serve --log-format is unknown", lambda tmp, s: ["serve", s.run, "--log-format", "xml"],
          2, ("--log-format", "'xml'", "text or json")),
+    Case("serve on a damaged audit log", _serve_damaged_audit, 2,
+         ("audit.sqlite", "damaged", "does not start", "Move the file aside")),
     Case("ops units --user root", _units("--user", "root"), 2, ("--user root", "unprivileged")),
     Case("ops units --user is no account name", _units("--user", "Med Fed"), 2,
          ("--user", "'Med Fed'", "not an account name")),

@@ -56,9 +56,26 @@ def _load(runs: list[Path], router: str, device: str) -> dict[str, Any]:
         name = path.resolve().name
         if name in served:
             raise ConfigError(f"{path}: two runs are named {name!r}; serve runs of distinct names")
+        _require_audit_log(path)
         fed = TrainedFederation.load(path, device)
         served[name] = Served(name, path, fed, make_router(router, fed))
     return served
+
+
+def _require_audit_log(run: Path) -> None:
+    """Refuse to serve a run whose audit log is damaged: every answer is recorded there first."""
+    from medfed.pacs.api import audit_unwritable
+    from medfed.serving.audit import AUDIT_FILE
+
+    log = run / AUDIT_FILE
+    why = audit_unwritable(log)
+    if why:
+        raise ConfigError(
+            f"{log}: the audit log is damaged or cannot be written ({why}); medfed serve records "
+            "every answer there before sending it, so it does not start. Move the file aside "
+            "(or restore it from a backup) and make the run directory writable, then start "
+            "medfed serve again"
+        )
 
 
 @friendly
