@@ -163,6 +163,11 @@ CASES = [
          ("--export or --import, not both",)),
     Case("figures written onto a folder", _review("--figures", "TMP"), 2,
          ("is a folder", "CSV file to write")),
+    Case("a backup into a folder that does not exist",
+         _review("--backup", "TMP/nowhere/audit-backup.sqlite"), 2,
+         ("nowhere", "folder that exists")),
+    Case("a backup onto a file that exists", _review("--backup", "TMP/run/audit.sqlite"), 2,
+         ("audit.sqlite", "already exists", "new file name")),
     Case("a run directory that does not exist", _not_a_run, 2,
          ("no_such_run", "no such run directory")),
 ]

@@ -13,6 +13,17 @@ from medfed.config import DEVICES
 from medfed.errors import ConfigError, require_extra
 from medfed.fileio import check_out_file
 
+_BACKUP_HELP = (
+    "Copy RUN/audit.sqlite to this new file (SQLite's online backup: consistent while others "
+    "write; owner-only), and do nothing else."
+)
+
+
+def _backup(run: Path, target: Path) -> None:
+    from medfed.serving.audit import AuditLog
+
+    typer.echo(f"backed up {AuditLog(run).path} to {AuditLog(run).backup(target)}")
+
 
 @friendly
 def review(
@@ -61,12 +72,12 @@ def review(
             help="Window on the reads' time ('read') or on the scans' routing time ('routed')."
         ),
     ] = "read",
+    backup: Annotated[Path | None, typer.Option("--backup", help=_BACKUP_HELP)] = None,
 ) -> None:
     """Clinician review of routed scans: prospective figures, disagreements, reads.
 
-    Print the prospective figures (per site and for the system, each with its 95% CI and n)
-    and the scans whose readers disagree; exchange reads with sites that read outside the
-    dashboard (--export, --import)."""
+    Print the prospective figures (per site and system, each with its 95% CI and n) and the
+    disagreements; exchange reads with sites reading elsewhere (--export, --import)."""
     from medfed.reports.prospective import PROSPECTIVE_LEGEND, prospective_table
     from medfed.runs import RunDir
     from medfed.serving.review import Review, ReviewError, Window, queue_text, write_figures_csv
@@ -74,6 +85,8 @@ def review(
     if export is not None and import_ is not None:
         raise ConfigError("give --export or --import, not both: export after the import instead")
     RunDir(run).require()
+    if backup is not None:
+        return _backup(run, backup)
     window = Window(since, until, by)  # type: ignore[arg-type]  (checked by Window)
     work = Review(run)
     labels = work.labels

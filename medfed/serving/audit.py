@@ -349,6 +349,26 @@ class AuditLog:
                 ids.append(int(cursor.lastrowid or 0))
         return ids
 
+    def backup(self, target: str | Path) -> Path:
+        """Copy the log to ``target`` with SQLite's online backup (a consistent copy while
+        others write to it), owner-only; the copy, or AuditError naming what to do."""
+        target = Path(target)
+        if not self.path.is_file():
+            raise AuditError(f"{self.path}: there is no audit log to back up")
+        if target.is_dir() or not target.parent.is_dir():
+            raise AuditError(
+                f"{target}: give the backup's file name in a folder that exists (not a folder)"
+            )
+        if target.exists():
+            raise AuditError(f"{target}: already exists; give a new file name for the backup")
+        try:
+            with closing(self._connect()) as source, closing(sqlite3.connect(target)) as copy:
+                source.backup(copy)
+            target.chmod(0o600)
+        except (sqlite3.Error, OSError) as exc:
+            raise self._failed(exc, "read", what="the log's rows") from exc
+        return target
+
     def read(
         self, *, site: str | None = None, status: str | None = None, limit: int | None = None
     ) -> list[AuditEntry]:
