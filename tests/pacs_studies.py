@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import time
 import uuid
@@ -295,3 +296,12 @@ def orthanc(tmp: Path, *, users: dict[str, str] | None = None) -> Iterator[Ortha
         process.kill()
         process.wait(timeout=10)
         log.close()
+
+
+def audit_rows(run: Path) -> list[tuple]:
+    """(id, file, status) of every row of a run's audit log, in order ([] without a log)."""
+    path = run / "audit.sqlite"
+    if not path.exists():
+        return []
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT id, file, status FROM routed ORDER BY id").fetchall()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import sqlite3
 import zipfile
 from pathlib import Path
 
@@ -17,18 +16,10 @@ from typer.testing import CliRunner
 
 from medfed.cli import app as cli
 from tests.badinput import Shared
-from tests.pacs_studies import ct_series, fundus_photo
+from tests.pacs_studies import audit_rows, ct_series, fundus_photo
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
-
-
-def _rows(run: Path) -> list[tuple]:
-    path = run / "audit.sqlite"
-    if not path.exists():
-        return []
-    with sqlite3.connect(path) as db:
-        return db.execute("SELECT id, file, status FROM routed ORDER BY id").fetchall()
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +54,7 @@ def test_the_answer_is_route_json_and_is_logged_before_it_is_sent(served) -> Non
     assert got["site_probs"] == pytest.approx(expected["site_probs"])
     assert got["prediction_prob"] == pytest.approx(expected["prediction_prob"])
     assert got["status"] in ("routed", "abstained") and got["file"] == photo.name
-    assert (got["audit_id"], photo.name, got["status"]) in _rows(run)
+    assert (got["audit_id"], photo.name, got["status"]) in audit_rows(run)
 
 
 def test_a_multipart_upload_is_answered_the_same(served) -> None:
@@ -72,7 +63,7 @@ def test_a_multipart_upload_is_answered_the_same(served) -> None:
     answer = client.post("/route", files={"file": (photo.name, photo.read_bytes(), "image/jpeg")})
     assert answer.status_code == 200, answer.text
     assert answer.json()["file"] == photo.name
-    assert answer.json()["audit_id"] == _rows(run)[-1][0]
+    assert answer.json()["audit_id"] == audit_rows(run)[-1][0]
 
 
 def test_a_dicom_fundus_photo_is_routed_and_kept_for_review(served) -> None:
@@ -108,7 +99,7 @@ def test_an_unreadable_scan_is_an_error_answer_that_is_logged(served) -> None:
     answer = client.post("/route", params={"name": "broken.png"}, content=b"not a png at all")
     assert answer.status_code == 422
     assert answer.json()["status"] == "error" and "broken.png" in answer.json()["reason"]
-    assert (answer.json()["audit_id"], "broken.png", "error") in _rows(run)
+    assert (answer.json()["audit_id"], "broken.png", "error") in audit_rows(run)
 
 
 @pytest.mark.parametrize(
@@ -122,11 +113,11 @@ def test_an_unreadable_scan_is_an_error_answer_that_is_logged(served) -> None:
 )
 def test_what_is_over_a_limit_is_refused_and_never_logged(served, name, make, words) -> None:
     client, run, _ = served
-    before = _rows(run)
+    before = audit_rows(run)
     answer = client.post("/route", params={"name": name}, content=make())
     assert answer.status_code in (400, 413)
     assert words in answer.json()["detail"]
-    assert _rows(run) == before
+    assert audit_rows(run) == before
 
 
 def test_health_and_model_card_describe_the_run(served) -> None:

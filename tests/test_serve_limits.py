@@ -5,10 +5,8 @@ decoded and before any audit row."""
 from __future__ import annotations
 
 import io
-import sqlite3
 import struct
 import zlib
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +16,7 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from medfed.pacs.headers import OVER_DECODER, image_size  # noqa: E402
+from tests.pacs_studies import audit_rows  # noqa: E402
 
 
 def png_header(width: int, height: int) -> bytes:
@@ -58,14 +57,6 @@ def dicom_header(rows: int, columns: int) -> bytes:
     return buffer.getvalue()
 
 
-def _rows(run: Path) -> list[tuple]:
-    path = run / "audit.sqlite"
-    if not path.exists():
-        return []
-    with sqlite3.connect(path) as db:
-        return db.execute("SELECT id, file, status FROM routed ORDER BY id").fetchall()
-
-
 @pytest.fixture(scope="module")
 def served(shared: Shared, tmp_path_factory):
     from medfed.pacs.api import Served, create_app
@@ -97,14 +88,14 @@ def test_every_oversized_image_is_refused_413_from_its_header_and_never_logged(
     served, name, make
 ) -> None:
     client, run = served
-    before = _rows(run)
+    before = audit_rows(run)
 
     answer = client.post("/route", params={"name": name}, content=make())
 
     assert answer.status_code == 413, answer.text
     assert "over the limit of 100000000" in answer.json()["detail"]
     assert "--max-pixels" in answer.json()["detail"]
-    assert _rows(run) == before
+    assert audit_rows(run) == before
 
 
 def test_an_image_within_the_limit_is_still_answered(served, shared: Shared) -> None:
@@ -112,7 +103,7 @@ def test_an_image_within_the_limit_is_still_answered(served, shared: Shared) -> 
     photo = sorted((shared.data / "ACRIMA").glob("*.jpg"))[0]
     answer = client.post("/route", params={"name": photo.name}, content=photo.read_bytes())
     assert answer.status_code == 200, answer.text
-    assert answer.json()["audit_id"] == _rows(run)[-1][0]
+    assert answer.json()["audit_id"] == audit_rows(run)[-1][0]
 
 
 @pytest.mark.parametrize(
