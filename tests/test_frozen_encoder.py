@@ -4,6 +4,7 @@ run's model folder answers a photo exactly as the features it trained on."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -207,8 +208,53 @@ def test_every_algorithm_trains_on_the_frozen_features(home, tmp_path, algorithm
     assert summary.rounds == 2 and stored["backbone"] == "tv-mobilenet-v2"
     assert info["spec"]["frozen_encoder"] and info["encoder"]["backbone"] == "tv-mobilenet-v2"
     assert (tmp_path / "run" / "model" / "encoder.safetensors").is_file()
-    # the weights that travel are the trunk's and heads', never the encoder's
-    assert stored["bytes_per_round"] < 20e6
+    # the weights that travel are the trunk's and heads', never the encoder's (round 2: after
+    # FedDRM's and LoRA's one-time feature statistics; the encoder alone is 9 MB)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    second = [r for r in rows if r.get("round") == 2 and "bytes_up" in r]
+    assert second and all(max(r["bytes_up"], r["bytes_down"]) < 5e6 for r in second)
+
+
+def test_feddrm_sets_its_client_head_in_closed_form_from_the_encoders_features(home, tmp_path):
+    from medfed.algorithms.discriminant import COUNT, SCATTER, SUM, discriminant
+
+    sites = tensor_sites(3, n=24, size=32)
+    for i, site in enumerate(sites):  # each site a different exposure: routing has a signal
+        site.raw = {s: (t * 0.2 + 0.3 * i).clamp(0, 1) for s, t in site.raw.items()}
+    config = _config("feddrm", tmp_path)
+    encoder = encoder_for(config, "tv-mobilenet-v2")
+
+    train(sites, config, tmp_path / "run", cache_dir=tmp_path / "c")
+
+    fed = TrainedFederation.load(tmp_path / "run")
+    assert 'client = "discriminant"' in (tmp_path / "run" / "config.toml").read_text()
+    assert fed.spec.client_kind == "encoder"
+    stats = []
+    for site in sites:  # what each site reports: moments of sign(f) sqrt|f| of its features
+        f = encoder.module.encode(site.raw[Split.TRAIN]).double().sqrt()
+        centred = (f - f.mean(0)).T @ (f - f.mean(0))
+        rows, cols = torch.triu_indices(f.shape[1], f.shape[1])
+        stats.append(
+            {COUNT: [f.shape[0]], SUM: f.sum(0).tolist(), SCATTER: centred[rows, cols].tolist()}
+        )
+    weight, bias = discriminant(stats, 0.1)
+    head = fed.models[0].client_head
+    for got, want in ((head.weight, weight), (head.bias, bias)):  # statistics travel as float32
+        assert float((got - want).abs().max()) <= 1e-4 * float(want.abs().max())
+    # the head routes each site's own test photos home
+    test = [encoder.module.encode(s.raw[Split.TEST]) for s in sites]
+    routed = [fed.models[0](x).client_logits.argmax(1) for x in test]
+    assert all(bool((r == i).float().mean() > 0.9) for i, r in enumerate(routed))
+
+
+def test_feddrm_keeps_the_papers_trained_client_head_when_asked(home, tmp_path):
+    config = _config("feddrm", tmp_path, params={"client": "trained"})
+
+    train(tensor_sites(2, n=16, size=32), config, tmp_path / "run", cache_dir=tmp_path / "c")
+
+    fed = TrainedFederation.load(tmp_path / "run")
+    assert fed.spec.client_kind == "mlp"
+    assert 'client = "trained"' in (tmp_path / "run" / "config.toml").read_text()
 
 
 def test_unfrozen_blocks_start_from_the_file_and_train(home, tmp_path):
@@ -295,6 +341,16 @@ def test_lora_adapts_the_whole_mobilenet_started_from_the_file(home, tmp_path):
     grouped = [n for n, m in model.named_modules() if getattr(m, "groups", 1) > 1]
     assert summary.rounds == 1 and grouped  # depthwise convolutions carry no adapter
     assert not any(f"{n}.lora_A" in k for n in grouped for k in model.state_dict())
+
+
+def test_feddrms_closed_form_head_is_refused_where_its_statistics_would_leak(home, tmp_path):
+    sites = tensor_sites(2, n=16, size=32)
+    private = _config("feddrm", tmp_path, rounds=1, dp_noise=1.0, dp_delta=1e-3)
+
+    with pytest.raises(ConfigError, match="client=trained"):
+        train(sites, private, tmp_path / "a", cache_dir=tmp_path)
+    trained = dataclasses.replace(private, params={"client": "trained"})
+    assert train(sites, trained, tmp_path / "b", cache_dir=tmp_path).rounds == 1
 
 
 def test_dp_sgd_trains_the_frozen_encoders_trunk(home, tmp_path):

@@ -10,7 +10,8 @@ from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 
 from medfed.algorithms import make_algorithm
 from medfed.algorithms.base import Update
-from medfed.algorithms.lora import discriminant, is_adapter_key
+from medfed.algorithms.discriminant import discriminant
+from medfed.algorithms.lora import is_adapter_key
 from medfed.config import TrainConfig
 from medfed.errors import ConfigError
 from medfed.federation.site import derive_seed

@@ -251,6 +251,10 @@ class Algorithm:
             return {"base": self.name, **self.schedule.params(), **own}
         return params
 
+    def settle(self, frozen_encoder: bool) -> None:
+        """Resolve, once per run, parameters that depend on its start (FedDRM's client head
+        rule in the frozen-encoder mode); nothing by default."""
+
     def check(self, model: nn.Module) -> None:
         """Refuse, before training starts, a model this algorithm and schedule cannot train."""
         if self.communicates:

@@ -11,19 +11,46 @@ its own statistics, which both fits its target head to its camera or scanner and
 client posterior a sharper judge of "is this scan mine". ``private_norms=false, lam=0.9`` is
 the paper's FedDRM (everything but the target head shared, GroupNorm backbone);
 ``medfed bench`` measures both.
+
+In the frozen-encoder mode the client head is by default (``client = "auto"``) not trained by
+gradient but set in closed form by the server: Fisher's linear discriminant on the frozen
+encoder's output, from each site's feature statistics sent once
+(:mod:`medfed.algorithms.discriminant`). Each site holds one site label, and a gradient-trained
+head averaged across sites drifts toward "mine" (on the real photos it routed 0.67). The local
+loss is then the target term alone. ``client = "trained"`` keeps the paper's gradient-trained
+head; its statistics then never leave a site, and only it trains under differential privacy or
+secure aggregation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medfed.algorithms.base import Algorithm, LocalTask, Params, head_keys
+from medfed.algorithms.base import (
+    Algorithm,
+    LocalResult,
+    LocalTask,
+    Params,
+    Stats,
+    Update,
+    head_keys,
+    supervised_steps,
+    weighted_average,
+)
+from medfed.algorithms.discriminant import CLIENT_HEAD, ClosedFormClientHead
 from medfed.errors import ConfigError
-from medfed.models.fedmodel import FedModel, keys_with_prefix, norm_state_keys
+from medfed.models.fedmodel import FedModel, ModelSpec, keys_with_prefix, norm_state_keys
+
+CLIENT_RULES = ("auto", "trained", "discriminant")
+CLOSED_FORM_DP = (
+    "its closed-form client head (client=discriminant, the default in the frozen-encoder mode) "
+    "needs each site's feature means and covariances in the clear, which DP-SGD does not "
+    "cover; set --param client=trained"
+)
 
 
 @dataclass(frozen=True)
@@ -32,10 +59,18 @@ class FedDRMParams(Params):
     # harder task, and 0.8 routed better at both bench budgets (fundus, seeds 0-3).
     lam: float = 0.8
     private_norms: bool = True  # the backbone's normalization layers stay on each site
+    # The client head: trained by gradient (the paper's), set in closed form from the sites'
+    # feature statistics (a frozen encoder only), or auto (closed form where it can be).
+    client: str = "auto"
+    shrinkage: float = 0.1  # closed form: of the pooled covariance toward its mean variance
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.lam <= 1.0:
             raise ValueError("lam must be in [0, 1]")
+        if self.client not in CLIENT_RULES:
+            raise ValueError(f"client must be one of {', '.join(CLIENT_RULES)}")
+        if not 0.0 < self.shrinkage <= 1.0:
+            raise ValueError("shrinkage must be in (0, 1]")
 
 
 def feddrm_loss(
@@ -57,11 +92,53 @@ def backbone_norm_keys(model: nn.Module) -> set[str]:
     return keys_with_prefix(norm_state_keys(model), ["backbone"])
 
 
-class FedDRM(Algorithm):
+class FedDRM(ClosedFormClientHead, Algorithm):
     name = "feddrm"
     summary = "shared backbone + client head, private target head; routes by density ratio"
     params_class = FedDRMParams
     needs_client_branch = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.moments: dict[int, Stats] = {}  # server side, closed form: each site's statistics
+
+    @property
+    def shrinkage(self) -> float:
+        return self.params.shrinkage
+
+    def closed_form(self, frozen_encoder: bool) -> bool:
+        """Whether the client head is set in closed form in a run with or without the frozen
+        encoder (refused where it cannot be)."""
+        if self.params.client == "discriminant" and not frozen_encoder:
+            raise ConfigError(
+                "feddrm: client=discriminant reads the frozen encoder's output, which this run "
+                "has not; add --frozen-encoder or set --param client=trained"
+            )
+        return self.params.client == "discriminant" or (
+            self.params.client == "auto" and frozen_encoder
+        )
+
+    def settle(self, frozen_encoder: bool) -> None:
+        """Resolve ``client = "auto"`` for the run (config.toml records the rule used)."""
+        closed = self.closed_form(frozen_encoder)
+        self.params = replace(self.params, client="discriminant" if closed else "trained")
+        if closed:
+            self.dp_refusal = CLOSED_FORM_DP
+
+    def adapt_spec(self, spec: ModelSpec, site_ids: list[str]) -> ModelSpec:
+        if self.closed_form(spec.frozen_encoder):
+            return replace(spec, client_kind="encoder")
+        return spec
+
+    def secure_refusal(self) -> str:
+        if self.params.client == "discriminant":
+            return super().secure_refusal()
+        return Algorithm.secure_refusal(self)
+
+    def init_extra(self, model: FedModel) -> dict[str, torch.Tensor]:
+        if model.spec.client_kind == "encoder":
+            return super().init_extra(model)
+        return {}
 
     def prefers_batch_norm(self) -> bool:
         return self.params.private_norms
@@ -79,8 +156,34 @@ class FedDRM(Algorithm):
             keys |= norms
         return keys
 
+    def local_train(self, task: LocalTask) -> LocalResult:
+        model = task.model
+        if model.spec.client_kind != "encoder":
+            return super().local_train(task)
+        # Closed form: the target term alone, on everything but the client head (which the
+        # server sets); the frozen encoder's statistics go out once.
+        params = [p for n, p in model.named_parameters() if not n.startswith(CLIENT_HEAD)]
+        result = supervised_steps(task, model, params, self.target_loss)
+        self.report_moments(task, result, every_round=False)
+        return result
+
     def loss(self, task: LocalTask, model: FedModel, x: torch.Tensor, y: torch.Tensor):
         out = model(x)
         return feddrm_loss(
             out.target_logits, out.client_logits, y, task.site_index, self.params.lam
         )
+
+    def target_loss(self, task: LocalTask, model: FedModel, x: torch.Tensor, y: torch.Tensor):
+        logits = model.target_head(model.target_branch(model.features(x)))
+        return F.cross_entropy(logits.float(), y)
+
+    # --- server-side ------------------------------------------------------------------------
+    def check_stats(self, stats: Stats) -> None:
+        super().check_stats(stats)
+        self.check_moments(stats)
+
+    def aggregate(self, updates: list[Update]) -> dict[str, torch.Tensor]:
+        out = weighted_average(updates)
+        if any(u.stats for u in updates) or self.moments:
+            self.set_client_head(out, updates)
+        return out

@@ -15,14 +15,9 @@ which makes averaging a shared adapter exact (the mean of B A is the mean of B t
 
 Routing. The client head reads the base's features with every adapter off
 (:meth:`medfed.models.fedmodel.FedModel.client_features`): a site's own adapter must not tell
-it "this scan is mine". It is not trained by gradient: each site sees one site label only, and
-a client head trained that way on a frozen base drifts to whichever site spoke last (routing at
-chance). It is Fisher's linear discriminant instead, set by the server from what every site
-reports beside its update (``LocalResult.stats``): the count, sum and scatter of its training
-scans' base features, never a scan. With per-site means mu_i, the pooled covariance S (shrunk
-toward its mean variance) and data shares pi_i, logit_i(f) = f' S^-1 mu_i - mu_i' S^-1 mu_i / 2
-+ log pi_i: the Gaussian log-density of the scan's features under site i, so the density-ratio
-router of FedDRM (log p(site i | scan) - log pi_i) applies unchanged.
+it "this scan is mine". It is not trained by gradient but set in closed form by the server
+(Fisher's linear discriminant from each site's feature statistics,
+:mod:`medfed.algorithms.discriminant`).
 """
 
 from __future__ import annotations
@@ -44,16 +39,11 @@ from medfed.algorithms.base import (
     supervised_steps,
     weighted_average,
 )
+from medfed.algorithms.discriminant import CLIENT_HEAD, ClosedFormClientHead
 from medfed.errors import ConfigError
 from medfed.models.fedmodel import FedModel, ModelSpec
 
 SHARED_ADAPTER = "shared"
-CLIENT_HEAD = "client_head."
-# What each site reports of its training scans' base features (see the module docstring).
-SITE, COUNT, SUM, SCATTER = "feature_site", "feature_count", "feature_sum", "feature_scatter"
-SENT = "feature_statistics_sent"  # site-private: whether its statistics have gone out
-DIGITS = 7  # significant digits of each statistic as it travels (float32 precision)
-FEATURE_BATCH = 256
 # The widest layer of the backbones here has 512 channels; an adapter of rank r holds r * (in +
 # out) numbers per layer, so beyond this a "low-rank" adapter outgrows the layer it adapts.
 MAX_RANK = 256
@@ -101,7 +91,7 @@ def is_adapter_key(key: str) -> bool:
     return ".lora_A." in key or ".lora_B." in key
 
 
-class LoRA(Algorithm):
+class LoRA(ClosedFormClientHead, Algorithm):
     name = "lora"
     summary = "PEFT LoRA adapters per site (or one shared) on a trained frozen base; routes"
     dp_refusal = (
@@ -184,14 +174,8 @@ class LoRA(Algorithm):
             for p in model.parameters():
                 p.requires_grad_(True)
         # A frozen base gives the same features every round: its statistics travel once.
-        if self.params.base == "federated" or not float(task.extra[SENT].sum()):
-            result.stats.update(feature_moments(model, task.batches.x, task.autocast))
-            result.stats[SITE] = [float(task.site_index)]
-            task.extra[SENT] = torch.ones(1)
+        self.report_moments(task, result, every_round=self.params.base == "federated")
         return result
-
-    def init_extra(self, model: FedModel) -> dict[str, torch.Tensor]:
-        return {SENT: torch.zeros(1)}
 
     def loss(self, task: LocalTask, model: FedModel, x: torch.Tensor, y: torch.Tensor):
         """The target label only (the client head is not trained by gradient)."""
@@ -199,103 +183,15 @@ class LoRA(Algorithm):
         return F.cross_entropy(logits.float(), y)
 
     # --- server-side ------------------------------------------------------------------------
-    def secure_refusal(self) -> str:
-        return (
-            f"{self.run_name} fits its client head from each site's feature statistics, which "
-            "the server must read site by site; secure aggregation gives it only the sum"
-        )
+    @property
+    def shrinkage(self) -> float:
+        return self.params.shrinkage
 
     def check_stats(self, stats: Stats) -> None:
         super().check_stats(stats)
-        if not stats:  # sent once, with a site's first update, when the base is frozen
-            return
-        expected = {SITE, COUNT, SUM, SCATTER}
-        if set(stats) != expected:
-            raise ValueError(f"lora expects {sorted(expected)}, got {sorted(stats)}")
-        d = len(stats[SUM])
-        sizes = (len(stats[SITE]), len(stats[COUNT]), len(stats[SCATTER]))
-        if sizes != (1, 1, d * (d + 1) // 2) or stats[COUNT][0] < 1:
-            raise ValueError("feature statistics of inconsistent sizes (site, count, scatter)")
-        if stats[SITE][0] != int(stats[SITE][0]) or stats[SITE][0] < 0:
-            raise ValueError(f"feature statistics name site {stats[SITE][0]}, not an index")
+        self.check_moments(stats)
 
     def aggregate(self, updates: list[Update]) -> dict[str, torch.Tensor]:
         out = weighted_average(updates)
-        if f"{CLIENT_HEAD}bias" not in out:
-            return out
-        k = n_sites(out)
-        for update in updates:
-            if update.stats:
-                self.check_stats(update.stats)
-                site = int(update.stats[SITE][0])
-                if site >= k:
-                    raise ValueError(f"feature statistics name site {site} of {k}")
-                self.moments[site] = update.stats
-        if len(self.moments) == k:  # every site has reported: the discriminant is defined
-            ordered = [self.moments[i] for i in range(k)]
-            weight, bias = discriminant(ordered, self.params.shrinkage)
-            ref_w, ref_b = out[f"{CLIENT_HEAD}weight"], out[f"{CLIENT_HEAD}bias"]
-            out[f"{CLIENT_HEAD}weight"] = weight.to(ref_w.dtype)
-            out[f"{CLIENT_HEAD}bias"] = bias.to(ref_b.dtype)
+        self.set_client_head(out, updates)
         return out
-
-
-def n_sites(state: dict[str, torch.Tensor]) -> int:
-    """Rows of the client head: the federation's number of sites."""
-    return int(state[f"{CLIENT_HEAD}bias"].shape[0])
-
-
-@torch.no_grad()
-def feature_moments(model: FedModel, x: torch.Tensor, autocast) -> Stats:
-    """Count, sum and upper-triangle centred scatter (sum of (f - mean)(f - mean)') of the
-    base's features of ``x``, each to float32 precision."""
-    was_training = model.training
-    model.eval()
-    total, square, n = None, None, 0
-    try:
-        for start in range(0, x.shape[0], FEATURE_BATCH):
-            xb = x[start : start + FEATURE_BATCH]
-            with autocast():
-                f = model.client_features(xb).double()
-            total = f.sum(0) if total is None else total + f.sum(0)
-            square = f.T @ f if square is None else square + f.T @ f
-            n += f.shape[0]
-    finally:
-        model.train(was_training)
-    mean = total / n
-    centred = square - n * torch.outer(mean, mean)
-    rows, cols = torch.triu_indices(square.shape[0], square.shape[0])
-    return {
-        COUNT: [float(n)],
-        SUM: _short(total),
-        SCATTER: _short(centred[rows, cols]),
-    }
-
-
-def _short(values: torch.Tensor) -> list[float]:
-    """``values`` to float32 precision, which also keeps their JSON short."""
-    return [float(f"{v:.{DIGITS}g}") for v in values.cpu().tolist()]
-
-
-def discriminant(stats: list[Stats], shrinkage: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fisher's linear discriminant from every site's feature moments (in site order, each
-    scatter centred on its site's mean): the client head's weight (K, D) and bias (K,)."""
-    counts = torch.tensor([s[COUNT][0] for s in stats], dtype=torch.float64)
-    sums = torch.tensor([s[SUM] for s in stats], dtype=torch.float64)
-    d = sums.shape[1]
-    rows, cols = torch.triu_indices(d, d)
-    scatter = torch.zeros(d, d, dtype=torch.float64)
-    for s in stats:
-        upper = torch.zeros(d, d, dtype=torch.float64)
-        upper[rows, cols] = torch.tensor(s[SCATTER], dtype=torch.float64)
-        scatter += upper + upper.T - torch.diag(upper.diagonal())
-    means = sums / counts[:, None]
-    cov = scatter / max(float(counts.sum()) - len(stats), 1.0)  # the pooled within-site one
-    scale = float(cov.diagonal().mean()) or 1.0
-    cov = (1.0 - shrinkage) * cov + shrinkage * scale * torch.eye(d, dtype=torch.float64)
-    solved = torch.linalg.solve(cov, means.T).T  # S^-1 mu_i, one row per site
-    priors = counts / counts.sum()
-    bias = -0.5 * (solved * means).sum(1) + torch.log(priors)
-    if not (torch.isfinite(solved).all() and torch.isfinite(bias).all()):
-        raise ValueError("the sites' feature statistics give no finite discriminant")
-    return solved.float(), bias.float()

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig
 from medfed.data.overview import overview_dir, write_site_overview
 from medfed.data.records import Split
@@ -43,7 +44,7 @@ REFERENCE = "feddrm"
 # name -> (algorithm, parameters): medfed's FedDRM (private norms) and the paper's (shared)
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "feddrm": ("feddrm", {}),
-    "feddrm-paper": ("feddrm", {"private_norms": False}),
+    "feddrm-paper": ("feddrm", {"private_norms": False, "client": "trained"}),
     "fedavgft": ("fedavgft", {}),
     "fedbn": ("fedbn", {}),
     "fedrep": ("fedrep", {}),
@@ -169,9 +170,11 @@ def _finished(folder: Path, config: TrainConfig) -> bool:
         return False
     wanted = config.to_dict()
     keys = ("algorithm", "rounds", "local_steps", "batch_size", "lr", "seed", "init")
-    params = stored.get("params") or {}
-    return all(stored.get(k) == wanted.get(k) for k in (*keys, "frozen_encoder")) and all(
-        params.get(k) == v for k, v in wanted["params"].items()
+    algorithm = make_algorithm(config.algorithm, config.params)
+    algorithm.settle(config.frozen_encoder)  # every parameter as the run resolves it
+    resolved = json.loads(json.dumps(algorithm.resolved_params()))
+    return all(stored.get(k) == wanted.get(k) for k in (*keys, "frozen_encoder")) and (
+        (stored.get("params") or {}) == resolved
     )
 
 

@@ -206,6 +206,7 @@ def checked_deployment(config: TrainConfig, site_ids: Sequence[str]) -> Algorith
 
 
 def _refuse(algorithm: Algorithm, config: TrainConfig, site_ids: Sequence[str]) -> None:
+    algorithm.settle(config.frozen_encoder)
     refuse_private(algorithm, config)
     config.check_faults(list(site_ids), communicates=algorithm.communicates)
 

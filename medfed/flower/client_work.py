@@ -33,7 +33,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 
 from medfed.algorithms.base import State
-from medfed.algorithms.lora import SENT
+from medfed.algorithms.discriminant import SENT
 from medfed.algorithms.privacy import BudgetSpent
 from medfed.data.records import Split
 from medfed.errors import MedfedError

@@ -24,7 +24,7 @@ from medfed.models.backbones import (
     kaiming_init,
     spatial_dims,
 )
-from medfed.models.encoder import EncoderError, encoded_backbone
+from medfed.models.encoder import EncoderError, EncoderView, encoded_backbone
 from medfed.models.mixture import PREDICT_RULES, MixtureBranch, MixtureHead, VAEBank
 
 NORM_TYPES: tuple[type[nn.Module], ...] = (
@@ -61,7 +61,9 @@ class ModelSpec:
     client_branch: bool = False  # FedDRM's site classifier (client_branch + client_head)
     branch_dim: int = 128
     # The client branch: "mlp" (a hidden layer, trained by gradient as in FedDRM) or "linear"
-    # (the head reads the features directly: LoRA sets it in closed form, see algorithms.lora).
+    # (the head reads the features directly: LoRA sets it in closed form, see algorithms.lora)
+    # or "encoder" (the head reads the frozen encoder's output itself, power-normalized: FedDRM
+    # sets it in closed form in the frozen-encoder mode, see algorithms.discriminant).
     client_kind: str = "mlp"
     # LoRA: rank 0 means none; otherwise one named adapter per entry of lora_adapters on every
     # conv and linear layer of the backbone and the target branch.
@@ -88,7 +90,14 @@ class ModelSpec:
             (self.n_classes >= 2, "n_classes must be >= 2 (binary tasks use 2 logits)"),
             (self.n_sites >= 1, "n_sites must be >= 1"),
             (self.branch_dim >= 1, "branch_dim must be >= 1"),
-            (self.client_kind in ("mlp", "linear"), "client_kind must be mlp or linear"),
+            (
+                self.client_kind in ("mlp", "linear", "encoder"),
+                "client_kind must be mlp, linear or encoder",
+            ),
+            (
+                self.client_kind != "encoder" or self.frozen_encoder,
+                "client_kind encoder reads a frozen encoder's output: it needs the frozen encoder",
+            ),
             (self.lora_rank >= 0, "lora_rank must be >= 0"),
             (not self.lora_rank or self.lora_adapters, "LoRA needs at least one adapter name"),
             (
@@ -172,7 +181,10 @@ class FedModel(nn.Module):
             self._build_mixture(spec)
         self.client_branch: nn.Module | None = None
         self.client_head: nn.Module | None = None
-        if spec.client_branch and spec.client_kind == "linear":
+        if spec.client_branch and spec.client_kind == "encoder":
+            self.client_branch = EncoderView()
+            self.client_head = nn.Linear(spec.in_channels, spec.n_sites)
+        elif spec.client_branch and spec.client_kind == "linear":
             self.client_branch = nn.Identity()
             self.client_head = nn.Linear(self.feat_dim, spec.n_sites)
         elif spec.client_branch:
@@ -233,8 +245,11 @@ class FedModel(nn.Module):
         With LoRA adapters: the base's features, every adapter off. A site's own adapter must
         not be visible to it: trained on its own scans only, each site's model would learn "my
         adapter is on, so the scan is mine", every model would claim every scan, and routing
-        would fall to the data shares. Without adapters: ``features`` themselves.
+        would fall to the data shares. With ``client_kind`` encoder: the scan as it came, the
+        frozen encoder's output. Otherwise: ``features`` themselves.
         """
+        if self.spec.client_kind == "encoder":
+            return x
         if not self.spec.lora_rank or self.client_branch is None:
             return self.features(x) if features is None else features
         with self.adapters_off():
