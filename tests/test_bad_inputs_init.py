@@ -174,6 +174,18 @@ CASES = [
         ("cannot tell which torchvision network", "--backbone", "tv-resnet18"),
     ),
     Case(
+        "feddrm's closed-form client head without the frozen encoder",
+        _train("--param", "client=discriminant", algorithm="feddrm"),
+        2,
+        ("client=discriminant", "--frozen-encoder", "client=trained"),
+    ),
+    Case(
+        "feddrm with an unknown client head rule",
+        _train("--param", "client=gradient", algorithm="feddrm"),
+        2,
+        ("client", "auto, trained, discriminant"),
+    ),
+    Case(
         "lora given both init and a warm-up",
         _train("--param", "warmup_rounds=2", "--init", lambda tmp, s: s.run, algorithm="lora"),
         2,

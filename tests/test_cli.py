@@ -92,7 +92,9 @@ def test_help_lists_every_registered_entry_on_its_own_line(command, registry) ->
 def test_feddrm_parameters_are_recorded_with_their_defaults(tiny_run) -> None:
     params = read_toml(tiny_run.config)["train"]["params"]
     defaults = make_algorithm("feddrm").params
-    assert params == {f.name: getattr(defaults, f.name) for f in fields(defaults)}
+    expected = {f.name: getattr(defaults, f.name) for f in fields(defaults)}
+    # client=auto is recorded as the rule the run used (no frozen encoder: the trained head)
+    assert defaults.client == "auto" and params == expected | {"client": "trained"}
 
 
 def test_train_config_reruns_a_run_with_an_option_overridden(tiny_run) -> None:
