@@ -37,6 +37,75 @@ def test_fundus_pipeline_crops_to_the_camera_field() -> None:
     assert float((a - no_crop).abs().mean()) > 0.05
 
 
+def _monai_fundus(options: FundusPreprocess, with_disc: bool):
+    """The fundus stage as MONAI's own transforms: what medfed's written-out steps must equal."""
+    from monai.transforms import (
+        Compose,
+        CropForegroundd,
+        EnsureChannelFirstd,
+        EnsureTyped,
+        Resized,
+        ScaleIntensityRanged,
+        SpatialPadd,
+    )
+
+    from medfed.data.transforms import DISC_KEY, CameraField, DiscCrop
+
+    steps = [EnsureChannelFirstd(keys="image", channel_dim=-1)]
+    if options.roi_crop:
+        keys = ["image", DISC_KEY] if with_disc else "image"
+        steps.append(
+            CropForegroundd(
+                keys=keys,
+                source_key="image",
+                select_fn=CameraField(options.roi_threshold),
+                allow_smaller=True,
+            )
+        )
+    if options.disc_crop:
+        steps.append(DiscCrop(options.disc_crop))
+    size = options.image_size
+    steps += [
+        Resized(keys="image", spatial_size=size, size_mode="longest", mode="area"),
+        SpatialPadd(keys="image", spatial_size=(size, size)),
+        ScaleIntensityRanged(keys="image", a_min=0.0, a_max=255.0, b_min=0.0, b_max=1.0),
+        EnsureTyped(keys="image", data_type="tensor", dtype=torch.float32, track_meta=False),
+    ]
+    return Compose(steps)
+
+
+@pytest.mark.parametrize(
+    ("shape", "options"),
+    [
+        ((300, 420), FundusPreprocess(image_size=32)),
+        ((420, 300), FundusPreprocess(image_size=64)),
+        ((224, 224), FundusPreprocess(image_size=224)),  # no resize
+        ((97, 131), FundusPreprocess(image_size=128)),  # enlarged
+        ((300, 420), FundusPreprocess(image_size=48, roi_crop=False)),
+        ((300, 420), FundusPreprocess(image_size=40, disc_crop=0.5)),
+        ((301, 419), FundusPreprocess(image_size=33, roi_threshold=0.3)),
+    ],
+)
+def test_the_fundus_steps_equal_monais_value_for_value(shape, options) -> None:
+    from medfed.data.transforms import DISC_KEY, disc_map, fundus_pipeline
+
+    rng = np.random.default_rng(sum(shape) + options.image_size)
+    retina = np.asarray(Image.fromarray(skdata.retina()).resize((shape[1] // 2, shape[0] // 2)))
+    photo = np.zeros((*shape, 3), np.float32)
+    top, left = shape[0] // 5, shape[1] // 7
+    photo[top : top + retina.shape[0], left : left + retina.shape[1]] = retina
+    photo += rng.uniform(0, 4, photo.shape).astype(np.float32)  # sensor noise in the border
+    for with_disc in (False, True) if options.disc_crop else (False,):
+        ours, theirs = {"image": photo.copy()}, {"image": photo.copy()}
+        if with_disc:
+            ours[DISC_KEY] = theirs[DISC_KEY] = disc_map(*shape, shape[1] * 0.4, shape[0] * 0.6)
+        got = fundus_pipeline(options, with_disc=with_disc)(ours)["image"]
+        want = _monai_fundus(options, with_disc)(theirs)["image"]
+        assert got.shape == want.shape == (3, options.image_size, options.image_size)
+        assert got.dtype == want.dtype == torch.float32
+        assert torch.equal(got.contiguous(), torch.as_tensor(want).contiguous())
+
+
 def test_ct_pipeline_windows_resamples_and_fixes_the_shape() -> None:
     hu = np.full((10, 40, 30), 40.0, np.float32)
     hu[:, :, :6] = -1000.0  # air, below the window

@@ -50,6 +50,18 @@ def test_both_sides_are_measured_warm_and_cold_on_the_same_photos(measured):
     assert "| warm (cached tensors)" in text and "tv-resnet18 at 32 px" in text
 
 
+def test_the_feature_pass_is_measured_on_every_photo_of_the_site(measured):
+    out, text = measured
+    features = json.loads((out / "throughput.json").read_text(encoding="utf-8"))["features"]
+
+    medfed, plain = features["medfed"], features["plain"]
+    assert medfed["images"] == plain["images"] == TINY.scans  # every split's photos, both sides
+    assert features["ratio"] == pytest.approx(medfed["images_per_s"] / plain["images_per_s"])
+    assert medfed["images_per_s"] == pytest.approx(medfed["images"] / medfed["seconds"])
+    assert "| frozen-encoder feature pass (nothing cached)" in text
+    assert f"the same {TINY.scans} photos from disk to pooled MobileNetV2 features" in text
+
+
 def test_the_memory_table_reports_a_large_sites_load_against_the_limit(tmp_path):
     memory = fundus_site_memory(8, 32, workdir=tmp_path).to_dict()
 

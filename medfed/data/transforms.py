@@ -1,8 +1,9 @@
-"""The deterministic preprocessing stage of each modality, as MONAI dictionary transforms.
+"""The deterministic preprocessing stage of each modality, as dictionary transforms.
 
-MONAI is imported where a pipeline is built: it takes seconds to import, and cached scans (the
-common case) never need it. Which function a modality uses is decided in
-:mod:`medfed.data.modality`; site normalization follows in :mod:`medfed.data.preprocess`.
+Fundus photos go through MONAI's steps written out here (:class:`FundusPipeline`); CT volumes
+through MONAI's own transforms, imported where their pipeline is built: MONAI takes seconds to
+import, and cached scans (the common case) never need it. Which function a modality uses is
+decided in :mod:`medfed.data.modality`; site normalization follows in :mod:`medfed.data.preprocess`.
 """
 
 from __future__ import annotations
@@ -89,39 +90,75 @@ def disc_map(height: int, width: int, x: float, y: float) -> np.ndarray:
     return marked
 
 
-def fundus_pipeline(options: FundusPreprocess, *, with_disc: bool = False) -> Compose:
-    """uint8 RGB (H, W, 3) -> float32 (3, S, S) in [0, 1], cropped to the camera field (and,
-    with ``disc_crop``, to a square around the optic disc)."""
-    from monai.transforms import (
-        Compose,
-        CropForegroundd,
-        EnsureChannelFirstd,
-        EnsureTyped,
-        Resized,
-        ScaleIntensityRanged,
-        SpatialPadd,
-    )
+class FundusPipeline:
+    """uint8 RGB (H, W, 3) -> float32 (3, S, S) in [0, 1]: cropped to the camera field (and,
+    with ``disc_crop``, to a square around the optic disc), its longest side resized to S by
+    area averaging, padded to a square with zeros around it, scaled from 0..255 to 0..1.
 
-    size = options.image_size
-    steps = [EnsureChannelFirstd(keys="image", channel_dim=-1)]
-    if options.roi_crop:
-        steps.append(
-            CropForegroundd(
-                keys=["image", DISC_KEY] if with_disc else "image",
-                source_key="image",
-                select_fn=CameraField(options.roi_threshold),
-                allow_smaller=True,
-            )
-        )
-    if options.disc_crop:
-        steps.append(DiscCrop(options.disc_crop))
-    steps += [
-        Resized(keys="image", spatial_size=size, size_mode="longest", mode="area"),
-        SpatialPadd(keys="image", spatial_size=(size, size)),
-        ScaleIntensityRanged(keys="image", a_min=0.0, a_max=255.0, b_min=0.0, b_max=1.0),
-        EnsureTyped(keys="image", data_type="tensor", dtype=torch.float32, track_meta=False),
-    ]
-    return Compose(steps)
+    The steps are MONAI's (``CropForegroundd`` with :class:`CameraField`, ``Resized`` with
+    ``size_mode="longest", mode="area"``, ``SpatialPadd``, ``ScaleIntensityRanged``) written
+    out, value for value (tests/test_pipeline.py holds them equal): importing MONAI takes
+    seconds, which every process that decodes a photo paid before its first scan. CT keeps
+    MONAI's pipeline (resampling to a spacing)."""
+
+    def __init__(self, options: FundusPreprocess, with_disc: bool = False) -> None:
+        self.options, self.with_disc = options, with_disc
+
+    def __call__(self, data: dict) -> dict:
+        options = self.options
+        # channel-first view of the photo, strides as MONAI's EnsureChannelFirstd leaves them
+        image = torch.from_numpy(data["image"]).movedim(-1, 0)
+        disc = data.get(DISC_KEY)
+        if options.roi_crop:
+            rows, cols = _field_box(CameraField(options.roi_threshold)(image).any(0))
+            image = image[:, rows, cols]
+            if self.with_disc and disc is not None:
+                disc = np.asarray(disc)[:, rows, cols]
+        if options.disc_crop:
+            cropped = DiscCrop(options.disc_crop)({"image": image, DISC_KEY: disc})
+            image = cropped["image"]
+        data["image"] = _scaled(_padded(_resized(image, options.image_size), options.image_size))
+        data.pop(DISC_KEY, None)
+        return data
+
+
+def _field_box(mask: torch.Tensor) -> tuple[slice, slice]:
+    """The rows and columns of the smallest box holding every True pixel of ``mask`` (H, W)
+    (the whole photo when none is)."""
+    rows, cols = torch.nonzero(mask.any(1)), torch.nonzero(mask.any(0))
+    if not len(rows):
+        return slice(0, 0), slice(0, 0)
+    return slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1)
+
+
+def _resized(image: torch.Tensor, size: int) -> torch.Tensor:
+    """The longest side to ``size`` by area averaging, the aspect ratio kept."""
+    h, w = image.shape[1:]
+    scale = size / max(h, w)
+    target = (int(round(h * scale)), int(round(w * scale)))
+    if target == (h, w):
+        return image.float()
+    out = torch.nn.functional.interpolate(image.float().unsqueeze(0), size=target, mode="area")
+    return out.squeeze(0)
+
+
+def _padded(image: torch.Tensor, size: int) -> torch.Tensor:
+    """Zeros around the image, half on each side (the odd one after), to size x size."""
+    h, w = image.shape[1:]
+    dh, dw = max(size - h, 0), max(size - w, 0)
+    if not (dh or dw):
+        return image
+    return torch.nn.functional.pad(image, (dw // 2, dw - dw // 2, dh // 2, dh - dh // 2))
+
+
+def _scaled(image: torch.Tensor) -> torch.Tensor:
+    """0..255 to 0..1, in float32."""
+    return ((image - 0.0) / (255.0 - 0.0) * (1.0 - 0.0) + 0.0).to(torch.float32)
+
+
+def fundus_pipeline(options: FundusPreprocess, *, with_disc: bool = False) -> FundusPipeline:
+    """The fundus preprocessing of ``options`` (see :class:`FundusPipeline`)."""
+    return FundusPipeline(options, with_disc)
 
 
 def ct_pipeline(options: CTPreprocess) -> Compose:

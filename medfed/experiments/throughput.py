@@ -14,6 +14,7 @@ resolution, batch size, optimizer and scans:
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError
 from medfed.experiments.memory import write_fundus_site
 from medfed.experiments.speed import device_info, load_average
+from medfed.experiments.throughput_features import feature_figures, feature_row, feature_words
 from medfed.federation import wire
 from medfed.federation.plan import SiteInfo, initial_model, plan_run
 from medfed.federation.site import SiteWorker, clone_state
@@ -228,19 +230,16 @@ def _file_loader(site: SiteData, size: int, batch: int, workers: int, pin: bool)
 class _PhotoFiles:
     """The torchvision way: open, resize, centre-crop, to tensor, normalize, flip at random."""
 
-    def __init__(self, paths: list, labels: list[int], size: int, mean, std) -> None:
+    def __init__(
+        self, paths: list, labels: list[int], size: int, mean, std, flip: bool = True
+    ) -> None:
         from torchvision import transforms
 
         self.paths, self.labels = paths, labels
-        self.transform = transforms.Compose(
-            [
-                transforms.Resize(size),
-                transforms.CenterCrop(size),
-                transforms.RandomHorizontalFlip(),
-                transforms.ToTensor(),
-                transforms.Normalize(mean, std),
-            ]
-        )
+        steps = [transforms.Resize(size), transforms.CenterCrop(size)]
+        steps += [transforms.RandomHorizontalFlip()] if flip else []
+        steps += [transforms.ToTensor(), transforms.Normalize(mean, std)]
+        self.transform = transforms.Compose(steps)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -357,11 +356,14 @@ def run_throughput(
     manifest = write_fundus_site(out / "data", plan.scans, plan.image_size, plan.seed)
     cache_dir = out / "cache"
     if cache_dir.exists():
-        import shutil
-
         shutil.rmtree(cache_dir)
+    import torchvision  # noqa: F401  both sides' (their networks, the plain loop's transforms)
+
     echo("cold: one epoch from an empty cache, then from the photos through a DataLoader")
     cold = cold_figures(manifest, cache_dir, plan, setup)
+    echo("features: the frozen encoder's pass from an empty cache, then a plain forward loop")
+    shutil.rmtree(cache_dir)
+    features = feature_figures(manifest, cache_dir, plan.image_size, plan.workers, setup)
     site = load_site(load_manifest(manifest), TensorCache(cache_dir))
     compiled, compile_info = None, None
     if plan.compiled:
@@ -394,6 +396,7 @@ def run_throughput(
         "within_goal": ratio >= WARM_GOAL,
         "cold": cold,
         "cold_ratio": cold["medfed"]["images_per_s"] / cold["plain"]["images_per_s"],
+        "features": features,
     }
 
 
@@ -417,6 +420,9 @@ def markdown(results: dict[str, Any]) -> str:
             f"{results['cold_ratio']:.2f}",
         ]
     )
+    features = results.get("features")
+    if features:
+        rows.append(feature_row(features))
     split = [["cold epoch", "images", "decode (s)", "model build (s)", "training (s)", "total (s)"]]
     for side, label in (("medfed", "medfed"), ("plain", "plain loop")):
         c = cold[side]
@@ -448,7 +454,10 @@ def markdown(results: dict[str, Any]) -> str:
         f"epoch reads it; 'decode' on the plain side is the time its loop waited for batches. "
         f"Device: {device['device']}, {device['cpu']} ({device['cpu_count']} cores), torch "
         f"{device['torch']}" + (f"; load average {load[0]:g} at the end" if load else "") + "."
+        " torchvision is imported before either side is timed (both use it)."
     )
+    if features:
+        settings += " " + feature_words(features, plan["workers"])
     compiled = results.get("compile")
     if compiled:
         rows.insert(2, compiled_row(compiled, warm))
