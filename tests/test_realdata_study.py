@@ -124,3 +124,29 @@ def test_route_answers_a_real_photo_with_its_site_probability_and_class_probabil
     assert answer["router"] == "density_ratio"
     if answer["status"] == "routed":
         assert answer["chosen_site"] in answer["site_probs"]
+
+
+def test_the_dashboard_and_the_report_show_a_real_run_with_the_real_sources_cards(
+    study, monkeypatch, tmp_path
+):
+    from tests.test_dashboard import open_page, texts
+
+    _, out = study
+    run = out / "runs" / "feddrm" / "seed0"
+    sites = ["real-odir", "real-sjchoi86", "real-eyepacs"]
+
+    at = open_page(monkeypatch, [run])
+    assert at.title[0].value == "Federation" and not at.error
+    assert sorted(at.table[0].value.index) == sorted(sites)
+    at = open_page(monkeypatch, [run], "sites")  # one run: no run to pick
+    shown = texts(at, "markdown")
+    for site in sites:
+        assert f"### Data card: {site}" in shown
+    assert "Research use only" in shown  # the real sources' terms, from their manifests
+    report = tmp_path / "report.html"
+    made = CliRunner().invoke(app, ["report", str(run), "--out", str(report)])
+    assert made.exit_code == 0, made.output
+    html = report.read_text(encoding="utf-8")
+    assert all(site in html for site in sites) and "Research use only" in html
+    card = (run / "model" / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert "Kim's Eye Hospital" in card and "Research use only" in card
