@@ -362,8 +362,9 @@ def run_throughput(
     echo("cold: one epoch from an empty cache, then from the photos through a DataLoader")
     cold = cold_figures(manifest, cache_dir, plan, setup)
     echo("features: the frozen encoder's pass from an empty cache, then a plain forward loop")
-    shutil.rmtree(cache_dir)
-    features = feature_figures(manifest, cache_dir, plan.image_size, plan.workers, setup)
+    features = feature_figures(
+        manifest, cache_dir, plan.image_size, plan.workers, setup, plan.repeats
+    )
     site = load_site(load_manifest(manifest), TensorCache(cache_dir))
     compiled, compile_info = None, None
     if plan.compiled:
