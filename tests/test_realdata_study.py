@@ -150,3 +150,69 @@ def test_the_dashboard_and_the_report_show_a_real_run_with_the_real_sources_card
     assert all(site in html for site in sites) and "Research use only" in html
     card = (run / "model" / "MODEL_CARD.md").read_text(encoding="utf-8")
     assert "Kim's Eye Hospital" in card and "Research use only" in card
+
+
+# every algorithm (fedals over feddrm; lora after a warm-up) but FedGMI, whose mixture reads the
+# scan itself and refuses the frozen encoder
+EVERY_ALGORITHM = [
+    ("feddrm", {}),
+    ("fedavg", {}),
+    ("fedavgft", {}),
+    ("fedbn", {}),
+    ("fedprox", {}),
+    ("fedrep", {}),
+    ("ditto", {}),
+    ("local", {}),
+    ("pfedme", {}),
+    ("fedals", {"base": "feddrm"}),
+    ("lora", {"warmup_rounds": "1"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "params"), EVERY_ALGORITHM, ids=[a for a, _ in EVERY_ALGORITHM]
+)
+def test_every_algorithm_trains_on_the_real_federations_frozen_features(
+    study, real_env, monkeypatch, tmp_path, algorithm, params
+):
+    from medfed.config import TrainConfig
+    from medfed.federation.training import load_sites, train
+
+    if algorithm == "lora":
+        pytest.importorskip("peft")
+    _, out = study
+    for key, value in real_env.items():
+        monkeypatch.setenv(key, value)
+    sites = load_sites(MANIFESTS, out / "cache")  # decoded and encoded by the study already
+    config = TrainConfig(
+        algorithm=algorithm,
+        params=params,
+        rounds=2,
+        local_steps=2,
+        batch_size=16,
+        init="torchvision:mobilenet_v2",
+        frozen_encoder=True,
+        concurrency=1,
+    )
+
+    summary = train(sites, config, tmp_path / "run", cache_dir=out / "cache")
+
+    assert summary.rounds == 2
+    figures = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
+    assert set(figures["sites"]) == {"real-odir", "real-sjchoi86", "real-eyepacs"}
+    assert np.isfinite(figures["system_accuracy"])
+
+
+def test_fedgmi_refuses_the_frozen_encoder_by_name(study, real_env, monkeypatch, tmp_path):
+    from medfed.config import TrainConfig
+    from medfed.errors import MedfedError
+    from medfed.federation.training import load_sites, train
+
+    _, out = study
+    for key, value in real_env.items():
+        monkeypatch.setenv(key, value)
+    config = TrainConfig(
+        algorithm="fedgmi", init="torchvision:mobilenet_v2", frozen_encoder=True, rounds=1
+    )
+    with pytest.raises(MedfedError, match="frozen encoder"):
+        train(load_sites(MANIFESTS, out / "cache"), config, tmp_path / "run")
