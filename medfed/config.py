@@ -600,6 +600,7 @@ RUN_CONFIG_KEYS: tuple[str, ...] = (
     "model",
     "sites",
     "init",
+    "tracking",  # where the run is logged (medfed.tracking): uri, experiment, register
 )
 
 

@@ -1,6 +1,8 @@
 """The bad-input corpus, the newer surfaces: `medfed scenarios` counts, `medfed deploy stats`
-numbers that are not numbers, and a site's audit log (`medfed deploy audit`) with a line that
-was edited or is not UTF-8 (see tests/badinput.py for the policy). No row trains."""
+numbers that are not numbers, a site's audit log (`medfed deploy audit`) with a line that
+was edited or is not UTF-8, and experiment tracking (`medfed track`, `--track`, a settings
+file's [tracking] table) given what it cannot use (see tests/badinput.py for the policy). No
+row trains."""
 
 from __future__ import annotations
 
@@ -49,6 +51,31 @@ def _record(**fields) -> bytes:
     return json.dumps(record).encode("utf-8")
 
 
+def _run_folder(tmp: Path, finished: bool = True) -> Path:
+    """A run folder's files as far as tracking reads them before logging anything."""
+    run = tmp / "run"
+    run.mkdir()
+    (run / "config.toml").write_text('[train]\nalgorithm = "fedavg"\n', encoding="utf-8")
+    (run / "model").mkdir()
+    if finished:
+        (run / "summary.json").write_text("{}", encoding="utf-8")
+    return run
+
+
+def _track(folder, *options: str, finished: bool = True):
+    def make(tmp: Path, s: Shared) -> list:
+        where = folder(tmp, finished) if folder is _run_folder else folder(tmp)
+        return ["track", where, *options]
+
+    return make
+
+
+def _train_tracking(tmp: Path, s: Shared) -> list:
+    settings = tmp / "settings.toml"
+    settings.write_text('[train]\nrounds = 1\n\n[tracking]\nurl = "local"\n', encoding="utf-8")
+    return ["train", "--config", settings, "--sites", tmp / "a.toml", "--out", tmp / "run"]
+
+
 # fmt: off
 CASES = [
     Case("scenarios with zero seeds", _scenarios("--seeds", "0"), 2, ("--seeds", "1..100")),
@@ -81,6 +108,20 @@ CASES = [
          ("audit.jsonl, line 2", "'round'", "whole number")),
     Case("deploy audit line that is a list", _audit(b"[1, 2]"), 2,
          ("audit.jsonl, line 2", "not a JSON record")),
+    Case("track a folder that holds no run", _track(lambda tmp: tmp), 2,
+         ("holds no finished run", "config.toml and summary.json")),
+    Case("track a folder that does not exist", _track(lambda tmp: tmp / "nowhere"), 2,
+         ("nowhere", "no such folder")),
+    Case("track to a garbage tracking URI", _track(_run_folder, "--track", "mlflow-server"), 2,
+         ("--track", "'mlflow-server'", "not a tracking URI", "http://host:5000")),
+    Case("track to a server URI without a host", _track(_run_folder, "--track", "http://"), 2,
+         ("--track", "host is missing")),
+    Case("track to a relative SQLite path", _track(_run_folder, "--track", "sqlite://x.db"), 2,
+         ("sqlite:////absolute/path.db",)),
+    Case("track an unfinished run", _track(_run_folder, "--track", "local", finished=False), 2,
+         ("no summary.json", "medfed train --resume")),
+    Case("train with a [tracking] table of unknown settings", _train_tracking, 2,
+         ("[tracking] has no setting(s)", "'url'", "uri, experiment, register")),
 ]
 # fmt: on
 
@@ -89,6 +130,8 @@ CASES = [
 def test_bad_input_gets_a_clear_answer(case: Case, tmp_path) -> None:
     if case.name.startswith("deploy stats"):
         pytest.importorskip("flwr")
+    if "track" in case.name:
+        pytest.importorskip("mlflow")
     check(case, tmp_path, STAND_IN)
 
 

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("federation", "experiments flower dashboard"),
     ("pacs", "federation algorithms experiments flower dashboard"),
     ("governance", "serving experiments flower dashboard reports"),
+    ("tracking", "federation algorithms experiments flower dashboard pacs governance"),
 )
 
 # Imported (a medfed package or a third-party distribution) -> the only importers allowed.
@@ -41,6 +42,8 @@ ONLY_FROM: tuple[tuple[str, str], ...] = (
     ("uvicorn", "medfed.pacs medfed.cli"),
     ("pynetdicom", "medfed.pacs"),
     ("dicomweb_client", "medfed.pacs"),
+    ("mlflow", "medfed.tracking"),
+    ("medfed.tracking", "medfed.tracking medfed.cli"),
 )
 
 # Small utilities: leaves any layer may import (each imports at most another of them).

@@ -20,6 +20,7 @@ from medfed.cli.common import (
     friendly,
     named_folder,
 )
+from medfed.cli.tracking import TrackOption, planned_tracking, track_finished
 from medfed.config import Modality
 from medfed.errors import ConfigError, require_extra
 from medfed.fileio import check_not_in_run, check_out_folder
@@ -100,6 +101,7 @@ def bench(
             "fedavg among them); default: every method.",
         ),
     ] = None,
+    track: TrackOption = None,
 ) -> None:
     """Every method on the synthetic fundus and CT federations over several seeds.
 
@@ -122,8 +124,10 @@ def bench(
     check_readme(update_readme, plan.marker)
     check_out_folder(out)
     check_not_in_run(out)
+    tracking = planned_tracking(track, out)
     echo = functools.partial(typer.echo, err=as_json)
     results = run_bench(out, plan, echo=echo, readme=update_readme)
+    track_finished(out, tracking)
     if as_json:
         typer.echo(json.dumps(results, indent=2))
 
@@ -448,6 +452,7 @@ def scenarios(
             "them again (an interrupted sweep continues; a finished one is re-rendered)."
         ),
     ] = False,
+    track: TrackOption = None,
 ) -> None:
     """One of FedDRM's published ablations on synthetic DR-grading federations.
 
@@ -469,10 +474,12 @@ def scenarios(
     check_readme(update_readme, marker(ablation))
     check_out_folder(out)
     check_not_in_run(out)
+    tracking = planned_tracking(track, out)
     # The sweep reports no routing latency: its runs time the fewest scans the median's CI needs
     # (each timed scan is a forward pass of every site's model; a 32-site level pays 32).
     os.environ.setdefault(LATENCY_ENV, str(SWEEP_LATENCY_SCANS))
     run_scenarios(out, plan, echo=typer.echo, readme=update_readme, reuse=reuse_runs)
+    track_finished(out, tracking)
 
 
 @friendly
@@ -510,6 +517,7 @@ def real_study(
             "them again (an interrupted study continues; a finished one is re-rendered)."
         ),
     ] = False,
+    track: TrackOption = None,
 ) -> None:
     """Every method on real sites with the frozen ImageNet encoder, over several seeds.
 
@@ -538,9 +546,11 @@ def real_study(
         check_readme(update_readme, marker)
     check_out_folder(out)
     check_not_in_run(out)
+    tracking = planned_tracking(track, out)
     run_real_study(
         plan, out, echo=typer.echo, readme=update_readme, outside=outside, reuse=reuse_runs
     )
+    track_finished(out, tracking)
 
 
 def register(app: typer.Typer) -> None:

@@ -21,6 +21,13 @@ from medfed.cli.common import (
     with_registries,
 )
 from medfed.cli.settings import given_settings, training_options
+from medfed.cli.tracking import (
+    ExperimentOption,
+    TrackOption,
+    planned_tracking,
+    register_commands,
+    track_finished,
+)
 from medfed.errors import ConfigError, ManifestError
 from medfed.fileio import check_not_in_run, check_out_file, check_out_folder
 from medfed.progress import lines_instead
@@ -138,6 +145,8 @@ def train(
         Path | None, typer.Option(help="Preprocessing cache folder.", callback=named_folder)
     ] = None,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
+    track: TrackOption = None,
+    experiment: ExperimentOption = None,
 ) -> None:
     """Train a federation over the given sites and write the run directory."""
     import time
@@ -146,6 +155,7 @@ def train(
     from medfed.federation.training import train as run_training
 
     stored = load_run_config(config_file) if config_file is not None else None
+    tracking = planned_tracking(track, out, experiment, config_file)
     if stored is not None and stored.medfed_version not in (None, __version__):
         typer.echo(
             f"note: {stored.path} was written by medfed {stored.medfed_version}; "
@@ -192,6 +202,7 @@ def train(
         cache_dir=cache_dir,  # the frozen encoder's features sit beside the decoded photos
     )
     _print_outcome(summary, out, time.perf_counter() - started)
+    track_finished(out, tracking)
 
 
 @friendly
@@ -287,11 +298,13 @@ def compare(
             "default: fedavg when it runs (the communication baseline), else the first method."
         ),
     ] = None,
+    track: TrackOption = None,
 ) -> None:
     """Train several methods on the synthetic fundus federation; accuracy and bytes per round."""
     check_readme(update_readme, "compare-table")
     check_out_folder(out)
     check_not_in_run(out)
+    tracking = planned_tracking(track, out)
     from medfed.experiments.demo import COMMUNICATION_METHODS, run_demo
 
     chosen = tuple(methods or COMMUNICATION_METHODS)
@@ -309,6 +322,7 @@ def compare(
         readme=update_readme,
         reference=reference,
     )
+    track_finished(out, tracking)
 
 
 def register(app: typer.Typer) -> None:
@@ -317,3 +331,4 @@ def register(app: typer.Typer) -> None:
     add(evaluate)
     add(report)
     add(compare)
+    register_commands(app)

@@ -32,7 +32,12 @@ from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError
 from medfed.experiments.memory import write_fundus_site
 from medfed.experiments.speed import device_info, load_average
-from medfed.experiments.throughput_features import feature_figures, feature_row, feature_words
+from medfed.experiments.throughput_features import (
+    PhotoFiles,
+    feature_figures,
+    feature_row,
+    feature_words,
+)
 from medfed.federation import wire
 from medfed.federation.plan import SiteInfo, initial_model, plan_run
 from medfed.federation.site import SiteWorker, clone_state
@@ -209,7 +214,7 @@ def _file_loader(site: SiteData, size: int, batch: int, workers: int, pin: bool)
     from torch.utils.data import DataLoader
 
     norm = site.normalization
-    dataset = _PhotoFiles(
+    dataset = PhotoFiles(
         [r.path for r in site.records[Split.TRAIN]],
         [int(v) for v in site.y[Split.TRAIN]],
         size,
@@ -225,30 +230,6 @@ def _file_loader(site: SiteData, size: int, batch: int, workers: int, pin: bool)
         generator=torch.Generator().manual_seed(0),
         drop_last=len(dataset) >= batch,  # whole batches, as medfed's epoch counts them
     )
-
-
-class _PhotoFiles:
-    """The torchvision way: open, resize, centre-crop, to tensor, normalize, flip at random."""
-
-    def __init__(
-        self, paths: list, labels: list[int], size: int, mean, std, flip: bool = True
-    ) -> None:
-        from torchvision import transforms
-
-        self.paths, self.labels = paths, labels
-        steps = [transforms.Resize(size), transforms.CenterCrop(size)]
-        steps += [transforms.RandomHorizontalFlip()] if flip else []
-        steps += [transforms.ToTensor(), transforms.Normalize(mean, std)]
-        self.transform = transforms.Compose(steps)
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        from PIL import Image
-
-        with Image.open(self.paths[i]) as image:
-            return self.transform(image.convert("RGB")), self.labels[i]
 
 
 # ---------------------------------------------------------------------------- measuring

@@ -33,6 +33,30 @@ BACKBONE = "tv-mobilenet-v2"
 FEATURE_GOAL = 0.95  # medfed's feature pass at least this share of the plain loop's images/s
 
 
+class PhotoFiles:
+    """The torchvision way: open, resize, centre-crop, to tensor, normalize, flip at random."""
+
+    def __init__(
+        self, paths: list, labels: list[int], size: int, mean, std, flip: bool = True
+    ) -> None:
+        from torchvision import transforms
+
+        self.paths, self.labels = paths, labels
+        steps = [transforms.Resize(size), transforms.CenterCrop(size)]
+        steps += [transforms.RandomHorizontalFlip()] if flip else []
+        steps += [transforms.ToTensor(), transforms.Normalize(mean, std)]
+        self.transform = transforms.Compose(steps)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as image:
+            return self.transform(image.convert("RGB")), self.labels[i]
+
+
 def _encoder(setup: DeviceSetup) -> Encoder:
     torch.manual_seed(0)
     module = FrozenEncoder(BACKBONE).to(setup.device)
@@ -64,10 +88,8 @@ def _plain_pass(
     seconds it took."""
     from torch.utils.data import DataLoader
 
-    from medfed.experiments.throughput import _PhotoFiles
-
     mean, std = list(IMAGENET.mean), list(IMAGENET.std)
-    files = _PhotoFiles(paths, [0] * len(paths), size, mean, std, flip=False)
+    files = PhotoFiles(paths, [0] * len(paths), size, mean, std, flip=False)
     loader = DataLoader(files, batch_size=ENCODE_BATCH, num_workers=workers)
     start = time.perf_counter()
     with torch.no_grad():

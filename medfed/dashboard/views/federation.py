@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from medfed.dashboard import charts, clinical, common, rundata
+from medfed.dashboard import charts, clinical, common, rundata, tracked
 from medfed.reports import bounds_text
 from medfed.reports.evaluation import system_by_site_rows
 from medfed.reports.grading import (
@@ -251,6 +251,10 @@ def settings(runs: list[rundata.Run]) -> None:
     with st.expander("Settings of the runs", expanded=len(runs) > 1):
         st.table(rundata.settings_table(configs, summaries))
         st.caption("From each run's config.toml (summary.json where the config is silent).")
+        for run in runs:
+            record = tracked.tracking_record(run.path)
+            if record is not None:
+                st.markdown(tracked.tracking_line(run.label, record))
 
 
 def main() -> None:
