@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -172,6 +173,10 @@ def test_the_settings_file_names_the_store(tracked, tmp_path) -> None:
     assert (found.experiment, found.register) == ("pilot", "glaucoma-router")
     assert tracking_settings("local", tmp_path, settings_file=settings).uri.startswith("sqlite:")
     assert tracking_settings(None, tmp_path) is None
+    bare = tmp_path / "bare.toml"
+    bare.write_text('[tracking]\nexperiment = "pilot"\n', encoding="utf-8")
+    local = tracking_settings(None, tmp_path, settings_file=bare)
+    assert local.uri == f"sqlite:///{(tmp_path / 'mlflow.db').resolve().as_posix()}"
     # medfed train --config reads the file's [tracking] table: a store that is down is said once
     settings.write_text(
         '[train]\nalgorithm = "fedavg"\nrounds = 1\nlocal_steps = 1\nbatch_size = 8\n\n'
@@ -194,3 +199,22 @@ def test_the_dashboard_links_a_run_to_its_mlflow_run(tracked, monkeypatch) -> No
 
     at = open_page(monkeypatch, [tracked["sweep"]])
     assert f"MLflow run {record['run_id']}" in texts(at, "markdown")
+
+
+def test_refusals_and_suppressed_figures_are_logged_as_such() -> None:
+    from medfed.tracking.runlog import event_tags, final_metrics, run_tags
+
+    events = [
+        {"event": "dropout", "site": "a"},
+        {"event": "dropout", "site": "b"},
+        {"event": "site_refused", "site": "c", "refusals": ["algorithm fedprox not allowed"]},
+    ]
+    tags = event_tags(events)
+    assert tags["medfed.events.dropout"] == "2" and tags["medfed.events.site_refused"] == "1"
+    assert "fedprox not allowed" in tags["medfed.refused.c"]
+    summary = {"suppressed": {"c: auc": "fewer than 10 test scans"}, "predictions": "sites"}
+    tags = run_tags({"train": {}}, summary | {"sites": {}}, Path("run"))
+    assert tags["medfed.suppressed.c_ auc"] == "fewer than 10 test scans"
+    assert tags["medfed.predictions"] == "kept at the sites (not logged)"
+    figures = final_metrics({"sites": {"c": {"auc": None, "accuracy": 0.5}}, "x": float("nan")})
+    assert figures == {"test_accuracy.c": 0.5}  # nothing suppressed or undefined is a metric

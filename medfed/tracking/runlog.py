@@ -89,6 +89,24 @@ def run_tags(config: dict[str, Any], summary: dict[str, Any], run: Path) -> dict
     return tags
 
 
+EVENT_KINDS = ("dropout", "site_refused", "site_lost", "round_skipped", "resume")
+
+
+def event_tags(events: list[dict[str, Any]]) -> dict[str, str]:
+    """What went wrong or was refused during the run, logged as such: a count per kind, and
+    each refusing site with the rules that refused."""
+    tags = {}
+    for kind in EVENT_KINDS:
+        count = sum(1 for e in events if e.get("event") == kind)
+        if count:
+            tags[f"medfed.events.{kind}"] = str(count)
+    for event in events:
+        if event.get("event") == "site_refused":
+            site = metric_name(str(event.get("site", "?")))
+            tags[f"medfed.refused.{site}"] = json.dumps(event.get("refusals"))[:VALUE_CHARS]
+    return tags
+
+
 def round_metrics(rows: list[dict[str, Any]]) -> list[tuple[str, float, int]]:
     """Per round (the step): the sites' mean training loss, each site's validation AUC, the
     worst site's, and the bytes sent both ways."""
@@ -159,6 +177,21 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file; a torn or foreign line is skipped (a killed run's last
+    line: the lines before it still count)."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows
+
+
 def read_run(run: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     """A finished run's config.toml, summary.json and metrics.jsonl rows (checked)."""
     folder = RunDir(run).require()
@@ -174,17 +207,7 @@ def read_run(run: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, 
         raise ConfigError(
             f"{run}: its config.toml or summary.json cannot be read ({exc})"
         ) from None
-    rows = []
-    metrics = run / "metrics.jsonl"
-    if metrics.is_file():
-        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a torn last line of a killed run: the rounds before it still count
-            if isinstance(row, dict):
-                rows.append(row)
-    return config, summary, rows
+    return config, summary, _json_lines(run / "metrics.jsonl")
 
 
 def run_artifacts(run: Path) -> list[tuple[Path, str]]:
@@ -278,7 +301,7 @@ class Tracker:
         """Log the finished run folder ``run`` (a child of ``parent`` when given); records the
         MLflow run in RUN/tracking.json and returns its id."""
         config, summary, rows = read_run(run)
-        tags = run_tags(config, summary, run)
+        tags = run_tags(config, summary, run) | event_tags(_json_lines(run / "events.jsonl"))
         run_id = self.start(run.name, tags, parent)
         last = int(summary.get("rounds") or 0)
         finals = [(k, v, last) for k, v in final_metrics(summary).items()]

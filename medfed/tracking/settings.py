@@ -63,7 +63,8 @@ def tracking_settings(
     """The tracking the command asks for: ``--track`` (``local`` for the default store beside
     the runs), else the ``[tracking]`` table of the settings file; None when neither does."""
     table = _file_table(settings_file) if settings_file is not None else {}
-    text = track if track is not None else table.get("uri")
+    # a [tracking] table without a uri: the local store
+    text = track if track is not None else table.get("uri", "local" if table else None)
     if text is None:
         return None
     where = "--track" if track is not None else f"{settings_file} [tracking] uri"
