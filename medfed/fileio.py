@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -33,6 +34,58 @@ def _mode_for(path: Path) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
+
+
+# Patient data at rest (scans, answers, the audit and PACS logs): owner-only.
+PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
+PRIVATE_UMASK = 0o077
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as an owner-only folder (made with its missing parents, each owner-only)."""
+    path = Path(path)
+    missing = []
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+        folder.chmod(PRIVATE_DIR)  # mkdir's mode is cut by the umask
+    if path.is_dir() and not missing:
+        path.chmod(PRIVATE_DIR)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Make the file at ``path`` owner-only (it exists); returns it."""
+    os.chmod(path, PRIVATE_FILE)
+    return Path(path)
+
+
+def new_private_file(path: Path) -> None:
+    """Create ``path`` empty and owner-only unless it exists (a database about to be opened:
+    SQLite gives its journal, WAL and shared-memory files the database file's mode)."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, PRIVATE_FILE))
+
+
+def keep_private(*paths: Path) -> None:
+    """For a service that writes patient data: every file it makes from now on owner-only
+    (umask 077), and what ``paths`` already hold (folders and files) made owner-only too (data
+    an older version left readable by others)."""
+    os.umask(PRIVATE_UMASK)
+    for path in paths:
+        path = Path(path)
+        if path.is_file():
+            private_file(path)
+        elif path.is_dir():
+            path.chmod(PRIVATE_DIR)
+            for root, dirs, files in os.walk(path):
+                for name in dirs:
+                    os.chmod(os.path.join(root, name), PRIVATE_DIR)
+                for name in files:
+                    os.chmod(os.path.join(root, name), PRIVATE_FILE)
 
 
 def check_out_folder(path: Path, option: str = "--out") -> None:

@@ -230,3 +230,13 @@ def tiny_sites(tmp_path_factory) -> tuple[dict[str, Path], Path]:
     cache = root / "cache"
     load_sites(manifests, cache)  # decode once: the SuperNodes read the same cache
     return {p.stem: p for p in manifests}, cache
+
+
+@pytest.fixture(autouse=True)
+def _umask_kept():
+    """A service run in-process (pacs watch, listen) makes its process's files owner-only
+    (umask 077); the next test starts from the umask the suite started with."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)

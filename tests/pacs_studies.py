@@ -305,3 +305,20 @@ def audit_rows(run: Path) -> list[tuple]:
         return []
     with sqlite3.connect(path) as db:
         return db.execute("SELECT id, file, status FROM routed ORDER BY id").fetchall()
+
+
+def assert_private(run: Path) -> int:
+    """Every file holding patient data in ``run`` (the audit and PACS logs with their side
+    files, kept scans, answers, incoming instances) is 0600 and every folder of them 0700;
+    returns how many files were checked."""
+    checked = 0
+    paths = [p for p in run.iterdir() if p.name.startswith(("audit.sqlite", "pacs.sqlite"))]
+    for folder in (run / "review", run / "pacs"):
+        if folder.exists():
+            paths += [folder, *folder.rglob("*")]
+    for path in paths:
+        mode = path.stat().st_mode & 0o777
+        wanted = 0o700 if path.is_dir() else 0o600
+        assert mode == wanted, f"{path} is {oct(mode)}, not {oct(wanted)}"
+        checked += path.is_file()
+    return checked

@@ -61,6 +61,7 @@ def test_every_service_gets_a_sandboxed_unprivileged_restarting_unit(tmp_path) -
         assert service["User"] == ["medfed"] and service["Restart"] == ["on-failure"]
         assert service["ReadWritePaths"] == [str(run)]
         assert service["NoNewPrivileges"] == ["yes"] and service["ProtectSystem"] == ["strict"]
+        assert service["UMask"] == ["0077"]
         assert service["CapabilityBoundingSet"] == [""]
         assert service["PrivateTmp"] == ["no"]  # the run is under /tmp here (and it says so)
         assert shlex.split(service["ExecStart"][0])[1:3] == ["-m", "medfed"]

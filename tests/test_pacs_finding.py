@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from medfed.cli import app as cli
 from tests.badinput import Shared
 from tests.pacs_studies import (
+    assert_private,
     ct_series,
     free_port,
     fundus_photo,
@@ -89,6 +90,7 @@ def test_a_backdated_study_stored_after_the_first_poll_is_answered(
         for ds in (today, backdated, undated):
             assert server.reports(str(ds.StudyInstanceUID)) == 1
     assert len(PacsLog(run).scans("answered")) == 3
+    assert assert_private(run) >= 5  # the logs, kept photos, answers: owner-only
     assert f"finding new studies by {'reading' if find == 'changes' else 'sweeping'}" in first
 
 

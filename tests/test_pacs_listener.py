@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.badinput import Shared
-from tests.pacs_studies import ct_series, free_port, fundus_photo
+from tests.pacs_studies import assert_private, ct_series, free_port, fundus_photo
 
 pytest.importorskip("pynetdicom")
 from pynetdicom import AE, evt  # noqa: E402
@@ -105,6 +105,7 @@ def test_a_stored_photo_is_answered_once_and_the_answer_sent_back(
     assert [e.file for _, e in AuditLog(run).records()] == [f"pacs:{scans['OP'].key}"]
     assert not any((run / "pacs" / "incoming").iterdir())
     assert sum("answered study" in line for line in lines) == 1
+    assert assert_private(run) >= 3  # the logs, the kept photo, the answer: owner-only
 
 
 def test_a_caller_not_on_the_allow_list_is_rejected(shared: Shared, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from medfed.cli import app as cli
 from tests.badinput import Shared
-from tests.pacs_studies import audit_rows, ct_series, fundus_photo
+from tests.pacs_studies import assert_private, audit_rows, ct_series, fundus_photo
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -76,6 +76,7 @@ def test_a_dicom_fundus_photo_is_routed_and_kept_for_review(served) -> None:
     body = answer.json()
     assert body["status"] in ("routed", "abstained") and body["chosen_site"] or body["reason"]
     assert (run / "review" / "scans" / body["sha256"]).is_dir()
+    assert assert_private(run) >= 2  # the audit log and the kept photo: owner-only
     queue = client.get("/review-queue").json()
     assert body["audit_id"] in {item["scan_id"] for item in queue}
 

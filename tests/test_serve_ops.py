@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.badinput import Shared
-from tests.pacs_studies import free_port
+from tests.pacs_studies import assert_private, free_port
 
 pytest.importorskip("fastapi")
 pytest.importorskip("prometheus_client")
@@ -203,3 +203,29 @@ def test_a_real_service_answers_the_probes_and_logs_json(shared: Shared, tmp_pat
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     assert lines and lines[0]["event"] == "service.started"
     assert lines[0]["url"] == url
+
+
+def test_a_service_makes_the_patient_data_an_older_version_left_readable_owner_only(tmp_path):
+    from medfed.cli.pacs import keep_data_private
+
+    run = tmp_path / "run"
+    (run / "review" / "scans" / "abc").mkdir(parents=True)
+    (run / "pacs" / "answers").mkdir(parents=True)
+    readable = [
+        run / "audit.sqlite",
+        run / "audit.sqlite-wal",
+        run / "pacs.sqlite",
+        run / "review" / "scans" / "abc" / "photo.png",
+        run / "pacs" / "answers" / "1.2.3.dcm",
+    ]
+    for path in readable:
+        path.write_bytes(b"x")
+        path.chmod(0o644)
+    (run / "summary.json").write_text("{}", encoding="utf-8")
+    (run / "summary.json").chmod(0o644)
+
+    keep_data_private(run)
+    (run / "review" / "later.txt").write_text("written by the service afterwards")
+
+    assert assert_private(run) == len(readable) + 1
+    assert (run / "summary.json").stat().st_mode & 0o777 == 0o644  # not patient data

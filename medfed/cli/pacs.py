@@ -46,6 +46,9 @@ LogFormatOpt = Annotated[
 ]
 
 
+SQLITE_ENDS = ("", "-wal", "-shm", "-journal")  # a SQLite database and its side files
+
+
 def _load(runs: list[Path], router: str, device: str) -> dict[str, Any]:
     from medfed.pacs.api import Served
     from medfed.serving.bundle import TrainedFederation
@@ -145,6 +148,8 @@ def serve(
         token, made = bearer_token(where)
         typer.echo(f"bearer token {'written to' if made else 'read from'} {where} (owner-only)")
     served = _load(runs, router, device)
+    for path in runs:
+        keep_data_private(path)
     warm_up()  # before listening: the first patient does not wait for imports
     app = create_app(served, limits, token, log)
     scheme = "https" if tls_cert else "http"
@@ -166,7 +171,19 @@ def _inbox(run: Path, router: str, device: str, source: str) -> Any:  # an Inbox
     from medfed.serving.routers import make_router
 
     fed = TrainedFederation.load(run, device)
+    keep_data_private(run)
     return Inbox(run, fed, make_router(router, fed), source)
+
+
+def keep_data_private(run: Path) -> None:
+    """A service that writes patient data into ``run``: everything it writes owner-only (files
+    0600, folders 0700), and what an earlier run of it left there made so too."""
+    from medfed.fileio import keep_private
+    from medfed.pacs.records import PACS_FILE
+    from medfed.serving.audit import AUDIT_FILE
+
+    databases = [run / f"{name}{end}" for name in (AUDIT_FILE, PACS_FILE) for end in SQLITE_ENDS]
+    keep_private(*databases, run / "review", run / "pacs")
 
 
 def _seconds(least: float) -> Any:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from medfed.errors import DataError
+from medfed.fileio import private_dir, private_file
 from medfed.pacs.answer import answer_report
 from medfed.pacs.instances import (
     DICOM_MODALITIES,
@@ -135,9 +136,10 @@ class Inbox:
             return Outcome(scan, new=True)
         report = answer_report(done.to_dict(), self.run.resolve().name, first, instances)
         answers = self.run / ANSWERS
-        answers.mkdir(parents=True, exist_ok=True)
+        private_dir(answers)
         file = answers / f"{report.SOPInstanceUID}.dcm"
         report.save_as(file, enforce_file_format=True)
+        private_file(file)
         pending = replace(
             scan, status="pending", reason=None, answer_uid=str(report.SOPInstanceUID),
             answer_file=str(file),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from medfed.errors import DataError
+from medfed.fileio import private_dir, private_file
 
 if TYPE_CHECKING:
     from pydicom.dataset import Dataset
@@ -121,15 +122,16 @@ def write_photo(ds: Dataset, folder: Path, where: str) -> Path:
     """The photo ``ds`` as ``folder/photo.png``."""
     from PIL import Image
 
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     path = folder / "photo.png"
     Image.fromarray(photo_pixels(ds, where)).save(path)
-    return path
+    return private_file(path)
 
 
 def write_series(datasets: list[Dataset], folder: Path) -> Path:
     """A CT series' instances as DICOM files in ``folder`` (the folder routing reads)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     for i, ds in enumerate(datasets):
         ds.save_as(folder / f"{i:05d}.dcm", enforce_file_format=True)
+        private_file(folder / f"{i:05d}.dcm")
     return folder

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medfed.errors import ConfigError, DataError, MedfedError
+from medfed.fileio import private_dir, private_file
 from medfed.pacs.answer import BASIC_TEXT_SR
 from medfed.pacs.handling import Inbox, Outcome
 from medfed.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, modality_of, uid
@@ -145,9 +146,10 @@ class Listener:
             series = uid(ds.get("SeriesInstanceUID"), "SeriesInstanceUID")
             sop = uid(ds.get("SOPInstanceUID"), "SOPInstanceUID")
             folder = self.incoming / series
-            folder.mkdir(parents=True, exist_ok=True)
+            private_dir(folder)
             partial = folder / f".{sop}.partial"
             ds.save_as(partial, enforce_file_format=True)
+            private_file(partial)
             partial.replace(folder / f"{sop}.dcm")
         except DataError as exc:
             self.echo(f"refused an instance from {event.assoc.requestor.ae_title}: {exc}")

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from medfed.errors import ConfigError, MedfedError
+from medfed.fileio import new_private_file
 
 __all__ = ["PACS_FILE", "PacsLog", "PacsLogError", "PacsScan", "watch_lock"]
 
@@ -100,6 +101,7 @@ class PacsLog:
 
     def _connect(self) -> sqlite3.Connection:
         try:
+            new_private_file(self.path)
             db = sqlite3.connect(self.path, timeout=30.0)
             db.execute("PRAGMA journal_mode = WAL")
             for statement in _SCHEMA:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from medfed.errors import MedfedError
+from medfed.fileio import new_private_file
 from medfed.names import printable
 
 __all__ = [
@@ -228,6 +229,8 @@ class AuditLog:
         return connection
 
     def _open(self) -> sqlite3.Connection:
+        if self.path.parent.is_dir():
+            new_private_file(self.path)  # patient data: owner-only, its WAL files too
         return sqlite3.connect(self.path, timeout=_TIMEOUT)
 
     def _version(self, db: sqlite3.Connection) -> int:

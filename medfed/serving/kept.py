@@ -14,6 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
+from medfed.fileio import private_dir, private_file
+
 __all__ = ["KEPT_FOLDER", "keep_scan", "keep_series", "kept_scan"]
 
 KEPT_FOLDER = Path("review") / "scans"
@@ -45,10 +47,11 @@ def keep_scan(run_dir: str | Path, path: str | Path, sha256: str, name: str) -> 
     found = kept_scan(run_dir, sha256)
     if found is not None:
         return found
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     target = folder / (Path(name).name or "scan")
     partial = folder / f".{target.name}.partial"
     shutil.copyfile(path, partial)
+    private_file(partial)
     os.replace(partial, target)  # a reader never sees half a copy
     return target
 
@@ -66,10 +69,10 @@ def keep_series(run_dir: str | Path, series: str | Path, sha256: str) -> Path | 
     found = kept_scan(run_dir, sha256)
     if found is not None:
         return found
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     partial = folder / ".series.partial"
     shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(series, partial)
+    shutil.copytree(series, partial, copy_function=_private_copy)
     if content_hash(read_scan(partial).files) != sha256:
         shutil.rmtree(partial, ignore_errors=True)
         return None
@@ -87,3 +90,10 @@ def kept_scan(run_dir: str | Path, sha256: str) -> Path | None:
     if files:
         return files[0]
     return folder / "series" if (folder / "series").is_dir() else None
+
+
+def _private_copy(source: str, target: str) -> str:
+    """shutil's copy of one file, made owner-only (a kept scan is patient data)."""
+    shutil.copy2(source, target)
+    private_file(Path(target))
+    return target
