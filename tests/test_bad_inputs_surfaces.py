@@ -70,6 +70,15 @@ def _track(folder, *options: str, finished: bool = True):
     return make
 
 
+def _down() -> str:
+    """A loopback URL nothing listens on (a tracking server that is down)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
 def _train_tracking(tmp: Path, s: Shared) -> list:
     settings = tmp / "settings.toml"
     settings.write_text('[train]\nrounds = 1\n\n[tracking]\nurl = "local"\n', encoding="utf-8")
@@ -118,6 +127,8 @@ CASES = [
          ("--track", "host is missing")),
     Case("track to a relative SQLite path", _track(_run_folder, "--track", "sqlite://x.db"), 2,
          ("sqlite:////absolute/path.db",)),
+    Case("track to a tracking server that is down", _track(_run_folder, "--track", _down()), 2,
+         ("cannot be reached", "start the server or fix the uri")),
     Case("track an unfinished run", _track(_run_folder, "--track", "local", finished=False), 2,
          ("no summary.json", "medfed train --resume")),
     Case("train with a [tracking] table of unknown settings", _train_tracking, 2,
