@@ -46,6 +46,16 @@ LogFormatOpt = Annotated[
 ]
 
 
+RetentionOpt = Annotated[
+    float,
+    typer.Option(
+        "--retention-days",
+        help="Remove kept scans and written-back reports older than this many days when the "
+        "service starts (each logged; the audit log keeps every row); 0 keeps them. Purge "
+        "daily with 'medfed review RUN --purge-older-than DAYS'.",
+        min=0,
+    ),
+]
 SQLITE_ENDS = ("", "-wal", "-shm", "-journal")  # a SQLite database and its side files
 
 
@@ -110,6 +120,7 @@ def serve(
     max_pixels: Annotated[int, typer.Option(help="Most pixels (voxels) of one scan.")] = MAX_PIXELS,
     max_files: Annotated[int, typer.Option(help="Most files in one zipped series.")] = MAX_FILES,
     log_format: LogFormatOpt = "text",
+    retention_days: RetentionOpt = 0.0,
 ) -> None:
     """Start the routing service: an HTTP API that answers scans as 'medfed route --json' does.
 
@@ -149,7 +160,7 @@ def serve(
         typer.echo(f"bearer token {'written to' if made else 'read from'} {where} (owner-only)")
     served = _load(runs, router, device)
     for path in runs:
-        keep_data_private(path)
+        keep_data_private(path, retention_days)
     warm_up()  # before listening: the first patient does not wait for imports
     app = create_app(served, limits, token, log)
     scheme = "https" if tls_cert else "http"
@@ -165,25 +176,38 @@ def serve(
     )
 
 
-def _inbox(run: Path, router: str, device: str, source: str) -> Any:  # an Inbox
+def _inbox(
+    run: Path, router: str, device: str, source: str, retention_days: float = 0.0
+) -> Any:  # an Inbox
     from medfed.pacs.handling import Inbox
     from medfed.serving.bundle import TrainedFederation
     from medfed.serving.routers import make_router
 
     fed = TrainedFederation.load(run, device)
-    keep_data_private(run)
+    keep_data_private(run, retention_days)
     return Inbox(run, fed, make_router(router, fed), source)
 
 
-def keep_data_private(run: Path) -> None:
+def keep_data_private(run: Path, retention_days: float = 0.0) -> None:
     """A service that writes patient data into ``run``: everything it writes owner-only (files
-    0600, folders 0700), and what an earlier run of it left there made so too."""
+    0600, folders 0700), and what an earlier run of it left there made so too; with a retention,
+    what is older than it removed (and logged)."""
     from medfed.fileio import keep_private
     from medfed.pacs.records import PACS_FILE
     from medfed.serving.audit import AUDIT_FILE
 
     databases = [run / f"{name}{end}" for name in (AUDIT_FILE, PACS_FILE) for end in SQLITE_ENDS]
     keep_private(*databases, run / "review", run / "pacs")
+    if retention_days > 0:
+        from medfed.serving.retention import purge
+
+        removed = purge(run, retention_days)
+        if removed:
+            typer.echo(
+                f"retention: removed {len(removed)} kept scan(s) and report(s) older than "
+                f"{retention_days:g} days from {run} (logged in RUN/review/purged.jsonl)",
+                err=True,
+            )
 
 
 def _seconds(least: float) -> Any:
@@ -243,6 +267,7 @@ CaFileOpt = Annotated[
 def _watcher(
     run: Path, dicomweb: str, router: str, device: str, auth: tuple[Path | None, Path | None, bool],
     ca_file: Path | None, find: str = "sweep", orthanc: str | None = None,
+    retention_days: float = 0.0,
 ) -> Any:  # a DicomwebWatcher  # fmt: skip
     """A watcher of ``dicomweb`` for ``run``, every option checked before the run is loaded."""
     require_extra("dicomweb_client", "serve", "medfed pacs")
@@ -260,7 +285,7 @@ def _watcher(
     creds = credentials(*auth)
     ca = check_ca_file(ca_file, url)
     warn = functools.partial(typer.echo, err=True)
-    inbox = _inbox(run, router, device, url)
+    inbox = _inbox(run, router, device, url, retention_days)
     return DicomwebWatcher.connect(inbox, url, creds, ca, find, orthanc, warn)
 
 
@@ -339,6 +364,7 @@ def watch(
             "--metrics-host", help="Address of --metrics-port: an IP address; keep loopback."
         ),
     ] = "127.0.0.1",
+    retention_days: RetentionOpt = 0.0,
 ) -> None:
     """Answer new studies in the PACS through DICOMweb, once each, beside each study.
 
@@ -353,7 +379,7 @@ def watch(
 
     metrics = _watch_metrics(metrics_port, metrics_host)
     auth = (token_file, basic_auth_file, basic_auth_env)
-    watcher = _watcher(run, dicomweb, router, device, auth, ca_file, find, orthanc)
+    watcher = _watcher(run, dicomweb, router, device, auth, ca_file, find, orthanc, retention_days)
     watcher.metrics = metrics
     url = watcher.inbox.source
     failed = 0
@@ -453,6 +479,7 @@ def listen(
     tls_key: TlsKeyOpt = None,
     router: RouterOpt = "auto",
     device: DeviceOpt = "auto",
+    retention_days: RetentionOpt = 0.0,
 ) -> None:
     """Listen for scans sent by DICOM (C-STORE) and answer each complete series.
 
@@ -477,7 +504,7 @@ def listen(
         raise ConfigError(
             f"--host {host} is not loopback: DICOM there must use TLS (--tls-cert, --tls-key)"
         )
-    inbox = _inbox(run, router, device, f"{ae_title}@{host}:{port}")
+    inbox = _inbox(run, router, device, f"{ae_title}@{host}:{port}", retention_days)
     listener = Listener(inbox, ae_title, tuple(allow), quiet, destination, typer.echo)
     listener.start(host, port, tls)
     typer.echo(f"listening as {ae_title} on {host}:{port} for {', '.join(allow)}", err=True)

@@ -19,6 +19,25 @@ _BACKUP_HELP = (
 )
 
 
+_PURGE_HELP = (
+    "Remove the kept scans (RUN/review/scans) and the reports written back to the PACS "
+    "(RUN/pacs/answers) older than this many days, logging each in RUN/review/purged.jsonl "
+    "(the audit log keeps every row and hash), and do nothing else."
+)
+
+
+def _purge(run: Path, days: float, dry_run: bool) -> None:
+    from medfed.serving.retention import PURGE_LOG, check_days, purge
+
+    days = check_days(days)
+    removed = purge(run, days, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for item in removed:
+        typer.echo(f"{verb} {item.kind} {item.key} ({item.age_days:.1f} days old)")
+    where = "" if dry_run or not removed else f"; logged in {run / PURGE_LOG}"
+    typer.echo(f"{verb} {len(removed)} item(s) older than {days:g} days from {run}{where}")
+
+
 def _backup(run: Path, target: Path) -> None:
     from medfed.serving.audit import AuditLog
 
@@ -73,6 +92,12 @@ def review(
         ),
     ] = "read",
     backup: Annotated[Path | None, typer.Option("--backup", help=_BACKUP_HELP)] = None,
+    purge_older_than: Annotated[
+        float | None, typer.Option("--purge-older-than", help=_PURGE_HELP)
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="With --purge-older-than: list what would go, remove nothing.")
+    ] = False,
 ) -> None:
     """Clinician review of routed scans: prospective figures, disagreements, reads.
 
@@ -87,6 +112,10 @@ def review(
     RunDir(run).require()
     if backup is not None:
         return _backup(run, backup)
+    if purge_older_than is not None:
+        return _purge(run, purge_older_than, dry_run)
+    if dry_run:
+        raise ConfigError("--dry-run goes with --purge-older-than DAYS")
     window = Window(since, until, by)  # type: ignore[arg-type]  (checked by Window)
     work = Review(run)
     labels = work.labels
