@@ -38,6 +38,19 @@ def _purge(run: Path, days: float, dry_run: bool) -> None:
     typer.echo(f"{verb} {len(removed)} item(s) older than {days:g} days from {run}{where}")
 
 
+def _upkeep(run: Path, backup: Path | None, purge_days: float | None, dry_run: bool) -> bool:
+    """The audit log's backup or the retention's purge, when asked for (True: done)."""
+    if backup is not None:
+        _backup(run, backup)
+        return True
+    if purge_days is not None:
+        _purge(run, purge_days, dry_run)
+        return True
+    if dry_run:
+        raise ConfigError("--dry-run goes with --purge-older-than DAYS")
+    return False
+
+
 def _backup(run: Path, target: Path) -> None:
     from medfed.serving.audit import AuditLog
 
@@ -110,12 +123,8 @@ def review(
     if export is not None and import_ is not None:
         raise ConfigError("give --export or --import, not both: export after the import instead")
     RunDir(run).require()
-    if backup is not None:
-        return _backup(run, backup)
-    if purge_older_than is not None:
-        return _purge(run, purge_older_than, dry_run)
-    if dry_run:
-        raise ConfigError("--dry-run goes with --purge-older-than DAYS")
+    if _upkeep(run, backup, purge_older_than, dry_run):
+        return
     window = Window(since, until, by)  # type: ignore[arg-type]  (checked by Window)
     work = Review(run)
     labels = work.labels
