@@ -38,6 +38,23 @@ def _purge(run: Path, days: float, dry_run: bool) -> None:
     typer.echo(f"{verb} {len(removed)} item(s) older than {days:g} days from {run}{where}")
 
 
+def _print_figures(run: Path, work, window, result, labels) -> None:
+    """The prospective figures of ``result`` (or that nothing was routed yet)."""
+    from medfed.reports.prospective import PROSPECTIVE_LEGEND, prospective_table
+
+    typer.echo(
+        f"prospective review of {run} ({window.describe()}): {result.n_reads} read(s) of "
+        f"{result.n_scans} scan(s); classes: {', '.join(labels.classes)}"
+        + (f" (positive class: {labels.positive})" if labels.positive else "")
+    )
+    if not work.log.path.is_file():
+        typer.echo(f"no scan has been routed with {run} yet; route scans with 'medfed route'")
+    else:
+        typer.echo(prospective_table(result.rows()))
+        typer.echo(PROSPECTIVE_LEGEND)
+        typer.echo(f"reads: {result.blinding()}")
+
+
 def _upkeep(run: Path, backup: Path | None, purge_days: float | None, dry_run: bool) -> bool:
     """The audit log's backup or the retention's purge, when asked for (True: done)."""
     if backup is not None:
@@ -116,7 +133,6 @@ def review(
 
     Print the prospective figures (per site and system, each with its 95% CI and n) and the
     disagreements; exchange reads with sites reading elsewhere (--export, --import)."""
-    from medfed.reports.prospective import PROSPECTIVE_LEGEND, prospective_table
     from medfed.runs import RunDir
     from medfed.serving.review import Review, ReviewError, Window, queue_text, write_figures_csv
 
@@ -141,17 +157,7 @@ def review(
     if work.log.path.is_file():
         typer.echo(queue_text(work))
     result = work.figures(window)
-    typer.echo(
-        f"prospective review of {run} ({window.describe()}): {result.n_reads} read(s) of "
-        f"{result.n_scans} scan(s); classes: {', '.join(labels.classes)}"
-        + (f" (positive class: {labels.positive})" if labels.positive else "")
-    )
-    if not work.log.path.is_file():
-        typer.echo(f"no scan has been routed with {run} yet; route scans with 'medfed route'")
-    else:
-        typer.echo(prospective_table(result.rows()))
-        typer.echo(PROSPECTIVE_LEGEND)
-        typer.echo(f"reads: {result.blinding()}")
+    _print_figures(run, work, window, result, labels)
     for d in work.disagreements(window):
         reads = ", ".join(f"{who}: {what}" for who, what in d.reads.items())
         typer.echo(f"readers disagree on scan {d.scan_id} ({d.file}): {reads}")
