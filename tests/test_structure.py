@@ -592,3 +592,60 @@ def test_size_checker_names_long_modules_and_functions() -> None:
     source += f"def short():\n    def inner():\n{body(98)}\n"
     found = find_oversized({"m.py": source, "big.py": "x = 1\n" * 801})
     assert found == {"m.py::A.long": 101, "big.py": 801}
+
+
+# ---------------------------------------------------------------------------- the map
+ARCHITECTURE = PACKAGE_DIR.parent / "docs" / "architecture.md"
+RULES_MARKER = "structure-rules"
+
+
+def _names(text: str) -> str:
+    return ", ".join(f"`{n}`" for n in text.split()) or "nothing of medfed's"
+
+
+def rules_markdown() -> str:
+    """The rules this test enforces, as docs/architecture.md states them."""
+    rows = ["| rule | what | never |", "| --- | --- | --- |"]
+    for importer, forbidden in LAYERS:
+        rows.append(
+            f"| layer | `medfed.{importer}` (every module under it) | {_names(forbidden)} |"
+        )
+    for imported, importers in ONLY_FROM:
+        rows.append(f"| only from | `{imported}` | imported by anything but {_names(importers)} |")
+    for module, allowed in ONLY_IMPORTS:
+        never = f"any medfed module but {_names(allowed)}" if allowed else "any medfed module"
+        rows.append(f"| leaf | `{module}` | {never} |")
+    for module, forbidden in TORCH_FREE:
+        rows.append(f"| torch-free | `{module}` (and what it imports) | {_names(forbidden)} |")
+    return "\n".join(rows)
+
+
+def _section(text: str, marker: str) -> str:
+    start, end = f"<!-- {marker}:start -->\n", f"<!-- {marker}:end -->"
+    return text.split(start, 1)[1].split(end, 1)[0].strip()
+
+
+def test_the_architecture_page_states_the_rules_this_test_enforces() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    assert _section(text, RULES_MARKER) == rules_markdown(), (
+        "docs/architecture.md's structure-rules section differs from this test's tables; "
+        "write it again: python -c 'from tests.test_structure import write_rules; write_rules()'"
+    )
+
+
+def test_the_architecture_page_names_every_package() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    tree = next(b for b in text.split("```")[1::2] if "\nmedfed/\n" in b)  # the repository's map
+    packages = sorted(p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").is_file())
+    missing = [p for p in packages if f"  {p}/" not in tree]
+    assert not missing, f"docs/architecture.md's map names no room for {missing}"
+
+
+def write_rules() -> None:
+    """Write the structure-rules section of docs/architecture.md from this test's tables."""
+    from medfed.reports.markdown import replace_marked_section
+
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    ARCHITECTURE.write_text(
+        replace_marked_section(text, RULES_MARKER, rules_markdown()), encoding="utf-8"
+    )
