@@ -42,6 +42,17 @@ def tracked(tmp_path_factory) -> dict:
     return {"base": base, "sweep": sweep, "runs": runs, "manifests": manifests}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _mlflow_home(tmp_path_factory):
+    """MLflow's defaults kept in a temporary folder: nothing goes to the home directory."""
+    home = tmp_path_factory.mktemp("mlflow_home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{(home / 'default.db').as_posix()}")
+        patch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{(home / 'default.db').as_posix()}")
+        patch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        yield home
+
+
 def _free_port() -> int:
     from tests.test_tracking_server import free_port
 
@@ -105,6 +116,10 @@ def test_the_routing_model_answers_photos_exactly_as_medfed_route(tracked) -> No
     got = [_answer(row) for row in answers.to_dict("records")]
 
     assert got == [_answer(row) for row in expected]  # every field, every digit
+    # the same photos sent as bytes (named as the files were): the same answers
+    sent = pd.DataFrame({"image": [p.read_bytes() for p in photos], "name": list(map(str, photos))})
+    as_bytes = [_answer(row) for row in model.predict(sent).to_dict("records")]
+    assert as_bytes == got
 
 
 def _answer(row: dict) -> dict:
@@ -218,3 +233,58 @@ def test_refusals_and_suppressed_figures_are_logged_as_such() -> None:
     assert tags["medfed.predictions"] == "kept at the sites (not logged)"
     figures = final_metrics({"sites": {"c": {"auc": None, "accuracy": 0.5}}, "x": float("nan")})
     assert figures == {"test_accuracy.c": 0.5}  # nothing suppressed or undefined is a metric
+
+
+def test_without_mlflow_medfed_runs_and_track_says_how_to_install(
+    tracked, tmp_path, monkeypatch
+) -> None:
+    import subprocess
+    import sys
+
+    blocked = "import sys; sys.modules['mlflow'] = None; from medfed.cli import app; app()"
+    helped = subprocess.run(
+        [sys.executable, "-c", blocked, "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert helped.returncode == 0 and "train" in helped.stdout, helped.stderr
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` fails as if not installed
+    out = tmp_path / "run"
+    argv = ["train", "--sites", *map(str, tracked["manifests"]), *TINY, "--out", str(out)]
+    result = runner.invoke(app, [*argv, "--track", "local"])
+    assert result.exit_code == 2 and "pip install 'medfed[mlflow]'" in result.output
+    assert not (out / "summary.json").exists()  # refused before anything trained
+
+
+def test_a_deployed_statistics_run_logs_only_what_the_policies_released(tmp_path) -> None:
+    from medfed.runs.schema import FederationStatistics, SiteStatistics
+    from medfed.runs.statistics import write_statistics
+
+    run = tmp_path / "stats"
+    refusal = {"rule": "outputs.data_card", "reason": "the data card may not leave"}
+    released = SiteStatistics(
+        status="released", min_count=10, counts={"class": {"0": 40.0, "1": None}},
+        suppressed={"class": 1, "device": 2},
+    )  # fmt: skip
+    sites = {
+        "clinic-a": released,
+        "clinic-b": SiteStatistics(status="refused", reason="refused", refusals=[refusal]),
+    }
+    write_statistics(run, FederationStatistics(
+        run_name="stats", plan_sha256="ab" * 32, engine="flower", time=1.0, min_count=10,
+        noise="none", epsilon=0.0, delta=0.0, sites=sites,
+    ))  # fmt: skip
+    uri = f"sqlite:///{(tmp_path / 'store.db').as_posix()}"
+
+    result = runner.invoke(app, ["track", str(run), "--track", uri])
+
+    assert result.exit_code == 0, result.output
+    record = json.loads((run / "tracking.json").read_text(encoding="utf-8"))
+    logged = _client(uri).get_run(record["run_id"])
+    tags, metrics = logged.data.tags, logged.data.metrics
+    assert tags["medfed.kind"] == "statistics" and tags["medfed.site_status.clinic-a"] == "released"
+    assert tags["medfed.site_status.clinic-b"] == "refused"
+    assert "the data card may not leave" in tags["medfed.refused.clinic-b"]
+    assert metrics["suppressed_cells.clinic-a.device"] == 2
+    assert (metrics["sites_released"], metrics["sites_refused"]) == (1, 1)
+    assert logged.data.params["min_count"] == "10"
+    names = {a.path for a in _client(uri).list_artifacts(record["run_id"])}
+    assert names == {"statistics.json"}

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +27,10 @@ RUN_FILES = ("config.toml", "summary.json")
 
 
 class RoutingModel(mlflow.pyfunc.PythonModel):
-    """Routes each photo (a path, or a DataFrame with a ``path`` column) with the run's
-    default router; one row per photo, the fields of ``medfed route --json``."""
+    """Routes each photo with the run's default router; one row per photo, the fields of
+    ``medfed route --json``. The photos: a path, a list of paths, or a DataFrame with a
+    ``path`` column and/or an ``image`` column of the file's bytes (an optional ``name``
+    column names a bytes row in the answer, as an upload's name does)."""
 
     def load_context(self, context) -> None:
         from medfed.serving.bundle import TrainedFederation
@@ -40,23 +44,53 @@ class RoutingModel(mlflow.pyfunc.PythonModel):
 
         from medfed.serving.service import route_files
 
-        paths = _paths(model_input)
-        results = route_files(self.fed, self.router, paths, None)
+        with _photo_files(model_input) as (paths, names):
+            results = route_files(self.fed, self.router, paths, None, names)
         return pd.DataFrame([r.to_dict() for r in results])
 
 
-def _paths(model_input: Any) -> list[Path]:
+# how a photo's bytes begin -> the suffix that tells medfed how to read it
+MAGIC = ((b"\xff\xd8", ".jpg"), (b"\x89PNG", ".png"), (b"II*\x00", ".tif"), (b"MM\x00*", ".tif"))
+
+
+@contextmanager
+def _photo_files(model_input: Any) -> Iterator[tuple[list[Path], list[str | None]]]:
+    """The photos as files (bytes written to a temporary folder, removed afterwards) and the
+    names the answers give them (None: the path itself)."""
     import pandas as pd
 
-    if isinstance(model_input, pd.DataFrame):
-        if "path" not in model_input.columns:
-            raise ValueError("give the photos as a DataFrame with a 'path' column")
-        values = model_input["path"].tolist()
-    elif isinstance(model_input, str | Path):
-        values = [model_input]
-    else:
-        values = list(model_input)
-    return [Path(str(v)) for v in values]
+    if isinstance(model_input, str | Path):
+        model_input = [model_input]
+    if not isinstance(model_input, pd.DataFrame):
+        model_input = pd.DataFrame({"path": [str(v) for v in model_input]})
+    if not {"path", "image"} & set(model_input.columns):
+        raise ValueError("give the photos as a DataFrame with a 'path' or an 'image' column")
+    with tempfile.TemporaryDirectory(prefix="medfed-pyfunc-") as tmp:
+        paths: list[Path] = []
+        names: list[str | None] = []
+        for i, row in enumerate(model_input.to_dict("records")):
+            image, path = row.get("image"), row.get("path")
+            if isinstance(image, bytes | bytearray | memoryview):
+                name = row.get("name") if isinstance(row.get("name"), str) else f"photo{i}"
+                paths.append(_written(Path(tmp) / str(i), bytes(image), name))
+                names.append(name)
+            elif isinstance(path, str | Path):
+                paths.append(Path(str(path)))
+                names.append(None)
+            else:
+                raise ValueError(f"row {i}: neither a photo's path nor its bytes")
+        yield paths, names
+
+
+def _written(folder: Path, data: bytes, name: str) -> Path:
+    """``data`` saved under ``folder`` with a suffix medfed reads (the name's, else sniffed)."""
+    folder.mkdir()
+    suffix = Path(name).suffix or next((s for m, s in MAGIC if data.startswith(m)), "")
+    if data[128:132] == b"DICM":
+        suffix = suffix or ".dcm"
+    target = folder / f"photo{suffix}"
+    target.write_bytes(data)
+    return target
 
 
 def log_router(tracker: Tracker, run_id: str, run: Path) -> None:

@@ -12,7 +12,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import tempfile
 import tomllib
 from collections import defaultdict
@@ -25,7 +24,12 @@ from urllib.parse import urlparse
 from medfed.errors import ConfigError, MedfedError
 from medfed.fileio import atomic_write
 from medfed.runs import RunDir
-from medfed.tracking.settings import TRACKING_FILE, TrackSettings, require_mlflow
+from medfed.tracking.settings import (
+    TRACKING_FILE,
+    TrackSettings,
+    metric_name,
+    require_mlflow,
+)
 
 BATCH = 100  # params / tags / metrics per log_batch call (MLflow's smallest limit is 100)
 VALUE_CHARS = 6000  # MLflow's longest parameter value
@@ -34,11 +38,6 @@ SITE_FIGURES = ("auc", "accuracy", "macro_auc", "balanced_accuracy")
 
 class TrackingUnavailable(MedfedError):
     """The tracking store cannot be reached or refused what was sent."""
-
-
-def metric_name(text: str) -> str:
-    """``text`` with what MLflow refuses in a metric name replaced."""
-    return re.sub(r"[^0-9A-Za-z_\-. /]", "_", text)
 
 
 def _flat(prefix: str, value: Any, out: dict[str, str]) -> None:
@@ -313,6 +312,11 @@ class Tracker:
 
         log_router(self, run_id, run)
         self.finish(run_id)
+        self.record(run, run_id, parent)
+        return run_id
+
+    def record(self, run: Path, run_id: str, parent: str | None = None) -> None:
+        """Write RUN/tracking.json: the MLflow run ``run`` was logged as."""
         record = {
             "tracking_uri": self.settings.uri,
             "experiment": self.settings.experiment,
@@ -323,7 +327,14 @@ class Tracker:
         if parent is not None:
             record["parent_run_id"] = parent
         atomic_write(run / TRACKING_FILE, json.dumps(record, indent=2) + "\n")
-        return run_id
+
+    def log_any(self, run: Path, parent: str | None = None) -> str:
+        """A trained run, or a deployed statistics-only run (statistics.json)."""
+        from medfed.tracking.statistics import is_statistics_run, log_statistics_run
+
+        if is_statistics_run(run) and not (run / "summary.json").is_file():
+            return log_statistics_run(self, run, parent)
+        return self.log_run(run, parent)
 
 
 @contextmanager
@@ -365,11 +376,20 @@ def _now_ms() -> int:
 
 
 def run_folders(folder: Path) -> list[Path]:
-    """The finished run folders at or under ``folder`` (a run's own warm-up base included)."""
-    if (folder / "summary.json").is_file() and (folder / "config.toml").is_file():
+    """The finished run folders at or under ``folder`` (a run's own warm-up base included), and
+    deployed statistics-only runs (statistics.json)."""
+    if _finished(folder):
         return [folder]
-    found = {p.parent for p in folder.rglob("summary.json") if (p.parent / "config.toml").is_file()}
+    found = {p.parent for p in folder.rglob("summary.json") if _finished(p.parent)}
+    found |= {p.parent for p in folder.rglob("statistics.json") if _finished(p.parent)}
     return sorted(found)
+
+
+def _finished(folder: Path) -> bool:
+    from medfed.runs.statistics import statistics_path
+
+    trained = (folder / "summary.json").is_file() and (folder / "config.toml").is_file()
+    return trained or statistics_path(folder).is_file()
 
 
 def log_folder(
@@ -383,17 +403,18 @@ def log_folder(
         read_run(folder)  # a run folder that has not finished: said as such
     if not runs:
         raise ConfigError(
-            f"{folder}: holds no finished run (a folder with config.toml and summary.json); "
-            "give a run folder or the --out folder of a sweep"
+            f"{folder}: holds no finished run (a folder with config.toml and summary.json, "
+            "or a deployed run's statistics.json); give a run folder or the --out folder of a "
+            "sweep"
         )
     tracker = Tracker(settings)
     if runs == [folder]:
-        return tracker.log_run(folder), []
+        return tracker.log_any(folder), []
     parent = tracker.start(name or folder.name, {"medfed.sweep_folder": str(folder.resolve())})
     tracker.log(parent, {"runs": str(len(runs))}, [])
     for path in sorted(folder.glob("*.json")) + sorted(folder.glob("*.md")):
         tracker.client.log_artifact(parent, str(path))
-    children = [tracker.log_run(run, parent) for run in runs]
+    children = [tracker.log_any(run, parent) for run in runs]
     tracker.finish(parent)
     return parent, children
 

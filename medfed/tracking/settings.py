@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,3 +104,8 @@ def require_mlflow():
     except ImportError:
         raise ConfigError(f"tracking needs MLflow, which is not installed: {INSTALL}") from None
     return mlflow
+
+
+def metric_name(text: str) -> str:
+    """``text`` with what MLflow refuses in a metric, parameter or tag name replaced."""
+    return re.sub(r"[^0-9A-Za-z_\-. /]", "_", text)
