@@ -14,7 +14,7 @@ from medfed.algorithms.discriminant import discriminant
 from medfed.algorithms.lora import is_adapter_key
 from medfed.config import TrainConfig
 from medfed.errors import ConfigError
-from medfed.federation.site import derive_seed
+from medfed.federation.shared import derive_seed
 from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model
 from medfed.runs import RunDir

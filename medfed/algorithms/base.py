@@ -324,6 +324,11 @@ class Algorithm:
             return f"{self.run_name} sends nothing to aggregate, so there is nothing to secure"
         return ""
 
+    def holds_statistics(self, site: int) -> bool | None:
+        """Server side: whether it holds the once-sent statistics of site ``site`` (None: this
+        algorithm sends none once; a site told False sends them again)."""
+        return None
+
     def check_stats(self, stats: Stats) -> None:
         """Refuse a site's side-channel report (ValueError) before it reaches :meth:`aggregate`;
         the site is then dropped for the round, like a site whose weights are unusable."""

@@ -51,6 +51,9 @@ class ClosedFormClientHead:
             result.stats[SITE] = [float(task.site_index)]
             task.extra[SENT] = torch.ones(1)
 
+    def holds_statistics(self, site: int) -> bool | None:
+        return site in self.moments
+
     def check_moments(self, stats: Stats) -> None:
         """Refuse (ValueError) a report that is not a whole set of feature statistics."""
         if not stats:  # sent once, with a site's first update

@@ -35,7 +35,7 @@ from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
 from medfed.federation.lanes import Lanes
 from medfed.federation.plan import default_backbone, initial_model
-from medfed.federation.site import cosine_lr, derive_seed
+from medfed.federation.shared import cosine_lr, derive_seed
 from medfed.federation.training import train
 from medfed.metrics.latency import median_interval
 from medfed.models.backbones import SLICE_BACKBONES

@@ -40,7 +40,8 @@ from medfed.experiments.throughput_features import (
 )
 from medfed.federation import wire
 from medfed.federation.plan import SiteInfo, initial_model, plan_run
-from medfed.federation.site import SiteWorker, clone_state
+from medfed.federation.shared import clone_state
+from medfed.federation.site import SiteWorker
 from medfed.models.device import DeviceSetup, resolve_device
 from medfed.models.torchvision_nets import TV_NETS
 from medfed.reports.markdown import markdown_table

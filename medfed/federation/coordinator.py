@@ -19,7 +19,7 @@ import numpy as np
 from medfed.algorithms.base import State, Update
 from medfed.federation import wire
 from medfed.federation.plan import RunPlan, SiteInfo, starting_model
-from medfed.federation.site import clone_state, cosine_lr, derive_seed
+from medfed.federation.shared import clone_state, cosine_lr, derive_seed
 from medfed.federation.start import save_checkpoint, start_or_resume
 from medfed.federation.validate import UpdateRejected, validate_update
 from medfed.federation.wire import WireFormat

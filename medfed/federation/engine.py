@@ -30,7 +30,8 @@ from medfed.federation.coordinator import Coordinator, Downlink
 from medfed.federation.lanes import Lanes
 from medfed.federation.plan import RunPlan
 from medfed.federation.rounds import RoundInputs, RoundLoop, SiteFailure, SiteReply, Trained
-from medfed.federation.site import LocalRound, Published, SiteWorker, clone_state, failure_reason
+from medfed.federation.shared import clone_state
+from medfed.federation.site import LocalRound, Published, SiteWorker, failure_reason
 from medfed.models.device import resolve_device
 from medfed.normalization import IMAGENET_MEAN, IMAGENET_STD
 from medfed.runs import RunDir

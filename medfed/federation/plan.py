@@ -30,7 +30,7 @@ from medfed.federation.pretrained import (
     frozen_backbone,
     resolve_init,
 )
-from medfed.federation.site import derive_seed
+from medfed.federation.shared import derive_seed
 from medfed.models.backbones import BACKBONES, spatial_dims
 from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel, ModelSpec, build_model

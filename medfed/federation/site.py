@@ -41,6 +41,7 @@ from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.errors import ConfigError, MedfedError
 from medfed.federation import wire
+from medfed.federation.shared import clone_state, derive_seed
 from medfed.federation.wire import WireFormat
 from medfed.metrics import OperatingRule, choose_threshold, site_metrics
 from medfed.models.compiling import compile_for_training
@@ -62,15 +63,6 @@ def failure_reason(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, MedfedError) else f"{type(exc).__name__}: {exc}"
 
 
-def derive_seed(*parts: int) -> int:
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
-
-
-def cosine_lr(base: float, round_: int, rounds: int) -> float:
-    """Cosine decay over rounds, from ``base`` in round 1 toward 0 (as the reference FedDRM)."""
-    return 0.5 * base * (1 + math.cos(math.pi * (round_ - 1) / rounds))
-
-
 def finetune_lr(config: TrainConfig) -> float:
     # A tenth of the initial rate: the cosine schedule is near 0 by the last round, and the
     # full rate on a site's few, class-imbalanced scans pulls the head to the class prior.
@@ -82,10 +74,6 @@ def planned_dp_steps(config: TrainConfig, algorithm: Algorithm) -> int:
     local steps and the fine-tuning after them (what the noise is planned for)."""
     local = config.local_steps
     return config.rounds * algorithm.steps_per_round(local) + algorithm.finetune_steps(local)
-
-
-def clone_state(state: State) -> State:
-    return {k: v.detach().clone() for k, v in state.items()}
 
 
 def private_batch_norms(model: nn.Module, private: set[str]) -> list[_BatchNorm]:

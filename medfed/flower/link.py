@@ -199,9 +199,9 @@ class FlowerLink:
             # to a round whose reply the server never took (node.NodeSite.held_matching).
             held = {k: self.server.held[index][k] for k in plan.outgoing}
             step["held_sha256"] = state_sha256(held)
-        moments = getattr(self.server.algorithm, "moments", None)
-        if isinstance(moments, dict):  # LoRA: whether the server holds this site's statistics
-            step["stats_held"] = index in moments
+        held_stats = self.server.algorithm.holds_statistics(index)
+        if held_stats is not None:  # a site whose statistics the server lost sends them again
+            step["stats_held"] = held_stats
         return step
 
     def _to_all(

@@ -40,7 +40,8 @@ from medfed.federation.pretrained import (
     state_sha256,
     torchvision_hash_check,
 )
-from medfed.federation.site import SiteWorker, clone_state, planned_dp_steps
+from medfed.federation.shared import clone_state
+from medfed.federation.site import SiteWorker, planned_dp_steps
 from medfed.federation.training import frozen_features
 from medfed.fileio import atomic_write
 from medfed.models.device import resolve_device
