@@ -14,7 +14,7 @@ from medfed.config import TrainConfig
 from medfed.data.preprocess import Normalization
 from medfed.data.records import Split
 from medfed.errors import ConfigError
-from medfed.federation.engine import federation_normalized
+from medfed.federation.normalizing import federation_normalized
 from medfed.federation.training import train
 from medfed.runs import RunDir
 from medfed.serving.bundle import OperatingChoice, TrainedFederation

@@ -32,7 +32,7 @@ from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError, RunDirError
 from medfed.federation import wire
-from medfed.federation.engine import normalized
+from medfed.federation.normalizing import normalized
 from medfed.federation.plan import SiteInfo, initial_model
 from medfed.federation.pretrained import (
     HASH_MATCHES,
