@@ -180,6 +180,8 @@ def test_features_are_computed_once_then_read_from_the_cache_and_a_damaged_entry
 
 
 # ---------------------------------------------------------------------------- training
+# every algorithm (fedals over feddrm; lora after a warm-up) but FedGMI, whose mixture reads the
+# scan itself and refuses the frozen encoder
 ALGORITHMS = [
     ("feddrm", {}),
     ("fedavg", {}),
@@ -189,6 +191,8 @@ ALGORITHMS = [
     ("fedrep", {}),
     ("ditto", {}),
     ("local", {}),
+    ("pfedme", {}),
+    ("fedals", {"base": "feddrm"}),
     ("lora", {"warmup_rounds": "1"}),
 ]
 

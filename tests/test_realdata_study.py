@@ -15,6 +15,7 @@ from medfed.cli import app
 from medfed.experiments.realdata import CENTRAL, StudyPlan
 from medfed.experiments.realstudy import run_real_study
 from medfed.federation.pretrained import torchvision_hub_file
+from tests.test_frozen_encoder import ALGORITHMS
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 REALDATA = SHARED / "realdata"
@@ -152,21 +153,7 @@ def test_the_dashboard_and_the_report_show_a_real_run_with_the_real_sources_card
     assert "Kim's Eye Hospital" in card and "Research use only" in card
 
 
-# every algorithm (fedals over feddrm; lora after a warm-up) but FedGMI, whose mixture reads the
-# scan itself and refuses the frozen encoder
-EVERY_ALGORITHM = [
-    ("feddrm", {}),
-    ("fedavg", {}),
-    ("fedavgft", {}),
-    ("fedbn", {}),
-    ("fedprox", {}),
-    ("fedrep", {}),
-    ("ditto", {}),
-    ("local", {}),
-    ("pfedme", {}),
-    ("fedals", {"base": "feddrm"}),
-    ("lora", {"warmup_rounds": "1"}),
-]
+EVERY_ALGORITHM = ALGORITHMS  # the frozen-encoder tests' list: every algorithm but FedGMI
 
 
 @pytest.mark.parametrize(
