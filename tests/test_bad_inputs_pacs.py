@@ -75,6 +75,19 @@ def _units(*options: str, run: str = "runs/feddrm"):
     return make
 
 
+def _folder(command: str, option: str, url: str = URL):
+    """``command`` with ``option`` naming a folder where a file belongs."""
+
+    def make(tmp: Path, s: Shared) -> list:
+        folder = tmp / "a-folder"
+        folder.mkdir()
+        if command == "serve":
+            return ["serve", s.run, option, folder]
+        return ["pacs", "watch", s.run, "--dicomweb", url, option, folder]
+
+    return make
+
+
 def _serve_damaged_audit(tmp: Path, s: Shared) -> list:
     run = s.copy_run(tmp)
     (run / "audit.sqlite").write_bytes(b"this is no database" * 100)
@@ -137,6 +150,15 @@ CASES = [
     Case("pacs watch --token-file holds spaces",
          _secret("t.token", "two words\n", option="--token-file"), 2,
          ("--token-file", "spaces")),
+    Case("pacs watch --token-file is a folder", _folder("watch", "--token-file"), 2,
+         ("--token-file", "a-folder", "is a folder")),
+    Case("pacs watch --basic-auth-file is a folder", _folder("watch", "--basic-auth-file"), 2,
+         ("--basic-auth-file", "a-folder", "is a folder")),
+    Case("pacs watch --ca-file is a folder",
+         _folder("watch", "--ca-file", "https://pacs.example.org/dicom-web"), 2,
+         ("--ca-file", "a-folder", "is a folder")),
+    Case("serve --token-file is a folder", _folder("serve", "--token-file"), 2,
+         ("a-folder", "is a folder", "token file")),
     Case("pacs watch --basic-auth-env without the variables", _watch("--basic-auth-env"), 2,
          ("--basic-auth-env", "MEDFED_PACS_PASSWORD")),
     Case("pacs watch --basic-auth-env without the password", _watch("--basic-auth-env"), 2,

@@ -21,6 +21,8 @@ def bearer_token(path: Path) -> tuple[str, bool]:
     """The token in ``path``, made (owner-only) when missing; and whether it was just made.
 
     ConfigError when the file may be read by others, or is empty."""
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder, not a token file; name a file (made if missing)")
     if not path.exists():
         token = secrets.token_urlsafe(32)
         path.parent.mkdir(parents=True, exist_ok=True)

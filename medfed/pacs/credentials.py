@@ -39,6 +39,8 @@ class PacsCredentials:
 
 def secret_file(path: Path, option: str) -> str:
     """The first line of the owner-only file ``path``; ConfigError naming ``option`` otherwise."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a folder; give the file holding the secret")
     if not path.is_file():
         raise ConfigError(f"{option} {path}: no such file")
     mode = path.stat().st_mode
@@ -112,6 +114,8 @@ def check_ca_file(path: Path | None, url: str) -> str | None:
         return None
     if not url.lower().startswith("https://"):
         raise ConfigError(f"--ca-file {path}: the PACS URL {url} is not https; TLS is not used")
+    if path.is_dir():
+        raise ConfigError(f"--ca-file {path}: is a folder; give a PEM file of CA certificates")
     if not path.is_file():
         raise ConfigError(f"--ca-file {path}: no such file (a PEM file of CA certificates)")
     try:
