@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import tomllib
 from dataclasses import dataclass, fields
@@ -312,3 +313,14 @@ def test_a_whole_number_parameter_is_recorded_as_one(tmp_path, tiny_run) -> None
     text = (tmp_path / "ft" / "config.toml").read_text(encoding="utf-8")
     assert "finetune_rounds = 1\n" in text
     assert read_toml(tmp_path / "ft" / "config.toml")["train"]["params"]["finetune_rounds"] == 1
+
+
+def test_route_json_help_names_every_field_an_answer_has(tiny_run) -> None:
+    photo = sorted(tiny_run.manifests[0].parent.parent.rglob("*.jpg"))[0]
+    routed = runner.invoke(app, ["route", str(tiny_run.run), str(photo), "--json"])
+    assert routed.exit_code == 0, routed.output
+    fields = set(json.loads(routed.output)[0])
+    shown = " ".join(runner.invoke(app, ["route", "--help"], terminal_width=2000).output.split())
+    assert "audit_id" in fields and "class_probs" in fields
+    missing = [f for f in sorted(fields) if f not in shown]
+    assert not missing, f"route --json's help does not name {missing}"

@@ -190,8 +190,10 @@ def route(
             "--json",
             help="Print strict JSON instead of text: a list with one object per file, with the "
             "fields time, file, sha256, router, status (routed, abstained or error), "
-            "chosen_site, site_probs, prediction, prediction_prob, ood_score and reason; "
-            "a value that is missing or not a number is null.",
+            "chosen_site, site_probs, prediction (null when abstained), prediction_prob (of "
+            "the class named), ood_score, reason, class_probs, decision_rule (the rule that "
+            "named the class), nearest (an abstained scan's nearest site, not an answer) and "
+            "audit_id (when logged); a value that is missing or not a number is null.",
         ),
     ] = False,
     device: Annotated[str, typer.Option(help=f"{', '.join(DEVICES)}.")] = "auto",
