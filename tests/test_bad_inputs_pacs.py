@@ -88,6 +88,46 @@ def _folder(command: str, option: str, url: str = URL):
     return make
 
 
+def _self_signed(tmp: Path) -> Path:
+    """A real PEM certificate (and no key beside it), for rows about the key."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(1)
+        .not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    path = tmp / "server.crt"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return path
+
+
+def _tls(command: str, good_cert: bool):
+    """``command`` with a garbage --tls-key, and a garbage or a real --tls-cert."""
+
+    def make(tmp: Path, s: Shared) -> list:
+        key = tmp / "garbage.key"
+        key.write_text("not a key at all\n", encoding="utf-8")
+        if good_cert:
+            cert = _self_signed(tmp)
+        else:
+            cert = tmp / "garbage.crt"
+            cert.write_text("not a certificate\n", encoding="utf-8")
+        head = ["serve", s.run] if command == "serve" else ["pacs", "listen", s.run, "--allow", "X"]
+        return [*head, "--tls-cert", cert, "--tls-key", key]
+
+    return make
+
+
 def _serve_damaged_audit(tmp: Path, s: Shared) -> list:
     run = s.copy_run(tmp)
     (run / "audit.sqlite").write_bytes(b"this is no database" * 100)
@@ -159,6 +199,14 @@ CASES = [
          ("--ca-file", "a-folder", "is a folder")),
     Case("serve --token-file is a folder", _folder("serve", "--token-file"), 2,
          ("a-folder", "is a folder", "token file")),
+    Case("serve --tls-cert is no certificate", _tls("serve", False), 2,
+         ("--tls-cert", "garbage.crt", "not a PEM certificate")),
+    Case("serve --tls-key is no key", _tls("serve", True), 2,
+         ("--tls-key", "garbage.key", "not a PEM private key")),
+    Case("pacs listen --tls-cert is no certificate", _tls("listen", False), 2,
+         ("--tls-cert", "garbage.crt", "not a PEM certificate")),
+    Case("pacs listen --tls-key is no key", _tls("listen", True), 2,
+         ("--tls-key", "garbage.key", "not a PEM private key")),
     Case("pacs watch --basic-auth-env without the variables", _watch("--basic-auth-env"), 2,
          ("--basic-auth-env", "MEDFED_PACS_PASSWORD")),
     Case("pacs watch --basic-auth-env without the password", _watch("--basic-auth-env"), 2,

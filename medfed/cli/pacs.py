@@ -135,6 +135,7 @@ def serve(
 
     from medfed.pacs.api import create_app, warm_up
     from medfed.pacs.bearer import TOKEN_FILE, bearer_token, is_loopback
+    from medfed.pacs.credentials import check_tls_pair
     from medfed.pacs.telemetry import EventLog
     from medfed.pacs.uploads import Limits
 
@@ -143,16 +144,12 @@ def serve(
     if not runs:
         raise ConfigError("name at least one run directory to serve")
     local = is_loopback(host)
-    if (tls_cert is None) != (tls_key is None):
-        raise ConfigError("give --tls-cert and --tls-key together")
+    check_tls_pair(tls_cert, tls_key)
     if not local and tls_cert is None:
         raise ConfigError(
             f"--host {host} is not loopback: the service must serve TLS there (--tls-cert, "
             "--tls-key), or listen on 127.0.0.1 behind a TLS reverse proxy"
         )
-    for path in (tls_cert, tls_key):
-        if path is not None and not path.is_file():
-            raise ConfigError(f"{path}: no such file (a PEM file is needed)")
     token = None
     if token_file is not None or not local:
         where = token_file or runs[0] / TOKEN_FILE
@@ -487,20 +484,15 @@ def listen(
     of it arrived for --quiet seconds, once, with the same audit log and answer as
     'medfed pacs watch'."""
     require_extra("pynetdicom", "serve", "medfed pacs listen")
-    import ssl
     import threading
 
     from medfed.pacs.bearer import is_loopback
+    from medfed.pacs.credentials import check_tls_pair
     from medfed.pacs.listener import Listener, parse_destination
 
     destination = parse_destination(answer_to) if answer_to else None
-    tls = None
-    if (tls_cert is None) != (tls_key is None):
-        raise ConfigError("give --tls-cert and --tls-key together")
-    if tls_cert is not None:
-        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        tls.load_cert_chain(tls_cert, tls_key)
-    elif not is_loopback(host):
+    tls = check_tls_pair(tls_cert, tls_key)
+    if tls is None and not is_loopback(host):
         raise ConfigError(
             f"--host {host} is not loopback: DICOM there must use TLS (--tls-cert, --tls-key)"
         )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from medfed.errors import ConfigError
 
-__all__ = ["PacsCredentials", "check_ca_file", "credentials", "secret_file"]
+__all__ = ["PacsCredentials", "check_ca_file", "check_tls_pair", "credentials", "secret_file"]
 
 USER_ENV, PASSWORD_ENV = "MEDFED_PACS_USER", "MEDFED_PACS_PASSWORD"
 _MAX_SECRET = 64 * 1024  # a token or a USER:PASSWORD line; anything larger is the wrong file
@@ -126,3 +126,32 @@ def check_ca_file(path: Path | None, url: str) -> str | None:
             "certificate of the authority that signed the PACS's TLS certificate"
         ) from None
     return str(path)
+
+
+def check_tls_pair(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+    """A server's TLS context from ``--tls-cert`` and ``--tls-key``, naming the file at fault."""
+    if (cert is None) != (key is None):
+        raise ConfigError("give --tls-cert and --tls-key together")
+    if cert is None or key is None:
+        return None
+    for option, path in (("--tls-cert", cert), ("--tls-key", key)):
+        if path.is_dir():
+            raise ConfigError(f"{option} {path}: is a folder; give a PEM file")
+        if not path.is_file():
+            raise ConfigError(f"{option} {path}: no such file (a PEM file is needed)")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:  # the certificate alone first, so that a bad one is not blamed on the key
+        ssl.create_default_context().load_verify_locations(cafile=str(cert))
+    except (ssl.SSLError, ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"--tls-cert {cert}: not a PEM certificate ({exc}); give the server's certificate "
+            "(-----BEGIN CERTIFICATE-----)"
+        ) from None
+    try:
+        context.load_cert_chain(str(cert), str(key))
+    except (ssl.SSLError, ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"--tls-key {key}: not a PEM private key for --tls-cert {cert} ({exc}); give the "
+            "unencrypted private key (-----BEGIN PRIVATE KEY-----) the certificate was made for"
+        ) from None
+    return context
