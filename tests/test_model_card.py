@@ -17,7 +17,9 @@ from medfed.reports.evaluation import auc_text
 from medfed.reports.model_card import (
     MODEL_CARD,
     CardInputs,
+    card_document,
     limits,
+    markdown_of,
     render_markdown,
     write_model_card,
 )
@@ -199,3 +201,15 @@ def test_a_site_that_refused_the_run_is_named_among_the_limits(tmp_path) -> None
     assert (
         "site refused the run by its policy (rule allow.algorithms): acrima; not trained" in found
     )
+
+
+def test_the_cards_data_and_its_markdown_are_one_document(tmp_path) -> None:
+    run = summary_run(tmp_path)
+    written = (write_model_card(run)).read_text(encoding="utf-8")
+    document = json.loads(json.dumps(card_document(CardInputs.read(run))))
+    assert markdown_of(document) == written == render_markdown(CardInputs.read(run))
+    tables = [b["table"] for s in document["sections"] for b in s["blocks"] if "table" in b]
+    assert tables and all(len(row) == len(t["header"]) for t in tables for row in t["rows"])
+    assert [s["title"] for s in document["sections"]] == [
+        line[3:] for line in written.splitlines() if line.startswith("## ")
+    ]

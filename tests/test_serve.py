@@ -125,10 +125,27 @@ def test_health_and_model_card_describe_the_run(served) -> None:
     client, _, _ = served
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["runs"]["run"]["modality"] == "fundus"
-    card = client.get("/model-card").json()
+    card = client.get("/model-card", params={"format": "json"}).json()
     assert card["algorithm"] == "feddrm" and len(card["sites"]) == 3
     assert "worst_site_auc" in card["figures"]
     assert client.get("/model-card", params={"run": "other"}).status_code == 404
+
+
+def test_the_served_model_card_is_model_card_md_and_its_json_holds_the_same_figures(
+    served,
+) -> None:
+    from medfed.reports.model_card import MODEL_CARD, markdown_of
+
+    client, run, _ = served
+    answer = client.get("/model-card")
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/markdown")
+    assert answer.text == (run / "model" / MODEL_CARD).read_text(encoding="utf-8")
+    document = client.get("/model-card", params={"format": "json"}).json()["card"]
+    assert markdown_of(document) == answer.text
+    cells = [c for s in document["sections"] for b in s["blocks"] if "table" in b
+             for row in b["table"]["rows"] for c in row]  # fmt: skip
+    assert cells and all(c in answer.text for c in cells)
+    assert client.get("/model-card", params={"format": "xml"}).status_code == 400
 
 
 def test_a_request_without_the_token_is_refused(shared: Shared, tmp_path) -> None:

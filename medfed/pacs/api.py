@@ -217,12 +217,14 @@ def create_app(
         return {"status": "ok", "runs": {n: _describe(s) for n, s in runs.items()}}
 
     @app.get("/model-card")
-    def model_card(run: str | None = None) -> Any:
+    def model_card(run: str | None = None, format: str = "markdown") -> Any:
         try:
             served = _pick(runs, run)
         except MedfedError as exc:
             return _error(404, str(exc))
-        return JSONResponse(_clean(_card(served)))
+        if format not in ("markdown", "json"):
+            return _error(400, f"format={format}: give format=markdown or format=json")
+        return _card_answer(served, format)
 
     @app.get("/review-queue")
     def review_queue(run: str | None = None, reader: str | None = None) -> Any:
@@ -308,6 +310,23 @@ def _describe(served: Served) -> dict[str, Any]:
         "sites": [s.id for s in served.fed.sites],
         "classes": served.fed.class_names(),
     }
+
+
+def _card_answer(served: Served, form: str) -> Any:
+    """MODEL_CARD.md as written (markdown), or the data it is written from (JSON, under
+    ``card``, beside the run's description); a run without a finished summary gets the short
+    description alone in JSON and 404 in markdown."""
+    from medfed.reports.model_card import CardInputs, card_document, markdown_of
+
+    try:
+        document = card_document(CardInputs.read(served.path))
+    except MedfedError as exc:
+        if form == "json":
+            return JSONResponse(_clean(_card(served)))
+        return _error(404, f"{served.path}: no model card ({exc})")
+    if form == "json":
+        return JSONResponse(_clean({**_card(served), "card": document}))
+    return Response(markdown_of(document), media_type="text/markdown; charset=utf-8")
 
 
 def _card(served: Served) -> dict[str, Any]:

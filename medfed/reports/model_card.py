@@ -473,31 +473,56 @@ def card_title(summary: Summary) -> str:
 
 
 # ---------------------------------------------------------------------------- rendering
-def _markdown_block(block: Block) -> str:
-    if isinstance(block, CardTable):
-        return markdown_table(block.header, [[_cell(v) for v in r] for r in block.rows])
-    if isinstance(block, list):
-        return "\n".join(f"- {line}" for line in block)
-    return block
-
-
 def _cell(value: Any) -> str:
     return fmt(value).replace("|", "/").replace("\n", " ")
 
 
-def render_markdown(inputs: CardInputs) -> str:
-    """The card as markdown: a title, how it was written, then each section."""
-    parts = [
-        f"# {card_title(inputs.summary)}",
+def _block_data(block: Block) -> dict[str, Any]:
+    if isinstance(block, CardTable):
+        rows = [[_cell(v) for v in r] for r in block.rows]
+        return {"table": {"header": list(block.header), "rows": rows}}
+    if isinstance(block, list):
+        return {"list": list(block)}
+    return {"text": block}
+
+
+def card_document(inputs: CardInputs) -> dict[str, Any]:
+    """The card as plain data (title, intro, sections of text, lists and tables whose cells are
+    the figures as written, each with its rule and interval): ``/model-card?format=json`` serves
+    it and :func:`render_markdown` writes MODEL_CARD.md from it, so the two cannot differ."""
+    intro = (
         f"Written by medfed {__version__} from the run folder `{inputs.path.name}` "
         "(summary.json, config.toml, events.jsonl, site_overview/). Laid out after the "
         "TRIPOD+AI items that apply to a federated image classifier; each section names the "
-        "items it reports.",
+        "items it reports."
+    )
+    sections = [
+        {"title": s.title, "tripod": s.tripod, "blocks": [_block_data(b) for b in s.blocks]}
+        for s in build_card(inputs)
     ]
-    for section in build_card(inputs):
-        parts += [f"## {section.title}", f"_TRIPOD+AI: {section.tripod}_"]
-        parts += [_markdown_block(b) for b in section.blocks]
+    return {"title": card_title(inputs.summary), "intro": intro, "sections": sections}
+
+
+def _markdown_of(block: Mapping[str, Any]) -> str:
+    if "table" in block:
+        return markdown_table(block["table"]["header"], block["table"]["rows"])
+    if "list" in block:
+        return "\n".join(f"- {line}" for line in block["list"])
+    return str(block["text"])
+
+
+def markdown_of(document: Mapping[str, Any]) -> str:
+    """The markdown of a :func:`card_document`: a title, how it was written, then each section."""
+    parts = [f"# {document['title']}", document["intro"]]
+    for section in document["sections"]:
+        parts += [f"## {section['title']}", f"_TRIPOD+AI: {section['tripod']}_"]
+        parts += [_markdown_of(b) for b in section["blocks"]]
     return "\n\n".join(parts) + "\n"
+
+
+def render_markdown(inputs: CardInputs) -> str:
+    """The card as markdown (MODEL_CARD.md), written from :func:`card_document`."""
+    return markdown_of(card_document(inputs))
 
 
 def write_model_card(run_dir: str | Path) -> Path:
