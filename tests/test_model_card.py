@@ -213,3 +213,30 @@ def test_the_cards_data_and_its_markdown_are_one_document(tmp_path) -> None:
     assert [s["title"] for s in document["sections"]] == [
         line[3:] for line in written.splitlines() if line.startswith("## ")
     ]
+
+
+def test_a_site_missing_the_specificity_target_or_poorly_calibrated_is_flagged() -> None:
+    from dataclasses import replace
+
+    from medfed.reports.card_flags import site_flags
+
+    summary = clinical_summary()
+    first, *others = summary.sites
+    figures = summary.sites[first]
+    op = figures.operating_point
+    low_spec = replace(op.specificity, interval=Interval(0.70, 0.60, 0.79, "wilson"))
+    bad = replace(
+        figures,
+        operating_point=replace(op, specificity=low_spec),
+        calibration=replace(figures.calibration, slope=0.70),
+    )
+    sites = {first: bad, **{s: summary.sites[s] for s in others}}
+    rest = {s: summary.sites[s] for s in others}
+    baseline = site_flags(rest, "specificity:0.90")  # the fixture's own sites, as they are
+    assert all("0.890)" in line for line in baseline)  # upper bound 0.890: below 0.90
+    flags = [f for f in site_flags(sites, "specificity:0.90") if f not in baseline]
+    assert len(flags) == 2 and all(line.startswith(f"{first}:") for line in flags)
+    assert "0.700 (0.600\u20130.790)" in flags[0] and "target 0.90" in flags[0]
+    assert "slope 0.70" in flags[1]
+    assert site_flags(sites, "youden") == [flags[1]]  # no specificity target to miss
+    assert not site_flags(rest, "specificity:0.85")

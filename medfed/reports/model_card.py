@@ -30,6 +30,7 @@ from medfed.reports.evaluation import (
     privacy_cells,
 )
 from medfed.reports.html import Html, join, table, tag
+from medfed.reports.card_flags import FLAG_RULES, site_flags
 from medfed.reports.markdown import markdown_table
 from medfed.reports.routing import CALIBRATION_HEADER, posterior_rows
 from medfed.reports.text import NA, UNRELIABLE_MARK, ci_text, fmt, pooled_text, rate_text
@@ -305,6 +306,8 @@ def calibration_section(inputs: CardInputs) -> CardSection:
         "Calibration of each site's model on its test split (Brier score, ECE; intercept 0 "
         "and slope 1 are ideal).",
         CardTable(*calibration_rows(s)),
+        "Sites flagged by these rules: " + "; ".join(FLAG_RULES) + ".",
+        site_flags(s.sites, s.operating_rule) or ["no site flagged"],
     ]
     return CardSection(
         "Calibration and operating points", "calibration; model output and thresholds", blocks
