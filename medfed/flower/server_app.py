@@ -18,12 +18,14 @@ with ``mode = "statistics"`` (``medfed deploy stats``) is a statistics-only run 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flwr.app import Context
+from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from medfed.config import TrainConfig, valid_site_id
@@ -197,6 +199,10 @@ def main(grid: Grid, context: Context) -> None:
     FlowerRun(grid, Deployment.from_run_config(run_config)).run()
 
 
+def _say(line: str) -> None:
+    log(logging.INFO, "medfed: %s", line)
+
+
 class FlowerRun:
     """One deployed run: finds the sites, then runs the shared round loop, reaching each site
     by Flower messages (:class:`~medfed.flower.link.FlowerLink`)."""
@@ -240,7 +246,10 @@ class FlowerRun:
             event["refused_sites"] = refused
         if self.d.secure_aggregation:
             event |= {"secure_aggregation": "secagg+", "secure_bound": self.d.secure_bound}
-        return RoundLoop(self.server, link, inputs=inputs).train(resume=self.d.resume, **event)
+        # A line per round (every few, past 20) in the ServerApp's log, which 'flwr run
+        # --stream' shows: round i/N, the sites' figures and the time so far.
+        loop = RoundLoop(self.server, link, inputs=inputs, say=_say)
+        return loop.train(resume=self.d.resume, **event)
 
     def refused(self) -> dict[str, list[dict[str, str]]]:
         """The sites whose policy refused the run, recorded; the run goes on without them, or
