@@ -64,6 +64,8 @@ CASES = [
     Case("a sweep file that is no sweep", _sweep('{"a": 1}'), 2,
          ("sweep.json", "not a scenario sweep")),
     Case("a sweep file that is not JSON", _sweep("{"), 2, ("sweep.json", "not a readable JSON")),
+    Case("a sweep file nested too deeply", _sweep("[" * 100000 + "]" * 100000), 2,
+         ("sweep.json", "nested too deeply")),
     Case("a sweep whose differences have no verdict",
          _sweep('{"format": 1, "scenarios": [{"covariate": "mid", "concept": false, '
                 '"ranking": ["feddrm"], "differences": {"local": 0.1}}]}'), 2,

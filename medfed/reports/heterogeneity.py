@@ -366,6 +366,11 @@ def read_sweep(path: str | Path) -> dict[str, Any]:
         raise HeterogeneityError(f"{path}: no such sweep file; give the sweep's results") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise HeterogeneityError(f"{path}: not a readable JSON sweep file ({exc})") from exc
+    except RecursionError:
+        raise HeterogeneityError(
+            f"{path}: not a readable JSON sweep file (nested too deeply); give the sweep's "
+            "results as written by 'medfed scenarios'"
+        ) from None
     scenarios = data.get("scenarios") if isinstance(data, dict) else None
     if (
         not isinstance(data, dict)
