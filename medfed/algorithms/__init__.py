@@ -52,6 +52,17 @@ def make_algorithm(name: str, params: dict[str, Any] | None = None) -> Algorithm
     return cls(cls.params_class.parse(key, values))
 
 
+def recorded_params(
+    name: str, params: dict[str, Any] | None = None, frozen_encoder: bool = False
+) -> dict[str, Any]:
+    """The parameters a run of ``name`` records in config.toml: every one with its value,
+    defaults included, and those that depend on the run's start resolved (FedDRM's client
+    head rule); what reusing a finished run compares against."""
+    algorithm = make_algorithm(name, params)
+    algorithm.settle(frozen_encoder)
+    return algorithm.resolved_params()
+
+
 def _with_alternating_schedule(values: dict[str, Any]) -> Algorithm:
     own = {f.name for f in fields(FedALSParams)}
     fedals = FedALSParams.parse(FedALS.name, {k: v for k, v in values.items() if k in own})

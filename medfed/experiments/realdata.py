@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from medfed.algorithms import make_algorithm
+from medfed.algorithms import recorded_params
 from medfed.config import TrainConfig
 from medfed.data.overview import overview_dir, write_site_overview
 from medfed.data.records import Split
@@ -170,9 +170,8 @@ def _finished(folder: Path, config: TrainConfig) -> bool:
         return False
     wanted = config.to_dict()
     keys = ("algorithm", "rounds", "local_steps", "batch_size", "lr", "seed", "init")
-    algorithm = make_algorithm(config.algorithm, config.params)
-    algorithm.settle(config.frozen_encoder)  # every parameter as the run resolves it
-    resolved = json.loads(json.dumps(algorithm.resolved_params()))
+    params = recorded_params(config.algorithm, config.params, config.frozen_encoder)
+    resolved = json.loads(json.dumps(params))
     return all(stored.get(k) == wanted.get(k) for k in (*keys, "frozen_encoder")) and (
         (stored.get("params") or {}) == resolved
     )

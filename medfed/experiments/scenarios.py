@@ -40,7 +40,7 @@ import numpy as np
 import tomli_w
 import torch
 
-from medfed.algorithms import make_algorithm
+from medfed.algorithms import recorded_params
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
 from medfed.data.synth_dr import DRShift
@@ -384,7 +384,7 @@ def finished_run(folder: Path, config: TrainConfig) -> bool:
     except (OSError, UnicodeDecodeError, KeyError, TypeError, tomllib.TOMLDecodeError):
         return False
     # config.toml holds the algorithm's parameters resolved (typed, defaults filled in)
-    resolved = make_algorithm(config.algorithm, config.params).resolved_params()
+    resolved = recorded_params(config.algorithm, config.params, config.frozen_encoder)
     planned = tomllib.loads(tomli_w.dumps(config.to_dict() | {"params": resolved}))
     return all(stored.get(name) == value for name, value in planned.items())
 
