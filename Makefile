@@ -61,10 +61,10 @@ FLOWER_MORE := tests/test_bench_deploy.py
 MORE_TESTS := tests/test_dashboard_browser.py tests/test_bad_inputs_dashboard.py \
 	tests/test_extras.py tests/test_pfedme.py tests/test_fedgmi.py tests/test_transfer.py \
 	tests/test_demo_ct.py tests/test_privacy_curve.py tests/test_pacs_finding.py \
-	tests/test_frozen_encoder.py
+	tests/test_frozen_encoder.py tests/test_realdata_study.py
 FLOWER_ALSO := tests/test_backbones_slices.py tests/test_routing.py tests/test_worker.py \
 	tests/test_secure_aggregation.py tests/test_onboarding.py tests/test_gpu_check.py \
-	tests/test_demo_pinned.py tests/test_realdata_study.py
+	tests/test_demo_pinned.py
 PYTEST_ALONGSIDE := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=10
 # The Flower tests wait on chains of short steps (a SuperNode's poll, a fresh ClientApp process,
 # a reply); every other test runs at a lower priority, so that the CPU-bound ones fill the cores
