@@ -247,8 +247,12 @@ def test_a_run_is_reused_only_when_it_finished_with_the_same_settings(tmp_path: 
     folder = tmp_path / "run"
     folder.mkdir()
     config = TrainConfig(algorithm="feddrm", rounds=2, seed=0)
-    # as a run writes it: the algorithm's parameters resolved (lam 0.8 by default)
-    resolved = make_algorithm("feddrm", {}).resolved_params()
+    # as a run writes it: the algorithm's parameters resolved (lam 0.8 by default) and its
+    # client head rule settled for a run that trains its encoder
+    algorithm = make_algorithm("feddrm", {})
+    algorithm.settle(False)
+    resolved = algorithm.resolved_params()
+    assert resolved["client"] == "trained"
     stored = {"train": json.loads(json.dumps(config.to_dict() | {"params": resolved}))}
     (folder / "config.toml").write_text(tomli_w.dumps(stored), encoding="utf-8")
     assert not finished_run(folder, config)  # no summary or predictions: it did not finish
@@ -261,5 +265,11 @@ def test_a_run_is_reused_only_when_it_finished_with_the_same_settings(tmp_path: 
     assert not finished_run(folder, lam)  # another lambda
     same = TrainConfig(algorithm="feddrm", rounds=2, seed=0, params={"lam": "0.8"})
     assert finished_run(folder, same)  # the default, named: parameters compare resolved
+    unsettled = make_algorithm("feddrm", {}).resolved_params()  # client "auto", as never written
+    (folder / "config.toml").write_text(
+        tomli_w.dumps({"train": json.loads(json.dumps(config.to_dict() | {"params": unsettled}))}),
+        encoding="utf-8",
+    )
+    assert not finished_run(folder, config)
     (folder / "config.toml").write_text("[train\n", encoding="utf-8")
     assert not finished_run(folder, config)  # a damaged config.toml: train again
