@@ -473,3 +473,40 @@ def match_label_rows(
         for p in images
         if p not in labelled
     )
+
+
+def site_files(root: Path) -> tuple[list[Path], list[Problem]]:
+    """Every file under ``root`` (sorted), following linked folders as a hospital's storage
+    often lays them out, and a problem for each link that leads back into a folder already on
+    its path (a loop: its files would be listed again and again, so it is not followed) and
+    each linked folder that cannot be read."""
+    files: list[Path] = []
+    problems: list[Problem] = []
+
+    def visit(folder: Path, seen: frozenset[str]) -> None:
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError as exc:
+            problems.append(
+                Problem(str(folder), f"folder cannot be read ({exc.strerror or exc})",
+                        "check the link and the folder's permissions")
+            )  # fmt: skip
+            return
+        for path in entries:
+            if path.is_dir():
+                real = str(path.resolve())
+                if real in seen:
+                    problems.append(
+                        Problem(
+                            str(path),
+                            f"a folder link that loops back to {real}; not followed",
+                            "remove the link, or point it at a folder outside the site's own",
+                        )
+                    )
+                    continue
+                visit(path, seen | {real})
+            elif path.is_file():
+                files.append(path)
+
+    visit(root, frozenset({str(root.resolve())}))
+    return sorted(files), problems

@@ -17,6 +17,7 @@ from medfed.data.layouts._common import (
     is_clutter,
     labels_file,
     read_patient_labels,
+    site_files,
 )
 from medfed.data.records import LayoutScan, Problem, Record
 
@@ -80,7 +81,8 @@ def find_slice_files(root: Path, skip: Path) -> tuple[list[Path], list[Problem],
     warning for each other file (ignored)."""
     found: list[Path] = []
     strays: list[Problem] = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    every, loops = site_files(root)
+    for path in every:
         if path == skip or path.name.lower() in _NOT_SLICES:
             continue
         if is_clutter(path):
@@ -95,7 +97,7 @@ def find_slice_files(root: Path, skip: Path) -> tuple[list[Path], list[Problem],
                     "remove them, or give DICOM slices the .dcm extension",
                 )
             )
-    problems = []
+    problems = list(loops)
     if not found:
         problems.append(Problem(str(root), "no DICOM slice files found under the site root"))
     return found, problems, strays

@@ -16,6 +16,7 @@ from medfed.data.layouts._common import (
     labels_file,
     read_patient_labels,
     resolve_under,
+    site_files,
 )
 from medfed.data.records import LayoutScan, Problem, Record
 
@@ -35,11 +36,13 @@ def scan(manifest: SiteManifest) -> LayoutScan:
     """List one record per labelled patient: its NIfTI file (header read, pixels not)."""
     check_options(manifest, {"labels_file"})
     table = labels_file(manifest)
-    every = sorted(p for p in manifest.root.rglob("*") if p.is_file() and p != table)
+    every, problems = site_files(manifest.root)
+    every = [p for p in every if p != table]
     files = [p for p in every if nifti_stem(p) and not is_clutter(p)]
     known = set(files)
     strays = [Problem(str(p), STRAY_NIFTI) for p in every if p not in known]
-    problems = [] if files else [Problem(str(manifest.root), "no *.nii / *.nii.gz files found")]
+    if not files:
+        problems.append(Problem(str(manifest.root), "no *.nii / *.nii.gz files found"))
     labels, label_problems = read_patient_labels(manifest, table, optional=("file",))
     problems.extend(label_problems)
     if labels is None:
