@@ -61,6 +61,21 @@ def test_a_pairs_distance_does_not_depend_on_the_other_sites_passed() -> None:
     assert list(together[0]) == ["b", "a"]  # the others in the order given
 
 
+def test_a_pair_with_nan_features_is_unmeasured_not_zero_apart() -> None:
+    broken = _cloud(0.0, seed=3)
+    broken[0, 0] = np.nan
+    assert np.isnan(mmd_rbf(broken, _cloud(2.0, seed=1)))
+    sites = [
+        SiteFeatures("a", "fundus", _cloud(0.0)),
+        SiteFeatures("b", "fundus", broken),
+        SiteFeatures("c", "fundus", _cloud(2.0, seed=1)),
+    ]
+    distances = site_distances(sites)
+    assert "b" not in distances[0] and distances[1] == {} and distances[0]["c"] > 0
+    # the report then has no matrix to read a covariate level from, rather than a false 0
+    assert distance_matrix(["a", "b", "c"], distances) is None
+
+
 def test_distance_matrix_needs_every_pair() -> None:
     table = distance_matrix(["a", "b"], [{"b": 0.5}, {"a": 0.5}])
     assert table is not None and table["matrix"] == [[0.0, 0.5], [0.5, 0.0]]

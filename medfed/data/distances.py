@@ -44,7 +44,9 @@ def mmd_rbf(a: np.ndarray, b: np.ndarray) -> float:
     k = np.exp(-sq / bandwidth)
     n = len(a)
     kaa, kbb, kab = k[:n, :n], k[n:, n:], k[:n, n:]
-    return float(max(0.0, kaa.mean() + kbb.mean() - 2 * kab.mean()))
+    value = float(kaa.mean() + kbb.mean() - 2 * kab.mean())
+    # NaN features give NaN, never a distance of 0 (max would have turned NaN into 0)
+    return value if not np.isfinite(value) else max(0.0, value)
 
 
 def site_distances(
@@ -64,7 +66,8 @@ def site_distances(
         for j in usable:
             if i < j and sites[i].modality == sites[j].modality:
                 d = round(pair_distance(drawn[i], drawn[j]), DECIMALS)
-                distances[i][sites[j].site] = distances[j][sites[i].site] = d
+                if np.isfinite(d):  # a pair without a finite figure stays unmeasured
+                    distances[i][sites[j].site] = distances[j][sites[i].site] = d
     for i in usable:  # the others in the order given
         distances[i] = {s.site: distances[i][s.site] for s in sites if s.site in distances[i]}
     return distances
