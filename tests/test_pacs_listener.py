@@ -54,6 +54,22 @@ def pacs(tmp_path: Path):
         server.shutdown()
 
 
+def _scrape(port: int) -> dict[str, float]:
+    """The metrics at http://127.0.0.1:PORT/metrics, parsed from Prometheus' text format."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
+            found[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
+    return found
+
+
 def _wait(condition, seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -81,6 +97,11 @@ def test_a_stored_photo_is_answered_once_and_the_answer_sent_back(
         inbox, "MEDFED", ("CAMERA", "CT01"), quiet=0.5,
         destination=Destination("PACS", "127.0.0.1", pacs_port), echo=lines.append,
     )  # fmt: skip
+    from medfed.pacs.telemetry import ListenMetrics
+
+    listener.metrics = ListenMetrics(listener.waiting)
+    metrics_port = free_port()
+    server = listener.metrics.serve(metrics_port)
     port = free_port()
     photo = fundus_photo(sorted((shared.data / "ACRIMA").glob("*.jpg"))[0], "PLISTEN")
     ct = ct_series(tmp_path / "ct", "PLCT", n=3)
@@ -92,8 +113,18 @@ def test_a_stored_photo_is_answered_once_and_the_answer_sent_back(
         assert _send(port, "CAMERA", [photo]) == "stored"  # the same photo again
         time.sleep(1.5)
         listener.flush(force=True)
+        metrics = _scrape(metrics_port)
     finally:
         listener.stop()
+        server.shutdown()
+
+    # Prometheus text: 5 instances kept (the photo twice, 3 CT slices), one scan answered and
+    # one skipped (the repeat is no new scan), nothing waiting
+    assert metrics['medfed_pacs_listen_instances_total{result="kept"}'] == 5
+    assert metrics['medfed_pacs_listen_scans_total{outcome="answered"}'] == 1
+    assert metrics['medfed_pacs_listen_scans_total{outcome="skipped"}'] == 1
+    assert metrics["medfed_pacs_listen_queue_depth"] == 0
+    assert metrics["medfed_pacs_listen_idle_seconds"] >= 1.0
 
     scans = {s.modality: s for s in PacsLog(run).scans()}
     assert scans["OP"].status == "answered" and scans["OP"].instance_uid == photo.SOPInstanceUID

@@ -286,8 +286,23 @@ def _watcher(
     return DicomwebWatcher.connect(inbox, url, creds, ca, find, orthanc, warn)
 
 
-def _watch_metrics(port: int | None, host: str) -> Any:  # a WatchMetrics, or None
-    """The watcher's metrics when --metrics-port is given; --metrics-host checked either way."""
+MetricsPortOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        help="Serve Prometheus metrics at http://--metrics-host:PORT/metrics (default: none).",
+        min=1,
+        max=65535,
+    ),
+]
+MetricsHostOpt = Annotated[
+    str,
+    typer.Option("--metrics-host", help="Address of --metrics-port: an IP address; keep loopback."),
+]
+
+
+def _wants_metrics(port: int | None, host: str, command: str) -> bool:
+    """Whether --metrics-port asks for metrics; --metrics-host checked either way."""
     import ipaddress
 
     try:
@@ -297,11 +312,9 @@ def _watch_metrics(port: int | None, host: str) -> Any:  # a WatchMetrics, or No
             f"--metrics-host {host!r}: not an IP address; give one, e.g. 127.0.0.1 (loopback)"
         ) from None
     if port is None:
-        return None
-    require_extra("prometheus_client", "serve", "medfed pacs watch --metrics-port")
-    from medfed.pacs.telemetry import WatchMetrics
-
-    return WatchMetrics()
+        return False
+    require_extra("prometheus_client", "serve", f"{command} --metrics-port")
+    return True
 
 
 @friendly
@@ -345,22 +358,8 @@ def watch(
     ca_file: CaFileOpt = None,
     router: RouterOpt = "auto",
     device: DeviceOpt = "auto",
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            "--metrics-port",
-            help="Serve Prometheus metrics (polls, lag, queue depth, scans) at "
-            "http://--metrics-host:PORT/metrics (default: none).",
-            min=1,
-            max=65535,
-        ),
-    ] = None,
-    metrics_host: Annotated[
-        str,
-        typer.Option(
-            "--metrics-host", help="Address of --metrics-port: an IP address; keep loopback."
-        ),
-    ] = "127.0.0.1",
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = "127.0.0.1",
     retention_days: RetentionOpt = 0.0,
 ) -> None:
     """Answer new studies in the PACS through DICOMweb, once each, beside each study.
@@ -371,10 +370,15 @@ def watch(
     (STOW-RS). Each scan (a CT series, or one photo) is answered once, also across restarts
     (RUN/pacs.sqlite); series of another modality, and unreadable ones, are reported as
     skipped, with why. A poll that cannot reach the PACS is an error line; the command then
-    exits 3 (with --polls, or after --max-failures polls in a row)."""
+    exits 3 (with --polls, or after --max-failures polls in a row). --metrics-port serves
+    polls, lag, queue depth and scans answered or skipped."""
     from medfed.pacs.records import watch_lock
 
-    metrics = _watch_metrics(metrics_port, metrics_host)
+    metrics = None
+    if _wants_metrics(metrics_port, metrics_host, "medfed pacs watch"):
+        from medfed.pacs.telemetry import WatchMetrics
+
+        metrics = WatchMetrics()
     auth = (token_file, basic_auth_file, basic_auth_env)
     watcher = _watcher(run, dicomweb, router, device, auth, ca_file, find, orthanc, retention_days)
     watcher.metrics = metrics
@@ -477,12 +481,15 @@ def listen(
     router: RouterOpt = "auto",
     device: DeviceOpt = "auto",
     retention_days: RetentionOpt = 0.0,
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = "127.0.0.1",
 ) -> None:
     """Listen for scans sent by DICOM (C-STORE) and answer each complete series.
 
     Only the allowed calling AE titles may associate. A series is answered once no instance
     of it arrived for --quiet seconds, once, with the same audit log and answer as
-    'medfed pacs watch'."""
+    'medfed pacs watch'. --metrics-port serves instances received, series waiting, seconds
+    since the last instance, and scans answered or skipped."""
     require_extra("pynetdicom", "serve", "medfed pacs listen")
     import threading
 
@@ -491,6 +498,7 @@ def listen(
     from medfed.pacs.listener import Listener, parse_destination
 
     destination = parse_destination(answer_to) if answer_to else None
+    wants_metrics = _wants_metrics(metrics_port, metrics_host, "medfed pacs listen")
     tls = check_tls_pair(tls_cert, tls_key)
     if tls is None and not is_loopback(host):
         raise ConfigError(
@@ -498,6 +506,12 @@ def listen(
         )
     inbox = _inbox(run, router, device, f"{ae_title}@{host}:{port}", retention_days)
     listener = Listener(inbox, ae_title, tuple(allow), quiet, destination, typer.echo)
+    if wants_metrics:
+        from medfed.pacs.telemetry import ListenMetrics
+
+        listener.metrics = ListenMetrics(listener.waiting)
+        listener.metrics.serve(metrics_port, metrics_host)
+        typer.echo(f"metrics on http://{metrics_host}:{metrics_port}/metrics", err=True)
     listener.start(host, port, tls)
     typer.echo(f"listening as {ae_title} on {host}:{port} for {', '.join(allow)}", err=True)
     try:

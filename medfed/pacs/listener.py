@@ -85,6 +85,16 @@ class Listener:
     _stop: threading.Event = field(default_factory=threading.Event)
     _server: Any = None
     _worker: threading.Thread | None = None
+    metrics: Any = None  # a telemetry.ListenMetrics, or None
+
+    def waiting(self) -> int:
+        """Series received and waiting for their quiet time."""
+        with self._lock:
+            return len(self._seen)
+
+    def _count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.received(result)
 
     def __post_init__(self) -> None:
         if not self.allowed:
@@ -141,6 +151,7 @@ class Listener:
             ds = event.dataset
             ds.file_meta = event.file_meta
             if modality_of(ds) in NOT_IMAGES or ds.SOPClassUID == BASIC_TEXT_SR:
+                self._count("ignored")
                 return _SUCCESS  # a report, e.g. an answer sent back to us: nothing to route
             uid(ds.get("StudyInstanceUID"), "StudyInstanceUID")  # refused now, not later
             series = uid(ds.get("SeriesInstanceUID"), "SeriesInstanceUID")
@@ -153,12 +164,15 @@ class Listener:
             partial.replace(folder / f"{sop}.dcm")
         except DataError as exc:
             self.echo(f"refused an instance from {event.assoc.requestor.ae_title}: {exc}")
+            self._count("refused")
             return _CANNOT_UNDERSTAND
         except OSError as exc:
             self.echo(f"warning: cannot keep a received instance ({exc})")
+            self._count("failed")
             return _OUT_OF_RESOURCES
         with self._lock:
             self._seen[series] = time.monotonic()
+        self._count("kept")
         return _SUCCESS
 
     def _loop(self) -> None:
@@ -179,6 +193,8 @@ class Listener:
             except Exception as exc:  # kept: tried again after another quiet time
                 words = str(exc) if isinstance(exc, MedfedError) else repr(exc)
                 self.echo(f"warning: series {series}: {words}; tried again")
+                if self.metrics is not None:
+                    self.metrics.retries.inc()
                 with self._lock:
                     self._seen.setdefault(series, time.monotonic())
         return outcomes
@@ -197,6 +213,9 @@ class Listener:
         for outcome in outcomes:
             if outcome.new:
                 self.echo(outcome.describe())
+                if self.metrics is not None:
+                    skipped = outcome.scan.status == "skipped"
+                    self.metrics.scans.labels("skipped" if skipped else "answered").inc()
         shutil.rmtree(folder, ignore_errors=True)  # every scan of it answered or skipped
         return outcomes
 

@@ -7,6 +7,9 @@
   status, latency, answers by outcome), on the service's own ``/metrics``.
 * :class:`WatchMetrics`: ``medfed pacs watch``'s (polls, lag since the last good poll, studies
   waiting in the current poll, scans answered or skipped), served on a loopback port.
+* :class:`ListenMetrics`: ``medfed pacs listen``'s (instances received by result, series
+  waiting for their quiet time, seconds since the last instance, scans answered or skipped,
+  answers that could not be sent), served the same way.
 
 Each object keeps its own registry, so two services in one process (the tests) never mix.
 """
@@ -29,6 +32,7 @@ from medfed.errors import ConfigError
 __all__ = [
     "LOG_FORMATS",
     "EventLog",
+    "ListenMetrics",
     "ServeMetrics",
     "WatchMetrics",
     "check_log_format",
@@ -172,14 +176,79 @@ class WatchMetrics:
         return generate_latest(self.registry)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> Any:
-        """Serve the metrics at http://HOST:PORT/metrics from a daemon thread; the server."""
-        from prometheus_client import start_http_server
+        return serve_registry(self.registry, port, host)
 
-        try:
-            server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        except OSError as exc:
-            raise ConfigError(
-                f"--metrics-port {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); "
-                "choose a free port"
-            ) from None
-        return server
+
+def serve_registry(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> Any:
+    """Serve ``registry`` at http://HOST:PORT/metrics from a daemon thread; the server."""
+    from prometheus_client import start_http_server
+
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ConfigError(
+            f"--metrics-port {port}: cannot listen on {host}:{port} ({exc.strerror or exc}); "
+            "choose a free port"
+        ) from None
+    return server
+
+
+class ListenMetrics:
+    """``medfed pacs listen``'s metrics; ``waiting`` reads how many series wait for their
+    quiet time (the listener's queue)."""
+
+    def __init__(self, waiting: Callable[[], int], clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.registry = CollectorRegistry()
+        self.started = clock()
+        self.last_instance: float | None = None
+        self.instances = Counter(
+            "medfed_pacs_listen_instances",
+            "DICOM instances received by C-STORE, by result: kept, refused (malformed: not "
+            "kept), failed (could not be written: the sender was told to retry), ignored (a "
+            "report, not an image).",
+            ("result",),
+            registry=self.registry,
+        )
+        for result in ("kept", "refused", "failed", "ignored"):
+            self.instances.labels(result)
+        self.scans = Counter(
+            "medfed_pacs_listen_scans",
+            "Scans handled for the first time, by outcome: answered or skipped.",
+            ("outcome",),
+            registry=self.registry,
+        )
+        for outcome in ("answered", "skipped"):
+            self.scans.labels(outcome)
+        self.retries = Counter(
+            "medfed_pacs_listen_series_retried",
+            "Series whose answer failed (e.g. the PACS refused it) and wait to be tried again.",
+            registry=self.registry,
+        )
+        queue = Gauge(
+            "medfed_pacs_listen_queue_depth",
+            "Series received and waiting for their quiet time before they are answered.",
+            registry=self.registry,
+        )
+        queue.set_function(lambda: float(waiting()))
+        idle = Gauge(
+            "medfed_pacs_listen_idle_seconds",
+            "Seconds since the last instance was received (since the start, before the first).",
+            registry=self.registry,
+        )
+        idle.set_function(self.idle)
+
+    def idle(self) -> float:
+        last = self.last_instance if self.last_instance is not None else self.started
+        return max(0.0, self.clock() - last)
+
+    def received(self, result: str) -> None:
+        self.instances.labels(result).inc()
+        if result == "kept":
+            self.last_instance = self.clock()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> Any:
+        return serve_registry(self.registry, port, host)
