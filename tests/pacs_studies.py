@@ -25,14 +25,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
-from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+from pydicom.dataset import Dataset
+from pydicom.uid import generate_uid
 
 from tests import realfiles
 
-OP_STORAGE = "1.2.840.10008.5.1.4.1.1.77.1.5.1"  # Ophthalmic Photography 8 Bit Image Storage
-SC_STORAGE = "1.2.840.10008.5.1.4.1.1.7"  # Secondary Capture Image Storage
 DICOMWEB_PLUGIN = Path("/usr/share/orthanc/plugins/libOrthancDicomWeb.so")
 ORTHANC = Path(shutil.which("Orthanc") or "/usr/sbin/Orthanc")  # /usr/sbin: off some PATHs
 
@@ -71,32 +68,13 @@ def _patient(ds: Dataset, patient: str, study: str) -> None:
 
 
 def fundus_photo(png: Path, patient: str, *, modality: str = "OP") -> Dataset:
-    """The photo at ``png`` as a one-instance study (``modality`` OP, or XC/OT for SC)."""
-    pixels = np.asarray(Image.open(png).convert("RGB"), dtype=np.uint8)
-    sop_class = OP_STORAGE if modality == "OP" else SC_STORAGE
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = sop_class
-    meta.MediaStorageSOPInstanceUID = generate_uid()
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds = Dataset()
-    ds.file_meta = meta
-    ds.preamble = b"\0" * 128  # a Part 10 file as STOW-RS sends it (dicomweb-client keeps it)
-    _patient(ds, patient, generate_uid())
-    ds.SOPClassUID = sop_class
-    ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
-    ds.SeriesInstanceUID = generate_uid()
-    ds.Modality = modality
-    ds.SeriesNumber = 1
-    ds.InstanceNumber = 1
-    ds.Rows, ds.Columns = pixels.shape[:2]
-    ds.SamplesPerPixel = 3
-    ds.PhotometricInterpretation = "RGB"
-    ds.PlanarConfiguration = 0
-    ds.BitsAllocated = ds.BitsStored = 8
-    ds.HighBit = 7
-    ds.PixelRepresentation = 0
-    ds.PixelData = pixels.tobytes()
-    return ds
+    """The photo at ``png`` as a one-instance study (``modality`` OP, or XC/OT for SC), made
+    as 'medfed pacs make-study' makes it."""
+    from medfed.data.io import read_image
+    from medfed.pacs.make_study import StudyIds, photo_instance
+
+    ids = StudyIds(patient, accession=patient[-8:], study_date="20261201")
+    return photo_instance(read_image(png), ids, modality=modality)
 
 
 def ct_series(folder: Path, patient: str, n: int = 4) -> list[Dataset]:

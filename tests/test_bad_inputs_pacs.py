@@ -63,6 +63,24 @@ def _listen(*options: str):
     return make
 
 
+def _make_study(*options: str, photo: str | None = "eye.png"):
+    """``pacs make-study`` of one small photo (or of ``photo`` as given) into tmp/study."""
+
+    def make(tmp: Path, s: Shared) -> list:
+        inputs = []
+        if photo == "eye.png":
+            from PIL import Image
+
+            Image.new("RGB", (8, 8), (90, 20, 10)).save(tmp / "eye.png")
+        elif photo is not None and photo.endswith(".txt"):
+            (tmp / photo).write_text("not a photo", encoding="utf-8")
+        if photo is not None:
+            inputs.append(tmp / photo)
+        return ["pacs", "make-study", *inputs, "--out", tmp / "study", *options]
+
+    return make
+
+
 def _units(*options: str, run: str = "runs/feddrm"):
     """``ops units`` of a run directory at ``run`` under the test's folder."""
 
@@ -266,6 +284,22 @@ CASES = [
     Case("pacs listen --quiet is negative", _listen("--quiet", "-1"), 2,
          ("--quiet", "-1.0", "seconds")),
     Case("pacs listen --quiet is nan", _listen("--quiet", "nan"), 2, ("--quiet", "nan")),
+    Case("pacs make-study --study-date not a date",
+         _make_study("--patient-id", "T1", "--study-date", "20241301"), 2,
+         ("--study-date", "20241301", "YYYYMMDD")),
+    Case("pacs make-study --patient-id with a backslash",
+         _make_study("--patient-id", "T\\1"), 2, ("--patient-id", "backslash")),
+    Case("pacs make-study --patient-id empty", _make_study("--patient-id", " "), 2,
+         ("--patient-id is empty",)),
+    Case("pacs make-study --accession too long",
+         _make_study("--patient-id", "T1", "--accession", "A" * 17), 2,
+         ("--accession", "at most 16")),
+    Case("pacs make-study of a photo that does not exist",
+         _make_study("--patient-id", "T1", photo="gone.png"), 1, ("gone.png", "no image file")),
+    Case("pacs make-study of a text file", _make_study("--patient-id", "T1", photo="notes.txt"),
+         1, ("notes.txt", "not a readable image")),
+    Case("pacs make-study --modality CT for a photo",
+         _make_study("--patient-id", "T1", "--modality", "CT"), 2, ("--modality", "OP")),
     Case("pacs listen --port above 65535", _listen("--port", "70000"), 2, ("--port", "70000")),
     Case("pacs listen --metrics-port above 65535", _listen("--metrics-port", "70000"), 2,
          ("--metrics-port", "70000")),

@@ -131,6 +131,38 @@ def test_watcher_answers_each_study_once_and_stores_the_answer_back(
         assert log.feed_seq(server.dicomweb.rstrip("/")) is not None  # Orthanc's change feed
 
 
+def test_an_abstained_scan_is_answered_in_the_pacs_without_a_prediction(
+    shared: Shared, tmp_path: Path
+) -> None:
+    """A study made by 'medfed pacs make-study', stored in Orthanc, abstained on: the SR read
+    back from Orthanc says so and holds no prediction, in its text or its JSON."""
+    from medfed.pacs.answer import read_answer
+    from medfed.pacs.make_study import StudyIds, make_study
+
+    run = shared.copy_run(tmp_path)
+    model = run / "model" / "model.json"
+    bundle = json.loads(model.read_text())
+    bundle["abstention"]["threshold"] = 0.0  # every scan lies beyond it: the router abstains
+    model.write_text(json.dumps(bundle))
+    photo = sorted((shared.data / "ACRIMA").glob("*.jpg"))[0]
+    study = make_study([photo], StudyIds("PABSTAIN", accession="ACC9", study_date="20250101"))
+    with orthanc(tmp_path / "orthanc") as server:
+        server.store(study)
+        said = _watch(run, server.dicomweb)
+        (report,) = _reports(server, str(study[0].StudyInstanceUID))
+
+    assert said.count("answered study") == 1
+    texts = read_answer(report)
+    answer = json.loads(texts["json"])
+    assert texts["status"] == answer["status"] == "abstained"
+    assert texts["prediction"].startswith("none: abstained")
+    assert answer["prediction"] is None and answer["prediction_prob"] is None
+    assert answer.get("class_probs") is None and "nearest" not in answer
+    assert (report.PatientID, report.AccessionNumber, report.StudyDate) == (
+        "PABSTAIN", "ACC9", "20250101"
+    )
+
+
 def test_an_answer_stored_before_a_crash_is_sent_again_never_routed_again(
     shared: Shared, tmp_path: Path
 ) -> None:

@@ -568,8 +568,48 @@ def load(
         raise typer.Exit(1)
 
 
+@friendly
+def make_study(
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(help="Fundus photos (JPEG, PNG, TIFF) and CT volumes (.nii, .nii.gz)."),
+    ],
+    out: Annotated[Path, typer.Option(help="Folder for the study's DICOM files.")],
+    patient_id: Annotated[str, typer.Option("--patient-id", help="The test patient's ID.")],
+    accession: Annotated[str, typer.Option(help="Accession number (16 characters).")] = "",
+    study_date: Annotated[
+        str | None, typer.Option("--study-date", help="YYYYMMDD (default: today).")
+    ] = None,
+    patient_name: Annotated[
+        str, typer.Option("--patient-name", help="Default: Test^PATIENT_ID.")
+    ] = "",
+    modality: Annotated[
+        str, typer.Option(help="Photos as OP (ophthalmic photography), XC or OT.")
+    ] = "OP",
+) -> None:
+    """Make a test study for a PACS from photos and CT volumes, one series each.
+
+    Each photo becomes an RGB instance, each NIfTI volume a CT series (Hounsfield units,
+    positioned so that medfed reads back the same volume); every instance shares the patient,
+    accession number, study date and study UID given. Store the files in a test PACS (e.g.
+    Orthanc's upload, storescu or STOW-RS) to try 'medfed pacs watch' or 'listen'."""
+    from medfed.fileio import check_out_folder
+    from medfed.pacs.make_study import StudyIds, make_study, write_study
+
+    check_out_folder(out)
+    dated = {"study_date": study_date} if study_date is not None else {}
+    ids = StudyIds(patient_id, accession, patient_name=patient_name, **dated)
+    paths = write_study(make_study(inputs, ids, modality), out)
+    series = len({p.parent for p in paths})
+    typer.echo(
+        f"wrote {len(paths)} instance(s) in {series} series to {out} (patient {patient_id}, "
+        f"study {ids.study_uid}, date {ids.study_date})"
+    )
+
+
 def register(app: typer.Typer) -> None:
     pacs_add = adder(pacs_app)
+    pacs_add(make_study)
     pacs_add(watch)
     pacs_add(backfill)
     pacs_add(listen)
