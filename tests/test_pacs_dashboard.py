@@ -1,5 +1,6 @@
 """Scans from the PACS on the dashboard: the Routing page's audit log and the Review page's
-queue show their study and series beside the file, and the Review page pictures the photo."""
+queue list them by accession number, patient (a keyed hash by default) and study date beside
+the file and the study UID, and the Review page pictures the photo."""
 
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ def test_the_audit_name_of_a_pacs_scan_gives_back_its_ids() -> None:
     for other in ("scan.png", "pacs:../etc/passwd", "pacs:1.2", "/data/pacs:1.2/3.4"):
         assert ids_from_name(other) is None
     table = pd.DataFrame({"scan": [1, 2], "file": ["up.png", ids.name], "site": ["a", "b"]})
-    shown = with_pacs_ids(table)
-    assert list(shown.columns) == ["scan", "file", "study", "series", "site"]
-    assert shown["study"].tolist() == ["", "1.2.3"] and shown["series"].tolist() == ["", "1.2.3.4"]
+    shown = with_pacs_ids(table)  # no run's PACS log: the study UID alone
+    columns = ["scan", "file", "accession", "patient", "study date", "study", "site"]
+    assert list(shown.columns) == columns
+    assert shown["study"].tolist() == ["", "1.2.3"] and shown["accession"].tolist() == ["", ""]
     assert with_pacs_ids(table.iloc[:1]).columns.tolist() == ["scan", "file", "site"]
 
 
@@ -41,11 +43,13 @@ def _page(monkeypatch, run: Path, page: str) -> AppTest:
     return at
 
 
-def test_routing_and_review_pages_show_the_study_and_series(
+def test_routing_and_review_pages_list_pacs_scans_by_accession_patient_and_date(
     monkeypatch, shared: Shared, tmp_path: Path
 ) -> None:
     from medfed.pacs.handling import Inbox
+    from medfed.pacs.visits import patient_token
     from medfed.serving.bundle import TrainedFederation
+    from medfed.serving.review import Review, queue_text
     from medfed.serving.routers import make_router
 
     run = shared.copy_run(tmp_path)
@@ -55,14 +59,23 @@ def test_routing_and_review_pages_show_the_study_and_series(
     Inbox(run, fed, make_router("auto", fed), "test").handle([photo], sent.append)
     assert len(sent) == 1
     study, series = str(photo.StudyInstanceUID), str(photo.SeriesInstanceUID)
+    token = patient_token(run, "PDASH")  # the default policy: a keyed hash, never the ID
+    assert token.startswith("h:") and "PDASH" not in token
 
     review = _page(monkeypatch, run, "views/review.py")
     queue = review.dataframe[0].value
-    assert queue["study"].tolist() == [study] and queue["series"].tolist() == [series]
+    assert queue["accession"].tolist() == ["PDASH"] and queue["patient"].tolist() == [token]
+    assert queue["study date"].tolist() == ["2026-12-01"] and queue["study"].tolist() == [study]
     captions = [c.value for c in review.caption]
-    assert f"From the PACS: study {study}, series {series}." in captions
+    where = f"accession PDASH, patient {token}, 2026-12-01; study {study}, series {series}."
+    assert f"From the PACS: {where}" in captions
     assert len(review.image) == 1  # the photo kept with the run
+    assert f"accession PDASH, patient {token}, 2026-12-01 (pacs:" in queue_text(Review(run))
 
     routing = _page(monkeypatch, run, "views/routing.py")
     logged = [d.value for d in routing.dataframe if "study" in d.value.columns]
-    assert logged and logged[0]["series"].tolist() == [series]
+    assert logged and logged[0]["accession"].tolist() == ["PDASH"]
+    # the run's PACS log holds the keyed hash, not the PatientID, under the default policy
+    from medfed.pacs.records import PacsLog
+
+    assert [s.patient for s in PacsLog(run).scans()] == [token]

@@ -9,13 +9,15 @@ from scipy.stats import binom
 from medfed.metrics import (
     RoutingCalibration,
     fit_temperature,
+    margin_band,
     margin_threshold,
+    wilson,
     routing_calibration,
     softmax_rows,
     top_margin,
 )
 from medfed.metrics.latency import median_interval
-from medfed.metrics.routing import nll
+from medfed.metrics.routing import MIN_BAND, nll
 from medfed.runs import RunDir
 from medfed.serving.bundle import RoutingFit
 from medfed.serving.review import LOW_MARGIN, run_low_margin
@@ -78,16 +80,24 @@ def test_routing_calibration_refuses_bad_figures_when_read() -> None:
         RoutingCalibration.from_dict(c | {"temperature": 0})
 
 
-def test_margin_threshold_is_where_validation_routing_falls_under_the_target() -> None:
-    right = np.linspace(0.4, 0.9, 10)
-    margins = np.concatenate([[0.05, 0.10, 0.15], right])
-    correct = np.array([False, True, False] + [True] * 10)
-    # Below the line: 2 errors among 7 scans (0.71 < 0.75); adding the next scan: 6/8 = 0.75.
-    line = margin_threshold(margins, correct, target=0.75)
-    assert line == pytest.approx((right[3] + right[4]) / 2)
+def test_margin_threshold_is_where_validation_routing_is_shown_under_the_target() -> None:
+    # 30 low-margin scans routed right half the time, then 70 routed right every time
+    margins = np.concatenate([np.linspace(0.01, 0.30, 30), np.linspace(0.31, 0.99, 70)])
+    correct = np.concatenate([np.arange(30) % 2 == 0, np.ones(70, bool)])
+
+    line = margin_threshold(margins, correct, target=0.9)
+
     below = margins < line
-    assert correct[below].mean() < 0.75 and correct[~below].all()
-    assert margin_threshold(margins, np.ones(13, bool)) == 0.0  # never wrong: none is low
+    n, right = margin_band(margins, correct, line)
+    assert n == below.sum() >= MIN_BAND and right == correct[below].sum()
+    # the band is shown worse than the target: its Wilson upper bound is below it
+    assert wilson(right, n).interval.high < 0.9
+    # it sets the poorly routed scans apart: all 30, and not the 70 routed right
+    assert n == 30 and 0.30 < line < 0.31
+    assert margin_threshold(margins, np.ones(100, bool)) == 0.0  # never wrong: none is low
+    # a few early errors among few scans flag nothing: fewer than MIN_BAND cannot show it
+    few = np.linspace(0.05, 0.95, 13)
+    assert margin_threshold(few, np.array([False, True, False] + [True] * 10), 0.75) == 0.0
     assert top_margin(np.array([[0.5, 0.2, 0.3]])) == pytest.approx([0.2])
 
 

@@ -46,6 +46,15 @@ LogFormatOpt = Annotated[
 ]
 
 
+PatientIdsOpt = Annotated[
+    str,
+    typer.Option(
+        "--patient-ids",
+        help="How the review lists a scan's patient: hash (a keyed hash of the PatientID, "
+        "kept with the run), plain (the PatientID) or none. Scans are also listed by "
+        "accession number and study date.",
+    ),
+]
 RetentionOpt = Annotated[
     float,
     typer.Option(
@@ -174,15 +183,22 @@ def serve(
 
 
 def _inbox(
-    run: Path, router: str, device: str, source: str, retention_days: float = 0.0
+    run: Path,
+    router: str,
+    device: str,
+    source: str,
+    retention_days: float = 0.0,
+    patient_ids: str = "hash",
 ) -> Any:  # an Inbox
     from medfed.pacs.handling import Inbox
+    from medfed.pacs.visits import check_policy
     from medfed.serving.bundle import TrainedFederation
     from medfed.serving.routers import make_router
 
+    check_policy(patient_ids)
     fed = TrainedFederation.load(run, device)
     keep_data_private(run, retention_days)
-    return Inbox(run, fed, make_router(router, fed), source)
+    return Inbox(run, fed, make_router(router, fed), source, patient_ids)
 
 
 def keep_data_private(run: Path, retention_days: float = 0.0) -> None:
@@ -264,7 +280,7 @@ CaFileOpt = Annotated[
 def _watcher(
     run: Path, dicomweb: str, router: str, device: str, auth: tuple[Path | None, Path | None, bool],
     ca_file: Path | None, find: str = "sweep", orthanc: str | None = None,
-    retention_days: float = 0.0,
+    retention_days: float = 0.0, patient_ids: str = "hash",
 ) -> Any:  # a DicomwebWatcher  # fmt: skip
     """A watcher of ``dicomweb`` for ``run``, every option checked before the run is loaded."""
     require_extra("dicomweb_client", "serve", "medfed pacs")
@@ -282,7 +298,7 @@ def _watcher(
     creds = credentials(*auth)
     ca = check_ca_file(ca_file, url)
     warn = functools.partial(typer.echo, err=True)
-    inbox = _inbox(run, router, device, url, retention_days)
+    inbox = _inbox(run, router, device, url, retention_days, patient_ids)
     return DicomwebWatcher.connect(inbox, url, creds, ca, find, orthanc, warn)
 
 
@@ -361,6 +377,7 @@ def watch(
     metrics_port: MetricsPortOpt = None,
     metrics_host: MetricsHostOpt = "127.0.0.1",
     retention_days: RetentionOpt = 0.0,
+    patient_ids: PatientIdsOpt = "hash",
 ) -> None:
     """Answer new studies in the PACS through DICOMweb, once each, beside each study.
 
@@ -380,7 +397,9 @@ def watch(
 
         metrics = WatchMetrics()
     auth = (token_file, basic_auth_file, basic_auth_env)
-    watcher = _watcher(run, dicomweb, router, device, auth, ca_file, find, orthanc, retention_days)
+    watcher = _watcher(
+        run, dicomweb, router, device, auth, ca_file, find, orthanc, retention_days, patient_ids
+    )
     watcher.metrics = metrics
     url = watcher.inbox.source
     failed = 0
@@ -414,6 +433,7 @@ def backfill(
     ca_file: CaFileOpt = None,
     router: RouterOpt = "auto",
     device: DeviceOpt = "auto",
+    patient_ids: PatientIdsOpt = "hash",
 ) -> None:
     """List every study in the PACS: each scan answered, skipped (with why) or pending.
 
@@ -427,7 +447,7 @@ def backfill(
     from medfed.pacs.records import watch_lock
 
     auth = (token_file, basic_auth_file, basic_auth_env)
-    watcher = _watcher(run, dicomweb, router, device, auth, ca_file)
+    watcher = _watcher(run, dicomweb, router, device, auth, ca_file, patient_ids=patient_ids)
     with watch_lock(run) if answer else contextlib.nullcontext():
         rows = []
         for row in survey(watcher, answer):
@@ -483,6 +503,7 @@ def listen(
     retention_days: RetentionOpt = 0.0,
     metrics_port: MetricsPortOpt = None,
     metrics_host: MetricsHostOpt = "127.0.0.1",
+    patient_ids: PatientIdsOpt = "hash",
 ) -> None:
     """Listen for scans sent by DICOM (C-STORE) and answer each complete series.
 
@@ -504,7 +525,7 @@ def listen(
         raise ConfigError(
             f"--host {host} is not loopback: DICOM there must use TLS (--tls-cert, --tls-key)"
         )
-    inbox = _inbox(run, router, device, f"{ae_title}@{host}:{port}", retention_days)
+    inbox = _inbox(run, router, device, f"{ae_title}@{host}:{port}", retention_days, patient_ids)
     listener = Listener(inbox, ae_title, tuple(allow), quiet, destination, typer.echo)
     if wants_metrics:
         from medfed.pacs.telemetry import ListenMetrics

@@ -208,30 +208,55 @@ def top_margin(probs: ArrayLike) -> np.ndarray:
     return top[:, 0] - top[:, 1]
 
 
-def margin_threshold(
-    margins: ArrayLike, correct: ArrayLike, target: float = MARGIN_TARGET
-) -> float:
-    """The top-2 margin below which routing on validation is less accurate than ``target``.
+MIN_BAND = 20
+"""Validation scans below the low-margin line, at least: fewer cannot show their routing to be
+worse than the target (the line is where that is shown, not merely observed)."""
 
-    The largest margin ``t`` such that the scans with a margin below ``t`` are routed right less
-    often than ``target``; 0.0 (no scan is low margin) when no such band exists, e.g. when every
-    validation scan was routed right. Scans with a margin below it are the ones to review first.
+
+def margin_threshold(
+    margins: ArrayLike,
+    correct: ArrayLike,
+    target: float = MARGIN_TARGET,
+    min_count: int = MIN_BAND,
+) -> float:
+    """The top-2 margin below which routing on validation is shown to be less accurate than
+    ``target``, and which sets apart the scans routed wrong.
+
+    Among the margins ``t`` with at least ``min_count`` validation scans below them whose
+    routing accuracy has its Wilson 95% upper bound below ``target``, the one whose band holds
+    the largest share of the routing errors beyond its share of the scans (errors below / all
+    errors minus scans below / all scans: Youden's index of "margin below t" as a test for a
+    wrong route); 0.0 (no scan is low margin) when no band shows that, e.g. when every
+    validation scan was routed right or too few scans were wrong together. A line that merely
+    grows the band until its accuracy crosses the target would flag most scans of a run routed
+    a little below it. :func:`margin_band` gives the band's count and accuracy to show with it.
     """
+    from statsmodels.stats.proportion import proportion_confint
+
     m = np.asarray(margins, dtype=np.float64).reshape(-1)
     ok = np.asarray(correct, dtype=bool).reshape(-1)
     if m.size != ok.size:
         raise ValueError(f"{m.size} margins but {ok.size} outcomes")
     order = np.argsort(m, kind="stable")
     m, ok = m[order], ok[order]
-    best = 0.0
-    right = 0
-    for k in range(m.size):
-        right += int(ok[k])
-        below = k + 1
-        # Ties: a threshold just above m[k] puts every scan of that margin below it.
-        if k + 1 < m.size and m[k + 1] == m[k]:
-            continue
-        if right / below < target:
-            upper = m[k + 1] if k + 1 < m.size else 1.0
-            best = float((m[k] + upper) / 2)
-    return best
+    below = np.arange(1, m.size + 1)
+    right = np.cumsum(ok)
+    _, upper = proportion_confint(right, below, alpha=0.05, method="wilson")
+    # a threshold just above m[k] puts every scan of that margin below it: ends of tie runs
+    last_of_tie = np.append(m[1:] != m[:-1], True)
+    shown = np.flatnonzero(last_of_tie & (below >= min_count) & (np.asarray(upper) < target))
+    errors = int((~ok).sum())
+    if not shown.size or errors == 0:
+        return 0.0
+    youden = (below[shown] - right[shown]) / errors - below[shown] / m.size
+    k = int(shown[int(np.argmax(youden))])  # the first of equals: the smaller band
+    upper_margin = m[k + 1] if k + 1 < m.size else 1.0
+    return float((m[k] + upper_margin) / 2)
+
+
+def margin_band(margins: ArrayLike, correct: ArrayLike, line: float) -> tuple[int, int]:
+    """(scans with a margin below ``line``, of them routed right): the band the line flags."""
+    m = np.asarray(margins, dtype=np.float64).reshape(-1)
+    ok = np.asarray(correct, dtype=bool).reshape(-1)
+    below = m < line
+    return int(below.sum()), int(ok[below].sum())

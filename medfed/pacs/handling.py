@@ -29,6 +29,7 @@ from medfed.pacs.instances import (
     write_series,
 )
 from medfed.pacs.records import PacsLog, PacsScan, now
+from medfed.pacs.visits import Visit, visit_of
 from medfed.serving.bundle import TrainedFederation
 from medfed.serving.kept import keep_scan, keep_series
 from medfed.serving.recorded import record_scan
@@ -82,19 +83,25 @@ class Inbox:
     fed: TrainedFederation
     router: Router
     source: str
+    patient_ids: str = "hash"  # how the review names the patient (medfed.pacs.visits)
 
     @property
     def log(self) -> PacsLog:
         return PacsLog(self.run)
 
-    def skip(self, ids: Ids, modality: str, reason: str) -> Outcome:
+    def visit(self, ds: Dataset | None) -> Visit:
+        return Visit() if ds is None else visit_of(ds, self.run, self.patient_ids)
+
+    def skip(self, ids: Ids, modality: str, reason: str, ds: Dataset | None = None) -> Outcome:
         """Record ``ids`` as skipped (once: a scan skipped before is left as it was)."""
         found = self.log.get(ids.key)
         if found is not None:
             return Outcome(found, new=False)
+        v = self.visit(ds)
         scan = PacsScan(
             ids.key, self.source, ids.study, ids.series, ids.instance, modality, "skipped",
-            reason, time=now(),
+            reason, time=now(), accession=v.accession, patient=v.patient,
+            study_date=v.study_date,
         )  # fmt: skip
         self.log.put(scan)
         return Outcome(scan, new=True)
@@ -111,7 +118,7 @@ class Inbox:
         if found is not None:
             return Outcome(found, new=False)
         if kind_of(modality) != self.fed.modality:
-            return self.skip(ids, modality, wrong_modality(modality, self.fed.modality))
+            return self.skip(ids, modality, wrong_modality(modality, self.fed.modality), first)
         with tempfile.TemporaryDirectory(prefix="medfed-pacs-") as folder:
             try:
                 path = (
@@ -120,15 +127,17 @@ class Inbox:
                     else write_series(list(instances), Path(folder) / "series")
                 )
             except (DataError, OSError, ValueError, AttributeError) as exc:
-                return self.skip(ids, modality, f"unreadable: {exc}")
+                return self.skip(ids, modality, f"unreadable: {exc}", first)
             done = record_scan(self.fed, self.router, path, self.run, name=ids.name)
             if photo and done.entry.status != "error":
                 keep_scan(self.run, path, done.entry.sha256, "photo.png")
             elif done.entry.status != "error":  # the series itself, for the Review page
                 keep_series(self.run, path, done.entry.sha256)
+        v = self.visit(first)
         scan = PacsScan(
             ids.key, self.source, ids.study, ids.series, ids.instance, modality, "skipped",
-            done.entry.reason, done.audit_id, time=now(),
+            done.entry.reason, done.audit_id, time=now(), accession=v.accession,
+            patient=v.patient, study_date=v.study_date,
         )  # fmt: skip
         if done.entry.status == "error":  # recorded in the audit log; nothing to answer
             scan = replace(scan, reason=f"unreadable: {done.entry.reason}")

@@ -60,18 +60,42 @@ def ids_from_name(name: str) -> Ids | None:
     return Ids(parts[0], parts[1], parts[2] if len(parts) == 3 else None)
 
 
-def with_pacs_ids(table: Any) -> Any:
+def with_pacs_ids(table: Any, run: Path | None = None) -> Any:
     """``table`` (a DataFrame with a ``file`` column, as the dashboard's Routing and Review
-    pages show) with the study and series of each scan from a PACS beside its file (blank for
-    uploads and files); unchanged when none came from a PACS."""
+    pages show) with what a clinician finds each scan from a PACS by beside its file: its
+    accession number, patient identifier (by the run's ``--patient-ids`` policy) and study
+    date as ``run``'s PACS log recorded them, then its study UID (blank for uploads and files);
+    unchanged when none came from a PACS."""
     ids = [ids_from_name(str(name)) for name in table["file"]]
     if not any(ids):
         return table
+    visits = run_visits(run) if run is not None else {}
+    found = [visits.get(i.key) if i else None for i in ids]
     at = list(table.columns).index("file") + 1
     table = table.copy()
-    table.insert(at, "study", [i.study if i else "" for i in ids])
-    table.insert(at + 1, "series", [i.series if i else "" for i in ids])
+    columns = {
+        "accession": [v.accession if v else "" for v in found],
+        "patient": [v.patient if v else "" for v in found],
+        "study date": [v.study_date if v else "" for v in found],
+        "study": [i.study if i else "" for i in ids],
+    }
+    for offset, (name, values) in enumerate(columns.items()):
+        table.insert(at + offset, name, values)
     return table
+
+
+def run_visits(run: Path) -> dict[str, Any]:
+    """Scan key -> its :class:`medfed.pacs.visits.Visit`, from the run's PACS log (empty when
+    it has none or it cannot be read: the table then shows the UIDs alone)."""
+    from medfed.errors import MedfedError
+    from medfed.pacs.records import PacsLog
+    from medfed.pacs.visits import Visit
+
+    try:
+        scans = PacsLog(run).scans()
+    except MedfedError:
+        return {}
+    return {s.key: Visit(s.accession, s.patient, s.study_date) for s in scans}
 
 
 def uid(value: object, what: str) -> str:

@@ -38,7 +38,10 @@ _SCHEMA = (
         audit_id INTEGER,
         answer_uid TEXT,
         answer_file TEXT,
-        time TEXT NOT NULL
+        time TEXT NOT NULL,
+        accession TEXT NOT NULL DEFAULT '',
+        patient TEXT NOT NULL DEFAULT '',
+        study_date TEXT NOT NULL DEFAULT ''
     )
     """,
     "CREATE INDEX IF NOT EXISTS scans_by_audit ON scans (audit_id)",
@@ -62,8 +65,10 @@ _SCHEMA = (
 LOCK_FILE = Path("pacs") / "watch.lock"
 _COLUMNS = (
     "key, source, study_uid, series_uid, instance_uid, modality, status, reason, audit_id, "
-    "answer_uid, answer_file, time"
+    "answer_uid, answer_file, time, accession, patient, study_date"
 )
+# Columns added since the first schema, given to an older log when it is opened.
+_ADDED = ("accession", "patient", "study_date")
 
 
 class PacsLogError(MedfedError):
@@ -86,6 +91,9 @@ class PacsScan:
     answer_uid: str | None = None
     answer_file: str | None = None
     time: str = ""
+    accession: str = ""  # how the review lists it (medfed.pacs.visits)
+    patient: str = ""
+    study_date: str = ""
 
 
 def now() -> str:
@@ -106,6 +114,9 @@ class PacsLog:
             db.execute("PRAGMA journal_mode = WAL")
             for statement in _SCHEMA:
                 db.execute(statement)
+            have = {row[1] for row in db.execute("PRAGMA table_info(scans)")}
+            for column in (c for c in _ADDED if c not in have):  # a log of an older medfed
+                db.execute(f"ALTER TABLE scans ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
             db.commit()
         except sqlite3.Error as exc:
             raise PacsLogError(

@@ -157,7 +157,7 @@ class DicomwebWatcher:
         try:
             return self.inbox.handle(instances, self._store)
         except DataError as exc:
-            return self.inbox.skip(listed, modality, f"unreadable: {exc}")
+            return self.inbox.skip(listed, modality, f"unreadable: {exc}", instances[0])
 
     def _store(self, report: Dataset) -> None:
         self.call(

@@ -20,6 +20,7 @@ from typing import Any
 from medfed import __version__
 from medfed.errors import RunDirError
 from medfed.fileio import atomic_write
+from medfed.reports.card_flags import FLAG_RULES, site_flags
 from medfed.reports.evaluation import (
     AT_OPERATING,
     PRIVACY_COLUMNS,
@@ -30,7 +31,6 @@ from medfed.reports.evaluation import (
     privacy_cells,
 )
 from medfed.reports.html import Html, join, table, tag
-from medfed.reports.card_flags import FLAG_RULES, site_flags
 from medfed.reports.markdown import markdown_table
 from medfed.reports.routing import CALIBRATION_HEADER, posterior_rows
 from medfed.reports.text import NA, UNRELIABLE_MARK, ci_text, fmt, pooled_text, rate_text

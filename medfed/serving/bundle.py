@@ -119,9 +119,11 @@ class RoutingFit:
 
     ``temperature``: the density-ratio scores are divided by it before the softmax (fitted by
     the validation NLL of the true site). ``low_margin``: the top-2 margin of the calibrated
-    posterior below which routing on validation was right less often than ``target``; the
-    review queue takes it as its low-margin line. ``n_val``: validation scans it was fitted on.
-    A model without it (written before) routes at temperature 1.
+    posterior below which routing on validation was shown to be right less often than
+    ``target`` (:func:`medfed.metrics.margin_threshold`); the review queue takes it as its
+    low-margin line. ``band``: (validation scans below the line, of them routed right), shown
+    with the line. ``n_val``: validation scans it was fitted on. A model without it (written
+    before) routes at temperature 1.
 
     ``one_pass_site`` and ``one_pass_temperature``: the one-pass router reads the client head
     of one site's model only; this is the site whose model alone routed the validation scans
@@ -134,6 +136,11 @@ class RoutingFit:
     n_val: int
     one_pass_site: int | None = None
     one_pass_temperature: float | None = None
+    band: tuple[int, int] | None = None
+
+    def band_text(self) -> str:
+        """``on validation, 23 scans lay below it, routed right 0.52 (0.33-0.71)``."""
+        return band_text(self.band)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -145,6 +152,8 @@ class RoutingFit:
         if self.one_pass_site is not None:
             out["one_pass_site"] = self.one_pass_site
             out["one_pass_temperature"] = self.one_pass_temperature
+        if self.band is not None:
+            out["low_margin_band"] = {"n": self.band[0], "correct": self.band[1]}
         return out
 
     @classmethod
@@ -163,7 +172,31 @@ class RoutingFit:
                     f"routing one_pass_site {site} / one_pass_temperature {one_t} are not a "
                     "site index and a positive number"
                 )
-        return cls(temperature, low_margin, float(data["target"]), int(data["n_val"]), site, one_t)
+        band = data.get("low_margin_band")
+        if band is not None:
+            n, right = int(band["n"]), int(band["correct"])
+            if not 0 <= right <= n:
+                raise ValueError(f"routing low_margin_band {band} is not a count and its part")
+            band = (n, right)
+        n_val = int(data["n_val"])
+        return cls(temperature, low_margin, float(data["target"]), n_val, site, one_t, band)
+
+
+def band_text(band: tuple[int, int] | None) -> str:
+    """What the low-margin line flagged on validation, with the Wilson interval of its
+    routing accuracy; empty for a model published without it."""
+    if band is None:
+        return ""
+    n, right = band
+    if n == 0:
+        return "on validation no scan lay below it"
+    from medfed.metrics import wilson
+
+    iv = wilson(right, n).interval
+    return (
+        f"on validation {n} scans lay below it, routed right {right / n:.2f} "
+        f"({iv.low:.2f}-{iv.high:.2f})"
+    )
 
 
 def manifest_from_dict(data: dict[str, Any]) -> SiteManifest:

@@ -19,6 +19,7 @@ import torch
 from medfed.metrics import (
     MARGIN_TARGET,
     fit_temperature,
+    margin_band,
     margin_threshold,
     softmax_rows,
     top_margin,
@@ -57,8 +58,9 @@ def fit_routing(
     y = np.concatenate([np.full(p.shape[1], i) for i, p in parts])
     temperature = fit_temperature(z[0], y)
     probs = softmax_rows(z[0], temperature)
-    low = margin_threshold(top_margin(probs), probs.argmax(axis=1) == y, target)
-    fit = RoutingFit(temperature, low, target, int(y.size))
+    margins, right = top_margin(probs), probs.argmax(axis=1) == y
+    low = margin_threshold(margins, right, target)
+    fit = RoutingFit(temperature, low, target, int(y.size), band=margin_band(margins, right, low))
     if fed.shared_body or z.shape[0] == 1:
         return fit
     one_pass = [

@@ -93,6 +93,7 @@ __all__ = [
     "queue_text",
     "run_labels",
     "run_low_margin",
+    "run_low_margin_note",
     "write_figures_csv",
 ]
 
@@ -102,19 +103,39 @@ whose model was published without a low-margin line fitted on validation (model.
 ``routing.low_margin``, see :mod:`medfed.serving.posterior`)."""
 
 
-def run_low_margin(run_dir: str | Path) -> float:
-    """The run's low-margin line: the one fitted on the sites' validation scans and published
-    with the model, else :data:`LOW_MARGIN` (an older model, a run without one)."""
+def _published_routing(run_dir: str | Path) -> dict[str, Any]:
+    """model.json's ``routing`` (empty for a run without a model, or an older one)."""
     path = RunDir(run_dir).model_json_path
     if not path.is_file():
-        return LOW_MARGIN
+        return {}
     try:
         routing = RunDir(run_dir).read_model_json().get("routing")
     except MedfedError:
-        return LOW_MARGIN
-    value = routing.get("low_margin") if isinstance(routing, dict) else None
+        return {}
+    return routing if isinstance(routing, dict) else {}
+
+
+def run_low_margin(run_dir: str | Path) -> float:
+    """The run's low-margin line: the one fitted on the sites' validation scans and published
+    with the model, else :data:`LOW_MARGIN` (an older model, a run without one)."""
+    value = _published_routing(run_dir).get("low_margin")
     ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
     return float(value) if ok else LOW_MARGIN
+
+
+def run_low_margin_note(run_dir: str | Path) -> str:
+    """How the run's line was set, to show beside it: what it flagged on validation with the
+    interval of their routing accuracy, or that it is the fixed default."""
+    from medfed.serving.bundle import RoutingFit
+
+    routing = _published_routing(run_dir)
+    if "low_margin" not in routing:
+        return "the fixed default: the model was published without a fitted line"
+    try:
+        fit = RoutingFit.from_dict(routing)
+    except (KeyError, TypeError, ValueError):
+        return "the fixed default: the model's routing fit cannot be read"
+    return fit.band_text() or "fitted on validation"
 
 
 def margin(site_probs: Mapping[str, float]) -> float | None:
@@ -196,6 +217,7 @@ class Review:
         self.log = AuditLog(self.path)
         self._labels: Labels | None = None
         self._low_margin: float | None = None
+        self._low_margin_note: str | None = None
 
     @property
     def low_margin(self) -> float:
@@ -203,6 +225,13 @@ class Review:
         if self._low_margin is None:
             self._low_margin = run_low_margin(self.path)
         return self._low_margin
+
+    @property
+    def low_margin_note(self) -> str:
+        """How the line was set (:func:`run_low_margin_note`, read once)."""
+        if self._low_margin_note is None:
+            self._low_margin_note = run_low_margin_note(self.path)
+        return self._low_margin_note
 
     @property
     def labels(self) -> Labels:
@@ -570,14 +599,20 @@ def queue_text(review: Review, reader: str | None = None) -> str:
     lines = [
         f"queue: {len(items)} scan(s) {whom}: {tiers['abstained']} abstained, "
         f"{tiers['low margin']} low margin (top two site probabilities less than "
-        f"{review.low_margin:.2f} apart), {tiers['routine']} routine; abstained and low-margin "
-        "first, then oldest first"
+        f"{review.low_margin:.2f} apart; {review.low_margin_note}), {tiers['routine']} "
+        "routine; abstained and low-margin first, then oldest first"
     ]
+    from medfed.pacs.instances import ids_from_name, run_visits
+
+    visits = run_visits(review.path)
     for it in items[:QUEUE_SHOWN]:
         gap = "" if it.margin is None else f", top-2 margin {it.margin:.2f}"
         site = it.chosen_site or "abstain"
+        ids = ids_from_name(it.file)
+        visit = visits.get(ids.key) if ids else None
+        shown = f"{visit.label()} ({it.file})" if visit and visit.label() else it.file
         lines.append(
-            f"  scan {it.scan_id} [{it.priority}] routed {it.time} to {site}{gap}: {it.file}"
+            f"  scan {it.scan_id} [{it.priority}] routed {it.time} to {site}{gap}: {shown}"
         )
     if len(items) > QUEUE_SHOWN:
         lines.append(f"  ... and {len(items) - QUEUE_SHOWN} more (--export lists every one)")

@@ -21,7 +21,7 @@ import streamlit as st
 from medfed.dashboard import checks, clinical, common, reviewdata, rundata, thumbnails
 from medfed.dashboard.rundata import Run
 from medfed.errors import MedfedError
-from medfed.pacs.instances import ids_from_name, with_pacs_ids
+from medfed.pacs.instances import ids_from_name, run_visits, with_pacs_ids
 from medfed.reports import fmt
 from medfed.serving.kept import kept_scan
 from medfed.serving.review import (
@@ -140,11 +140,11 @@ def queue_section(review: Review, labels: Labels, reader: str | None) -> None:
     st.caption(
         f"{count(len(items), 'scan')} ({show}): {tiers['abstained']} abstained, "
         f"{tiers['low margin']} low margin (top two site probabilities less than "
-        f"{review.low_margin:.2f} apart), {tiers['routine']} routine; abstained and "
-        "low-margin scans first, then oldest first."
+        f"{review.low_margin:.2f} apart; {review.low_margin_note}), {tiers['routine']} "
+        "routine; abstained and low-margin scans first, then oldest first."
     )
     st.dataframe(
-        with_pacs_ids(reviewdata.queue_frame(items)),
+        with_pacs_ids(reviewdata.queue_frame(items), review.path),
         hide_index=True,
         width="stretch",
         column_config={
@@ -181,7 +181,9 @@ def scan_card(
         st.markdown(f"**Scan {item.scan_id}**: {common.escape(item.file)}")
         ids = ids_from_name(item.file)
         if ids is not None:
-            st.caption(f"From the PACS: study {ids.study}, series {ids.series}.")
+            visit = run_visits(review.path).get(ids.key)
+            shown = f"{visit.label()}; " if visit is not None and visit.label() else ""
+            st.caption(f"From the PACS: {shown}study {ids.study}, series {ids.series}.")
         st.caption(f"Routed {item.time} (UTC); {priority_words(item)}.")
         picture_column, answer_column, read_column = st.columns([1, 2, 2])
         with picture_column:

@@ -227,7 +227,7 @@ def audit_section(run: Run) -> None:
     shown = rundata.filter_audit(frame, statuses=statuses, sites=sites, routers=routers, text=text)
     st.caption(f"{len(shown)} of {len(frame)} routed scans (newest first).")
     st.dataframe(
-        with_pacs_ids(rundata.audit_table(shown)),
+        with_pacs_ids(rundata.audit_table(shown), run.path),
         hide_index=True,
         width="stretch",
         key="audit_table",
