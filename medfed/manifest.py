@@ -200,6 +200,15 @@ class SiteManifest:
     licence: str = ""
     ethics: str = ""
     provenance: str = ""
+    # TRIPOD+AI items a site declares (its data card and the model card show them, "not
+    # recorded" where a site gave none): how the label was decided, who was included and
+    # excluded, when the scans were taken, who controls the data and how long it is kept.
+    reference_standard: str = ""
+    inclusion: str = ""
+    exclusion: str = ""
+    data_dates: str = ""
+    data_controller: str = ""
+    retention: str = ""
     # The classes of [labels] this site holds scans of, when it holds only some of the
     # federation's classes (a screening site with only 'dr', say); empty: all of them.
     classes_held: tuple[str, ...] = ()
@@ -233,7 +242,8 @@ class SiteManifest:
 _TOP_KEYS = {
     "id", "modality", "layout", "root", "labels", "preprocess", "split", "layout_options",
     "description", "source", "acquisition", "known_shifts", "licence", "ethics", "provenance",
-    "classes_held",
+    "classes_held", "reference_standard", "inclusion", "exclusion", "data_dates",
+    "data_controller", "retention",
 }  # fmt: skip
 
 
@@ -258,7 +268,17 @@ _TABLE_EXAMPLES = {
 # Free-text fields of a manifest (shown on site cards and in reports).
 _TEXT_FIELDS: tuple[str, ...] = (
     "description", "source", "acquisition", "known_shifts", "licence", "ethics", "provenance",
+    "reference_standard", "inclusion", "exclusion", "data_dates", "data_controller", "retention",
 )  # fmt: skip
+# The TRIPOD+AI items among them, with how cards name them.
+TRIPOD_FIELDS: dict[str, str] = {
+    "reference_standard": "reference standard (how the label was decided)",
+    "inclusion": "inclusion criteria",
+    "exclusion": "exclusion criteria",
+    "data_dates": "data dates",
+    "data_controller": "data controller",
+    "retention": "retention",
+}
 
 
 def _require(data: dict[str, Any], key: str, kind: type, where: str) -> Any:

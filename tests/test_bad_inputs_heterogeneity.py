@@ -67,9 +67,16 @@ CASES = [
     Case("a sweep file nested too deeply", _sweep("[" * 100000 + "]" * 100000), 2,
          ("sweep.json", "nested too deeply")),
     Case("a sweep whose differences have no verdict",
-         _sweep('{"format": 1, "scenarios": [{"covariate": "mid", "concept": false, '
-                '"ranking": ["feddrm"], "differences": {"local": 0.1}}]}'), 2,
-         ("sweep.json", "scenarios[0]['differences']", "'verdict'")),
+         _sweep('{"format": 2, "scenarios": [{"covariate": "mid", "concept": false, '
+                '"informative": true, "ranking": ["feddrm"], "differences": {"local": 0.1}}]}'),
+         2, ("sweep.json", "scenarios[0]['differences']", "'verdict'")),
+    Case("a sweep written before the informativeness gate",
+         _sweep('{"format": 1, "scenarios": []}'), 2,
+         ("sweep.json", "format 1", "--reuse-runs")),
+    Case("an informative sweep level without a ranking",
+         _sweep('{"format": 2, "scenarios": [{"covariate": "mid", "concept": false, '
+                '"informative": true, "ranking": []}]}'), 2,
+         ("sweep.json", "scenarios[0]", "not empty where informative")),
     Case("glaucoma sites with grades per site", _synth("--classes-per-site", "2"), 2,
          ("--classes-per-site", "--task dr only")),
     Case("glaucoma covariate shift not a level", _synth("--covariate-shift", "extreme"), 2,

@@ -19,6 +19,7 @@ from medfed.data.synth_fundus import CDR_RULE, CONCEPT_CDR_RULE, PREVALENCE_RANG
 from medfed.reports.heterogeneity import (
     NEEDS_RUN,
     NO_SWEEP,
+    HeterogeneityError,
     bands,
     concept_shift,
     covariate_shift,
@@ -220,6 +221,7 @@ def _scenario(n_sites: int, ranking: list[str], verdict: str) -> dict:
         "label": "strong",
         "concept": False,
         "n_sites": n_sites,
+        "informative": True,
         "ranking": ranking,
         "reference": "feddrm",
         "differences": {
@@ -239,7 +241,7 @@ def test_a_measured_sweep_ranks_methods_for_the_regime_found(tmp_path: Path) -> 
         {**_scenario(3, ["local", "feddrm"], "behind"), "level": "label: 2 grades per site"},
         _scenario(3, ["fedbn", "feddrm", "local"], "no difference detected"),  # measured alike
     ]
-    sweep.write_text(json.dumps({"format": 1, "source": "a sweep", "scenarios": scenarios}))
+    sweep.write_text(json.dumps({"format": 2, "source": "a sweep", "scenarios": scenarios}))
     counts = _counts({"a": {"n": 90, "g": 10}, "b": {"n": 10, "g": 90}, "c": {"n": 50, "g": 50}})
     value = bands("glaucoma")["mid"][0] + 0.01
     distances = _matrix(["a", "b", "c"], lambda a, b: value)
@@ -274,6 +276,26 @@ def test_a_measured_sweep_ranks_methods_for_the_regime_found(tmp_path: Path) -> 
     )
     assert many["methods"]["ranking"] == ["feddrm", "fedbn"]
     assert "ahead of fedbn" in ranking_text(many["methods"])
+
+
+def test_an_uninformative_level_gives_no_ranking(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep.json"
+    blind = {**_scenario(3, [], "no verdict: uninformative level"), "informative": False}
+    sweep.write_text(json.dumps({"format": 2, "source": "a sweep", "scenarios": [blind]}))
+    counts = _counts({"a": {"n": 90, "g": 10}, "b": {"n": 10, "g": 90}, "c": {"n": 50, "g": 50}})
+    value = bands("glaucoma")["mid"][0] + 0.01
+
+    found = heterogeneity(
+        counts, _matrix(["a", "b", "c"], lambda a, b: value), "glaucoma", sweep=read_sweeps([sweep])
+    )
+
+    assert found["methods"]["ranking"] is None
+    assert "could not tell methods apart" in ranking_text(found["methods"])
+    assert "clients: m = 3" in found["methods"]["note"]
+    # a sweep written before the gate is refused with what to do
+    sweep.write_text(json.dumps({"format": 1, "source": "a sweep", "scenarios": [blind]}))
+    with pytest.raises(HeterogeneityError, match="format 1.*--reuse-runs"):
+        read_sweeps([sweep])
 
 
 def test_the_sweeps_measured_for_the_docs_ship_with_medfed() -> None:

@@ -240,3 +240,30 @@ def test_a_site_missing_the_specificity_target_or_poorly_calibrated_is_flagged()
     assert "slope 0.70" in flags[1]
     assert site_flags(sites, "youden") == [flags[1]]  # no specificity target to miss
     assert not site_flags(rest, "specificity:0.85")
+
+
+def test_the_card_holds_each_sites_tripod_items_or_says_not_recorded(tmp_path) -> None:
+    declared = {
+        "reference_standard": "two graders, a glaucoma specialist adjudicating",
+        "inclusion": "adults screened 2019-2021",
+        "data_dates": "2019-03 to 2021-11",
+        "data_controller": "Example Eye Hospital",
+        "retention": "10 years",
+    }
+    path = summary_run(tmp_path, facts={"acrima": declared})
+
+    card = write_model_card(path).read_text(encoding="utf-8")
+
+    items = section(card, "Reference standard, eligibility and data governance")
+    row_a = next(line for line in items.splitlines() if line.startswith("| acrima "))
+    for value in declared.values():
+        assert value in row_a
+    assert "not recorded" in row_a  # the exclusion criteria a site did not give
+    row_b = next(line for line in items.splitlines() if line.startswith("| refuge "))
+    assert row_b.count("not recorded") == 6
+    intended = section(card, "Intended use and population")
+    assert "Contraindications:" in intended and "Regulatory status: not recorded" in intended
+    # every calibration slope with its 95% interval, and the rule beside the table
+    calibration = section(card, "Calibration and operating points")
+    assert "slope (95% CI; ideal 1)" in calibration
+    assert "Sites flagged by these rules" in calibration

@@ -220,8 +220,10 @@ def test_operating_points_and_calibration_show_rates_with_ci_and_counts() -> Non
 
     c = run.sites["a"].calibration
     cells = [cell.strip() for cell in row_of(calibration_table(run), "a").split("|")[1:-1]]
-    figures = [f"{v:.3f}" for v in (c.brier, c.ece, c.intercept, c.slope)]
-    assert cells == ["a", str(c.n), *figures, ""]  # no note: every figure is defined
+    figures = [f"{v:.3f}" for v in (c.brier, c.ece, c.intercept)]
+    assert c.slope_ci is not None and c.slope_ci[0] < c.slope < c.slope_ci[1]
+    slope = f"{c.slope:.3f} ({c.slope_ci[0]:.2f}-{c.slope_ci[1]:.2f})"  # with its Wald 95% CI
+    assert cells == ["a", str(c.n), *figures, slope, ""]  # no note: every figure is defined
 
 
 def test_federation_lines_give_the_pool_the_worst_site_and_both_weightings() -> None:

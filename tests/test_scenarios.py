@@ -18,33 +18,55 @@ from medfed.experiments.paired import (
     level_difference,
     scans_from_rows,
 )
-from medfed.experiments.scenarios import (
-    ABLATIONS,
+from medfed.experiments.scenario_tables import scenario_markdown
+from medfed.experiments.scenario_verdicts import (
+    AHEAD,
+    MARGIN,
     NO_DIFFERENCE,
     NOT_REPRODUCED,
     REPRODUCED,
-    ScenarioPlan,
+    UNINFORMATIVE,
+    adjust_table,
     constant_answer,
+    level_table,
+)
+from medfed.experiments.scenarios import (
+    ABLATIONS,
+    ScenarioPlan,
+    Trainings,
     finished_run,
-    judge,
-    level_figures,
-    scenario_markdown,
+    judge_claims,
 )
 from medfed.reports.heterogeneity import read_sweep
+from tests.test_frozen_encoder import NEEDS_REAL, real_home
 
 SYSTEM = FIGURES_BY_KEY["system_accuracy"]
 
 
-def _scans(hit_rate: float, seed: int, n: int = 80, sites: int = 3, own: float | None = None):
+def _scans(
+    hit_rate: float,
+    seed: int,
+    n: int = 80,
+    sites: int = 3,
+    own: float | None = None,
+    constant: int | None = None,
+):
     """One run's test scans at ``sites`` sites: the routed answer right with ``hit_rate``, the
-    site's own model right with ``own`` (default the same); 5 grades, a patient per scan."""
+    site's own model right with ``own`` (default the same); 5 grades, a patient per scan. The
+    labels depend on ``seed`` only, so that methods of one seed share their test scans; with
+    ``constant`` every answer is that grade."""
     rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 5, size=(sites, n))
+
+    def exactly(rate: float) -> np.ndarray:  # a share ``rate`` of each site's scans, spread
+        return rng.permutation(n) < round(rate * n)
+
     rows = []
     for s in range(sites):
+        right_at, own_at = exactly(hit_rate), exactly(hit_rate if own is None else own)
         for k in range(n):
-            label = int(rng.integers(0, 5))
-            right = rng.random() < hit_rate
-            right_own = rng.random() < (hit_rate if own is None else own)
+            label = int(labels[s, k])
+            right, right_own = right_at[k], own_at[k]
             rows.append(
                 {
                     "site": f"site{s}",
@@ -53,7 +75,9 @@ def _scans(hit_rate: float, seed: int, n: int = 80, sites: int = 3, own: float |
                     "label": label,
                     "score": None,
                     "prediction": label if right_own else (label + 1) % 5,
-                    "system_prediction": label if right else (label + 1) % 5,
+                    "system_prediction": (
+                        constant if constant is not None else label if right else (label + 1) % 5
+                    ),
                     "system_prediction_origin_known": label if right else (label + 2) % 5,
                 }
             )
@@ -101,46 +125,87 @@ def _plan(name: str, **kw):
     return ScenarioPlan.make(name, quick=True, n_boot=300, **kw)
 
 
+def _judged(plan, scans):
+    """The level tables, their Holm-adjusted verdicts and the claims, as run_scenarios makes
+    them from ``scans`` (level -> method -> seed -> scans)."""
+    levels, boots = {}, {}
+    for label, by_method in scans.items():
+        levels[label], boots[label] = level_table(by_method, plan.n_boot)
+    adjust_table(levels)
+    return levels, judge_claims(plan, Trainings(scans), levels, boots)
+
+
 def test_claims_read_their_verdicts_off_the_intervals():
     plan = _plan("covariate", methods=["local"])
     # FedDRM's system accuracy rises from low to high; its own-model accuracy does not fall.
+    rates = {"low": 0.4, "mid": 0.6, "high": 0.85}
     scans = {
-        "low": {"feddrm": {0: _scans(0.4, 1, own=0.8)}},
-        "mid": {"feddrm": {0: _scans(0.6, 2, own=0.8)}},
-        "high": {"feddrm": {0: _scans(0.85, 3, own=0.8)}},
+        label: {
+            "feddrm": {k: _scans(rate, 10 * n + k, own=0.8) for k in range(2)},
+            # the methods of a level are tested on the same scans; local learned as well
+            "local": {k: _scans(rate, 10 * n + k, own=0.8) for k in range(2)},
+        }
+        for n, (label, rate) in enumerate(rates.items())
     }
-    # The methods of a level are tested on the same scans: local answers as FedDRM does.
-    for by_method in scans.values():
-        by_method["local"] = by_method["feddrm"]
-    levels = {k: level_figures(v, plan.n_boot) for k, v in scans.items()}
 
-    rise, fall = (judge(c, plan, scans, levels) for c in plan.ablation.claims)
+    levels, (rise, fall) = _judged(plan, scans)
 
-    assert rise["verdict"] == REPRODUCED
-    assert fall["verdict"] == NO_DIFFERENCE
+    assert all(level["gate"]["informative"] for level in levels.values())
+    assert rise["variants"]["feddrm"]["verdict"] == REPRODUCED
+    assert fall["variants"]["feddrm"]["verdict"] == NO_DIFFERENCE
+    # the interval holds the variation between seeds: it resamples them
+    row = rise["variants"]["feddrm"]["rows"][0]
+    assert "seeds with replacement" in row["interval"]["method"]
 
 
 def test_a_peak_elsewhere_is_not_reproduced():
     plan = _plan("lambda")
-    rates = {"0.1": 0.3, "0.3": 0.5, "0.5": 0.85, "0.8": 0.5, "0.95": 0.45}
-    base = _scans(0.5, 7)
-    scans = {}
-    for label, rate in rates.items():
-        rng = np.random.default_rng(int(float(label) * 100))
-        scans[label] = {
-            "feddrm": {
-                0: {
-                    site: s.__class__(**{**s.__dict__, "correct": rng.random(s.y.size) < rate})
-                    for site, s in base.items()
-                }
-            }
-        }
-    levels = {k: level_figures(v, plan.n_boot) for k, v in scans.items()}
+    rates = {"0.1": 0.45, "0.3": 0.55, "0.5": 0.85, "0.8": 0.55, "0.95": 0.5}
+    scans = {
+        label: {"feddrm": {k: _scans(rate, 40 + k) for k in range(2)}}
+        for label, rate in rates.items()
+    }
 
-    (peak,) = (judge(c, plan, scans, levels) for c in plan.ablation.claims)
+    _, (peak,) = _judged(plan, scans)
 
-    assert peak["verdict"] == NOT_REPRODUCED
-    assert len(peak["rows"]) == 4
+    found = peak["variants"]["feddrm"]
+    assert found["verdict"] == NOT_REPRODUCED
+    assert len(found["rows"]) == 4
+
+
+def test_a_constant_answer_at_the_majority_rate_makes_a_level_uninformative():
+    plan = _plan("label", methods=["local", "fedbn"])
+    majority = {}
+    for k in range(2):  # each seed's most common pooled grade: the constant answer to give
+        pooled = np.concatenate([s.y for s in _scans(0.5, 70 + k).values()])
+        majority[k] = int(np.bincount(pooled).argmax())
+    learned = {
+        "feddrm": {k: _scans(0.9, 70 + k) for k in range(2)},
+        "fedbn": {k: _scans(0.8, 70 + k) for k in range(2)},
+    }
+    scans = {
+        # every baseline learned: FedDRM's lead over them is decided
+        "Dirichlet 0.3": {**learned, "local": {k: _scans(0.6, 70 + k) for k in range(2)}},
+        # local answers every scan with its seed's most common grade: no verdict here
+        "2 grades per site": {
+            **learned,
+            "local": {k: _scans(0.0, 70 + k, constant=majority[k]) for k in range(2)},
+        },
+    }
+
+    levels, (ahead,) = _judged(plan, scans)
+
+    informative, blind = levels["Dirichlet 0.3"], levels["2 grades per site"]
+    assert informative["gate"]["informative"]
+    assert informative["differences"]["feddrm"]["local"]["verdict"] == AHEAD
+    assert not blind["gate"]["informative"]
+    assert blind["gate"]["majority_rate"] == pytest.approx(
+        blind["methods"]["local"]["system_accuracy"]["estimate"]
+    )
+    assert any("answers every scan of seed 0 with grade" in w for w in blind["gate"]["why"])
+    assert any(f"+ {MARGIN:g}" in w for w in blind["gate"]["why"])
+    assert blind["differences"]["feddrm"]["local"]["verdict"] == UNINFORMATIVE
+    assert ahead["variants"]["feddrm"]["verdict"] == UNINFORMATIVE
 
 
 @pytest.mark.parametrize(
@@ -160,7 +225,10 @@ def test_bad_scenario_settings_name_the_option(ablation, kw, words):
 def test_every_ablation_is_planned_with_feddrm_and_the_same_budget():
     for name, ablation in ABLATIONS.items():
         plan = ScenarioPlan.make(name)
-        assert plan.methods[0] == "feddrm" and plan.seeds >= 3
+        assert plan.methods[0] == "feddrm" and plan.seeds >= 8
+        assert plan.budget.frozen_encoder and plan.budget.init == "torchvision:mobilenet_v2"
+        if name != "lambda":  # both FedDRM variants beside the baselines
+            assert plan.methods[1] == "feddrm-paper"
         assert [lv.label for lv in plan.levels] == [lv.label for lv in ablation.levels]
     clients = ScenarioPlan.make("clients")
     assert [lv.client_fraction for lv in clients.levels] == [1.0, 1.0, 0.5, 0.25]
@@ -168,9 +236,11 @@ def test_every_ablation_is_planned_with_feddrm_and_the_same_budget():
 
 
 @pytest.mark.slow
-def test_quick_concept_sweep_writes_its_tables_and_docs_section(tmp_path: Path):
+@NEEDS_REAL
+def test_quick_concept_sweep_writes_its_tables_and_docs_section(tmp_path: Path, monkeypatch):
     from medfed.experiments.scenarios import run_scenarios
 
+    real_home(tmp_path / "torch_home", monkeypatch)  # the sweeps start from ImageNet features
     page = tmp_path / "scenarios.md"
     page.write_text(
         "# x\n<!-- scenario-concept:start -->\nPLACEHOLDER-TEXT\n<!-- scenario-concept:end -->\n",
@@ -185,29 +255,37 @@ def test_quick_concept_sweep_writes_its_tables_and_docs_section(tmp_path: Path):
     assert [lv["label"] for lv in saved["levels"]] == ["off", "on"]
     for level in saved["levels"]:
         assert set(level["methods"]) == {"feddrm", "local"}
-        cell = level["differences"]["local"]["system_accuracy"]
-        iv = cell["interval"]
+        iv = level["differences"]["feddrm"]["local"]["system_accuracy"]
         assert iv is None or iv["low"] <= iv["estimate"] <= iv["high"]
-    (claim,) = results["claims"]
-    assert claim["verdict"] in (REPRODUCED, NOT_REPRODUCED, NO_DIFFERENCE)
+        assert level["gate"]["majority_rate"] == level["constant"]["system"]["estimate"]
+        # the runs learned from the frozen ImageNet encoder: each curve has its three marks
+        assert all(None not in c for c in level["curves"].values())
+    # medfed's own scenario: no paper claim, so no verdict on one
+    assert results["claims"] == [] and "no paper claim" in results["note"]
+    assert saved["levels"][0]["shared_with"] == [
+        "covariate: mid", "lambda: 0.1", "lambda: 0.3", "lambda: 0.5", "lambda: 0.8",
+        "lambda: 0.95", "clients: m = 3",
+    ]  # fmt: skip
     text = page.read_text(encoding="utf-8")
     assert "PLACEHOLDER-TEXT" not in text and "| on | local |" in text
-    assert scenario_markdown(saved) in text
-    assert any(line.startswith(claim["text"]) for line in lines)
-    # The heterogeneity report reads the levels as regimes, each with its measured ranking.
+    assert scenario_markdown(saved) in text and "no paper claim" in text
+    assert "Holm's adjustment" in text and "| on | (most common grade) |" in text
+    # The heterogeneity report reads the levels as regimes, ranked only where informative.
     sweep = read_sweep(tmp_path / "out" / "sweep-concept.json")
     assert [s["concept"] for s in sweep["scenarios"]] == [False, True]
     for scenario, level in zip(sweep["scenarios"], saved["levels"], strict=True):
-        assert sorted(scenario["ranking"]) == ["feddrm", "local"]
+        assert scenario["informative"] == level["gate"]["informative"]
         accuracy = {m: f["system_accuracy"]["estimate"] for m, f in level["methods"].items()}
-        assert scenario["ranking"][0] == max(accuracy, key=accuracy.get)
+        if scenario["informative"]:
+            assert scenario["ranking"][0] == max(accuracy, key=accuracy.get)
+        else:
+            assert scenario["ranking"] == []
         assert scenario["label"] == level["label_regime"]
         # FedDRM's paired difference beside the ranking, as the scenario's JSON holds it
-        paired = level["differences"]["local"]["system_accuracy"]
+        paired = level["differences"]["feddrm"]["local"]
         assert scenario["differences"] == {
-            "local": {"interval": paired["interval"], "verdict": paired["verdict"]}
+            "local": {"interval": paired["system_accuracy"], "verdict": paired["verdict"]}
         }
-    assert "| on | (most common grade) |" in text
 
     # Again with --reuse-runs: every run is read back, nothing trains, the figures are the same
     # and the wall time stated is the first invocation's.

@@ -17,7 +17,7 @@ import pandas as pd
 from medfed import reports
 from medfed.metrics import Interval, Proportion, unreliable
 from medfed.reports import NA, fmt
-from medfed.reports.evaluation import AT_OPERATING
+from medfed.reports.evaluation import AT_OPERATING, slope_text
 from medfed.reports.routing import CALIBRATION_HEADER, posterior_rows
 from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
 
@@ -255,7 +255,7 @@ def calibration_table(summary: Summary) -> pd.DataFrame:
             "Brier": fmt(c.brier),
             "ECE": fmt(c.ece),
             "intercept": fmt(c.intercept),
-            "slope": fmt(c.slope),
+            "slope": slope_text(c),
             "note": c.reason or "",
         },
     )

@@ -7,6 +7,7 @@ from pathlib import Path
 from medfed.config import Modality, SiteManifest
 from medfed.data.checks import SiteReport
 from medfed.errors import ConfigError
+from medfed.manifest import TRIPOD_FIELDS
 
 TO_FILL = "_to fill in by the site_"
 
@@ -84,6 +85,12 @@ def render_card(manifest: SiteManifest, report: SiteReport) -> str:
         lines += [f"- {other}: {d:.4f}" for other, d in report.distances.items()]
     if report.warnings:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in report.warnings]
+    lines += ["", "## Reference standard, eligibility and governance", ""]
+    lines += ["| item | as the site declares it |", "| --- | --- |"]
+    lines += [
+        f"| {name} | {_field(getattr(manifest, key)).replace('|', '/')} |"
+        for key, name in TRIPOD_FIELDS.items()
+    ]
     lines += ["", "## Licence", "", _field(manifest.licence), "", "## Ethics", ""]
     lines += [_field(manifest.ethics), ""]
     if report.problems:

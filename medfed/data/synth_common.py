@@ -28,6 +28,15 @@ META_FILE = "synth_meta.json"
 MANIFEST_DIR = "sites"
 LICENCE = "synthetic, no restrictions"
 ETHICS = "synthetic data, no patients"
+# The TRIPOD+AI items every synthetic site declares (its manifest, data card and model card).
+SYNTHETIC_ITEMS = {
+    "reference_standard": "the generator's own label: the class it drew each scan from",
+    "inclusion": "every scan the generator drew for the site",
+    "exclusion": "none",
+    "data_dates": "generated on demand; no acquisition dates",
+    "data_controller": "none: synthetic data, no patients",
+    "retention": "none needed: synthetic data, regenerated from its seed",
+}
 
 
 class SynthesisError(MedfedError):

@@ -26,6 +26,7 @@ from medfed.data.synth_common import (
     GENERATOR,
     LICENCE,
     MANIFEST_DIR,
+    SYNTHETIC_ITEMS,
     class_sequence,
     csv_text,
     rounded,
@@ -308,6 +309,7 @@ def _ct_manifest(site: CTSite, seed: int) -> dict[str, Any]:
         ),
         "licence": LICENCE,
         "ethics": ETHICS,
+        **SYNTHETIC_ITEMS,
         "labels": {"normal": 0, "lesion": 1},
         "preprocess": {
             "hu_window": list(CT_LIVER_WINDOW),

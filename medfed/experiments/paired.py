@@ -77,6 +77,7 @@ class SiteScans:
     correct: np.ndarray
     correct_origin_known: np.ndarray
     correct_own: np.ndarray
+    answer: np.ndarray | None = None  # the federation's answer, origin unknown (-1: abstained)
 
     def column(self, name: str) -> np.ndarray | None:
         return {
@@ -95,6 +96,7 @@ class SiteScans:
             correct=self.correct[index],
             correct_origin_known=self.correct_origin_known[index],
             correct_own=self.correct_own[index],
+            answer=None if self.answer is None else self.answer[index],
         )
 
 
@@ -111,16 +113,19 @@ def scans_from_rows(rows: Sequence[Mapping[str, Any]]) -> Scans:
     for site, part in by_site.items():
         y = np.array([int(r["label"]) for r in part], dtype=np.int64)
         scores = [r["score"] for r in part]
+        answer = np.array([int(r["system_prediction"]) for r in part], dtype=np.int64)
+        abstained = np.array([r.get("abstained") in (True, "true") for r in part], dtype=bool)
         scans[site] = SiteScans(
             scan_ids=tuple(str(r["scan_id"]) for r in part),
             patients=np.array([str(r["patient_id"]) for r in part], dtype=object),
             y=y,
             score=None if any(s is None for s in scores) else np.array(scores, dtype=np.float64),
-            correct=np.array([int(r["system_prediction"]) for r in part]) == y,
+            correct=answer == y,
             correct_origin_known=(
                 np.array([int(r["system_prediction_origin_known"]) for r in part]) == y
             ),
             correct_own=np.array([int(r["prediction"]) for r in part]) == y,
+            answer=np.where(abstained, -1, answer),
         )
     return scans
 

@@ -41,79 +41,98 @@ import tomli_w
 import torch
 
 from medfed.algorithms import recorded_params
+from medfed.algorithms.feddrm import FedDRMParams
 from medfed.config import TrainConfig
 from medfed.data.synth import synthesize
 from medfed.data.synth_dr import DRShift
 from medfed.errors import ConfigError
 from medfed.experiments.demo import Budget, MethodSpec
-from medfed.experiments.harness import (
-    Docs,
-    Trained,
-    resamples,
-    seeds_text,
-    size,
-    train_run,
-)
+from medfed.experiments.harness import Docs, Trained, resamples, size, train_run
 from medfed.experiments.paired import (
     AVERAGE_ACCURACY,
     FIGURES_BY_KEY,
     Figure,
     Scans,
-    accuracy_interval,
-    compare,
-    level_difference,
     load_scans,
+)
+from medfed.experiments.scenario_tables import scenario_markdown, sweep_file
+from medfed.experiments.scenario_verdicts import (
+    ADJUSTMENT,
+    ALPHA,
+    NOT_MEASURED,
+    PAPER,
+    REFERENCE,
+    VARIANT_NAMES,
+    VARIANTS,
+    adjust_table,
+    bootstraps,
+    claim_verdict,
+    curve,
+    decide,
+    level_table,
+    mean_curve,
+    unpaired,
 )
 from medfed.federation.plan import default_lr
 from medfed.federation.training import load_sites
 from medfed.fileio import fresh_folder
-from medfed.metrics import Interval, wilson
-from medfed.reports.comparisons import ci_cell, difference_cell
-from medfed.reports.heterogeneity import SWEEP_FORMAT, label_shift
+from medfed.metrics import Interval
+from medfed.metrics.seeds import SeedBootstrap
+from medfed.reports.heterogeneity import label_shift
 
-REFERENCE = "feddrm"
-# The paper's baselines that medfed has, with FedDRM first.
-METHODS = ("feddrm", "fedavgft", "fedprox", "fedbn", "fedrep", "ditto", "local")
+# Both FedDRM variants, then the paper's baselines that medfed has.
+METHODS = (REFERENCE, PAPER, "fedavgft", "fedprox", "fedbn", "fedrep", "ditto", "local")
+# The method specs a name stands for (medfed.experiments.demo.MethodSpec), where not itself:
+# the paper's FedDRM normalizes with shared layers and trains its client head by gradient.
+SPECS = {PAPER: "feddrm:private_norms=false,client=trained"}
 SYSTEM = FIGURES_BY_KEY["system_accuracy"]
-SYSTEM_KNOWN = FIGURES_BY_KEY["system_accuracy_origin_known"]
-FIGURES: tuple[Figure, ...] = (SYSTEM, SYSTEM_KNOWN, AVERAGE_ACCURACY)
 # Sites that train in one round, at most (the rest wait: client sampling).
 SITES_PER_ROUND = 8
 # Scans per router whose routing latency a sweep's run times (MEDFED_LATENCY_SCANS): the sweep
 # reports none, so the fewest the median's CI needs.
 SWEEP_LATENCY_SCANS = 6
-REPRODUCED, NOT_REPRODUCED, NO_DIFFERENCE = (
-    "reproduced in direction",
-    "not reproduced",
-    "no difference detected",
-)
-NOT_MEASURED = "not measured"
-# The tables' reference row: what answering without a model scores (see constant_answer).
-CONSTANT_ROW = "(most common grade)"
+# What each method trains beyond the shared budget (stated beside every table).
+EXTRA_STEPS = {
+    "ditto": "Ditto takes twice the local steps per round (its global and its personal model)",
+    "fedavgft": "FedAvg+FT adds 2 rounds' worth of local fine-tuning steps per site at the end",
+}
 
 
 @dataclass(frozen=True)
 class ScenarioBudget:
-    """Every method's budget in every scenario: scans per site, rounds, local steps, and the
-    native height of the synthetic photos."""
+    """Every method's budget in every scenario: scans per site, rounds, local steps, the
+    native height of the synthetic photos, and the start (``init``; with ``frozen_encoder``
+    the pretrained encoder stays fixed, its features computed once per photo, and the heads
+    train federatedly)."""
 
     n_per_site: int
     rounds: int
     local_steps: int
     image_size: int
+    init: str = "random"
+    frozen_encoder: bool = False
 
     def text(self) -> str:
+        start = (
+            f"frozen {self.init} encoder (features cached), heads trained"
+            if self.frozen_encoder
+            else f"trained from {self.init} weights"
+        )
         return (
             f"{self.n_per_site} photos per site at {self.image_size} px, {self.rounds} rounds of "
-            f"{self.local_steps} local steps"
+            f"{self.local_steps} local steps, {start}"
         )
 
 
+# The full budget learns on 2 cores: every method's validation accuracy has flattened well
+# before its last round (the tables show it), from ImageNet features of torchvision's
+# MobileNetV2 file (TORCH_HOME's hub cache). The quick one runs the same path on a toy budget.
+START = "torchvision:mobilenet_v2"
 BUDGETS = {
-    "full": ScenarioBudget(n_per_site=150, rounds=20, local_steps=3, image_size=64),
-    "quick": ScenarioBudget(n_per_site=30, rounds=2, local_steps=1, image_size=48),
+    "full": ScenarioBudget(150, 30, 5, 64, START, True),
+    "quick": ScenarioBudget(30, 3, 2, 48, START, True),
 }
-SEEDS = {"full": 3, "quick": 2}
+SEEDS = {"full": 8, "quick": 2}
 
 
 @dataclass(frozen=True)
@@ -132,6 +151,13 @@ class Level:
         """The method as trained at this level (FedDRM with this level's lambda)."""
         if self.lam is not None and method == REFERENCE:
             return f"{REFERENCE}:lam={self.lam:g}"
+        return method
+
+    def run_name(self, method: str) -> str:
+        """The run's folder name: FedDRM at its default lambda is the plain FedDRM run that
+        other ablations share."""
+        if self.lam is not None and method == REFERENCE and self.lam != FedDRMParams.lam:
+            return f"{REFERENCE}_lam{self.lam:g}"
         return method
 
 
@@ -158,6 +184,7 @@ class Ablation:
     levels: tuple[Level, ...]
     claims: tuple[Claim, ...]
     methods: tuple[str, ...] = METHODS
+    note: str = ""  # said in place of the claims table where the paper makes none
 
     def level(self, label: str) -> Level:
         return next(lv for lv in self.levels if lv.label == label)
@@ -228,13 +255,9 @@ def _concept() -> Ablation:
         "concept",
         "Concept shift: every site grading alike, against one site calling referable from grade 3",
         (Level("off", DRShift()), Level("on", DRShift(concept=True))),
-        (
-            Claim(
-                "FedDRM ahead of the strongest baseline with and without concept shift",
-                "not in the paper (no concept-shift ablation)",
-                "ahead",
-            ),
-        ),
+        (),
+        note="medfed's own scenario, no paper claim: the FedDRM paper has no concept-shift "
+        "ablation, so this section reports the figures and the paired differences only.",
     )
 
 
@@ -337,9 +360,22 @@ class ScenarioPlan:
 
 
 # ---------------------------------------------------------------------------- train
-def _federation(out: Path, plan: ScenarioPlan, shift: DRShift, seed: int) -> list[Any]:
+def federation_key(shift: DRShift) -> str:
+    """The synthetic federation's name: levels of different ablations with one shift share
+    its data and its runs (trained once, read by each)."""
     key = f"m{shift.n_sites}_{shift.covariate}_a{shift.label_alpha}_k{shift.classes_per_site}"
-    folder = out / "data" / f"{key}{'_concept' if shift.concept else ''}_seed{seed}"
+    return f"{key}{'_concept' if shift.concept else ''}"
+
+
+def shared_levels(shift: DRShift) -> list[str]:
+    """Every ablation level trained on the federation of ``shift`` ("covariate: mid", ...)."""
+    return [
+        f"{a.name}: {lv.label}" for a in ABLATIONS.values() for lv in a.levels if lv.shift == shift
+    ]
+
+
+def _federation(out: Path, plan: ScenarioPlan, shift: DRShift, seed: int) -> list[Any]:
+    folder = out / "data" / f"{federation_key(shift)}_seed{seed}"
     manifests = synthesize(
         folder,
         modality="fundus",
@@ -356,11 +392,14 @@ def _config(
     level: Level, method: str, plan: ScenarioPlan, seed: int, sites: list[Any]
 ) -> TrainConfig:
     budget = Budget(plan.budget.n_per_site, plan.budget.rounds, plan.budget.local_steps)
-    config = MethodSpec.parse(level.method_label(method)).config(budget, seed)
+    spec = SPECS.get(method, level.method_label(method))
+    config = MethodSpec.parse(spec).config(budget, seed)
     return dataclasses.replace(
         config,
         lr=default_lr(sites[0].manifest.modality),
         client_fraction=level.client_fraction,
+        init=plan.budget.init,
+        frozen_encoder=plan.budget.frozen_encoder,
     )
 
 
@@ -389,19 +428,29 @@ def finished_run(folder: Path, config: TrainConfig) -> bool:
     return all(stored.get(name) == value for name, value in planned.items())
 
 
+@dataclass
+class Trainings:
+    """What a sweep's runs gave: level -> method -> seed -> test scans, each level's
+    label-shift regime, each level's and method's validation curve per seed, and how many
+    runs were read back rather than trained."""
+
+    scans: dict[str, dict[str, dict[int, Scans]]]
+    regimes: dict[str, str] = field(default_factory=dict)
+    curves: dict[str, dict[str, list[list[float | None]]]] = field(default_factory=dict)
+    reused: int = 0
+
+
 def train_scenarios(
     out: Path, plan: ScenarioPlan, echo: Callable[[str], Any], reuse: bool = False
-) -> tuple[dict[str, dict[str, dict[int, Scans]]], dict[str, str], int]:
-    """Every method at every level on every seed's federation: level -> method -> seed ->
-    test scans, each level's label-shift regime (on its first seed's federation), and how
-    many runs were read back rather than trained. Levels that share a federation (lambda's)
-    synthesize it once per seed. With ``reuse``, a run that finished in OUT with the same
-    settings (an earlier, interrupted or re-rendered invocation) is read from its folder."""
-    found: dict[str, dict[str, dict[int, Scans]]] = {
-        lv.label: {m: {} for m in plan.methods} for lv in plan.levels
-    }
-    regimes: dict[str, str] = {}
-    reused = 0
+) -> Trainings:
+    """Every method at every level on every seed's federation (see :class:`Trainings`).
+    Levels that share a federation synthesize it once per seed; runs go to
+    OUT/runs/FEDERATION/seedS/METHOD, so that levels of other ablations on the same federation
+    (:func:`shared_levels`) share them. With ``reuse``, a run that finished in OUT with the
+    same settings (an earlier, interrupted or re-rendered invocation, or another ablation's)
+    is read from its folder."""
+    found = Trainings({lv.label: {m: {} for m in plan.methods} for lv in plan.levels})
+    regimes, curves = found.regimes, found.curves
     for seed in range(plan.seeds):
         shared: tuple[DRShift, list[Any]] | None = None
         for level in plan.levels:
@@ -412,162 +461,116 @@ def train_scenarios(
             regimes.setdefault(level.label, label_regime(sites))
             for method in plan.methods:
                 config = _config(level, method, plan, seed, sites)
-                name = level.method_label(method).replace(":", "_").replace("=", "")
-                folder = out / "runs" / _slug(level.label) / f"seed{seed}" / name
-                if reuse and finished_run(folder, config):
-                    found[level.label][method][seed] = load_scans(folder)
-                    reused += 1
-                    echo(
-                        f"[{level.label}, seed {seed}] {level.method_label(method)}: read "
-                        f"from {folder}"
-                    )
-                    continue
-                run: Trained = train_run(sites, config, fresh_folder(folder))
-                echo(
-                    f"[{level.label}, seed {seed}] {level.method_label(method)}: system "
-                    f"accuracy {run.summary.system_accuracy:.3f}"
+                folder = (out / "runs" / federation_key(level.shift) / f"seed{seed}") / _slug(
+                    level.run_name(method)
                 )
-                found[level.label][method][seed] = run.scans
-    return found, regimes, reused
+                where = f"[{level.label}, seed {seed}] {level.method_label(method)}"
+                if reuse and finished_run(folder, config):
+                    found.scans[level.label][method][seed] = load_scans(folder)
+                    found.reused += 1
+                    echo(f"{where}: read from {folder}")
+                else:
+                    run: Trained = train_run(sites, config, fresh_folder(folder))
+                    echo(f"{where}: system accuracy {run.summary.system_accuracy:.3f}")
+                    found.scans[level.label][method][seed] = run.scans
+                by_level = curves.setdefault(level.label, {})
+                by_level.setdefault(method, []).append(curve(folder, config.rounds))
+    return found
 
 
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in ".-" else "_" for c in text)
 
 
-# ---------------------------------------------------------------------------- figures
-def _interval(iv: Interval | None) -> dict[str, Any] | None:
-    return None if iv is None else iv.to_dict()
-
-
-def level_figures(scans: Mapping[str, Mapping[int, Scans]], n_boot: int) -> dict[str, Any]:
-    """One level: each method's figures with CIs, and FedDRM minus each other method (paired)."""
-    methods = {
-        m: {f.key: _interval(accuracy_interval(by_seed, f, n_boot=n_boot)) for f in FIGURES}
-        for m, by_seed in scans.items()
-    }
-    differences = {
-        m: {
-            f.key: compare(scans[REFERENCE], by_seed, (REFERENCE, m), f, n_boot=n_boot).to_dict()
-            for f in FIGURES
-        }
-        for m, by_seed in scans.items()
-        if m != REFERENCE
-    }
-    return {
-        "methods": methods,
-        "differences": differences,
-        "constant": constant_answer(scans[REFERENCE]),
-    }
-
-
-def constant_answer(by_seed: Mapping[int, Scans]) -> dict[str, Any]:
-    """What answering without a model scores on these test scans: each seed's federation's most
-    common grade for every one of its scans (system accuracy, origin unknown), each site's most
-    common grade for its scans (origin known), and the mean over sites and seeds of the latter
-    (average accuracy). A method at these figures has learned nothing beyond the grade mix.
-    Wilson 95% CIs on the scans of every seed pooled."""
-    grades: dict[int, int] = {}
-    hits = own_hits = total = 0
-    shares = []
-    for seed, scans in by_seed.items():
-        pooled: dict[int, int] = {}
-        for site in scans.values():
-            if not len(site.y):
-                continue
-            found, counts = np.unique(site.y, return_counts=True)
-            for g, n in zip(found, counts, strict=True):
-                pooled[int(g)] = pooled.get(int(g), 0) + int(n)
-            own_hits += int(counts.max())
-            total += len(site.y)
-            shares.append(counts.max() / len(site.y))
-        if pooled:
-            grades[seed] = max(pooled, key=lambda g: (pooled[g], -g))
-            hits += pooled[grades[seed]]
-    if not total:
-        return {"grades": {}, "system": None, "system_origin_known": None, "average": None}
-    return {
-        "grades": {str(seed): g for seed, g in grades.items()},
-        "system": wilson(hits, total).interval.to_dict(),
-        "system_origin_known": wilson(own_hits, total).interval.to_dict(),
-        "average": float(np.mean(shares)),
-    }
-
-
-def _word(interval: Interval | Mapping[str, Any] | None, rising: bool = True) -> str:
-    if interval is None:
-        return NOT_MEASURED
-    low, high = (
-        (interval.low, interval.high)
-        if isinstance(interval, Interval)
-        else (interval["low"], interval["high"])
-    )
-    if (low > 0) if rising else (high < 0):
-        return REPRODUCED
-    if (high < 0) if rising else (low > 0):
-        return NOT_REPRODUCED
-    return NO_DIFFERENCE
-
-
-def _worst(words: Sequence[str]) -> str:
-    for word in (NOT_REPRODUCED, NOT_MEASURED, NO_DIFFERENCE):
-        if word in words:
-            return word
-    return REPRODUCED if words else NOT_MEASURED
-
-
-def judge(
+# ---------------------------------------------------------------------------- claims
+def _rows(
     claim: Claim,
     plan: ScenarioPlan,
-    scans: Mapping[str, Mapping[str, Mapping[int, Scans]]],
-    levels: Mapping[str, Any],
-) -> dict[str, Any]:
-    """A claim's intervals and verdict (see :class:`Claim`)."""
-    out: dict[str, Any] = {"text": claim.text, "paper": claim.paper, "figure": claim.figure.key}
+    found: Trainings,
+    levels: Mapping[str, Mapping[str, Any]],
+    boots: Mapping[str, Mapping[str, SeedBootstrap]],
+    variant: str,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """One claim's comparisons for one FedDRM variant: each with its interval, unadjusted
+    p-value, the paper's direction (``sign``) and whether it rests on an uninformative level;
+    or why it cannot be measured."""
     present = [lv.label for lv in plan.levels]
+    key = claim.figure.key
+    blind = {label for label in present if not levels[label]["gate"]["informative"]}
+
+    def row(what: str, iv: Interval | None, p: float, sign: bool, used: set[str]) -> dict:
+        return {
+            "what": what,
+            "interval": None if iv is None else iv.to_dict(),
+            "p": p if iv is not None and np.isfinite(p) else None,
+            "sign": sign,
+            "uninformative": sorted(used & blind),
+        }
+
     if claim.kind in ("rise", "fall"):
         start, end = claim.span
         if start not in present or end not in present:
-            return out | {"verdict": NOT_MEASURED, "why": f"needs levels {start} and {end}"}
-        iv = level_difference(
-            scans[end][REFERENCE], scans[start][REFERENCE], claim.figure, n_boot=plan.n_boot
-        )
-        return out | {
-            "rows": [{"what": f"{end} minus {start}", "interval": iv.to_dict()}],
-            "verdict": _word(iv, rising=claim.kind == "rise"),
-        }
+            return [], f"needs levels {start} and {end}"
+        iv, p = unpaired(found.scans[end][variant], found.scans[start][variant], key, plan.n_boot)
+        return [row(f"{end} minus {start}", iv, p, claim.kind == "rise", {start, end})], None
     if claim.kind == "peak":
         (top,) = claim.span
         if top not in present or len(present) < 2:
-            return out | {"verdict": NOT_MEASURED, "why": f"needs level {top} and another"}
-        rows = []
-        for other in present:
-            if other == top:
-                continue
-            found = compare(
-                scans[top][REFERENCE],
-                scans[other][REFERENCE],
-                (f"lambda {top}", f"lambda {other}"),
-                claim.figure,
-                n_boot=plan.n_boot,
+            return [], f"needs level {top} and another"
+        peak = bootstraps({lv: found.scans[lv][variant] for lv in present}, plan.n_boot)[key]
+        return [
+            row(
+                f"{top} minus {other}",
+                peak.difference(top, other),
+                peak.p_value(top, other),
+                True,
+                {top, other},
             )
-            rows.append({"what": f"{top} minus {other}", "interval": _interval(found.interval)})
-        return out | {"rows": rows, "verdict": _worst([_word(r["interval"]) for r in rows])}
+            for other in present
+            if other != top
+        ], None
     rows = []
     for label in present:
-        table = levels[label]
+        table, boot = levels[label], boots[label][key]
         rivals = sorted(
-            table["differences"],
-            key=lambda m: (
-                -(table["methods"][m][claim.figure.key] or {"estimate": -1.0})["estimate"]
-            ),
+            (m for m in table["methods"] if m not in VARIANTS),
+            key=lambda m: -((table["methods"][m][key] or {}).get("estimate", -1.0)),
         )[: claim.rivals]
         for rival in rivals:
-            iv = table["differences"][rival][claim.figure.key]["interval"]
-            rows.append({"what": f"{label}: FedDRM minus {rival}", "interval": iv})
-    if not rows:
-        return out | {"verdict": NOT_MEASURED, "why": "no baseline trained"}
-    return out | {"rows": rows, "verdict": _worst([_word(r["interval"]) for r in rows])}
+            rows.append(
+                row(
+                    f"{label}: minus {rival}",
+                    boot.difference(variant, rival),
+                    boot.p_value(variant, rival),
+                    True,
+                    {label},
+                )
+            )
+    return rows, (None if rows else "no baseline trained")
+
+
+def judge_claims(
+    plan: ScenarioPlan,
+    found: Trainings,
+    levels: Mapping[str, Mapping[str, Any]],
+    boots: Mapping[str, Mapping[str, SeedBootstrap]],
+) -> list[dict[str, Any]]:
+    """Every claim for each FedDRM variant trained, its rows Holm-adjusted as one family (the
+    claims table's), a verdict per claim and variant (:func:`claim_verdict`)."""
+    claims = []
+    for claim in plan.ablation.claims:
+        out = {"text": claim.text, "paper": claim.paper, "figure": claim.figure.key}
+        out["variants"] = {}
+        for variant in (v for v in VARIANTS if v in plan.methods):
+            rows, why = _rows(claim, plan, found, levels, boots, variant)
+            out["variants"][variant] = {"rows": rows, "why": why}
+        claims.append(out)
+    family = [r for c in claims for v in c["variants"].values() for r in v["rows"]]
+    decide([r for r in family if not r["uninformative"]])
+    for c in claims:
+        for v in c["variants"].values():
+            v["verdict"] = claim_verdict(v["rows"]) if v["why"] is None else NOT_MEASURED
+    return claims
 
 
 def run_scenarios(
@@ -588,14 +591,19 @@ def run_scenarios(
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     earlier = _earlier_seconds(out / f"scenario-{plan.ablation.name}.json") if reuse else 0.0
-    scans, regimes, reused = train_scenarios(out, plan, echo, reuse)
-    levels = {label: level_figures(by_method, plan.n_boot) for label, by_method in scans.items()}
+    found = train_scenarios(out, plan, echo, reuse)
+    levels, boots = {}, {}
+    for label, by_method in found.scans.items():
+        levels[label], boots[label] = level_table(by_method, plan.n_boot)
+        levels[label]["curves"] = {m: mean_curve(c) for m, c in found.curves[label].items()}
+    family = adjust_table(levels)
     results = {
         "command": plan.command,
         "ablation": plan.ablation.name,
         "title": plan.ablation.title,
         "task": "synthetic ICDR grading (5 grades), medfed.data.synth_dr",
         "budget": dataclasses.asdict(plan.budget),
+        "extra_steps": {m: EXTRA_STEPS[m] for m in plan.methods if m in EXTRA_STEPS},
         "seeds": list(range(plan.seeds)),
         "n_boot": plan.n_boot,
         "methods": list(plan.methods),
@@ -605,15 +613,23 @@ def run_scenarios(
                 "shift": lv.shift.to_dict(),
                 "client_fraction": lv.client_fraction,
                 "lambda": lv.lam,
-                "label_regime": regimes[lv.label],
+                "label_regime": found.regimes[lv.label],
+                "federation": federation_key(lv.shift),
+                "shared_with": [
+                    other
+                    for other in shared_levels(lv.shift)
+                    if other != f"{plan.ablation.name}: {lv.label}"
+                ],
                 **levels[lv.label],
             }
             for lv in plan.levels
         ],
-        "claims": [judge(c, plan, scans, levels) for c in plan.ablation.claims],
+        "adjustment": {"name": ADJUSTMENT, "alpha": ALPHA, "table_comparisons": family},
+        "claims": judge_claims(plan, found, levels, boots),
+        "note": plan.ablation.note,
         "device": device_info(),
-        "seconds": _wall_time(time.perf_counter() - start, earlier, reused, plan),
-        "reused_runs": reused,
+        "seconds": _wall_time(time.perf_counter() - start, earlier, found.reused, plan),
+        "reused_runs": found.reused,
     }
     if len(plan.methods) > 1:
         path = out / f"sweep-{plan.ablation.name}.json"
@@ -628,7 +644,12 @@ def run_scenarios(
         echo=echo,
         readme=readme,
         summary=lambda written: (
-            [f"{c['text']}: {c['verdict']}" for c in results["claims"]] + [f"wrote {written}"]
+            [
+                f"{c['text']} ({VARIANT_NAMES[v]}): {got['verdict']}"
+                for c in results["claims"]
+                for v, got in c["variants"].items()
+            ]
+            + [f"wrote {written}"]
         ),
     )
     return results
@@ -651,102 +672,3 @@ def _earlier_seconds(path: Path) -> float:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
         return 0.0
     return float(seconds) if isinstance(seconds, int | float) and seconds >= 0 else 0.0
-
-
-def sweep_file(results: Mapping[str, Any]) -> dict[str, Any]:
-    """The ablation's levels as the heterogeneity report reads a sweep
-    (:func:`medfed.reports.heterogeneity.read_sweep`): each level's regime (covariate level,
-    label-shift regime, concept shift, number of sites), its methods ranked by system accuracy,
-    origin unknown (point estimates), and FedDRM minus each other method on that figure as a
-    paired interval with its verdict, so that a ranking is never read as more than its
-    intervals show."""
-    key = SYSTEM.key
-    scenarios = []
-    for level in results["levels"]:
-        accuracy = {m: (f[key] or {}).get("estimate") for m, f in level["methods"].items()}
-        ranked = sorted(
-            (m for m in accuracy if accuracy[m] is not None), key=lambda m: -accuracy[m]
-        )
-        differences = {
-            m: {"interval": d[key]["interval"], "verdict": d[key]["verdict"]}
-            for m, d in level["differences"].items()
-        }
-        scenarios.append(
-            {
-                "level": f"{results['ablation']}: {level['label']}",
-                "covariate": level["shift"]["covariate"],
-                "label": level["label_regime"],
-                "concept": bool(level["shift"]["concept"]),
-                "n_sites": level["shift"]["n_sites"],
-                "ranking": ranked,
-                "system_accuracy": {m: accuracy[m] for m in ranked},
-                "reference": REFERENCE,
-                "differences": differences,
-            }
-        )
-    return {
-        "format": SWEEP_FORMAT,
-        "source": f"{results['command']} ({results['ablation']}, seeds {results['seeds']})",
-        "scenarios": scenarios,
-    }
-
-
-# ---------------------------------------------------------------------------- tables
-def _signed(interval: Mapping[str, Any] | None) -> str:
-    """``+0.095 (-0.119 to +0.310)``: a difference with its interval; ``n/a`` without one."""
-    return difference_cell({"interval": interval, "verdict": "n/a"}).removesuffix(" n/a")
-
-
-def scenario_markdown(results: Mapping[str, Any], image_prefix: str = "") -> str:
-    """The ablation's tables: each method's figures per level, FedDRM's paired differences,
-    then the paper's claims beside medfed's intervals and verdicts."""
-    minutes = results["seconds"] / 60
-    budget = ScenarioBudget(**results["budget"])
-    machine = results["device"].get("cpu") or results["device"].get("gpu") or "this machine"
-    lines = [
-        f"{results['title']}. {results['task']}; {budget.text()}; "
-        f"{seeds_text(results['seeds'])}; the same budget for every method; {machine}; "
-        f"{minutes:.0f} minutes (`{results['command']}`).",
-        "",
-        "| level | method | system acc., origin unknown (95% CI) | system acc., origin known "
-        "(95% CI) | average acc. (95% CI) | FedDRM minus it: system acc., origin unknown |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for level in results["levels"]:
-        for method, figures in level["methods"].items():
-            diff = level["differences"].get(method)
-            lines.append(
-                f"| {level['label']} | {method} | {ci_cell(figures['system_accuracy'], 3)} | "
-                f"{ci_cell(figures['system_accuracy_origin_known'], 3)} | "
-                f"{ci_cell(figures['average_accuracy'], 3)} | "
-                f"{'—' if diff is None else difference_cell(diff['system_accuracy'])} |"
-            )
-        constant = level.get("constant")
-        if constant and constant["system"] is not None:
-            lines.append(
-                f"| {level['label']} | {CONSTANT_ROW} | {ci_cell(constant['system'], 3)} | "
-                f"{ci_cell(constant['system_origin_known'], 3)} | {constant['average']:.3f} | "
-                "— |"
-            )
-    lines += [
-        "",
-        "| the paper's claim | the paper's figures | medfed (95% CI) | verdict |",
-        "| --- | --- | --- | --- |",
-    ]
-    for claim in results["claims"]:
-        found = "; ".join(
-            f"{r['what']}: {_signed(r['interval'])}" for r in claim.get("rows", [])
-        ) or claim.get("why", "")
-        lines.append(f"| {claim['text']} | {claim['paper']} | {found} | {claim['verdict']} |")
-    lines += [
-        "",
-        f"{CONSTANT_ROW}: no model; every scan answered with the most common grade of its "
-        "seed's pooled test scans (origin unknown) or of its own site's (origin known, "
-        "average); a method at this row has learned nothing beyond the grade mix.",
-        "",
-        "Guidance from synthetic scenarios: the paper's figures are on CIFAR and its RETINA "
-        "federation, medfed's on its synthetic DR federation, so directions are compared, not "
-        "values. Verdicts: reproduced in direction (the interval on the paper's side of 0), not "
-        "reproduced (on the other side), no difference detected (it holds 0).",
-    ]
-    return "\n".join(lines) + "\n"

@@ -81,6 +81,8 @@ class Calibration:
     calibration-in-the-large, the intercept of a logistic model with logit(p) as offset
     (0 is ideal; > 0 means risks are under-estimated). ``reason`` says why intercept or slope is
     ``None``. ``bins``: ``{"mean_predicted", "fraction_positive", "n"}`` per bin, low to high.
+    ``slope_ci``: the slope's Wald 95% interval from the same fit (None without a slope, and in
+    a summary written before it was recorded).
     """
 
     n: int
@@ -90,6 +92,7 @@ class Calibration:
     slope: float | None
     reason: str | None
     bins: list[dict[str, Any]] = field(hash=False)
+    slope_ci: tuple[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -98,14 +101,21 @@ class Calibration:
             "ece": self.ece,
             "intercept": self.intercept,
             "slope": self.slope,
+            "slope_ci": None if self.slope_ci is None else list(self.slope_ci),
             "reason": self.reason,
             "bins": [dict(b) for b in self.bins],
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
-        values = pick_fields(cls, data)
+        values = pick_fields(cls, data, optional=("slope_ci",))
         values["bins"] = [dict(b) for b in values["bins"]]
+        ci = values.get("slope_ci")
+        if ci is not None:
+            low, high = (finite(v, "Calibration.slope_ci") for v in ci)
+            if low > high:
+                raise ValueError(f"Calibration.slope_ci: low {low} is above high {high}")
+            values["slope_ci"] = (low, high)
         return cls(**values)
 
 
@@ -220,7 +230,7 @@ def calibration(y: ArrayLike, prob: ArrayLike, *, bins: int = 10) -> Calibration
         for g in groups
     ]
     ece = sum(b["n"] * abs(b["fraction_positive"] - b["mean_predicted"]) for b in table) / n
-    intercept, slope, reason = _intercept_and_slope(yy, p)
+    intercept, slope, slope_ci, reason = _intercept_and_slope(yy, p)
     return Calibration(
         n=n,
         brier=float(np.mean((p - yy) ** 2)),
@@ -229,24 +239,27 @@ def calibration(y: ArrayLike, prob: ArrayLike, *, bins: int = 10) -> Calibration
         slope=slope,
         reason=reason,
         bins=table,
+        slope_ci=slope_ci,
     )
 
 
 def _intercept_and_slope(
     y: np.ndarray, p: np.ndarray
-) -> tuple[float | None, float | None, str | None]:
+) -> tuple[float | None, float | None, tuple[float, float] | None, str | None]:
     present = np.unique(y)
     if present.size < 2:
         return (
+            None,
             None,
             None,
             f"only class {int(present[0])} (n={y.size}): calibration intercept and slope undefined",
         )
     x = logit(np.clip(p, _P_CLIP, 1 - _P_CLIP))
     ones = np.ones((y.size, 1))
-    intercept, why = _glm_coefficient(y, ones, x, 0)
+    intercept, _, why = _glm_coefficient(y, ones, x, 0)
     reasons = [f"calibration intercept not estimable: {why}"] if why else []
     slope: float | None = None
+    slope_ci: tuple[float, float] | None = None
     if np.ptp(x) == 0:
         reasons.append("calibration slope undefined: every predicted probability is the same")
     elif x[y == 0].max() <= x[y == 1].min() or x[y == 1].max() <= x[y == 0].min():
@@ -255,16 +268,17 @@ def _intercept_and_slope(
             "perfectly, so the logistic fit has no finite slope"
         )
     else:
-        slope, why = _glm_coefficient(y, np.column_stack([ones, x]), None, 1)
+        slope, slope_ci, why = _glm_coefficient(y, np.column_stack([ones, x]), None, 1)
         if why:
             reasons.append(f"calibration slope not estimable: {why}")
-    return intercept, slope, "; ".join(reasons) or None
+    return intercept, slope, slope_ci, "; ".join(reasons) or None
 
 
 def _glm_coefficient(
     y: np.ndarray, design: np.ndarray, offset: np.ndarray | None, index: int
-) -> tuple[float | None, str | None]:
-    """One coefficient of a binomial GLM, or ``None`` and why the fit failed."""
+) -> tuple[float | None, tuple[float, float] | None, str | None]:
+    """One coefficient of a binomial GLM with its Wald 95% interval, or ``None`` and why the
+    fit failed."""
     from statsmodels.genmod.families import Binomial
     from statsmodels.genmod.generalized_linear_model import GLM
 
@@ -273,13 +287,15 @@ def _glm_coefficient(
         try:
             result = GLM(y, design, family=Binomial(), offset=offset).fit()
         except Exception as exc:  # statsmodels raises several types on a degenerate fit
-            return None, f"logistic fit failed ({type(exc).__name__}: {exc})"
+            return None, None, f"logistic fit failed ({type(exc).__name__}: {exc})"
     value = float(result.params[index])
     separation = [w for w in caught if "separation" in str(w.message).lower()]
     if separation:
-        return None, "perfect separation detected by the logistic fit"
+        return None, None, "perfect separation detected by the logistic fit"
     if not getattr(result, "converged", True):
-        return None, "the logistic fit did not converge"
+        return None, None, "the logistic fit did not converge"
     if not math.isfinite(value):
-        return None, "the logistic fit gave a non-finite coefficient"
-    return value, None
+        return None, None, "the logistic fit gave a non-finite coefficient"
+    low, high = (float(v) for v in np.asarray(result.conf_int(alpha=0.05))[index])
+    interval = (low, high) if math.isfinite(low) and math.isfinite(high) else None
+    return value, interval, None

@@ -94,12 +94,17 @@ class SeedBootstrap:
 
     def p_value(self, a: str, b: str) -> float:
         """Two-sided bootstrap p-value of a minus b against 0 (for Holm's adjustment)."""
-        diffs = self.samples[a] - self.samples[b]
-        diffs = diffs[np.isfinite(diffs)]
-        if diffs.size == 0:
-            return float("nan")
-        share = min(np.mean(diffs <= 0), np.mean(diffs >= 0))
-        return float(min(1.0, 2 * max(share, 1 / (diffs.size + 1))))
+        return two_sided_p(self.samples[a] - self.samples[b])
+
+
+def two_sided_p(diffs: np.ndarray) -> float:
+    """Two-sided bootstrap p-value of resampled differences against 0: twice the smaller
+    share on either side, at least 1/(n+1); NaN when no resample is defined."""
+    diffs = diffs[np.isfinite(diffs)]
+    if diffs.size == 0:
+        return float("nan")
+    share = min(np.mean(diffs <= 0), np.mean(diffs >= 0))
+    return float(min(1.0, 2 * max(share, 1 / (diffs.size + 1))))
 
 
 def _interval(estimate: float, values: np.ndarray, method: str, level: float) -> Interval | None:
@@ -117,23 +122,30 @@ def seed_bootstrap(
 ) -> SeedBootstrap:
     """``figure`` of every method, mean over its seeds, with the two-level resamples.
 
-    Every method must have the same seeds and, per site, the same test scans in the same order
-    (one split, several trained federations): a resample draws seed positions and then each
-    site's patients once, and every method is measured on that draw."""
+    Every method must have the same seeds and, per seed and site, the same test scans in the
+    same order (each seed may hold its own federation and split, as a synthetic sweep does, or
+    all seeds one split): a resample draws seed positions and then, for each drawn seed, each
+    site's patients, and every method is measured on that draw."""
     names = list(methods)
     seeds = sorted(methods[names[0]])
     sites = list(methods[names[0]][seeds[0]])
     for name in names:
         if sorted(methods[name]) != seeds:
             raise ValueError(f"{name}: seeds {sorted(methods[name])}, expected {seeds}")
-    groups = {s: _patient_groups(methods[names[0]][seeds[0]][s].patients) for s in sites}
+        for k in seeds:
+            for s in sites:
+                if len(methods[name][k][s].patients) != len(methods[names[0]][k][s].patients):
+                    raise ValueError(f"{name}: seed {k}, site {s} holds other test scans")
+    groups = {
+        (k, s): _patient_groups(methods[names[0]][k][s].patients) for k in seeds for s in sites
+    }
     per_seed = {n: {k: figure(methods[n][k]) for k in seeds} for n in names}
     estimates = {n: float(np.mean([per_seed[n][k] for k in seeds])) for n in names}
     rng = np.random.default_rng(seed)
     samples = {n: np.full(n_boot, np.nan) for n in names}
     for r in range(n_boot):
         drawn = rng.integers(0, len(seeds), size=len(seeds))
-        draws = [{s: _draw(groups[s], rng) for s in sites} for _ in drawn]
+        draws = [{s: _draw(groups[seeds[k], s], rng) for s in sites} for k in drawn]
         for name in names:
             values = [
                 figure({s: methods[name][seeds[k]][s].take(idx[s]) for s in sites})

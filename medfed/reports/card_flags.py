@@ -43,8 +43,10 @@ def site_flags(sites: Mapping[str, Any], rule: str | None) -> list[str]:
         calibration = getattr(figures, "calibration", None)
         slope = calibration.slope if calibration is not None else None
         if slope is not None and not SLOPE_RANGE[0] <= slope <= SLOPE_RANGE[1]:
+            ci = getattr(calibration, "slope_ci", None)
+            shown = f"{slope:.2f}" + ("" if ci is None else f" ({ci[0]:.2f}-{ci[1]:.2f}, 95% CI)")
             lines.append(
-                f"{site}: calibration slope {slope:.2f}, outside "
+                f"{site}: calibration slope {shown}, outside "
                 f"{SLOPE_RANGE[0]}-{SLOPE_RANGE[1]} (over-confident below, timid above)"
             )
     return lines

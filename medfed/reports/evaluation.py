@@ -132,16 +132,28 @@ def calibration_table(summary: Evaluation) -> str:
     return markdown_table(*calibration_rows(summary))
 
 
+SLOPE_HEADER = "slope (95% CI; ideal 1)"
+
+
+def slope_text(c: Any) -> str:
+    """A calibration's slope with its Wald 95% interval: ``0.82 (0.61-1.05)``; the slope alone
+    for a summary written before the interval was recorded; n/a without a slope."""
+    if c is None or c.slope is None:
+        return "n/a"
+    ci = getattr(c, "slope_ci", None)
+    return f"{c.slope:.3f}" if ci is None else f"{c.slope:.3f} ({ci[0]:.2f}-{ci[1]:.2f})"
+
+
 def calibration_rows(summary: Evaluation) -> tuple[list[str], list[list[Any]]]:
     """The header and rows of :func:`calibration_table` (for markdown or HTML)."""
-    header = ["site", "n", "Brier", "ECE", "intercept (ideal 0)", "slope (ideal 1)", "note"]
+    header = ["site", "n", "Brier", "ECE", "intercept (ideal 0)", SLOPE_HEADER, "note"]
     rows = []
     for site, m in summary.sites.items():
         c = m.calibration
         if c is None:
             rows.append([site, *["n/a"] * 5, "no calibration in this run"])
             continue
-        rows.append([site, c.n, c.brier, c.ece, c.intercept, c.slope, c.reason or ""])
+        rows.append([site, c.n, c.brier, c.ece, c.intercept, slope_text(c), c.reason or ""])
     return header, rows
 
 

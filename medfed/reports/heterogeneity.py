@@ -91,7 +91,9 @@ ICDR_CLASSES = 5  # a DR federation's classes: the ICDR grades 0-4
 MIN_CONCEPT_PAIRS = 4  # a line and a leave-one-out prediction interval need at least this many
 LEVEL = 0.95
 Z95 = 1.959964
-SWEEP_FORMAT = 1
+# 2: each scenario says whether its level could tell methods apart (the gate of
+# medfed.experiments.scenario_verdicts), with no ranking where it could not.
+SWEEP_FORMAT = 2
 
 
 class HeterogeneityError(MedfedError):
@@ -356,9 +358,11 @@ def cross_figures(
 
 
 def read_sweep(path: str | Path) -> dict[str, Any]:
-    """A scenario sweep's result file: ``{"format": 1, "source": "...", "scenarios": [{"covariate":
-    "low|mid|high", "label": "none|weak|moderate|strong", "concept": bool, "ranking": [method,
-    ...]}]}``, each ranking best first, as measured by training every method on the scenario."""
+    """A scenario sweep's result file: ``{"format": 2, "source": "...", "scenarios": [{"covariate":
+    "low|mid|high", "label": "none|weak|moderate|strong", "concept": bool, "informative": bool,
+    "ranking": [method, ...]}]}``, each ranking best first, as measured by training every
+    method on the scenario; empty where the level was uninformative (its baselines did not
+    clear the most-common-grade rate, so no ranking can be read from it)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -372,6 +376,12 @@ def read_sweep(path: str | Path) -> dict[str, Any]:
             "results as written by 'medfed scenarios'"
         ) from None
     scenarios = data.get("scenarios") if isinstance(data, dict) else None
+    if isinstance(data, dict) and data.get("format") == 1:
+        raise HeterogeneityError(
+            f"{path}: a sweep of format 1, written before sweeps said which levels could tell "
+            "methods apart; run 'medfed scenarios' again (--reuse-runs reads its runs back) to "
+            f"write format {SWEEP_FORMAT}"
+        )
     if (
         not isinstance(data, dict)
         or data.get("format") != SWEEP_FORMAT
@@ -382,7 +392,13 @@ def read_sweep(path: str | Path) -> dict[str, Any]:
             f"{SWEEP_FORMAT} and a 'scenarios' list)"
         )
     for k, s in enumerate(scenarios):
-        ok = isinstance(s, dict) and isinstance(s.get("ranking"), list) and s["ranking"]
+        informative = s.get("informative") if isinstance(s, dict) else None
+        ok = (
+            isinstance(s, dict)
+            and isinstance(informative, bool)
+            and isinstance(s.get("ranking"), list)
+            and (bool(s["ranking"]) or not informative)
+        )
         differences = s.get("differences") if isinstance(s, dict) else None
         if differences is not None and not (
             isinstance(differences, dict)
@@ -398,7 +414,8 @@ def read_sweep(path: str | Path) -> dict[str, Any]:
         if not ok or s.get("covariate") not in LEVELS or not isinstance(s.get("concept"), bool):
             raise HeterogeneityError(
                 f"{path}: scenarios[{k}] needs 'covariate' (one of {list(LEVELS)}), 'label', "
-                "'concept' (true or false) and a non-empty 'ranking' list"
+                "'concept' (true or false), 'informative' (true or false) and a 'ranking' list, "
+                "not empty where informative"
             )
     return data
 
@@ -468,6 +485,16 @@ def ranking(
 
         nearest = min(map(distance, matches))
         matches = [s for s in matches if distance(s) == nearest]
+    blind = [s for s in matches if not s["informative"]]
+    matches = [s for s in matches if s["informative"]]
+    if not matches:
+        where = ", ".join(s.get("level", "a level") for s in blind)
+        return {
+            "ranking": None,
+            "note": f"the sweep measured this regime ({where}) but could not tell methods apart "
+            "there: its baselines did not clear the most-common-grade rate at the sweep's "
+            "budget, so it gives no ranking",
+        }
     first, *others = (_measured(s, sweep) for s in matches)
     seen = [(first["ranking"], first["differences"])]
     also = []

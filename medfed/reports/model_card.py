@@ -20,6 +20,7 @@ from typing import Any
 from medfed import __version__
 from medfed.errors import RunDirError
 from medfed.fileio import atomic_write
+from medfed.manifest import TRIPOD_FIELDS
 from medfed.reports.card_flags import FLAG_RULES, site_flags
 from medfed.reports.evaluation import (
     AT_OPERATING,
@@ -197,6 +198,12 @@ def intended_use_section(inputs: CardInputs) -> CardSection:
         "Intended population: patients like those of the member sites, as their data cards "
         "below describe them (source, acquisition, known shifts). A scan from another "
         "population, device or protocol is outside it, whatever the router answers.",
+        "Contraindications: a scan of another modality or of a device, protocol or population "
+        "the sites' data cards do not describe; a scan the federation abstains on (it gives "
+        "no answer then); use as the only reading of a scan. The sites recorded no others.",
+        "Regulatory status: not recorded for this model. medfed is research software and "
+        "makes no regulatory claim; a model used in care needs the clearance its jurisdiction "
+        "asks for, obtained by whoever deploys it.",
     ]
     return CardSection(
         "Intended use and population",
@@ -246,6 +253,29 @@ def sites_section(inputs: CardInputs) -> CardSection:
         blocks.append(described)
     return CardSection(
         "Sites and their data", "data sources; participants; sample size; outcome", blocks
+    )
+
+
+NOT_RECORDED = "not recorded"
+
+
+def data_items_section(inputs: CardInputs) -> CardSection:
+    """The TRIPOD+AI items each site declares in its manifest (its data card shows them too),
+    "not recorded" where it declared none."""
+    facts = inputs.site_facts
+    rows = [
+        [site] + [str(facts.get(site, {}).get(key) or NOT_RECORDED) for key in TRIPOD_FIELDS]
+        for site in inputs.summary.sites
+    ]
+    return CardSection(
+        "Reference standard, eligibility and data governance",
+        "reference standard; eligibility criteria; data dates; data controller and retention",
+        [
+            "As each site declared them in its manifest (fields reference_standard, "
+            "inclusion, exclusion, data_dates, data_controller, retention); "
+            f"'{NOT_RECORDED}' where it declared none.",
+            CardTable(["site", *TRIPOD_FIELDS.values()], rows),
+        ],
     )
 
 
@@ -456,6 +486,7 @@ SECTIONS = (
     model_section,
     intended_use_section,
     sites_section,
+    data_items_section,
     performance_section,
     calibration_section,
     routing_section,

@@ -36,10 +36,12 @@ from medfed.reports.evaluation import (
     ORIGIN_UNKNOWN,
     PRIVACY_COLUMNS,
     PROTOCOLS,
+    SLOPE_HEADER,
     auc_text,
     class_counts,
     latency_text,
     privacy_cells,
+    slope_text,
     system_by_site_rows,
 )
 from medfed.reports.grading import (
@@ -394,8 +396,8 @@ def _calibration_section(runs: Sequence[StudyRun], sites: list[str]) -> list[Htm
             if c is None:
                 rows.append([site, *["n/a"] * 5, "no calibration in this run"])
                 continue
-            rows.append([site, c.n, c.brier, c.ece, c.intercept, c.slope, c.reason or ""])
-        header = ["site", "n", "Brier", "ECE", "intercept (ideal 0)", "slope (ideal 1)", "note"]
+            rows.append([site, c.n, c.brier, c.ece, c.intercept, slope_text(c), c.reason or ""])
+        header = ["site", "n", "Brier", "ECE", "intercept (ideal 0)", SLOPE_HEADER, "note"]
         figures = {site: run.summary.sites.get(site) for site in sites}
         plot = reliability_diagram(run.label, figures)
         caption = tag("figcaption", f"Reliability diagram, {run.label}")
