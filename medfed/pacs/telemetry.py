@@ -83,6 +83,16 @@ class EventLog:
         stream.flush()
 
 
+def _counter(
+    name: str, doc: str, label: str, values: tuple[str, ...], registry: CollectorRegistry
+) -> Counter:
+    """A counter by ``label``, every one of ``values`` shown (at 0 until it happens)."""
+    counter = Counter(name, doc, (label,), registry=registry)
+    for value in values:
+        counter.labels(value)
+    return counter
+
+
 class ServeMetrics:
     """``medfed serve``'s metrics, rendered in Prometheus' text format by :meth:`render`."""
 
@@ -133,22 +143,20 @@ class WatchMetrics:
         self.registry = CollectorRegistry()
         self.started = clock()
         self.last_ok: float | None = None
-        self.polls = Counter(
+        self.polls = _counter(
             "medfed_pacs_watch_polls",
             "Polls of the PACS, by result: ok, or failed (the PACS could not be reached).",
-            ("result",),
-            registry=self.registry,
+            "result",
+            ("ok", "failed"),
+            self.registry,
         )
-        for result in ("ok", "failed"):
-            self.polls.labels(result)
-        self.scans = Counter(
+        self.scans = _counter(
             "medfed_pacs_watch_scans",
             "Scans handled for the first time, by outcome: answered or skipped.",
-            ("outcome",),
-            registry=self.registry,
+            "outcome",
+            ("answered", "skipped"),
+            self.registry,
         )
-        for outcome in ("answered", "skipped"):
-            self.scans.labels(outcome)
         self.queue = Gauge(
             "medfed_pacs_watch_queue_depth",
             "Studies with new instances found by the current poll and not yet handled "
@@ -202,24 +210,22 @@ class ListenMetrics:
         self.registry = CollectorRegistry()
         self.started = clock()
         self.last_instance: float | None = None
-        self.instances = Counter(
+        self.instances = _counter(
             "medfed_pacs_listen_instances",
             "DICOM instances received by C-STORE, by result: kept, refused (malformed: not "
             "kept), failed (could not be written: the sender was told to retry), ignored (a "
             "report, not an image).",
-            ("result",),
-            registry=self.registry,
+            "result",
+            ("kept", "refused", "failed", "ignored"),
+            self.registry,
         )
-        for result in ("kept", "refused", "failed", "ignored"):
-            self.instances.labels(result)
-        self.scans = Counter(
+        self.scans = _counter(
             "medfed_pacs_listen_scans",
             "Scans handled for the first time, by outcome: answered or skipped.",
-            ("outcome",),
-            registry=self.registry,
+            "outcome",
+            ("answered", "skipped"),
+            self.registry,
         )
-        for outcome in ("answered", "skipped"):
-            self.scans.labels(outcome)
         self.retries = Counter(
             "medfed_pacs_listen_series_retried",
             "Series whose answer failed (e.g. the PACS refused it) and wait to be tried again.",
