@@ -81,6 +81,30 @@ def _make_study(*options: str, photo: str | None = "eye.png"):
     return make
 
 
+def _promote(into_itself: bool = False, damage: bool = False):
+    """``ops promote`` of a copy of the shared run into another copy (the same model), into
+    itself, or of a copy whose first weight file was changed (``damage``)."""
+
+    def make(tmp: Path, s: Shared) -> list:
+        live = s.copy_run(tmp / "live")
+        if into_itself:
+            return ["ops", "promote", live, live]
+        new = s.copy_run(tmp / "new")
+        if damage:
+            with open(sorted((new / "model").glob("site_*.safetensors"))[0], "ab") as handle:
+                handle.write(b"\0")
+        return ["ops", "promote", live, new]
+
+    return make
+
+
+def _history_edited(tmp: Path, s: Shared) -> list:
+    live = s.copy_run(tmp)
+    (live / "releases").mkdir()
+    (live / "releases" / "history.jsonl").write_text("{not json\n", encoding="utf-8")
+    return ["ops", "releases", live]
+
+
 def _units(*options: str, run: str = "runs/feddrm"):
     """``ops units`` of a run directory at ``run`` under the test's folder."""
 
@@ -284,6 +308,19 @@ CASES = [
     Case("pacs listen --quiet is negative", _listen("--quiet", "-1"), 2,
          ("--quiet", "-1.0", "seconds")),
     Case("pacs listen --quiet is nan", _listen("--quiet", "nan"), 2, ("--quiet", "nan")),
+    Case("ops promote a run into itself", _promote(into_itself=True), 2,
+         ("other than", "outside it")),
+    Case("ops promote the model already served", _promote(), 2, ("already serves",)),
+    Case("ops promote a run whose weights were changed", _promote(damage=True), 2,
+         ("site_", ".safetensors", "cannot read weights")),
+    Case("ops rollback of a run never replaced",
+         lambda tmp, s: ["ops", "rollback", s.copy_run(tmp)], 2,
+         ("never replaced", "nothing to roll back")),
+    Case("ops rollback --to a model not kept",
+         lambda tmp, s: ["ops", "rollback", s.copy_run(tmp), "--to", "0123456789ab"], 2,
+         ("0123456789ab", "not kept")),
+    Case("ops releases with an edited history", _history_edited, 2,
+         ("history.jsonl:1", "not a release record")),
     Case("pacs make-study --study-date not a date",
          _make_study("--patient-id", "T1", "--study-date", "20241301"), 2,
          ("--study-date", "20241301", "YYYYMMDD")),

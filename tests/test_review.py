@@ -324,6 +324,8 @@ def test_an_old_audit_log_gains_the_review_tables_and_keeps_its_scans(tmp_path) 
     with sqlite3.connect(run / "audit.sqlite") as db:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"routed", "reads"} <= tables
+        # each decision names its model from version 3 on; the old row has none recorded
+        assert db.execute("SELECT model FROM routed ORDER BY id").fetchall()[0] == (None,)
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     db.close()
     again = Review(run)  # reopened: the reads survive
@@ -355,7 +357,7 @@ def test_a_version_1_log_gains_amendments_and_blinding_and_keeps_its_reads(tmp_p
     db.close()
     (old,) = Review(run).reads()
     assert (old.read, old.amends, old.blinded) == ("normal", None, None)  # unknown then
-    assert AuditLog(run).version() == AUDIT_SCHEMA_VERSION == 2
+    assert AuditLog(run).version() == AUDIT_SCHEMA_VERSION == 3
     amended = Review(run).record(1, "Dr Ames", "glaucoma", time=at(3))
     assert (amended.amends, amended.blinded) == (old.id, True)
     assert Review(run).figures().scope(SYSTEM).operating.tp == 1

@@ -1,10 +1,11 @@
-"""Operations: ``medfed ops units`` (systemd units for the services)."""
+"""Operations: ``medfed ops units`` (systemd units for the services), and ``medfed ops
+promote`` / ``rollback`` / ``releases`` (replacing the served model by a newer run)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -12,8 +13,9 @@ from medfed.cli.common import SERVING, adder, friendly
 from medfed.errors import ConfigError
 
 ops_app = typer.Typer(
-    help="Run medfed's services under systemd.\n\nThe routing service, the PACS inboxes and "
-    "the dashboard.",
+    help="Run medfed's services under systemd, and replace the model they serve.\n\nThe "
+    "routing service, the PACS inboxes and the dashboard; a newer run promoted into the served "
+    "run directory (one audit trail), and rolled back in one command.",
     no_args_is_help=True,
     suggest_commands=False,
 )
@@ -120,6 +122,71 @@ def units(
     typer.echo(f"start:   sudo systemctl enable --now {' '.join(files)}")
 
 
+LiveArg = Annotated[
+    Path, typer.Argument(help="The run directory the services serve (their audit log stays).")
+]
+ReasonOpt = Annotated[
+    str, typer.Option(help="Why the model changes (kept in LIVE/releases/history.jsonl).")
+]
+
+
+def _release_line(release: Any) -> str:
+    return (
+        f"{release.time}  {release.action:<8} {release.model} (replaced {release.replaced}) "
+        f"by {release.by}: {release.reason or 'no reason given'}"
+    )
+
+
+@friendly
+def promote(
+    live: LiveArg,
+    new_run: Annotated[Path, typer.Argument(help="The newer run directory whose model to serve.")],
+    reason: ReasonOpt = "",
+) -> None:
+    """Serve a newer run's model from the served run directory, keeping its audit trail.
+
+    The new run's model and everything that describes it (config, summary, predictions, site
+    overview) replace LIVE's; the audit log, review and PACS records stay, and each answer
+    names the model that gave it. The replaced model is kept under LIVE/releases/ for
+    'medfed ops rollback'. A running medfed serve, pacs watch or pacs listen answers with the
+    new model from its next scan on."""
+    from medfed.pacs.releases import promote as promote_run
+
+    done = promote_run(live, new_run, reason)
+    typer.echo(f"{live}: now serves model {done.model} from {new_run} (was {done.replaced})")
+    typer.echo(f"undo: medfed ops rollback {live}")
+
+
+@friendly
+def rollback(
+    live: LiveArg,
+    reason: ReasonOpt = "",
+    to: Annotated[
+        str | None,
+        typer.Option(help="A kept model id (medfed ops releases LIVE) instead of the last one."),
+    ] = None,
+) -> None:
+    """Serve again the model the run directory served before its last change."""
+    from medfed.pacs.releases import rollback as roll_back
+
+    done = roll_back(live, reason, to)
+    typer.echo(f"{live}: now serves model {done.model} again (was {done.replaced})")
+
+
+@friendly
+def releases(live: LiveArg) -> None:
+    """The models a served run directory served, and the ones kept for rollback."""
+    from medfed.pacs.releases import history, kept_models
+    from medfed.runs.rundir import RunDir
+
+    RunDir(live).require()
+    for release in history(live):
+        typer.echo(_release_line(release))
+    kept = kept_models(live)
+    typer.echo(f"serving: {RunDir(live).model_id()}; kept for rollback: {', '.join(kept) or 'none'}")
+
+
 def register(app: typer.Typer) -> None:
-    adder(ops_app)(units)
+    for command in (units, promote, rollback, releases):
+        adder(ops_app)(command)
     app.add_typer(ops_app, name="ops", rich_help_panel=SERVING)

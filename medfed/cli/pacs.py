@@ -70,8 +70,7 @@ SQLITE_ENDS = ("", "-wal", "-shm", "-journal")  # a SQLite database and its side
 
 def _load(runs: list[Path], router: str, device: str) -> dict[str, Any]:
     from medfed.pacs.api import Served
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
+    from medfed.pacs.releases import LiveModel
 
     served = {}
     for path in runs:
@@ -79,8 +78,8 @@ def _load(runs: list[Path], router: str, device: str) -> dict[str, Any]:
         if name in served:
             raise ConfigError(f"{path}: two runs are named {name!r}; serve runs of distinct names")
         _require_audit_log(path)
-        fed = TrainedFederation.load(path, device)
-        served[name] = Served(name, path, fed, make_router(router, fed))
+        fed, chosen = LiveModel.open(path, router, device).current()
+        served[name] = Served(name, path, fed, chosen, router, device)
     return served
 
 
@@ -191,14 +190,13 @@ def _inbox(
     patient_ids: str = "hash",
 ) -> Any:  # an Inbox
     from medfed.pacs.handling import Inbox
+    from medfed.pacs.releases import LiveModel
     from medfed.pacs.visits import check_policy
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
 
     check_policy(patient_ids)
-    fed = TrainedFederation.load(run, device)
+    live = LiveModel.open(run, router, device)
     keep_data_private(run, retention_days)
-    return Inbox(run, fed, make_router(router, fed), source, patient_ids)
+    return Inbox(run, *live.current(), source, patient_ids, live=live)
 
 
 def keep_data_private(run: Path, retention_days: float = 0.0) -> None:

@@ -30,6 +30,7 @@ ITEMS = (
     ("operating", "Operating point"),
     ("posterior", "Site posterior"),
     ("audit", "Audit id"),
+    ("model", "Model"),
     ("json", "Answer (JSON)"),
     ("notice", "Notice"),
 )
@@ -90,6 +91,7 @@ def answer_texts(answer: dict[str, Any], run_name: str) -> dict[str, str]:
         "operating": str(answer.get("reason") or "n/a"),
         "posterior": posterior or "n/a",
         "audit": f"{answer.get('audit_id')} (run {run_name})",
+        "model": str(answer.get("model") or "not recorded"),
         "json": json.dumps(shown, sort_keys=True, allow_nan=False),
         "notice": NOTICE,
     }

@@ -24,7 +24,6 @@ import os
 import sqlite3
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from medfed.errors import DataError, MedfedError
+from medfed.pacs.releases import LiveModel
 from medfed.pacs.telemetry import EventLog, ServeMetrics, request_id
 from medfed.pacs.uploads import LimitError, Limits, unpack_upload
 from medfed.serving.audit import AUDIT_FILE, AuditError
@@ -49,14 +49,25 @@ OPEN_PATHS = ("/livez", "/readyz")  # probes: no token, and a body that names no
 _QUIET = (*OPEN_PATHS, "/metrics")  # polled every few seconds: logged only when they fail
 
 
-@dataclass
 class Served:
-    """One run the service answers with: its folder, federation and router."""
+    """One run the service answers with: its folder and its current model (federation and
+    router), replaced in place when the run's served model changes (medfed ops promote)."""
 
-    name: str
-    path: Path
-    fed: TrainedFederation
-    router: Router
+    def __init__(
+        self,
+        name: str,
+        path: Path,
+        fed: TrainedFederation,
+        router: Router,
+        rule: str = "auto",
+        device: str = "auto",
+    ) -> None:
+        self.name, self.path = name, Path(path)
+        self.live = LiveModel(self.path, fed, router, rule, device)
+
+    @property
+    def fed(self) -> TrainedFederation:
+        return self.live.current()[0]
 
 
 def _error(status: int, detail: str) -> Any:
@@ -115,7 +126,8 @@ def _route_upload(served: Served, name: str, data: bytes, limits: Limits) -> dic
     """Route one upload (blocking: run in a worker thread) and record it."""
     with tempfile.TemporaryDirectory(prefix="medfed-serve-") as folder:
         path = unpack_upload(Path(folder), name, data, limits)
-        done = record_scan(served.fed, served.router, path, served.path, name=name)
+        fed, router = served.live.current()  # one model for the whole answer
+        done = record_scan(fed, router, path, served.path, name=name)
         if done.entry.status != "error" and path.is_file():
             keep_scan(served.path, path, done.entry.sha256, path.name)
     return {**done.to_dict(), "run": served.name}
@@ -193,6 +205,8 @@ def create_app(
     log = log or EventLog()
     metrics = metrics or ServeMetrics()
     _add_guard(app, limits, token, log, metrics)
+    for served in runs.values():
+        served.live.on_swap = _swap_logger(log, metrics, served.name)
 
     @app.get("/livez")
     def livez() -> Any:
@@ -273,6 +287,19 @@ def create_app(
     return app
 
 
+def _swap_logger(log: EventLog, metrics: ServeMetrics, run: str) -> Any:
+    """What the service does when a run's served model changed: a log line and a count."""
+
+    def swapped(before: str | None, after: str | None, problem: str | None) -> None:
+        metrics.model_changes.labels("failed" if problem else "replaced").inc()
+        if problem:
+            log("model.replace_failed", "error", run=run, model=after, reason=problem)
+        else:
+            log("model.replaced", run=run, model=after, replaced=before)
+
+    return swapped
+
+
 def readiness(runs: dict[str, Served]) -> list[str]:
     """Why the service cannot answer yet ([]: ready): a run without its model, or an audit
     log that cannot be written (each answer is recorded there before it is sent)."""
@@ -303,13 +330,16 @@ def audit_unwritable(path: Path) -> str | None:
 
 
 def _describe(served: Served) -> dict[str, Any]:
-    return {
-        "modality": served.fed.modality,
-        "algorithm": served.fed.algorithm,
-        "router": served.router.name,
-        "sites": [s.id for s in served.fed.sites],
-        "classes": served.fed.class_names(),
+    fed, router = served.live.current()
+    out = {
+        "model": fed.model_id,
+        "modality": fed.modality,
+        "algorithm": fed.algorithm,
+        "router": router.name,
+        "sites": [s.id for s in fed.sites],
+        "classes": fed.class_names(),
     }
+    return out | ({"model_problem": served.live.problem} if served.live.problem else {})
 
 
 def _card_answer(served: Served, form: str) -> Any:

@@ -29,6 +29,7 @@ from medfed.pacs.instances import (
     write_series,
 )
 from medfed.pacs.records import PacsLog, PacsScan, now
+from medfed.pacs.releases import LiveModel
 from medfed.pacs.visits import Visit, visit_of
 from medfed.serving.bundle import TrainedFederation
 from medfed.serving.kept import keep_scan, keep_series
@@ -84,6 +85,8 @@ class Inbox:
     router: Router
     source: str
     patient_ids: str = "hash"  # how the review names the patient (medfed.pacs.visits)
+    # the run's served model, replaced in place by medfed ops promote / rollback
+    live: LiveModel | None = None
 
     @property
     def log(self) -> PacsLog:
@@ -108,6 +111,8 @@ class Inbox:
 
     def handle(self, instances: Sequence[Dataset], send: Send) -> Outcome:
         """Answer one scan (a CT series' instances, or one photo) unless it was answered."""
+        if self.live is not None:
+            self.fed, self.router = self.live.current()
         first = instances[0]
         modality = modality_of(first)
         photo = modality in PHOTO_MODALITIES

@@ -121,6 +121,14 @@ class ServeMetrics:
         )
         for outcome in ("routed", "abstained", "error", "refused"):
             self.outcomes.labels(outcome)  # every outcome shows, 0 until it happens
+        self.model_changes = _counter(
+            "medfed_serve_model_changes",
+            "Replacements of a served model taken up (medfed ops promote or rollback), by "
+            "result: replaced, or failed (the model it had still answers).",
+            "result",
+            ("replaced", "failed"),
+            self.registry,
+        )
 
     def observe(self, path: str, status: int, seconds: float, outcome: str | None) -> None:
         endpoint = path if path in ENDPOINTS else "other"

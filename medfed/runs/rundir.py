@@ -11,6 +11,9 @@ dashboard) reads.
     RUN/model/           model.json + one safetensors file per site (and abstention) + files.json
     RUN/site_overview/   data cards, class counts, sample scans, site distances
     RUN/audit.sqlite     every scan routed with this run
+What training writes is :data:`TRAINING_OUTPUTS`; the rest (the audit log, review/, pacs/, a
+service's token) is the clinic's record of the scans answered, kept when the served model is
+replaced by a newer run (:mod:`medfed.pacs.releases`).
 
 Every JSON, JSONL and TOML file carries ``schema_version``, added here on write and checked here
 on read (:func:`write_json` / :func:`read_json` for files written elsewhere, such as a
@@ -50,6 +53,18 @@ from medfed.units import human_bytes
 from medfed.versions import SCHEMA_VERSION, VERSION_KEY, check_version, unversioned, versioned
 
 FILES = "files.json"
+TRAINING_OUTPUTS = (
+    "config.toml",
+    "metrics.jsonl",
+    "events.jsonl",
+    "summary.json",
+    "predictions.csv",
+    "model",
+    "site_overview",
+    "checkpoints",
+)
+"""What ``medfed train`` writes into a run directory (file or folder names): the model and
+everything that describes it."""
 SUFFIX = ".safetensors"
 MODEL_FIX = "retrain the run, or restore the folder from the run's backup"
 
@@ -169,6 +184,13 @@ class RunDir:
     def model_weights_path(self, name: str) -> Path:
         """Where the final model's weights called ``name`` (``site_<id>``, ...) are kept."""
         return self.model_dir / f"{name}.safetensors"
+
+    def model_id(self) -> str:
+        """The final model's identity: the first 12 hex digits of the sha256 of model/files.json
+        (which holds every weight file's sha256), or of model.json for a run written before
+        files.json existed. Two runs with the same weights have the same id."""
+        listed = self.model_dir / FILES
+        return sha256(listed if listed.is_file() else self.model_json_path)[:12]
 
     def require(self) -> RunDir:
         """Fail with a clear message unless this looks like a run directory."""

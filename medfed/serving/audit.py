@@ -8,6 +8,8 @@ Tables: ``routed`` (one row per routing decision), ``reads`` (one row per clinic
 a routed scan: who, when, what; a read is never changed or deleted: a changed read is a new row
 that names the read it amends, so the history stays) and ``reveals`` (when a reader was shown
 the model's answer for a scan: a read recorded before that is blinded to it).
+Each routing decision names the model that gave it (``model``: the run's model id), so one log
+stays one continuous trail when the served model is replaced by a newer run.
 The database carries its schema version in ``PRAGMA user_version`` (:data:`AUDIT_SCHEMA_VERSION`):
 a log written before reads existed (version 0, ``routed`` only) gains the new tables when first
 opened; a log from a newer medfed is refused. The log runs in WAL mode, and every write is one
@@ -43,9 +45,10 @@ __all__ = [
 ]
 
 AUDIT_FILE = "audit.sqlite"
-AUDIT_SCHEMA_VERSION = 2
+AUDIT_SCHEMA_VERSION = 3
 """The audit database's schema (``PRAGMA user_version``): 0 routed scans only, 1 adds reads,
-2 adds amendments and blinding to reads, and the reveals of the model's answer."""
+2 adds amendments and blinding to reads, and the reveals of the model's answer, 3 the model
+that gave each routing decision (empty in rows written before)."""
 _NOT_A_DATABASE = "not a database"  # in SQLite's message for a file that is no database
 _READ_ONLY = "readonly"  # in SQLite's message for a write to a read-only file
 _TIMEOUT = 30.0  # seconds a statement waits for another writer before giving up
@@ -68,7 +71,8 @@ CREATE TABLE IF NOT EXISTS routed (
     prediction TEXT,
     prediction_prob REAL,
     ood_score REAL,
-    reason TEXT
+    reason TEXT,
+    model TEXT
 )
 """
 
@@ -139,6 +143,8 @@ class AuditEntry:
     nearest: dict[str, Any] | None = None
     # the row in the audit log holding this decision, once it is written
     audit_id: int | None = None
+    # the model that gave it (the run's model id; None in rows an older medfed logged)
+    model: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as plain values; a NaN or infinite number (never valid) becomes None."""
@@ -196,14 +202,16 @@ class Reveal:
 
 
 def _entry_of(row: Sequence[Any]) -> AuditEntry:
-    """An entry from a ``routed`` row's columns time .. reason.
+    """An entry from a ``routed`` row's columns time .. reason, then model.
 
     An abstained scan has no answer: a prediction an older medfed logged for one is dropped.
     """
     values = list(row)
     if values[4] == "abstained":
         values[7] = values[8] = None
-    return AuditEntry(*values[:6], json.loads(values[6]), *values[7:])  # type: ignore[arg-type]
+    return AuditEntry(
+        *values[:6], json.loads(values[6]), *values[7:11], model=values[11]  # type: ignore[arg-type]
+    )
 
 
 class AuditLog:
@@ -263,6 +271,8 @@ class AuditLog:
                         if name not in have:
                             db.execute(f"ALTER TABLE reads ADD COLUMN {name} {kind}")
                     db.execute(_REVEALS_SCHEMA)
+                    if "model" not in {row[1] for row in db.execute("PRAGMA table_info(routed)")}:
+                        db.execute("ALTER TABLE routed ADD COLUMN model TEXT")
                     db.execute(f"PRAGMA user_version = {AUDIT_SCHEMA_VERSION}")
                 db.commit()
             except BaseException:
@@ -340,13 +350,14 @@ class AuditLog:
                     d["prediction_prob"],
                     d["ood_score"],
                     None if e.reason is None else printable(e.reason),
+                    e.model,
                 )
                 for e, d in ((e, e.to_dict()) for e in entries)
             ]:
                 cursor = db.execute(
                     "INSERT INTO routed (time, file, sha256, router, status, chosen_site,"
-                    " site_probs, prediction, prediction_prob, ood_score, reason)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " site_probs, prediction, prediction_prob, ood_score, reason, model)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     row,
                 )
                 ids.append(int(cursor.lastrowid or 0))
@@ -379,7 +390,7 @@ class AuditLog:
         if not self.path.is_file():
             return []
         query = "SELECT time, file, sha256, router, status, chosen_site, site_probs, prediction,"
-        query += " prediction_prob, ood_score, reason FROM routed"
+        query += " prediction_prob, ood_score, reason, {model} FROM routed"
         clauses, args = [], []
         if site is not None:
             clauses.append("chosen_site = ?")
@@ -394,7 +405,7 @@ class AuditLog:
             query += f" LIMIT {int(limit)}"
         try:
             with closing(self._connect()) as db:
-                rows = db.execute(query, args).fetchall()
+                rows = db.execute(query.format(model=_model_column(db)), args).fetchall()
         except (sqlite3.Error, OSError) as exc:
             raise self._failed(exc, "read") from exc
         return [_entry_of(row) for row in rows]
@@ -404,10 +415,10 @@ class AuditLog:
         if not self.path.is_file():
             return []
         query = "SELECT id, time, file, sha256, router, status, chosen_site, site_probs,"
-        query += " prediction, prediction_prob, ood_score, reason FROM routed ORDER BY id"
+        query += " prediction, prediction_prob, ood_score, reason, {model} FROM routed ORDER BY id"
         try:
             with closing(self._connect()) as db:
-                rows = db.execute(query).fetchall()
+                rows = db.execute(query.format(model=_model_column(db))).fetchall()
         except (sqlite3.Error, OSError) as exc:
             raise self._failed(exc, "read") from exc
         return [(int(row[0]), _entry_of(row[1:])) for row in rows]
@@ -541,6 +552,13 @@ def _set_wal(db: sqlite3.Connection) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+
+
+def _model_column(db: sqlite3.Connection) -> str:
+    """The ``routed`` column naming each decision's model: absent (NULL) in a read-only log an
+    older medfed wrote, which cannot gain it."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(routed)")}
+    return "model" if "model" in have else "NULL AS model"
 
 
 def _has_table(db: sqlite3.Connection, name: str) -> bool:

@@ -252,6 +252,9 @@ class TrainedFederation:
         # The client head scores every site that trained; a site lost before the end of a
         # deployed run has no model here, so its column is left out.
         self.client_columns = [s.index for s in sites]
+        # Which model this is (RunDir.model_id), set when it is loaded from a run; every
+        # answer names it.
+        self.model_id: str | None = None
 
     @property
     def routes(self) -> bool:
@@ -372,14 +375,17 @@ class TrainedFederation:
         run = RunDir(run_dir).require()
         info = run.read_model_json()
         _check_info(info, run.model_json_path)
+        model_id = run.model_id()  # of files.json, which the weights are then checked against
         try:
-            return cls._from_info(run, info, device)
+            fed = cls._from_info(run, info, device)
         except (KeyError, TypeError, ValueError) as exc:
             raise RunDirError(
                 f"{run.model_json_path}: incomplete or inconsistent ({exc!r}); "
                 "the run may have been written by another medfed version, or damaged; "
                 f"{MODEL_FIX}"
             ) from exc
+        fed.model_id = model_id
+        return fed
 
     @classmethod
     def _from_info(cls, run: RunDir, info: dict[str, Any], device: str) -> TrainedFederation:

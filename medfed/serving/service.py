@@ -138,13 +138,18 @@ def route_one(
     out-of-distribution score) make an 'error' entry: such an answer is never reported as routed.
 
     ``name``: how the answer and the audit log name the file (default: its path), e.g. the
-    original name of an upload saved to a temporary folder.
+    original name of an upload saved to a temporary folder. Every entry names the model that
+    gave it (``model``: the run's model id, see :meth:`medfed.runs.rundir.RunDir.model_id`).
     """
+    entry = replace(_route_file(fed, router, path), model=fed.model_id)
     if name is not None:
-        entry = route_one(fed, router, path)
         shown, named = printable(str(path)), printable(name)
         reason = entry.reason.replace(shown, named) if entry.reason else entry.reason
         return replace(entry, file=named, reason=reason)
+    return entry
+
+
+def _route_file(fed: TrainedFederation, router: Router, path: Path) -> AuditEntry:
     try:
         scan = read_scan(path)
         digest = content_hash(scan.files)
