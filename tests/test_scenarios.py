@@ -162,13 +162,17 @@ def test_a_peak_elsewhere_is_not_reproduced():
     plan = _plan("lambda")
     rates = {"0.1": 0.45, "0.3": 0.55, "0.5": 0.85, "0.8": 0.55, "0.95": 0.5}
     scans = {
-        label: {"feddrm": {k: _scans(rate, 40 + k) for k in range(2)}}
+        label: {
+            "feddrm-paper": {k: _scans(rate, 40 + k) for k in range(2)},
+            "feddrm": {k: _scans(0.6, 90 + k) for k in range(2)},  # lambda does not enter it
+        }
         for label, rate in rates.items()
     }
 
     _, (peak,) = _judged(plan, scans)
 
-    found = peak["variants"]["feddrm"]
+    assert list(peak["variants"]) == ["feddrm-paper"]  # the variant lambda trains is judged
+    found = peak["variants"]["feddrm-paper"]
     assert found["verdict"] == NOT_REPRODUCED
     assert len(found["rows"]) == 4
 
@@ -227,12 +231,21 @@ def test_every_ablation_is_planned_with_feddrm_and_the_same_budget():
         plan = ScenarioPlan.make(name)
         assert plan.methods[0] == "feddrm" and plan.seeds >= 8
         assert plan.budget.frozen_encoder and plan.budget.init == "torchvision:mobilenet_v2"
-        if name != "lambda":  # both FedDRM variants beside the baselines
-            assert plan.methods[1] == "feddrm-paper"
+        assert plan.methods[1] == "feddrm-paper"  # both FedDRM variants, always
         assert [lv.label for lv in plan.levels] == [lv.label for lv in ablation.levels]
     clients = ScenarioPlan.make("clients")
-    assert [lv.client_fraction for lv in clients.levels] == [1.0, 1.0, 0.5, 0.25]
-    assert ScenarioPlan.make("lambda").methods == ("feddrm",)
+    assert [lv.client_fraction for lv in clients.levels] == [1.0, 0.5, 0.25]
+    # one pool split among the sites, as in the paper: fewer photos at each as m grows
+    assert [lv.n_per_site * lv.shift.n_sites for lv in clients.levels] == [640] * 3
+    lam = ScenarioPlan.make("lambda")
+    assert lam.methods == ("feddrm", "feddrm-paper")  # no baseline: lambda is FedDRM's alone
+    low = lam.ablation.level("0.1")
+    # each variant at the level's lambda, the paper's keeping its own spec; runs at the
+    # default lambda keep the plain name the other ablations share
+    assert low.method_label("feddrm-paper") == "feddrm:private_norms=false,client=trained,lam=0.1"
+    assert low.method_label("feddrm") == "feddrm:lam=0.1"
+    assert low.run_name("feddrm-paper") == "feddrm-paper_lam0.1"
+    assert lam.ablation.level("0.8").run_name("feddrm-paper") == "feddrm-paper"
 
 
 @pytest.mark.slow
@@ -264,7 +277,7 @@ def test_quick_concept_sweep_writes_its_tables_and_docs_section(tmp_path: Path, 
     assert results["claims"] == [] and "no paper claim" in results["note"]
     assert saved["levels"][0]["shared_with"] == [
         "covariate: mid", "lambda: 0.1", "lambda: 0.3", "lambda: 0.5", "lambda: 0.8",
-        "lambda: 0.95", "clients: m = 3",
+        "lambda: 0.95",
     ]  # fmt: skip
     text = page.read_text(encoding="utf-8")
     assert "PLACEHOLDER-TEXT" not in text and "| on | local |" in text

@@ -427,7 +427,7 @@ def scenarios(
     ] = Path("scenarios_out"),
     quick: Annotated[bool, typer.Option(help="A toy budget (the test suite's form).")] = False,
     seeds: Annotated[
-        int | None, typer.Option(help="Seeds (federation and training); default 3, quick 2.")
+        int | None, typer.Option(help="Seeds (federation and training); default 8, quick 2.")
     ] = None,
     method: Annotated[
         list[str] | None,

@@ -94,6 +94,7 @@ def _header(results: Mapping[str, Any]) -> list[str]:
         f"{' (' + extra + ')' if extra else ''}; {machine}; "
         f"{results['seconds'] / 60:.0f} minutes{shared} (`{results['command']}`).",
         "",
+        *([results["about"], ""] if results.get("about") else []),
     ]
 
 

@@ -13,7 +13,8 @@ here is one of those, on medfed's synthetic ICDR grading federation
 * ``lambda``: FedDRM's lambda over 0.1 ... 0.95 on one federation;
 * ``label``: grade mixes drawn from Dirichlet(0.3) against sites that see only 2 grades;
 * ``concept``: every site grading alike, against one site calling an eye referable from grade 3;
-* ``clients``: 3, 8, 16 and 32 sites (at most 8 train in a round: client sampling).
+* ``clients``: 8, 16 and 32 sites sharing one pool of photos (at most 8 train in a round:
+  client sampling).
 
 Every method of one seed and level trains on the same federation with the same budget (rounds,
 local steps, scans per site) and is tested on the same scans, so FedDRM's differences from each
@@ -137,27 +138,31 @@ SEEDS = {"full": 8, "quick": 2}
 
 @dataclass(frozen=True)
 class Level:
-    """One level of an ablation: its federation's shift, and FedDRM's lambda where it varies."""
+    """One level of an ablation: its federation's shift, FedDRM's lambda where it varies, and
+    the photos per site where they vary (the clients ablation splits one pool)."""
 
     label: str
     shift: DRShift
     lam: float | None = None
+    n_per_site: int | None = None  # photos per site where the level sets them (else the budget's)
 
     @property
     def client_fraction(self) -> float:
         return min(1.0, SITES_PER_ROUND / self.shift.n_sites)
 
     def method_label(self, method: str) -> str:
-        """The method as trained at this level (FedDRM with this level's lambda)."""
-        if self.lam is not None and method == REFERENCE:
-            return f"{REFERENCE}:lam={self.lam:g}"
-        return method
+        """The method as trained at this level: its spec (:data:`SPECS`), each FedDRM variant
+        with this level's lambda where the level sets one."""
+        spec = SPECS.get(method, method)
+        if self.lam is not None and method in VARIANTS:
+            return f"{spec}{',' if ':' in spec else ':'}lam={self.lam:g}"
+        return spec
 
     def run_name(self, method: str) -> str:
-        """The run's folder name: FedDRM at its default lambda is the plain FedDRM run that
-        other ablations share."""
-        if self.lam is not None and method == REFERENCE and self.lam != FedDRMParams.lam:
-            return f"{REFERENCE}_lam{self.lam:g}"
+        """The run's folder name: a FedDRM variant at its default lambda is the plain run
+        that other ablations share."""
+        if self.lam is not None and method in VARIANTS and self.lam != FedDRMParams.lam:
+            return f"{method}_lam{self.lam:g}"
         return method
 
 
@@ -185,6 +190,8 @@ class Ablation:
     claims: tuple[Claim, ...]
     methods: tuple[str, ...] = METHODS
     note: str = ""  # said in place of the claims table where the paper makes none
+    about: str = ""  # what a reader needs before the tables, said under the header
+    judged: tuple[str, ...] = VARIANTS  # the FedDRM variants whose claims are judged
 
     def level(self, label: str) -> Level:
         return next(lv for lv in self.levels if lv.label == label)
@@ -228,7 +235,13 @@ def _lambda() -> Ablation:
                 span=("0.8",),
             ),
         ),
-        methods=(REFERENCE,),
+        methods=VARIANTS,
+        about="In the frozen-encoder mode medfed's FedDRM sets its client head in closed form "
+        "(Fisher's discriminant on the sites' feature statistics) and trains the target head "
+        "alone, so lambda does not enter its training: its rows are one run per seed, repeated "
+        "at every level as the reference. The claim is the paper's FedDRM's, whose client "
+        "head trains by gradient with weight 1 - lambda: it alone is judged.",
+        judged=(PAPER,),
     )
 
 
@@ -261,11 +274,19 @@ def _concept() -> Ablation:
     )
 
 
+# The clients ablation's pool: the paper splits one dataset among more clients, so each holds
+# less; 640 photos give 80, 40 and 20 per site at m = 8, 16 and 32 (20: the least a synthetic
+# site may hold, every split and grade present).
+POOL = 640
+
+
 def _clients() -> Ablation:
+    sizes = (8, 16, 32)
     return Ablation(
         "clients",
-        f"Number of sites m = 3, 8, 16, 32 (at most {SITES_PER_ROUND} train in a round)",
-        tuple(Level(f"m = {m}", DRShift(n_sites=m)) for m in (3, 8, 16, 32)),
+        f"Number of sites m = 8, 16, 32 sharing one pool of {POOL} photos (at most "
+        f"{SITES_PER_ROUND} train in a round)",
+        tuple(Level(f"m = {m}", DRShift(n_sites=m), n_per_site=POOL // m) for m in sizes),
         (
             Claim(
                 "FedDRM's system accuracy falls with more sites",
@@ -280,6 +301,9 @@ def _clients() -> Ablation:
                 rivals=2,
             ),
         ),
+        about=f"As in the paper, one pool is split among the sites: {POOL} photos, "
+        + ", ".join(f"{POOL // m} per site at m = {m}" for m in sizes)
+        + "; the budget's photos per site do not apply here, its other settings do.",
     )
 
 
@@ -360,30 +384,40 @@ class ScenarioPlan:
 
 
 # ---------------------------------------------------------------------------- train
-def federation_key(shift: DRShift) -> str:
-    """The synthetic federation's name: levels of different ablations with one shift share
-    its data and its runs (trained once, read by each)."""
+def federation_key(level: Level) -> str:
+    """The synthetic federation's name: levels of different ablations with one shift (and
+    photos per site) share its data and its runs (trained once, read by each)."""
+    shift = level.shift
     key = f"m{shift.n_sites}_{shift.covariate}_a{shift.label_alpha}_k{shift.classes_per_site}"
+    key += f"_n{level.n_per_site}" if level.n_per_site is not None else ""
     return f"{key}{'_concept' if shift.concept else ''}"
 
 
-def shared_levels(shift: DRShift) -> list[str]:
-    """Every ablation level trained on the federation of ``shift`` ("covariate: mid", ...)."""
+def shared_levels(level: Level) -> list[str]:
+    """Every ablation level trained on the federation of ``level`` ("covariate: mid", ...)."""
+    key = federation_key(level)
     return [
-        f"{a.name}: {lv.label}" for a in ABLATIONS.values() for lv in a.levels if lv.shift == shift
+        f"{a.name}: {lv.label}"
+        for a in ABLATIONS.values()
+        for lv in a.levels
+        if federation_key(lv) == key
     ]
 
 
-def _federation(out: Path, plan: ScenarioPlan, shift: DRShift, seed: int) -> list[Any]:
-    folder = out / "data" / f"{federation_key(shift)}_seed{seed}"
+def _per_site(level: Level, plan: ScenarioPlan) -> int:
+    return level.n_per_site if level.n_per_site is not None else plan.budget.n_per_site
+
+
+def _federation(out: Path, plan: ScenarioPlan, level: Level, seed: int) -> list[Any]:
+    folder = out / "data" / f"{federation_key(level)}_seed{seed}"
     manifests = synthesize(
         folder,
         modality="fundus",
-        n_per_site=plan.budget.n_per_site,
+        n_per_site=_per_site(level, plan),
         seed=seed,
         image_size=plan.budget.image_size,
         task="dr",
-        shift=shift,
+        shift=level.shift,
     )
     return load_sites(manifests, out / "cache")
 
@@ -391,9 +425,8 @@ def _federation(out: Path, plan: ScenarioPlan, shift: DRShift, seed: int) -> lis
 def _config(
     level: Level, method: str, plan: ScenarioPlan, seed: int, sites: list[Any]
 ) -> TrainConfig:
-    budget = Budget(plan.budget.n_per_site, plan.budget.rounds, plan.budget.local_steps)
-    spec = SPECS.get(method, level.method_label(method))
-    config = MethodSpec.parse(spec).config(budget, seed)
+    budget = Budget(_per_site(level, plan), plan.budget.rounds, plan.budget.local_steps)
+    config = MethodSpec.parse(level.method_label(method)).config(budget, seed)
     return dataclasses.replace(
         config,
         lr=default_lr(sites[0].manifest.modality),
@@ -452,16 +485,16 @@ def train_scenarios(
     found = Trainings({lv.label: {m: {} for m in plan.methods} for lv in plan.levels})
     regimes, curves = found.regimes, found.curves
     for seed in range(plan.seeds):
-        shared: tuple[DRShift, list[Any]] | None = None
+        shared: tuple[str, list[Any]] | None = None
         for level in plan.levels:
-            if shared is None or shared[0] != level.shift:
+            if shared is None or shared[0] != federation_key(level):
                 echo(f"[{level.label}, seed {seed}] synthesizing {level.shift.n_sites} sites")
-                shared = (level.shift, _federation(out, plan, level.shift, seed))
+                shared = (federation_key(level), _federation(out, plan, level, seed))
             sites = shared[1]
             regimes.setdefault(level.label, label_regime(sites))
             for method in plan.methods:
                 config = _config(level, method, plan, seed, sites)
-                folder = (out / "runs" / federation_key(level.shift) / f"seed{seed}") / _slug(
+                folder = (out / "runs" / federation_key(level) / f"seed{seed}") / _slug(
                     level.run_name(method)
                 )
                 where = f"[{level.label}, seed {seed}] {level.method_label(method)}"
@@ -561,7 +594,7 @@ def judge_claims(
     for claim in plan.ablation.claims:
         out = {"text": claim.text, "paper": claim.paper, "figure": claim.figure.key}
         out["variants"] = {}
-        for variant in (v for v in VARIANTS if v in plan.methods):
+        for variant in (v for v in plan.ablation.judged if v in plan.methods):
             rows, why = _rows(claim, plan, found, levels, boots, variant)
             out["variants"][variant] = {"rows": rows, "why": why}
         claims.append(out)
@@ -614,10 +647,11 @@ def run_scenarios(
                 "client_fraction": lv.client_fraction,
                 "lambda": lv.lam,
                 "label_regime": found.regimes[lv.label],
-                "federation": federation_key(lv.shift),
+                "federation": federation_key(lv),
+                "n_per_site": _per_site(lv, plan),
                 "shared_with": [
                     other
-                    for other in shared_levels(lv.shift)
+                    for other in shared_levels(lv)
                     if other != f"{plan.ablation.name}: {lv.label}"
                 ],
                 **levels[lv.label],
@@ -627,11 +661,12 @@ def run_scenarios(
         "adjustment": {"name": ADJUSTMENT, "alpha": ALPHA, "table_comparisons": family},
         "claims": judge_claims(plan, found, levels, boots),
         "note": plan.ablation.note,
+        "about": plan.ablation.about,
         "device": device_info(),
         "seconds": _wall_time(time.perf_counter() - start, earlier, found.reused, plan),
         "reused_runs": found.reused,
     }
-    if len(plan.methods) > 1:
+    if any(m not in VARIANTS for m in plan.methods):
         path = out / f"sweep-{plan.ablation.name}.json"
         path.write_text(json.dumps(sweep_file(results), indent=2) + "\n", encoding="utf-8")
         echo(f"wrote {path} (medfed sites heterogeneity --sweep reads it)")
