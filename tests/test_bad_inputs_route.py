@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from medfed.cli import app
 from medfed.errors import MedfedError
+from medfed.runs.rundir import RunDir
 from medfed.serving import audit, service
 from medfed.serving.audit import AuditLog
 from medfed.serving.bundle import SiteOutputs, TrainedFederation
@@ -311,8 +312,9 @@ def test_route_json_is_strict_json_with_one_object_per_file(tmp_path, shared: Sh
     assert [Path(r["file"]).name for r in rows] == [files[0].name, "empty.png"]
     fields = {"time", "file", "sha256", "router", "status", "chosen_site", "site_probs",
               "prediction", "prediction_prob", "ood_score", "reason", "class_probs",
-              "decision_rule", "audit_id"}  # fmt: skip
+              "decision_rule", "audit_id", "model"}  # fmt: skip
     assert all(set(r) - {"nearest"} == fields for r in rows)
+    assert rows[0]["model"] == rows[1]["model"] == RunDir(run).model_id()  # named, even an error
     assert rows[0]["status"] in {"routed", "abstained"} and rows[1]["status"] == "error"
     assert "given 2 times" in result.stderr  # the warning stays out of the JSON
 

@@ -159,7 +159,9 @@ def test_an_abstained_scan_is_answered_in_the_pacs_without_a_prediction(
     assert answer["prediction"] is None and answer["prediction_prob"] is None
     assert answer.get("class_probs") is None and "nearest" not in answer
     assert (report.PatientID, report.AccessionNumber, report.StudyDate) == (
-        "PABSTAIN", "ACC9", "20250101"
+        "PABSTAIN",
+        "ACC9",
+        "20250101",
     )
 
 

@@ -60,6 +60,7 @@ def test_a_pacs_log_of_an_older_medfed_gains_the_new_columns(tmp_path: Path) -> 
     log = PacsLog(tmp_path)
     (old,) = log.scans()
     assert old.status == "answered" and (old.accession, old.patient, old.study_date) == ("",) * 3
-    log.put(PacsScan("7.8/9.1", "src", "7.8", "9.1", None, "CT", "skipped", "why",
-                     time="t", accession="A1", patient="h:abc", study_date="2026-02-02"))  # fmt: skip
+    later = PacsScan("7.8/9.1", "src", "7.8", "9.1", None, "CT", "skipped", "why", time="t",
+                     accession="A1", patient="h:abc", study_date="2026-02-02")  # fmt: skip
+    log.put(later)
     assert log.get("7.8/9.1").accession == "A1"

@@ -11,10 +11,10 @@ from medfed.metrics import (
     fit_temperature,
     margin_band,
     margin_threshold,
-    wilson,
     routing_calibration,
     softmax_rows,
     top_margin,
+    wilson,
 )
 from medfed.metrics.latency import median_interval
 from medfed.metrics.routing import MIN_BAND, nll

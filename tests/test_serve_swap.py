@@ -76,7 +76,9 @@ def test_a_load_across_a_replacement_loses_nothing_and_names_each_answers_model(
     lines = io.StringIO()
     log = EventLog("json", lines)
     fed, router = LiveModel.open(live, "auto", "cpu").current()
-    client = TestClient(create_app({"live": Served("live", live, fed, router)}, Limits(), None, log))
+    client = TestClient(
+        create_app({"live": Served("live", live, fed, router)}, Limits(), None, log)
+    )
 
     half = threading.Event()
     sent = iter(range(REQUESTS))

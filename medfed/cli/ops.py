@@ -183,7 +183,9 @@ def releases(live: LiveArg) -> None:
     for release in history(live):
         typer.echo(_release_line(release))
     kept = kept_models(live)
-    typer.echo(f"serving: {RunDir(live).model_id()}; kept for rollback: {', '.join(kept) or 'none'}")
+    typer.echo(
+        f"serving: {RunDir(live).model_id()}; kept for rollback: {', '.join(kept) or 'none'}"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -210,7 +210,10 @@ def _entry_of(row: Sequence[Any]) -> AuditEntry:
     if values[4] == "abstained":
         values[7] = values[8] = None
     return AuditEntry(
-        *values[:6], json.loads(values[6]), *values[7:11], model=values[11]  # type: ignore[arg-type]
+        *values[:6],
+        json.loads(values[6]),
+        *values[7:11],
+        model=values[11],  # type: ignore[arg-type]
     )
 
 
