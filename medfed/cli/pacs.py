@@ -78,8 +78,8 @@ def _load(runs: list[Path], router: str, device: str) -> dict[str, Any]:
         if name in served:
             raise ConfigError(f"{path}: two runs are named {name!r}; serve runs of distinct names")
         _require_audit_log(path)
-        fed, chosen = LiveModel.open(path, router, device).current()
-        served[name] = Served(name, path, fed, chosen, router, device)
+        live = LiveModel.open(path, router, device)
+        served[name] = Served(name, path, *live.current(), router, device, live=live)
     return served
 
 

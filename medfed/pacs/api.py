@@ -61,9 +61,10 @@ class Served:
         router: Router,
         rule: str = "auto",
         device: str = "auto",
+        live: LiveModel | None = None,
     ) -> None:
         self.name, self.path = name, Path(path)
-        self.live = LiveModel(self.path, fed, router, rule, device)
+        self.live = live or LiveModel(self.path, fed, router, rule, device)
 
     @property
     def fed(self) -> TrainedFederation:
