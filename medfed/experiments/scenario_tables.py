@@ -4,6 +4,7 @@ file the heterogeneity report reads (:func:`medfed.reports.heterogeneity.read_sw
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from medfed.experiments.harness import seeds_text
@@ -66,6 +67,32 @@ def sweep_file(results: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class ScenarioBudget:
+    """Every method's budget in every scenario: scans per site, rounds, local steps, the
+    native height of the synthetic photos, and the start (``init``; with ``frozen_encoder``
+    the pretrained encoder stays fixed, its features computed once per photo, and the heads
+    train federatedly)."""
+
+    n_per_site: int
+    rounds: int
+    local_steps: int
+    image_size: int
+    init: str = "random"
+    frozen_encoder: bool = False
+
+    def text(self) -> str:
+        start = (
+            f"frozen {self.init} encoder (features cached), heads trained"
+            if self.frozen_encoder
+            else f"trained from {self.init} weights"
+        )
+        return (
+            f"{self.n_per_site} photos per site at {self.image_size} px, {self.rounds} rounds of "
+            f"{self.local_steps} local steps, {start}"
+        )
+
+
 def _signed(interval: Mapping[str, Any] | None) -> str:
     """``+0.095 (-0.119 to +0.310)``: a difference with its interval; ``n/a`` without one."""
     return difference_cell({"interval": interval, "verdict": "n/a"}).removesuffix(" n/a")
@@ -79,8 +106,6 @@ def _difference(level: Mapping[str, Any], variant: str, method: str) -> str:
 
 
 def _header(results: Mapping[str, Any]) -> list[str]:
-    from medfed.experiments.scenarios import ScenarioBudget
-
     budget = ScenarioBudget(**results["budget"])
     machine = results["device"].get("cpu") or results["device"].get("gpu") or "this machine"
     extra = "; ".join(results.get("extra_steps", {}).values())

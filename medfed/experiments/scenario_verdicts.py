@@ -35,7 +35,7 @@ import numpy as np
 from medfed.experiments.paired import Scans
 from medfed.metrics import wilson
 from medfed.metrics.intervals import Interval
-from medfed.metrics.seeds import SeedBootstrap, _interval, seed_bootstrap, two_sided_p
+from medfed.metrics.seeds import SeedBootstrap, seed_bootstrap, seed_interval, two_sided_p
 
 # The smallest difference the sweep is sized to resolve; a baseline within it of the
 # most-common-grade rate is read as not having learned (see the module's docstring).
@@ -258,7 +258,7 @@ def unpaired(
     diffs = b_end.samples[key] - b_start.samples[key]
     estimate = b_end.estimates[key] - b_start.estimates[key]
     method = f"unpaired {b_end.method}, each level on its own draws"
-    return _interval(estimate, diffs, method, 0.95), two_sided_p(diffs)
+    return seed_interval(estimate, diffs, method, 0.95), two_sided_p(diffs)
 
 
 def decide(rows: list[dict[str, Any]]) -> None:

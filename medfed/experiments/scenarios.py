@@ -56,7 +56,7 @@ from medfed.experiments.paired import (
     Scans,
     load_scans,
 )
-from medfed.experiments.scenario_tables import scenario_markdown, sweep_file
+from medfed.experiments.scenario_tables import ScenarioBudget, scenario_markdown, sweep_file
 from medfed.experiments.scenario_verdicts import (
     ADJUSTMENT,
     ALPHA,
@@ -97,32 +97,6 @@ EXTRA_STEPS = {
     "ditto": "Ditto takes twice the local steps per round (its global and its personal model)",
     "fedavgft": "FedAvg+FT adds 2 rounds' worth of local fine-tuning steps per site at the end",
 }
-
-
-@dataclass(frozen=True)
-class ScenarioBudget:
-    """Every method's budget in every scenario: scans per site, rounds, local steps, the
-    native height of the synthetic photos, and the start (``init``; with ``frozen_encoder``
-    the pretrained encoder stays fixed, its features computed once per photo, and the heads
-    train federatedly)."""
-
-    n_per_site: int
-    rounds: int
-    local_steps: int
-    image_size: int
-    init: str = "random"
-    frozen_encoder: bool = False
-
-    def text(self) -> str:
-        start = (
-            f"frozen {self.init} encoder (features cached), heads trained"
-            if self.frozen_encoder
-            else f"trained from {self.init} weights"
-        )
-        return (
-            f"{self.n_per_site} photos per site at {self.image_size} px, {self.rounds} rounds of "
-            f"{self.local_steps} local steps, {start}"
-        )
 
 
 # The full budget learns on 2 cores: every method's validation accuracy has flattened well

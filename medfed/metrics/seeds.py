@@ -83,12 +83,12 @@ class SeedBootstrap:
         )
 
     def interval(self, name: str, level: float = 0.95) -> Interval | None:
-        return _interval(self.estimates[name], self.samples[name], self.method, level)
+        return seed_interval(self.estimates[name], self.samples[name], self.method, level)
 
     def difference(self, a: str, b: str, level: float = 0.95) -> Interval | None:
         """a minus b, paired on the same draws."""
         estimate = self.estimates[a] - self.estimates[b]
-        return _interval(
+        return seed_interval(
             estimate, self.samples[a] - self.samples[b], f"paired {self.method}", level
         )
 
@@ -107,7 +107,11 @@ def two_sided_p(diffs: np.ndarray) -> float:
     return float(min(1.0, 2 * max(share, 1 / (diffs.size + 1))))
 
 
-def _interval(estimate: float, values: np.ndarray, method: str, level: float) -> Interval | None:
+def seed_interval(
+    estimate: float, values: np.ndarray, method: str, level: float
+) -> Interval | None:
+    """The percentile interval of ``values`` (bootstrap resamples) around ``estimate``, the
+    undefined resamples dropped and counted in ``method``; None when nothing is defined."""
     valid = values[np.isfinite(values)]
     if not np.isfinite(estimate) or valid.size == 0:
         return None
