@@ -3,7 +3,9 @@
 ``POST /route`` answers an uploaded scan (a photo, a DICOM file, a zipped DICOM series, a NIfTI
 file) with the same JSON as ``medfed route --json``, plus ``audit_id`` (its row in the run's
 audit log, the scan id of the Review page) and ``run``; the row is committed before the answer
-is sent. ``GET /health``, ``GET /model-card`` and ``GET /review-queue`` read the runs.
+is sent. ``GET /health``, ``GET /model-card`` and ``GET /review-queue`` read the runs. Each answer
+names its model (``model``); a run whose served model is replaced (``medfed ops promote``,
+``rollback``) answers with the new one from its next scan on (:mod:`medfed.pacs.releases`).
 ``GET /livez`` (the process answers) and ``GET /readyz`` (every run's model is loaded and its
 audit log takes a row) need no token and name nothing; ``GET /metrics`` is Prometheus' text.
 
