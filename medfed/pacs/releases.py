@@ -120,19 +120,19 @@ def kept_models(live: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def _describe(run: Path) -> tuple[str, str, list[str], str]:
-    """A run's model, checked whole: (model id, modality, class names, algorithm)."""
+def _describe(run: Path) -> tuple[str, str, list[str]]:
+    """A run's model, checked whole: (model id, modality, class names)."""
     from medfed.serving.bundle import TrainedFederation
 
     fed = TrainedFederation.load(run, "cpu")  # every file checked, as a service would load it
     assert fed.model_id is not None
-    return fed.model_id, fed.modality, fed.class_names(), fed.algorithm
+    return fed.model_id, fed.modality, fed.class_names()
 
 
 def _compatible(live: Path, new: Path) -> tuple[str, str]:
     """(current model id, new model id) once ``new`` may replace LIVE's model."""
-    current, modality, classes, _ = _describe(live)
-    model, new_modality, new_classes, _ = _describe(new)
+    current, modality, classes = _describe(live)
+    model, new_modality, new_classes = _describe(new)
     if (new_modality, new_classes) != (modality, classes):
         raise ConfigError(
             f"{new}: answers {new_modality} scans with classes {new_classes}, but {live} "
