@@ -943,6 +943,24 @@ OTHER_CASES = [
         2,
         ("--port",),
     ),
+    Case(
+        "dashboard --metrics-port is its own --port",
+        lambda tmp, s: ["dashboard", tmp, "--port", "8600", "--metrics-port", "8600"],
+        2,
+        ("--metrics-port 8600", "another port"),
+    ),
+    Case(
+        "dashboard --log-format is neither text nor json",
+        lambda tmp, s: ["dashboard", tmp, "--log-format", "xml"],
+        2,
+        ("--log-format", "'xml'", "text or json"),
+    ),
+    Case(
+        "dashboard --metrics-host is no IP address",
+        lambda tmp, s: ["dashboard", tmp, "--metrics-port", "9102", "--metrics-host", "here"],
+        2,
+        ("--metrics-host", "'here'", "not an IP address"),
+    ),
 ]
 
 

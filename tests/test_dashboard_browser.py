@@ -3,6 +3,7 @@ Debian's chromium driven by Playwright (no browser download: the system one is u
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -211,6 +212,8 @@ def test_browser_records_a_read_and_it_lands_in_the_audit_log(runs, tmp_path) ->
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop(REVIEWER_HEADER_ENV, None)  # no sign-in proxy sends it here: the name is typed
     command = [sys.executable, "-m", "medfed.cli", "dashboard", str(run), "--port", str(port)]
+    metrics_port = free_port()  # as a service: JSON log lines and Prometheus metrics
+    command += ["--log-format", "json", "--metrics-port", str(metrics_port)]
     with open(log, "w") as out:
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
@@ -249,6 +252,7 @@ def test_browser_records_a_read_and_it_lands_in_the_audit_log(runs, tmp_path) ->
                 page.screenshot(path=str(tmp_path / "review.png"), full_page=True)
             finally:
                 browser.close()
+        metrics = _scrape(metrics_port)
     finally:
         stop(server)
 
@@ -257,6 +261,26 @@ def test_browser_records_a_read_and_it_lands_in_the_audit_log(runs, tmp_path) ->
         (1, "dr.browser", read, "read in the browser", "dashboard")
     ]
     assert (tmp_path / "review.png").stat().st_size > 10_000
+    assert metrics["medfed_dashboard_up"] == 1 and metrics["medfed_dashboard_runs"] == 1
+    assert metrics['medfed_dashboard_page_runs_total{page="Review",result="ok"}'] >= 3
+    errors = [k for k, v in metrics.items() if "page_runs_total" in k and "error" in k and v]
+    assert errors == []
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    events = [r["event"] for r in records]  # every line is one JSON object
+    assert events[-1] == "dashboard.stopped" and records[-1]["exit_status"] == 0
+    for event in ("dashboard.started", "dashboard.ready", "dashboard.page", "streamlit.output"):
+        assert event in events
+    streamlit_pid = next(r["pid"] for r in records if r["event"] == "dashboard.started")
+    with pytest.raises(ProcessLookupError):
+        os.kill(streamlit_pid, 0)  # SIGTERM reached Streamlit: nothing left running
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """The dashboard's Prometheus metrics: sample (name and labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    samples = (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    return {name: float(value) for name, value in samples}
 
 
 def test_streamlit_run_of_the_top_level_app_serves_the_given_runs_on_loopback(tmp_path) -> None:

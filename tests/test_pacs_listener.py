@@ -97,7 +97,7 @@ def test_a_stored_photo_is_answered_once_and_the_answer_sent_back(
         inbox, "MEDFED", ("CAMERA", "CT01"), quiet=0.5,
         destination=Destination("PACS", "127.0.0.1", pacs_port), echo=lines.append,
     )  # fmt: skip
-    from medfed.pacs.telemetry import ListenMetrics
+    from medfed.ops.telemetry import ListenMetrics
 
     listener.metrics = ListenMetrics(listener.waiting)
     metrics_port = free_port()

@@ -25,7 +25,7 @@ pytest.importorskip("prometheus_client")
 from fastapi.testclient import TestClient  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from medfed.pacs.telemetry import EventLog, WatchMetrics  # noqa: E402
+from medfed.ops.telemetry import EventLog, WatchMetrics  # noqa: E402
 
 TOKEN = "s3cret-token"
 

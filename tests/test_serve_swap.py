@@ -62,8 +62,8 @@ def _models(run: Path) -> dict[int, str | None]:
 def test_a_load_across_a_replacement_loses_nothing_and_names_each_answers_model(
     shared: Shared, newer: Path, tmp_path: Path
 ) -> None:
+    from medfed.ops.telemetry import EventLog
     from medfed.pacs.api import Served, create_app
-    from medfed.pacs.telemetry import EventLog
     from medfed.pacs.uploads import Limits
 
     live = shared.copy_run(tmp_path)

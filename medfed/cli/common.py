@@ -7,14 +7,14 @@ import functools
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import click
 import typer
 from typer.core import TyperArgument, TyperCommand
 
 from medfed.config import WIRE_PRECISION_NOTES
-from medfed.errors import ConfigError, MedfedError
+from medfed.errors import ConfigError, MedfedError, require_extra
 
 # The groups of `medfed --help`, by what a user does, in the order help shows them.
 SITES = "Sites"
@@ -207,3 +207,52 @@ def check_methods(methods: tuple[str, ...], seed: int) -> None:
                 f"write runs/{spec.dirname}); give each method once"
             )
         seen[spec.dirname] = text
+
+
+# Options the services share (medfed serve, pacs watch and listen, dashboard).
+def _log_format(ctx: typer.Context, param: typer.CallbackParam, value: str) -> str:
+    if value not in ("text", "json"):
+        raise typer.BadParameter(f"{value!r}: expected text or json", ctx=ctx, param=param)
+    return value
+
+
+LogFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--log-format",
+        help="Log lines on stderr: text, or json (one object a line: time, level, event, "
+        "request_id, ...).",
+        callback=_log_format,
+    ),
+]
+
+
+MetricsPortOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port",
+        help="Serve Prometheus metrics at http://--metrics-host:PORT/metrics (default: none).",
+        min=1,
+        max=65535,
+    ),
+]
+MetricsHostOpt = Annotated[
+    str,
+    typer.Option("--metrics-host", help="Address of --metrics-port: an IP address; keep loopback."),
+]
+
+
+def wants_metrics(port: int | None, host: str, command: str) -> bool:
+    """Whether --metrics-port asks for metrics; --metrics-host checked either way."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(
+            f"--metrics-host {host!r}: not an IP address; give one, e.g. 127.0.0.1 (loopback)"
+        ) from None
+    if port is None:
+        return False
+    require_extra("prometheus_client", "serve", f"{command} --metrics-port")
+    return True

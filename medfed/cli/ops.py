@@ -30,6 +30,19 @@ def _titles(allow: list[str]) -> tuple[str, ...]:
     return tuple(allow)
 
 
+def _distinct_ports(ports: list[tuple[str, int | None]]) -> None:
+    """ConfigError naming two options that give the same port (one service would not start)."""
+    seen: dict[int, str] = {}
+    for option, port in ports:
+        if port is None:
+            continue
+        if port in seen:
+            raise ConfigError(
+                f"{option} {port}: the same port as {seen[port]}; give each service its own port"
+            )
+        seen[port] = option
+
+
 @friendly
 def units(
     run: Annotated[Path, typer.Option(help="The run directory the services answer with.")],
@@ -41,6 +54,10 @@ def units(
     dashboard_port: Annotated[
         int, typer.Option(help="The dashboard's port.", min=1, max=65535)
     ] = 8501,
+    dashboard_metrics_port: Annotated[
+        int | None,
+        typer.Option(help="The dashboard's --metrics-port (loopback).", min=1, max=65535),
+    ] = None,
     dicomweb: Annotated[
         str | None, typer.Option(help="The PACS's DICOMweb root: adds the watcher's unit.")
     ] = None,
@@ -88,6 +105,11 @@ def units(
         from medfed.pacs.connection import check_url
 
         dicomweb = check_url(dicomweb)
+    _distinct_ports(
+        [("--serve-port", serve_port), ("--dashboard-port", dashboard_port),
+         ("--dashboard-metrics-port", dashboard_metrics_port), ("--metrics-port", metrics_port),
+         ("--listen-port", listen_port if allow else None)]
+    )  # fmt: skip
     if (basic_auth_file is not None or metrics_port is not None) and dicomweb is None:
         raise ConfigError("--basic-auth-file and --metrics-port are the watcher's: add --dicomweb")
     if answer_to is not None:
@@ -100,6 +122,7 @@ def units(
         raise ConfigError(f"--out {out}: a file; give a folder for the .service files")
     settings = UnitSettings(
         run=run.resolve(), user=user, serve_port=serve_port, dashboard_port=dashboard_port,
+        dashboard_metrics_port=dashboard_metrics_port,
         dicomweb=dicomweb, basic_auth_file=basic_auth_file, metrics_port=metrics_port,
         allow=_titles(allow or []), listen_port=listen_port, answer_to=answer_to,
         extra_paths=tuple(writable or ()),

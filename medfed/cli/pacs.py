@@ -10,7 +10,15 @@ from typing import Annotated, Any
 
 import typer
 
-from medfed.cli.common import SERVING, adder, friendly
+from medfed.cli.common import (
+    SERVING,
+    LogFormatOpt,
+    MetricsHostOpt,
+    MetricsPortOpt,
+    adder,
+    friendly,
+    wants_metrics,
+)
 from medfed.config import DEVICES
 from medfed.errors import ConfigError, require_extra
 from medfed.pacs import MAX_BYTES, MAX_FILES, MAX_PIXELS
@@ -27,23 +35,6 @@ RouterOpt = Annotated[str, typer.Option(help="auto or a router of 'medfed route 
 DeviceOpt = Annotated[str, typer.Option(help=f"{', '.join(DEVICES)}.")]
 TlsCertOpt = Annotated[Path | None, typer.Option("--tls-cert", help="TLS certificate (PEM).")]
 TlsKeyOpt = Annotated[Path | None, typer.Option("--tls-key", help="TLS private key (PEM).")]
-
-
-def _log_format(ctx: typer.Context, param: typer.CallbackParam, value: str) -> str:
-    if value not in ("text", "json"):
-        raise typer.BadParameter(f"{value!r}: expected text or json", ctx=ctx, param=param)
-    return value
-
-
-LogFormatOpt = Annotated[
-    str,
-    typer.Option(
-        "--log-format",
-        help="Log lines on stderr: text, or json (one object a line: time, level, event, "
-        "request_id, ...).",
-        callback=_log_format,
-    ),
-]
 
 
 PatientIdsOpt = Annotated[
@@ -141,10 +132,10 @@ def serve(
     require_extra("prometheus_client", "serve", "medfed serve")
     import uvicorn
 
+    from medfed.ops.telemetry import EventLog
     from medfed.pacs.api import create_app, warm_up
     from medfed.pacs.bearer import TOKEN_FILE, bearer_token, is_loopback
     from medfed.pacs.credentials import check_tls_pair
-    from medfed.pacs.telemetry import EventLog
     from medfed.pacs.uploads import Limits
 
     log = EventLog(log_format)
@@ -300,37 +291,6 @@ def _watcher(
     return DicomwebWatcher.connect(inbox, url, creds, ca, find, orthanc, warn)
 
 
-MetricsPortOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--metrics-port",
-        help="Serve Prometheus metrics at http://--metrics-host:PORT/metrics (default: none).",
-        min=1,
-        max=65535,
-    ),
-]
-MetricsHostOpt = Annotated[
-    str,
-    typer.Option("--metrics-host", help="Address of --metrics-port: an IP address; keep loopback."),
-]
-
-
-def _wants_metrics(port: int | None, host: str, command: str) -> bool:
-    """Whether --metrics-port asks for metrics; --metrics-host checked either way."""
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        raise ConfigError(
-            f"--metrics-host {host!r}: not an IP address; give one, e.g. 127.0.0.1 (loopback)"
-        ) from None
-    if port is None:
-        return False
-    require_extra("prometheus_client", "serve", f"{command} --metrics-port")
-    return True
-
-
 @friendly
 def watch(
     run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
@@ -390,8 +350,8 @@ def watch(
     from medfed.pacs.records import watch_lock
 
     metrics = None
-    if _wants_metrics(metrics_port, metrics_host, "medfed pacs watch"):
-        from medfed.pacs.telemetry import WatchMetrics
+    if wants_metrics(metrics_port, metrics_host, "medfed pacs watch"):
+        from medfed.ops.telemetry import WatchMetrics
 
         metrics = WatchMetrics()
     auth = (token_file, basic_auth_file, basic_auth_env)
@@ -517,7 +477,7 @@ def listen(
     from medfed.pacs.listener import Listener, parse_destination
 
     destination = parse_destination(answer_to) if answer_to else None
-    wants_metrics = _wants_metrics(metrics_port, metrics_host, "medfed pacs listen")
+    metrics_wanted = wants_metrics(metrics_port, metrics_host, "medfed pacs listen")
     tls = check_tls_pair(tls_cert, tls_key)
     if tls is None and not is_loopback(host):
         raise ConfigError(
@@ -525,8 +485,8 @@ def listen(
         )
     inbox = _inbox(run, router, device, f"{ae_title}@{host}:{port}", retention_days, patient_ids)
     listener = Listener(inbox, ae_title, tuple(allow), quiet, destination, typer.echo)
-    if wants_metrics:
-        from medfed.pacs.telemetry import ListenMetrics
+    if metrics_wanted:
+        from medfed.ops.telemetry import ListenMetrics
 
         listener.metrics = ListenMetrics(listener.waiting)
         listener.metrics.serve(metrics_port, metrics_host)

@@ -8,7 +8,16 @@ from typing import Annotated
 
 import typer
 
-from medfed.cli.common import SERVING, adder, friendly, with_registries
+from medfed.cli.common import (
+    SERVING,
+    LogFormatOpt,
+    MetricsHostOpt,
+    MetricsPortOpt,
+    adder,
+    friendly,
+    wants_metrics,
+    with_registries,
+)
 from medfed.config import DEVICES
 from medfed.errors import ConfigError, require_extra
 from medfed.fileio import check_out_file
@@ -263,13 +272,28 @@ def dashboard(
             "decision) on the Site audit page. Without RUN, only that page has content."
         ),
     ] = None,
+    log_format: LogFormatOpt = "text",
+    metrics_port: MetricsPortOpt = None,
+    metrics_host: MetricsHostOpt = "127.0.0.1",
 ) -> None:
-    """Open the clinician dashboard (Streamlit, on 127.0.0.1 only) over run directories."""
-    require_extra("streamlit", "dashboard", "medfed dashboard")
-    from medfed.dashboard.launch import launch
+    """Open the clinician dashboard (Streamlit, on 127.0.0.1 only) over run directories.
 
+    As a service (--log-format json or --metrics-port), Streamlit runs under a supervisor: every
+    line it prints becomes one log line, each page run is logged (page, result, seconds), and
+    --metrics-port serves Prometheus metrics (Streamlit's health, page runs and their time,
+    Streamlit's warnings and errors). Streamlit's own liveness check is /_stcore/health."""
+    require_extra("streamlit", "dashboard", "medfed dashboard")
+    from medfed.dashboard.launch import Service, launch
+
+    wants_metrics(metrics_port, metrics_host, "medfed dashboard")
+    service = Service(log_format, metrics_port, metrics_host)
     roots = runs or ([] if state_dir is not None else [Path("demo_out")])
-    launch(roots, port, echo=typer.echo, reviewer=reviewer_header, state_dir=state_dir)
+    status = launch(
+        roots, port, echo=typer.echo, reviewer=reviewer_header, state_dir=state_dir,
+        service=service,
+    )  # fmt: skip
+    if status:
+        raise typer.Exit(status)
 
 
 def register(app: typer.Typer) -> None:

@@ -16,3 +16,16 @@ MAX_UPLOAD_MB = 200
 """The largest scan the Routing page accepts, in MB (Streamlit's server.maxUploadSize)."""
 STATE_ENV = "MEDFED_DASHBOARD_STATE_DIR"
 """A SuperNode's state folder whose audit log the Site audit page shows (``--state-dir``)."""
+PAGES = {
+    "Federation": "federation.py",
+    "Training": "training.py",
+    "Sites": "sites.py",
+    "Routing": "routing.py",
+    "Review": "review.py",
+    "Communication": "communication.py",
+    "Site audit": "audit.py",
+}
+"""Page title -> its script under ``views/``, in the order the navigation shows them."""
+EVENTS_ENV = "MEDFED_DASHBOARD_EVENTS"
+"""Set to 1 when ``medfed dashboard`` supervises Streamlit (``--log-format json`` or
+``--metrics-port``): each page run then prints one line the supervisor logs and counts."""

@@ -9,9 +9,14 @@ from pathlib import Path
 
 import streamlit as st
 
-from medfed.dashboard import common, sitelog
+from medfed.dashboard import PAGES, common, service, sitelog
 
 VIEWS = Path(__file__).with_name("views")
+
+
+def _page(title: str, default: bool = False) -> st.Page:
+    return st.Page(VIEWS / PAGES[title], title=title, default=default)
+
 
 st.set_page_config(page_title="medfed dashboard", layout="wide")
 if (refusal := common.exposed()) is not None:
@@ -19,16 +24,11 @@ if (refusal := common.exposed()) is not None:
     st.stop()
 audit = sitelog.state_dir() is not None  # medfed dashboard --state-dir: a site's audit log
 runs = common.all_runs()
+pages = [_page(title) for title in PAGES if title not in ("Federation", "Site audit")]
 page = st.navigation(
-    [
-        st.Page(VIEWS / "federation.py", title="Federation", default=bool(runs) or not audit),
-        st.Page(VIEWS / "training.py", title="Training"),
-        st.Page(VIEWS / "sites.py", title="Sites"),
-        st.Page(VIEWS / "routing.py", title="Routing"),
-        st.Page(VIEWS / "review.py", title="Review"),
-        st.Page(VIEWS / "communication.py", title="Communication"),
-    ]
-    + ([st.Page(VIEWS / "audit.py", title="Site audit", default=not runs)] if audit else [])
+    [_page("Federation", default=bool(runs) or not audit), *pages]
+    + ([_page("Site audit", default=not runs)] if audit else [])
 )
 common.sidebar(runs)
-page.run()
+with service.page_run(page.title):
+    page.run()

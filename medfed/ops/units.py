@@ -54,6 +54,7 @@ class UnitSettings:
     python: str = sys.executable
     serve_port: int = 8765
     dashboard_port: int = 8501
+    dashboard_metrics_port: int | None = None  # the dashboard's --metrics-port
     dicomweb: str | None = None  # a watcher unit when given
     basic_auth_file: Path | None = None  # the watcher's PACS account (an owner-only file)
     metrics_port: int | None = None  # the watcher's --metrics-port
@@ -136,6 +137,10 @@ def _unit(description: str, command: list[str], writable: list[str], settings: U
     return "\n".join(lines)
 
 
+def _metrics(port: int | None) -> list[str]:
+    return [] if port is None else ["--metrics-port", str(port)]
+
+
 def unit_files(settings: UnitSettings) -> dict[str, str]:
     """File name -> unit text: serve and dashboard always, the watcher with ``dicomweb``, the
     listener with ``allow``."""
@@ -154,7 +159,8 @@ def unit_files(settings: UnitSettings) -> dict[str, str]:
         ),
         "medfed-dashboard.service": _unit(
             f"medfed dashboard (run {name})",
-            [*medfed, "dashboard", run, "--port", str(settings.dashboard_port)],
+            [*medfed, "dashboard", run, "--port", str(settings.dashboard_port),
+             "--log-format", "json", *_metrics(settings.dashboard_metrics_port)],
             writable, settings,
         ),
     }  # fmt: skip
@@ -163,8 +169,7 @@ def unit_files(settings: UnitSettings) -> dict[str, str]:
         command += ["--max-failures", "10"]
         if settings.basic_auth_file is not None:
             command += ["--basic-auth-file", _path(settings.basic_auth_file, "--basic-auth-file")]
-        if settings.metrics_port is not None:
-            command += ["--metrics-port", str(settings.metrics_port)]
+        command += _metrics(settings.metrics_port)
         units["medfed-pacs-watch.service"] = _unit(
             f"medfed DICOMweb inbox (run {name})", command, writable, settings, restart_s=30
         )

@@ -35,8 +35,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from medfed.errors import DataError, MedfedError
+from medfed.ops.telemetry import EventLog, ServeMetrics, request_id
 from medfed.pacs.releases import LiveModel
-from medfed.pacs.telemetry import EventLog, ServeMetrics, request_id
 from medfed.pacs.uploads import LimitError, Limits, unpack_upload
 from medfed.serving.audit import AUDIT_FILE, AuditError
 from medfed.serving.bundle import TrainedFederation

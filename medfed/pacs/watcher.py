@@ -28,7 +28,7 @@ from medfed.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, Ids, kind_of
 if TYPE_CHECKING:
     from pydicom.dataset import Dataset
 
-    from medfed.pacs.telemetry import WatchMetrics
+    from medfed.ops.telemetry import WatchMetrics
 
 __all__ = ["DicomwebWatcher", "PacsUnreachable", "check_url", "stamped"]
 

@@ -10,6 +10,9 @@
 * :class:`ListenMetrics`: ``medfed pacs listen``'s (instances received by result, series
   waiting for their quiet time, seconds since the last instance, scans answered or skipped,
   answers that could not be sent), served the same way.
+* :class:`DashboardMetrics`: the dashboard's (whether Streamlit answers its health check, page
+  runs by page and result, their duration, Streamlit's warnings and errors, runs it can show),
+  served the same way by the process that supervises Streamlit.
 
 Each object keeps its own registry, so two services in one process (the tests) never mix.
 """
@@ -31,6 +34,7 @@ from medfed.errors import ConfigError
 
 __all__ = [
     "LOG_FORMATS",
+    "DashboardMetrics",
     "EventLog",
     "ListenMetrics",
     "ServeMetrics",
@@ -260,6 +264,71 @@ class ListenMetrics:
         self.instances.labels(result).inc()
         if result == "kept":
             self.last_instance = self.clock()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> Any:
+        return serve_registry(self.registry, port, host)
+
+
+class DashboardMetrics:
+    """The dashboard's metrics. ``healthy`` asks Streamlit's health endpoint (at each scrape),
+    ``runs`` counts the run directories the pages can show; page runs and log lines are counted
+    from what the Streamlit process prints (:mod:`medfed.dashboard.service`)."""
+
+    LEVELS = ("debug", "info", "warning", "error", "critical")
+
+    def __init__(
+        self, pages: tuple[str, ...], healthy: Callable[[], bool], runs: Callable[[], int]
+    ) -> None:
+        self.pages = pages
+        self.registry = CollectorRegistry()
+        up = Gauge(
+            "medfed_dashboard_up",
+            "1 when Streamlit's health endpoint answers ok, 0 when it does not (asked at each "
+            "scrape).",
+            registry=self.registry,
+        )
+        up.set_function(lambda: float(healthy()))
+        shown = Gauge(
+            "medfed_dashboard_runs",
+            "Run directories the dashboard can show (looked up at each scrape).",
+            registry=self.registry,
+        )
+        shown.set_function(lambda: float(runs()))
+        self.page_runs = Counter(
+            "medfed_dashboard_page_runs",
+            "Runs of a page's script (each visit and each interaction), by page and result: ok, "
+            "or error (the page failed; its exception's type is logged).",
+            ("page", "result"),
+            registry=self.registry,
+        )
+        for page in (*pages, "other"):
+            for result in ("ok", "error"):
+                self.page_runs.labels(page, result)
+        self.page_seconds = Histogram(
+            "medfed_dashboard_page_seconds",
+            "Time a page's script took to run, by page.",
+            ("page",),
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.lines = _counter(
+            "medfed_dashboard_log_lines",
+            "Lines Streamlit printed, by level (a line without one counts as info).",
+            "level",
+            self.LEVELS,
+            self.registry,
+        )
+
+    def page_run(self, page: str, result: str, seconds: float) -> None:
+        page = page if page in self.pages else "other"
+        self.page_runs.labels(page, "ok" if result == "ok" else "error").inc()
+        self.page_seconds.labels(page).observe(max(0.0, seconds))
+
+    def line(self, level: str) -> None:
+        self.lines.labels(level if level in self.LEVELS else "info").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
