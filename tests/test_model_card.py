@@ -176,6 +176,8 @@ def test_every_finished_run_writes_its_model_card_with_per_site_cis(tmp_path) ->
     for site in summary["sites"]:
         assert auc_text(run_summary.sites[site]) in card
     assert "training finished: 2" in card  # written after the finish event
+    for site in summary["sites"]:  # written once, with the data cards already beside it
+        assert f"site_overview/cards/{site}" in card
     RunDir(out).verify_model()  # the card sits beside the weights without upsetting files.json
 
     # Written again for an old run: removed, then rewritten by 'medfed evaluate --model-card'.

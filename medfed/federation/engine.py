@@ -186,15 +186,16 @@ class Engine:
         progress: bool = False,
         init: str | None = None,
         say: Callable[[str], Any] | None = None,
+        describe: Callable[[Path], Any] | None = None,
     ) -> None:
         """``plan``: the run :func:`~medfed.federation.plan.plan_run` made of ``sites``;
-        ``init``: starting weights in place of ``config.init`` (a warm-up base); ``say``:
-        hears the rounds as lines (see :class:`RoundLoop`)."""
+        ``init``: starting weights in place of ``config.init`` (a warm-up base); ``say`` and
+        ``describe``: see :class:`RoundLoop`."""
         sites = normalized(sites, plan.config)
         setup = resolve_device(plan.config.device)
         self.server = Coordinator(plan, run, setup, init=init)
         self.link = LocalLink(self.server, sites)
-        self.loop = RoundLoop(self.server, self.link, progress=progress, say=say)
+        self.loop = RoundLoop(self.server, self.link, progress=progress, say=say, describe=describe)
 
     def train(self, *, resume: bool = False) -> Summary:
         return self.loop.train(resume=resume)

@@ -14,6 +14,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -176,12 +177,15 @@ class RoundLoop:
         progress: bool = False,
         inputs: RoundSource | None = None,
         say: Callable[[str], Any] | None = None,
+        describe: Callable[[Path], Any] | None = None,
     ) -> None:
         """``inputs``: where the rounds' inputs come from (the one the link asks, if it does);
         ``say``: hears a line per round (or every few rounds) where no bar can show, so that a
-        run written to a log file is not silent for its whole length."""
+        run written to a log file is not silent for its whole length; ``describe``: writes what
+        the model card reads besides the run's own files (the sites' data cards) into the run
+        directory, just before the card is written."""
         self.server, self.link, self.progress = server, link, progress
-        self.say = say
+        self.say, self.describe = say, describe
         self.config, self.run = server.config, server.run
         self.inputs = inputs or RoundSource(server)
 
@@ -361,6 +365,8 @@ class RoundLoop:
         self.run.write_summary(summary)
         fed.save(self.run, {"n_train": {s.id: s.n_train for s in server.sites}})
         self.run.log_event("finish", rounds=self.config.rounds)
+        if self.describe is not None:
+            self.describe(self.run.path)
         write_model_card(self.run.path)
         return summary
 

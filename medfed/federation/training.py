@@ -18,7 +18,6 @@ from medfed.federation.features import encoded_sites
 from medfed.federation.plan import RunPlan, SiteInfo, plan_run
 from medfed.federation.pretrained import frozen_backbone
 from medfed.models.device import keep_freed_memory
-from medfed.reports.model_card import write_model_card
 from medfed.runs import RunDir, Summary
 from medfed.serving.evaluation import latency_scans
 
@@ -62,16 +61,22 @@ def train(
     read = frozen_features(sites, config, cache_dir)
     plan = plan_run(config, [SiteInfo.of(s) for s in read], lr_from_modality=lr_from_modality)
     base = warmup_base(read, plan, Path(out), resume, progress, echo, say=say, shown=sites)
-    engine = Engine(read, plan, RunDir(out), progress=progress, init=base, say=say)
+    engine = Engine(
+        read, plan, RunDir(out), progress=progress, init=base, say=say, describe=_cards(sites)
+    )
     report = engine.server.init_report
     if echo is not None and report is not None:
         for line in report.lines():
             echo(line)
-    summary = engine.train(resume=resume)
-    if all(s.raw[Split.TRAIN].dim() > 2 for s in sites):  # photos, not the encoder's features
-        write_site_overview(out, sites)  # the dashboard's Sites page
-    write_model_card(out)  # again, now with the data cards beside it
-    return summary
+    return engine.train(resume=resume)
+
+
+def _cards(sites: list[SiteData]) -> Callable[[Path], Any] | None:
+    """Writes the sites' data cards and overview (the dashboard's Sites page, read by the model
+    card) into a run directory; None when ``sites`` hold the encoder's features, not photos."""
+    if not all(s.raw[Split.TRAIN].dim() > 2 for s in sites):
+        return None
+    return lambda run: write_site_overview(run, sites)
 
 
 def frozen_features(
@@ -128,11 +133,8 @@ def warmup_base(
         if echo is not None:
             echo(f"warm-up: {rounds} rounds of fedavg into {base}, then {config.algorithm}")
         warmup_plan = plan_run(warmup, plan.sites)
-        Engine(sites, warmup_plan, run, progress=progress, say=say).train(
-            resume=resume and run.config_path.is_file()
+        engine = Engine(
+            sites, warmup_plan, run, progress=progress, say=say, describe=_cards(shown or sites)
         )
-        shown = shown or sites
-        if all(s.raw[Split.TRAIN].dim() > 2 for s in shown):
-            write_site_overview(base, shown)
-        write_model_card(base)
+        engine.train(resume=resume and run.config_path.is_file())
     return str(base)
