@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from medfed.federation.plan import (
     checked_algorithm,
     plan_run,
     resolved_settings,
+    settled_algorithm,
 )
 
 LABELS = {"normal": 0, "lesion": 1}
@@ -92,3 +95,36 @@ def test_an_unknown_backbone_names_the_choices_and_the_file() -> None:
         resolved_settings(config, where="run.toml")
     with pytest.raises(ConfigError, match=r"^training setting: backbone \(--backbone\) 'vit'"):
         plan_run(config, infos("fundus"))
+
+
+ENGINES = Path(__file__).resolve().parent.parent / "medfed"
+
+
+def _calls(path: Path) -> set[str]:
+    """The names of the functions ``path`` calls (``f(...)`` and ``module.f(...)``)."""
+    calls = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            calls.add(func.id if isinstance(func, ast.Name) else getattr(func, "attr", ""))
+    return calls
+
+
+def test_every_engine_builds_the_algorithm_from_the_plan_only() -> None:
+    """The in-process engine, the ServerApp and each SuperNode take the algorithm from the plan
+    or from the plan's settings (a SuperNode's RunSettings), never from make_algorithm."""
+    engines = [ENGINES / "federation" / "engine.py", ENGINES / "federation" / "rounds.py"]
+    engines += sorted((ENGINES / "flower").glob("*.py"))
+    builders = {p.relative_to(ENGINES).as_posix() for p in engines if "make_algorithm" in _calls(p)}
+    assert builders == set()
+    assert "settled_algorithm" in _calls(ENGINES / "flower" / "node.py")
+
+
+def test_a_site_builds_from_the_plans_settings_the_algorithm_the_plan_built() -> None:
+    plan = plan_run(TrainConfig(algorithm="feddrm"), infos("fundus"))
+
+    at_site = settled_algorithm(plan.config)  # what a SuperNode does with RunSettings.config
+
+    assert at_site.params == plan.algorithm.params
+    assert at_site.params.client == "trained"  # settled for the run's start, as the plan did
+    assert make_algorithm("feddrm", plan.config.params).params.client == "auto"  # on its own

@@ -176,10 +176,19 @@ def resolved_settings(config: TrainConfig, *, where: str | None = None) -> Train
     return _settled(config, where)[0]
 
 
+def settled_algorithm(config: TrainConfig) -> Algorithm:
+    """The run's algorithm made from the plan's settings and settled for the run's start, as
+    :func:`plan_run` makes it; what a SuperNode builds from the settings the plan sent it
+    (``RunSettings.config``), so that no engine decides any part of it on its own."""
+    algorithm = make_algorithm(config.algorithm, config.params)
+    algorithm.settle(config.frozen_encoder)
+    return algorithm
+
+
 def checked_algorithm(config: TrainConfig, site_ids: Sequence[str]) -> Algorithm:
     """The run's algorithm, once the settings it cannot run with are refused: differential
     privacy it cannot have, fault drills that could not fire at these sites."""
-    algorithm = make_algorithm(config.algorithm, config.params)
+    algorithm = settled_algorithm(config)
     _refuse(algorithm, config, site_ids)
     return algorithm
 
@@ -206,7 +215,6 @@ def checked_deployment(config: TrainConfig, site_ids: Sequence[str]) -> Algorith
 
 
 def _refuse(algorithm: Algorithm, config: TrainConfig, site_ids: Sequence[str]) -> None:
-    algorithm.settle(config.frozen_encoder)
     refuse_private(algorithm, config)
     config.check_faults(list(site_ids), communicates=algorithm.communicates)
 
@@ -219,10 +227,10 @@ def plan_run(
     ``lr_from_modality``: no learning rate was chosen, so the sites' modality sets it (as
     ``medfed train`` does).
     """
-    config, algorithm = _settled(config, None)
+    config = resolved_settings(config)
     modality = check_federation(sites, config)
     ids = [s.id for s in sites]
-    _refuse(algorithm, config, ids)
+    algorithm = checked_algorithm(config, ids)
     if lr_from_modality:
         config = dataclasses.replace(config, lr=default_lr(modality))
     first = sites[0]

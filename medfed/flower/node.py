@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 
-from medfed.algorithms import make_algorithm
 from medfed.algorithms.privacy import SitePrivacy
 from medfed.config import TrainConfig, load_manifest
 from medfed.data.cache import TensorCache, default_cache_dir
@@ -33,7 +32,7 @@ from medfed.data.sitedata import SiteData, load_site
 from medfed.errors import ConfigError, RunDirError
 from medfed.federation import wire
 from medfed.federation.normalizing import normalized
-from medfed.federation.plan import SiteInfo, initial_model
+from medfed.federation.plan import SiteInfo, initial_model, settled_algorithm
 from medfed.federation.pretrained import (
     HASH_MATCHES,
     resolve_init,
@@ -173,7 +172,7 @@ class SiteNode:
         self.index = run.sites.index(self.data.id)
         state_dir = _setting(node_config, "state-dir") or os.path.expanduser("~/.medfed/node")
         self.dir = Path(state_dir) / _safe(run.name) / _safe(self.data.id)
-        self.algorithm = make_algorithm(run.config.algorithm, run.config.params)
+        self.algorithm = settled_algorithm(run.config)  # as the plan built it
         self.setup = resolve_device(_setting(node_config, "device") or run.config.device)
         # One round more than the server keeps: a node may have finished a round the server
         # never checkpointed, and a resumed run asks for the round before it.
