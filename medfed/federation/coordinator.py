@@ -96,6 +96,20 @@ class Coordinator:
     def checkpoint(self, round_: int, site_states: dict[str, State] | None = None) -> None:
         save_checkpoint(self, round_, site_states)
 
+    def held_states(self) -> dict[str, State]:
+        """What each site holds of the global state, by its checkpoint name (``held_SITE``);
+        empty unless the wire sends deltas."""
+        if not self.wire.delta:
+            return {}
+        return {f"held_{s.id}": held for s, held in zip(self.sites, self.held, strict=True)}
+
+    def adopt(self, states: dict[str, State], checkpoint: Path) -> None:
+        """Resume from ``checkpoint``: its global state, and what each site holds of it."""
+        self.global_state = {k: v.to(self.setup.device) for k, v in states["global"].items()}
+        if self.wire.delta:
+            self.held = [states[f"held_{site.id}"] for site in self.sites]
+        self.resumed_from = checkpoint
+
     # ------------------------------------------------------------------ one round
     def sample(self, round_: int) -> set[int]:
         k = len(self.sites)
@@ -133,10 +147,22 @@ class Coordinator:
         if not plan.outgoing:
             return Downlink(b"", {})
         payload = plan.shared_payload
-        held = {k: self.held[index][k] for k in plan.outgoing} if self.wire.delta else None
+        held = self.delta_reference(index, plan)
         if self.wire.delta:
             payload = wire.encode(plan.outgoing, self.wire, reference=held)
         return Downlink(payload, wire.decode(payload, reference=held, dtypes=plan.outgoing))
+
+    def delta_reference(self, index: int, plan: RoundPlan) -> State | None:
+        """What site ``index`` holds of this round's outgoing keys, the reference its delta is
+        computed against; None when the wire sends whole states."""
+        if not self.wire.delta:
+            return None
+        return {k: self.held[index][k] for k in plan.outgoing}
+
+    def statistics_held(self, index: int) -> Any:
+        """What the algorithm keeps of site ``index``'s statistics (see
+        ``Algorithm.holds_statistics``): a site whose statistics were lost sends them again."""
+        return self.algorithm.holds_statistics(index)
 
     def receive(self, index: int, plan: RoundPlan, down: Downlink, payload_up: bytes) -> State:
         """Decode and check a site's update; raises when it is unusable."""

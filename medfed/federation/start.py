@@ -144,18 +144,13 @@ def restore(server: Coordinator, latest: Path) -> tuple[dict[str, State], int]:
         )
     against = "the model config.toml describes"
     expected = {k: v.cpu() for k, v in server.global_state.items()}
-    named = {"global": expected}
-    if server.wire.delta:  # what each site holds of the global state
-        named |= {f"held_{site.id}": expected for site in server.sites}
+    named = {"global": expected} | dict.fromkeys(server.held_states(), expected)
     for name, want in named.items():
         path = latest / f"{name}.safetensors"
         if name not in states:
             raise RunDirError(f"{path}: missing; the checkpoint is incomplete; {fix}")
         check_tensors(path, states[name], want, fix, against)
-    server.global_state = {k: v.to(server.setup.device) for k, v in states["global"].items()}
-    if server.wire.delta:
-        server.held = [states[f"held_{site.id}"] for site in server.sites]
-    server.resumed_from = latest
+    server.adopt(states, latest)
     return states, done
 
 
@@ -164,8 +159,5 @@ def save_checkpoint(
 ) -> None:
     """The global state after ``round_`` (with what each site holds of it, with delta
     encoding) and the sites' own states."""
-    states: dict[str, State] = {"global": server.global_state, **(site_states or {})}
-    if server.wire.delta:
-        for site, held in zip(server.sites, server.held, strict=True):
-            states[f"held_{site.id}"] = held
+    states = {"global": server.global_state, **(site_states or {}), **server.held_states()}
     server.store.save(round_, states)

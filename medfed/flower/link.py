@@ -194,12 +194,12 @@ class FlowerLink:
         if self.secure_bound is not None and plan.keys:
             step["secure_bound"] = self.secure_bound
             step["masks"] = MASKS  # a site masking otherwise would garble the sum
-        if self.server.wire.delta and plan.outgoing:
+        held = self.server.delta_reference(index, plan) if plan.outgoing else None
+        if held is not None:
             # The reference this site's delta was computed against: the site may have moved on
             # to a round whose reply the server never took (node.NodeSite.held_matching).
-            held = {k: self.server.held[index][k] for k in plan.outgoing}
             step["held_sha256"] = state_sha256(held)
-        held_stats = self.server.algorithm.holds_statistics(index)
+        held_stats = self.server.statistics_held(index)
         if held_stats is not None:  # a site whose statistics the server lost sends them again
             step["stats_held"] = held_stats
         return step

@@ -258,6 +258,13 @@ class Messenger:
             )
         return None
 
+    def keep_only(self, sites: list[str]) -> None:
+        """Send to ``sites`` only from now on (the others refused the run)."""
+        unknown = [s for s in sites if s not in self.sites]
+        if unknown:
+            raise ValueError(f"not among the run's sites: {unknown}")
+        self.sites = list(sites)
+
     def send_secure(
         self, round_: int, contents: dict[str, RecordDict], weights: dict[str, int]
     ) -> tuple[SecureRound, dict[int, str]]:

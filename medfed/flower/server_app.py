@@ -271,5 +271,5 @@ class FlowerRun:
                 + ("" if left else "; no site is left to train")
             )
         self.d = dataclasses.replace(self.d, sites=left)
-        self.messenger.sites = left
+        self.messenger.keep_only(left)
         return refused
