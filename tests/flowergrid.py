@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import tomli_w
@@ -31,34 +32,57 @@ def _wire(message: Message) -> Message:
     return message_from_proto(message_to_proto(message))
 
 
-class InProcessGrid:
-    def __init__(self, node_configs: dict[int, dict[str, str]]) -> None:
+class BaseGrid:
+    """What every test grid shares: it stands as the SuperLink (ids stamped on each message as
+    the SuperLink stamps them) and keeps each reply until the server pulls it. A grid says
+    what a node answers (:meth:`answer`) and may hold a reply back (:meth:`keep`)."""
+
+    def __init__(self, nodes) -> None:
         # What flwr-serverapp sets in its process; Message() reads it.
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK, 1
+        self.nodes = list(nodes)
+        self.replies: dict[str, Message] = {}
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.nodes)
+
+    def push_messages(self, messages) -> list[str]:
+        ids = []
+        for message in messages:
+            meta = message.metadata.__dict__
+            meta |= {"_message_id": uuid.uuid4().hex, "_src_node_id": SUPERLINK, "_run_id": 1}
+            self.keep(message, self.answer(message))
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def answer(self, message: Message) -> Message:
+        raise NotImplementedError
+
+    def keep(self, message: Message, reply: Message) -> None:
+        self.replies[message.metadata.message_id] = reply
+
+    def pull_messages(self, message_ids) -> list[Message]:
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+    def send_and_receive(self, messages, *, timeout: float | None = None) -> list[Message]:
+        return self.pull_messages(self.push_messages(messages))
+
+
+class InProcessGrid(BaseGrid):
+    def __init__(self, node_configs: dict[int, dict[str, str]]) -> None:
+        super().__init__(node_configs)
         self.contexts = {
             node: Context(
                 run_id=1, node_id=node, node_config=config, state=RecordDict(), run_config={}
             )
             for node, config in node_configs.items()
         }
-        self.replies: dict[str, Message] = {}
         self.sent: list[Message] = []  # every message the server pushed, in order
         self.received: list[Message] = []  # every reply the server pulled, in order
 
-    def get_node_ids(self) -> list[int]:
-        return list(self.contexts)
-
-    def push_messages(self, messages) -> list[str]:
-        ids = []
-        for message in messages:
-            meta = message.metadata.__dict__
-            meta["_message_id"] = uuid.uuid4().hex
-            meta["_src_node_id"] = SUPERLINK
-            meta["_run_id"] = 1
-            self.sent.append(message)
-            self.replies[message.metadata.message_id] = self._deliver(_wire(message))
-            ids.append(message.metadata.message_id)
-        return ids
+    def answer(self, message: Message) -> Message:
+        self.sent.append(message)
+        return self._deliver(_wire(message))
 
     def _deliver(self, message: Message) -> Message:
         node = message.metadata.dst_node_id
@@ -73,12 +97,9 @@ class InProcessGrid:
         return _wire(reply)
 
     def pull_messages(self, message_ids) -> list[Message]:
-        out = [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+        out = super().pull_messages(message_ids)
         self.received.extend(out)
         return out
-
-    def send_and_receive(self, messages, *, timeout: float | None = None) -> list[Message]:
-        return self.pull_messages(self.push_messages(messages))
 
 
 def run_in_process(
@@ -96,6 +117,29 @@ def run_in_process(
     """A deployed run of ``config`` on the sites of ``manifests`` (in their order), through an
     :class:`InProcessGrid`; its run directory and the grid. ``worker``: the socket of a
     resident worker every node hands its work to."""
+    run = flower_run(root, manifests, cache, config, secure=secure, secure_bound=secure_bound,
+                     name=name, worker=worker, wait_s=wait_s)  # fmt: skip
+    run.run()
+    return root / name, run.grid
+
+
+def flower_run(
+    root: Path,
+    manifests: dict[str, Path],
+    cache: Path,
+    config: TrainConfig,
+    *,
+    secure: bool = False,
+    secure_bound: float | None = None,
+    name: str = "run",
+    worker: Path | None = None,
+    wait_s: float = 30.0,
+    reply_timeout_s: float = 30.0,
+    grid: Callable[[dict[int, dict[str, str]]], InProcessGrid] = InProcessGrid,
+) -> FlowerRun:
+    """The ServerApp's run of :func:`run_in_process`, not started, over ``grid`` made of the
+    nodes' configs (their node ids 10, 11, ... in the sites' order); the nodes keep their state
+    under ROOT/NAME_nodes."""
     sites = list(manifests)
     configs = {
         10 + i: {
@@ -108,16 +152,14 @@ def run_in_process(
     for node_config in configs.values():
         if worker is not None:
             node_config["worker"] = str(worker)
-    grid = InProcessGrid(configs)
     run_config = {
         "train": tomli_w.dumps({"train": config.to_dict()}),
         "sites": ",".join(sites),
         "run-dir": str(root / name),
         "wait-s": wait_s,
-        "reply-timeout-s": 30.0,
+        "reply-timeout-s": reply_timeout_s,
         "secure-aggregation": secure,
     }
     if secure_bound is not None:
         run_config["secure-bound"] = secure_bound
-    FlowerRun(grid, Deployment.from_run_config(run_config)).run()
-    return root / name, grid
+    return FlowerRun(grid(configs), Deployment.from_run_config(run_config))

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from medfed.cli import app
-from medfed.runs import RunDir
+pytest.importorskip("flwr")
+
+from medfed.cli import app  # noqa: E402
+from medfed.runs import RunDir  # noqa: E402
+from tests.flowergrid import BaseGrid  # noqa: E402
 
 pytestmark = pytest.mark.flower
 
@@ -70,40 +73,23 @@ def test_bench_deploy_times_both_rounds_of_the_same_training(tmp_path: Path) -> 
     assert "Goal: a deployed round" in result.output
 
 
-class FloorGrid:
+class FloorGrid(BaseGrid):
     """Delivers each message to the floor's ClientApp in this process, through Flower's wire
     format."""
 
     def __init__(self, nodes: list[int]) -> None:
-        from flwr.supercore.task_identity import TaskIdentity
+        super().__init__(nodes)
+        self.sizes: list[int] = []
 
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-        self.nodes, self.replies, self.sizes = nodes, {}, []
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.nodes)
-
-    def push_messages(self, messages) -> list[str]:
-        import uuid
-
+    def answer(self, message):
         from flwr.app import Context, RecordDict
         from flwr.common.serde import message_from_proto, message_to_proto
 
         from medfed.flower.floor import client
 
-        ids = []
-        for message in messages:
-            meta = message.metadata.__dict__
-            meta |= {"_message_id": uuid.uuid4().hex, "_src_node_id": 1, "_run_id": 1}
-            self.sizes.append(message.content.array_records["payload"]["payload"].numpy().size)
-            wire = message_from_proto(message_to_proto(message))
-            context = Context(1, message.metadata.dst_node_id, {}, RecordDict(), {})
-            self.replies[message.metadata.message_id] = client(wire, context)
-            ids.append(message.metadata.message_id)
-        return ids
-
-    def pull_messages(self, message_ids) -> list:
-        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+        self.sizes.append(message.content.array_records["payload"]["payload"].numpy().size)
+        wire = message_from_proto(message_to_proto(message))
+        return client(wire, Context(1, message.metadata.dst_node_id, {}, RecordDict(), {}))
 
 
 def test_the_floor_round_carries_the_asked_bytes_each_way() -> None:

@@ -9,16 +9,17 @@ import json
 from pathlib import Path
 
 import pytest
-import tomli_w
 
 pytest.importorskip("flwr")
+
+from flwr.app import Message, RecordDict  # noqa: E402
 
 from medfed.config import TrainConfig  # noqa: E402
 from medfed.federation.coordinator import Coordinator  # noqa: E402
 from medfed.federation.training import load_sites, train  # noqa: E402
-from medfed.flower.server_app import Deployment, FlowerRun  # noqa: E402
+from medfed.flower.server_app import FlowerRun  # noqa: E402
 from medfed.runs.checkpoints import CheckpointStore  # noqa: E402
-from tests.flowergrid import InProcessGrid  # noqa: E402
+from tests.flowergrid import BaseGrid, InProcessGrid, flower_run  # noqa: E402
 
 LOST = "refuge"  # the site whose reply is lost, or whose update is refused
 
@@ -47,27 +48,12 @@ class LossyGrid(InProcessGrid):
 
 
 def deploy(root: Path, manifests, cache, config: TrainConfig, lose=()) -> FlowerRun:
-    sites = list(manifests)
-    configs = {
-        10 + i: {
-            "manifest": str(manifests[s]),
-            "state-dir": str(root / "nodes"),
-            "cache-dir": str(cache),
-        }
-        for i, s in enumerate(sites)
-    }  # fmt: skip
-    run_config = {
-        "train": tomli_w.dumps({"train": config.to_dict()}),
-        "sites": ",".join(sites),
-        "run-dir": str(root / "run"),
-        "wait-s": 30.0,
-        "reply-timeout-s": 3.0,  # how long the server waits for the lost reply
-    }
-    node = 10 + sites.index(LOST)
-    run = FlowerRun(
-        LossyGrid(configs, [(node, kind, r) for kind, r in lose]),
-        Deployment.from_run_config(run_config),
-    )
+    node = 10 + list(manifests).index(LOST)
+    run = flower_run(
+        root, manifests, cache, config,
+        reply_timeout_s=3.0,  # how long the server waits for the lost reply
+        grid=lambda configs: LossyGrid(configs, [(node, kind, r) for kind, r in lose]),
+    )  # fmt: skip
     run.run()
     return run
 
@@ -102,7 +88,7 @@ def test_a_lost_reply_leaves_the_next_delta_decoded_against_the_servers_referenc
 
     records = [r for r in run.run_dir.read_metrics() if r.site == LOST]
     assert [r.status for r in records] == ["ok", "dropped", "ok"]  # round 2's replies were lost
-    store = CheckpointStore(tmp_path / "nodes" / "run" / LOST, 3)
+    store = CheckpointStore(tmp_path / "run_nodes" / "run" / LOST, 3)
     for round_ in (1, 3):
         held = store.load(store.folder / f"round_{round_:04d}")[0]["held"]
         for key, value in sent[round_].items():
@@ -131,42 +117,27 @@ def test_a_lora_site_whose_update_was_refused_sends_its_statistics_again(
     assert sorted(run.server.algorithm.moments) == [0, 1, 2]
 
 
-class SlowGrid:
+class SlowGrid(BaseGrid):
     """A grid whose nodes answer at once, but those in ``asleep``, whose replies wait until
     the test wakes them; replies carry no content."""
 
     def __init__(self, nodes: list[int], asleep: set[int]) -> None:
-        from flwr.supercore.task_identity import TaskIdentity
+        super().__init__(nodes)
+        self.asleep = asleep
+        self.held: dict[str, Message] = {}
 
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-        self.nodes, self.asleep = nodes, asleep
-        self.ready: dict[str, object] = {}
-        self.held: dict[str, object] = {}
+    def answer(self, message: Message) -> Message:
+        return Message(RecordDict(), reply_to=message)
 
-    def get_node_ids(self) -> list[int]:
-        return list(self.nodes)
-
-    def push_messages(self, messages) -> list[str]:
-        import uuid
-
-        from flwr.app import Message, RecordDict
-
-        ids = []
-        for message in messages:
-            meta = message.metadata.__dict__
-            meta |= {"_message_id": uuid.uuid4().hex, "_src_node_id": 1, "_run_id": 1}
-            reply = Message(RecordDict(), reply_to=message)
-            asleep = message.metadata.dst_node_id in self.asleep
-            (self.held if asleep else self.ready)[message.metadata.message_id] = reply
-            ids.append(message.metadata.message_id)
-        return ids
+    def keep(self, message: Message, reply: Message) -> None:
+        if message.metadata.dst_node_id in self.asleep:
+            self.held[message.metadata.message_id] = reply
+        else:
+            super().keep(message, reply)
 
     def wake(self) -> None:
-        self.ready |= self.held
+        self.replies |= self.held
         self.held.clear()
-
-    def pull_messages(self, message_ids) -> list:
-        return [self.ready.pop(i) for i in list(message_ids) if i in self.ready]
 
 
 def test_a_site_silent_past_the_others_reply_times_is_given_up_at_the_deadline() -> None:
@@ -174,8 +145,6 @@ def test_a_site_silent_past_the_others_reply_times_is_given_up_at_the_deadline()
     slowest reply plus the larger of the floor and factor x that), the reason saying so. In the
     next exchange it gets the floor only; its late reply, once it comes, counts as its reply
     time and it is waited for as any other again."""
-    from flwr.app import RecordDict
-
     from medfed.flower.messenger import Deadline, Messenger
 
     grid = SlowGrid([10, 11, 12], asleep={12})
