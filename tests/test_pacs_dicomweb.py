@@ -86,6 +86,11 @@ def test_watcher_answers_each_study_once_and_stores_the_answer_back(
         assert first.count("answered study") == 5, first
         assert first.count("skipped study") == 2 and "wrong modality: CT" in first
         log = PacsLog(run)
+        for skipped in log.scans("skipped"):  # named by the study's attributes, as the PACS lists
+            series = next(c for c in cts if c[0].StudyInstanceUID == skipped.study_uid)
+            date = str(series[0].StudyDate)
+            assert skipped.study_date == f"{date[:4]}-{date[4:6]}-{date[6:8]}"
+            assert skipped.accession == str(series[0].get("AccessionNumber", ""))[:16]
         answered = log.scans("answered")
         assert len(answered) == 5
         audit = dict(AuditLog(run).records())

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 
 from medfed.errors import DataError
@@ -26,13 +27,26 @@ from medfed.pacs.handling import Inbox, Outcome, wrong_modality
 from medfed.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, Ids, kind_of
 
 if TYPE_CHECKING:
-    from pydicom.dataset import Dataset
-
     from medfed.ops.telemetry import WatchMetrics
 
 __all__ = ["DicomwebWatcher", "PacsUnreachable", "check_url", "stamped"]
 
 _SERIES_UID, _MODALITY, _SOP_UID = "0020000E", "00080060", "00080018"
+
+
+# What the series listing asks for: the modality, and the study's attributes a skipped series
+# is recorded with (the PACS may leave them out; the series is then recorded without them).
+LISTED = ["Modality", "AccessionNumber", "StudyDate", "PatientID"]
+
+
+def _listing(listed: dict[str, Any] | None) -> Dataset | None:
+    """A series listing (DICOM JSON) as a dataset, or None when it cannot be read as one."""
+    if not listed:
+        return None
+    try:
+        return Dataset.from_json(listed)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
 
 
 def _value(obj: dict[str, Any], tag: str) -> str:
@@ -106,21 +120,23 @@ class DicomwebWatcher:
     def answer_study(self, study: str) -> list[Outcome]:
         series = self.call(
             f"listing the series of study {study} (QIDO-RS)",
-            lambda: self.client.search_for_series(study, fields=["Modality"]),
+            lambda: self.client.search_for_series(study, fields=LISTED),
         )
         outcomes = []
         for one in series:
             modality, uid = _value(one, _MODALITY).upper(), _value(one, _SERIES_UID)
             if modality in NOT_IMAGES:
                 continue
-            outcomes += self._series(study, uid, modality)
+            outcomes += self._series(study, uid, modality, one)
         return outcomes
 
-    def _series(self, study: str, series: str, modality: str) -> list[Outcome]:
+    def _series(
+        self, study: str, series: str, modality: str, listed: dict[str, Any] | None = None
+    ) -> list[Outcome]:
         inbox = self.inbox
         if kind_of(modality) != inbox.fed.modality:  # recorded once, with why
             reason = wrong_modality(modality, inbox.fed.modality)
-            return [inbox.skip(Ids(study, series), modality, reason)]
+            return [inbox.skip(Ids(study, series), modality, reason, _listing(listed))]
         photo = modality in PHOTO_MODALITIES
         found = inbox.log.get(Ids(study, series).key)  # a CT series, or a skipped series
         if found is not None and found.status != "pending":
