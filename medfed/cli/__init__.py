@@ -7,7 +7,7 @@ from their declarations in :class:`medfed.config.TrainConfig` (:mod:`medfed.cli.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import click
 import typer
@@ -15,14 +15,19 @@ from typer.core import TyperGroup
 
 from medfed import __version__
 from medfed.cli import deploy, experiments, pacs, serving, sites, training
-from medfed.cli.common import PANELS, friendly, registry_help
+from medfed.cli.common import PANELS, friendly, keep_argument_help, registry_help
 
 __all__ = ["app", "friendly", "registry_help"]
 
 
 class GroupedCommands(TyperGroup):
     """Lists the commands group by group (PANELS' order): typer would list every command
-    before the sub-command groups, whatever their group."""
+    before the sub-command groups, whatever their group. Built, it gives every argument its
+    help back (see keep_argument_help)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        keep_argument_help(self)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         def rank(name: str) -> int:

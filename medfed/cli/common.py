@@ -11,9 +11,12 @@ from typing import Annotated, Any
 
 import click
 import typer
-from typer.core import TyperArgument, TyperCommand
+from typer.core import TyperCommand
+from typer.models import ArgumentInfo
+from typer.utils import get_params_from_function
 
 from medfed.config import WIRE_PRECISION_NOTES
+from medfed.devices import DEVICES
 from medfed.errors import ConfigError, MedfedError, require_extra
 
 # The groups of `medfed --help`, by what a user does, in the order help shows them.
@@ -25,24 +28,24 @@ EXPERIMENTS = "Experiments"
 PANELS: tuple[str, ...] = (SITES, TRAINING, SERVING, DEPLOYMENT, EXPERIMENTS)
 
 
-def _keep_argument_help() -> None:
-    """Show each argument's help text. Newer click gives ``click.Argument`` a ``help`` of its
-    own, and its ``__init__`` resets the help that typer's ``TyperArgument`` sets just before
-    calling it, so every argument's help would silently vanish from ``--help``."""
-    init = TyperArgument.__init__
-    if getattr(init, "keeps_help", False):
+def keep_argument_help(command: click.Command) -> None:
+    """Give each argument of ``command`` and its sub-commands the help it declares. Click 8.5
+    gave ``click.Argument`` a ``help`` of its own, and its ``__init__`` resets the one typer's
+    ``TyperArgument`` sets just before calling it: every argument's help would silently vanish
+    from ``--help``."""
+    for sub in getattr(command, "commands", {}).values():
+        keep_argument_help(sub)
+    declared = getattr(command.callback, "__wrapped__", None)  # typer wraps each command
+    if declared is None:
         return
-
-    @functools.wraps(init)
-    def keeping(self: TyperArgument, *args: Any, help: str | None = None, **kw: Any) -> None:
-        init(self, *args, help=help, **kw)
-        self.help = help
-
-    keeping.keeps_help = True  # type: ignore[attr-defined]
-    TyperArgument.__init__ = keeping  # type: ignore[method-assign]
-
-
-_keep_argument_help()
+    helps = {
+        name: meta.default.help
+        for name, meta in get_params_from_function(declared).items()
+        if isinstance(meta.default, ArgumentInfo)
+    }
+    for param in command.params:
+        if isinstance(param, click.Argument) and not param.help:
+            param.help = helps.get(param.name or "")
 
 
 def help_text(func: Callable[..., Any]) -> str:
@@ -136,8 +139,29 @@ def named_folder(ctx: click.Context, param: click.Parameter, value: Path | None)
     return value
 
 
-# The folder default_cache_dir (medfed.data.cache) picks, for help texts.
-CACHE_DIR_HELP = "Preprocessing cache folder (default: $MEDFED_CACHE, else ~/.cache/medfed)."
+# --- options several commands share ---------------------------------------------------------
+# A command's default goes with its parameter (`out: OutFolderOpt = Path("demo_out")`).
+
+CacheDirOpt = Annotated[
+    Path | None,
+    typer.Option(  # the folder default_cache_dir (medfed.data.cache) picks
+        help="Preprocessing cache folder (default: $MEDFED_CACHE, else ~/.cache/medfed).",
+        callback=named_folder,
+    ),
+]
+# Every device medfed runs on (medfed.devices); DEVICE_OPTION alone for an optional one.
+DEVICE_OPTION = typer.Option(help=f"{', '.join(DEVICES)}.")
+DeviceOpt = Annotated[str, DEVICE_OPTION]
+OutFolderOpt = Annotated[
+    Path,
+    typer.Option(help="Folder for what it writes: data, runs, results.", callback=named_folder),
+]
+QuickOpt = Annotated[bool, typer.Option(help="A smaller budget (how small: see above).")]
+SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
+UpdateReadmeOpt = Annotated[
+    Path | None,
+    typer.Option(help="Write the results into this Markdown page's section (named above)."),
+]
 
 
 def friendly(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -10,6 +10,21 @@ import typer
 from medfed.cli.common import DEPLOYMENT, adder, friendly, with_registries
 from medfed.cli.settings import given_settings, training_options
 from medfed.errors import ConfigError, require_extra
+from medfed.flower.waits import REPLY_TIMEOUT_S, WAIT_S
+
+# What both app folders take (medfed deploy app, stats). The waits' defaults and bound (a
+# week) are medfed.flower.waits'.
+AppFolderArg = Annotated[
+    Path, typer.Argument(help="Folder to write (then: flwr run OUT CONNECTION).")
+]
+SitesOpt = Annotated[list[str], typer.Option(help="Site ids in order (repeat), as in manifests.")]
+RunDirOpt = Annotated[str, typer.Option(help="Run directory on the SuperLink's machine.")]
+WaitOpt = Annotated[
+    float, typer.Option(help="Seconds to wait for every site to connect (statistics: to answer).")
+]
+ReplyTimeoutOpt = Annotated[
+    float, typer.Option(help="Seconds one exchange (a round) waits for the sites' replies.")
+]
 
 
 def _stored_train_settings(train_config: Path | None) -> dict[str, Any]:
@@ -67,18 +82,16 @@ def _check_secure_options(secure: bool, bound: float | None, two_sites: bool) ->
     },
 )
 def deploy_app_folder(
-    out: Annotated[Path, typer.Argument(help="Folder to write (then: flwr run OUT CONNECTION).")],
-    site: Annotated[list[str], typer.Option(help="Site ids in order (repeat), as in manifests.")],
-    run_dir: Annotated[str, typer.Option(help="Run directory on the SuperLink's machine.")],
+    out: AppFolderArg,
+    site: SitesOpt,
+    run_dir: RunDirOpt,
     settings: dict[str, Any] | None = None,  # the settings' options go here (training_options)
     train_config: Annotated[
         Path | None,
         typer.Option(help="TOML with a 'train' table (any training setting, as in config.toml)."),
     ] = None,
-    wait: Annotated[float, typer.Option(help="Seconds to wait for every site to connect.")] = 300,
-    reply_timeout: Annotated[
-        float, typer.Option(help="Seconds a round waits for a site's reply.")
-    ] = 600,
+    wait: WaitOpt = WAIT_S,
+    reply_timeout: ReplyTimeoutOpt = REPLY_TIMEOUT_S,
     resume: Annotated[bool, typer.Option(help="Continue the run in --run-dir.")] = False,
     secure_aggregation: Annotated[
         bool,
@@ -167,9 +180,9 @@ def deploy_app_folder(
 
 @friendly
 def deploy_stats_folder(
-    out: Annotated[Path, typer.Argument(help="Folder to write (then: flwr run OUT CONNECTION).")],
-    site: Annotated[list[str], typer.Option(help="Site ids in order (repeat), as in manifests.")],
-    run_dir: Annotated[str, typer.Option(help="Run directory on the SuperLink's machine.")],
+    out: AppFolderArg,
+    site: SitesOpt,
+    run_dir: RunDirOpt,
     run_name: Annotated[str, typer.Option(help="The run's name (default: --run-dir's).")] = "",
     min_count: Annotated[
         int,
@@ -188,10 +201,8 @@ def deploy_stats_folder(
     delta: Annotated[
         float | None, typer.Option(help="With --noise gaussian \\[default: 1e-05].")
     ] = None,
-    wait: Annotated[float, typer.Option(help="Seconds to wait for every site to answer.")] = 300,
-    reply_timeout: Annotated[
-        float, typer.Option(help="Seconds one exchange waits for the sites' replies.")
-    ] = 600,
+    wait: WaitOpt = WAIT_S,
+    reply_timeout: ReplyTimeoutOpt = REPLY_TIMEOUT_S,
 ) -> None:
     """Write the app folder of a statistics-only run: no training, no weights.
 

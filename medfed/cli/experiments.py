@@ -13,41 +13,56 @@ from typing import Annotated
 import typer
 
 from medfed.cli.common import (
+    DEVICE_OPTION,
     EXPERIMENTS,
+    DeviceOpt,
+    OutFolderOpt,
+    QuickOpt,
+    SeedOpt,
+    UpdateReadmeOpt,
     adder,
     check_methods,
     check_readme,
     friendly,
-    named_folder,
 )
 from medfed.cli.tracking import TrackOption, planned_tracking, track_finished
 from medfed.config import Modality
 from medfed.errors import ConfigError, require_extra
 from medfed.fileio import check_not_in_run, check_out_folder
 
+# Options several experiments share; what differs per command, its docstring says.
+LocalStepsOpt = Annotated[int, typer.Option(help="Local steps per round.")]
+MethodOpt = Annotated[
+    list[str] | None, typer.Option(help="Only these methods (repeat); FedDRM always trains.")
+]
+N_BOOT = typer.Option(help="Bootstrap resamples of every interval.")
+ReuseRunsOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Read runs that finished in OUT with the same settings instead of training them "
+        "again (an interrupted sweep or study continues; a finished one is re-rendered)."
+    ),
+]
+SeedsOpt = Annotated[int | None, typer.Option(help="Seeds 0..N-1 (default: see above).")]
+
 
 @friendly
 def demo(
-    out: Annotated[
-        Path, typer.Option(help="Folder for the data and the runs.", callback=named_folder)
-    ] = Path("demo_out"),
-    quick: Annotated[bool, typer.Option(help="A smaller budget (under 3 minutes).")] = False,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    out: OutFolderOpt = Path("demo_out"),
+    quick: QuickOpt = False,
+    seed: SeedOpt = 0,
     modality: Annotated[
         str,
         typer.Option(
             help="fundus (three sites), ct (two CT sites) or all (each into OUT/fundus, OUT/ct)."
         ),
     ] = "fundus",
-    update_readme: Annotated[
-        Path | None,
-        typer.Option(
-            help="Write the table into this page's demo section "
-            "(fundus: README.md; ct: docs/ct.md)."
-        ),
-    ] = None,
+    update_readme: UpdateReadmeOpt = None,
 ) -> None:
-    """Synthesize a federation, train FedDRM and baselines, print the comparison."""
+    """Synthesize a federation, train FedDRM and baselines, print the comparison.
+
+    --quick: under 3 minutes; --update-readme: the table, into the demo section of README.md
+    (fundus) or docs/ct.md (ct)."""
     from medfed.experiments.demo import DEMO_MARKERS, demo_modalities, run_demos
 
     for chosen in demo_modalities(modality):
@@ -59,23 +74,12 @@ def demo(
 
 @friendly
 def bench(
-    quick: Annotated[
-        bool, typer.Option(help="Smaller budgets and 2 seeds (about 19 minutes on 2 cores).")
-    ] = False,
-    seeds: Annotated[
-        int | None, typer.Option(help="Seeds 0..N-1 (default 3, or 2 with --quick).")
-    ] = None,
-    out: Annotated[
-        Path, typer.Option(help="Folder for data, runs and results.", callback=named_folder)
-    ] = Path("bench_out"),
+    quick: QuickOpt = False,
+    seeds: SeedsOpt = None,
+    out: OutFolderOpt = Path("bench_out"),
     as_json: Annotated[bool, typer.Option("--json", help="Print results.json.")] = False,
     modality: Annotated[str, typer.Option(help="fundus, ct or all.")] = "all",
-    update_readme: Annotated[
-        Path | None,
-        typer.Option(
-            help="Write the tables into this page's bench section, with plots (docs/benchmarks.md)."
-        ),
-    ] = None,
+    update_readme: UpdateReadmeOpt = None,
     fundus_budget: Annotated[
         str | None, typer.Option(hidden=True, help="SCANSxROUNDSxSTEPS (tests).")
     ] = None,
@@ -105,7 +109,11 @@ def bench(
 ) -> None:
     """Every method on the synthetic fundus and CT federations over several seeds.
 
-    With speed figures; writes OUT/results.json, OUT/results.md and PNG plots."""
+    With speed figures; writes OUT/results.json, OUT/results.md and PNG plots.
+
+    --quick: smaller budgets and 2 seeds (about 19 minutes on 2 cores); --seeds: default 3, or
+    2 with --quick; --update-readme: the tables and plots, into docs/benchmarks.md's bench
+    section."""
     from medfed.experiments.bench import BenchPlan, run_bench
 
     plan = BenchPlan.make(
@@ -134,25 +142,17 @@ def bench(
 
 @friendly
 def transfer(
-    out: Annotated[
-        Path,
-        typer.Option(help="Folder for the data, the runs and the results.", callback=named_folder),
-    ] = Path("transfer_out"),
-    quick: Annotated[
-        bool, typer.Option(help="A smaller budget (about 5 minutes on 2 cores).")
-    ] = False,
-    update_readme: Annotated[
-        Path | None,
-        typer.Option(
-            help="Write the results into this page's transfer section, with the plot "
-            "(docs/training.md)."
-        ),
-    ] = None,
+    out: OutFolderOpt = Path("transfer_out"),
+    quick: QuickOpt = False,
+    update_readme: UpdateReadmeOpt = None,
 ) -> None:
     """LoRA and FedDRM started from a FedAvg base trained on another federation.
 
     A FedAvg base from one synthetic federation as the start of LoRA and FedDRM on another,
-    against random weights: curves, 95% CIs and paired comparisons (OUT/transfer.md)."""
+    against random weights: curves, 95% CIs and paired comparisons (OUT/transfer.md).
+
+    --quick: about 5 minutes on 2 cores; --update-readme: the results and the plot, into
+    docs/training.md's transfer section."""
     check_readme(update_readme, "transfer")
     check_out_folder(out)
     check_not_in_run(out)
@@ -163,24 +163,16 @@ def transfer(
 
 @friendly
 def privacy_curve(
-    out: Annotated[
-        Path,
-        typer.Option(help="Folder for the data, the runs and the results.", callback=named_folder),
-    ] = Path("privacy_out"),
-    quick: Annotated[
-        bool, typer.Option(help="A smaller budget, one seed (about 10 minutes on 2 cores).")
-    ] = False,
-    update_readme: Annotated[
-        Path | None,
-        typer.Option(
-            help="Write the results into this page's privacy section, with the plot "
-            "(docs/privacy.md)."
-        ),
-    ] = None,
+    out: OutFolderOpt = Path("privacy_out"),
+    quick: QuickOpt = False,
+    update_readme: UpdateReadmeOpt = None,
 ) -> None:
     """What differential privacy costs: FedAvg and FedDRM at epsilon 1, 3, 8 and without DP.
 
-    Worst-site AUC with 95% CIs and paired differences (OUT/privacy.md, OUT/privacy.png)."""
+    Worst-site AUC with 95% CIs and paired differences (OUT/privacy.md, OUT/privacy.png).
+
+    --quick: one seed (about 10 minutes on 2 cores); --update-readme: the results and the
+    plot, into docs/privacy.md's privacy section."""
     check_readme(update_readme, "privacy")
     check_out_folder(out)
     check_not_in_run(out)
@@ -191,9 +183,7 @@ def privacy_curve(
 
 @friendly
 def gpu_check(
-    out: Annotated[
-        Path, typer.Option(help="Folder for the data, runs and results.", callback=named_folder)
-    ] = Path("gpu_check_out"),
+    out: OutFolderOpt = Path("gpu_check_out"),
     short: Annotated[
         bool,
         typer.Option(help="Tiny data, no bench: checks the check itself (a minute on a CPU)."),
@@ -209,16 +199,15 @@ def gpu_check(
     modality: Annotated[
         list[str] | None, typer.Option(help="fundus and/or ct (repeatable; default: both).")
     ] = None,
-    device: Annotated[
-        str | None,
-        typer.Option(help="The device to check against the CPU (default: cuda, else cpu-bf16)."),
-    ] = None,
+    device: Annotated[str | None, DEVICE_OPTION] = None,
 ) -> None:
     """Check the GPU path end to end against the CPU. Exits 1 when anything failed.
 
     Every algorithm on the GPU against the CPU (same seed, figures within tolerance), images
     per second per backbone, peak GPU memory, the bench's quick table; OUT/gpu_check.json and
-    OUT/gpu_check.md."""
+    OUT/gpu_check.md.
+
+    --device: the device checked against the CPU (default: cuda, else cpu-bf16)."""
     check_out_folder(out)
     check_not_in_run(out)
     from medfed.experiments.gpucheck import FULL, MODALITIES, SHORT, run_gpu_check
@@ -240,13 +229,11 @@ def gpu_check(
 
 @friendly
 def bench_deploy(
-    out: Annotated[
-        Path, typer.Option(help="Folder for data, runs and results.", callback=named_folder)
-    ] = Path("bench_deploy_out"),
+    out: OutFolderOpt = Path("bench_deploy_out"),
     rounds: Annotated[
         int, typer.Option(help="Rounds of each run (the first and the last are left out).")
     ] = 5,
-    local_steps: Annotated[int, typer.Option(help="Local steps per round.")] = 10,
+    local_steps: LocalStepsOpt = 10,
     backbone: Annotated[str, typer.Option(help="The model (a fundus backbone).")] = "cnn-gn",
     image_size: Annotated[int, typer.Option(help="Fundus input size in pixels.")] = 128,
     without_workers: Annotated[
@@ -261,12 +248,7 @@ def bench_deploy(
             show_default=False,
         ),
     ] = None,
-    update_readme: Annotated[
-        Path | None,
-        typer.Option(
-            help="Write the table into this page's deploy-bench section (docs/deployment.md)."
-        ),
-    ] = None,
+    update_readme: UpdateReadmeOpt = None,
     n_per_site: Annotated[int, typer.Option(hidden=True, help="Scans per site (tests).")] = 64,
     sheet_algorithm: Annotated[
         list[str] | None,
@@ -279,7 +261,9 @@ def bench_deploy(
     """A deployed round on loopback against the same round in one process.
 
     A SuperLink and a SuperNode per site, on Flower, side by side with the in-process engine;
-    writes OUT/deploy-bench.json and .md."""
+    writes OUT/deploy-bench.json and .md.
+
+    --update-readme: the table, into docs/deployment.md's deploy-bench section."""
     require_extra("flwr", "flower", "medfed bench-deploy")
     check_readme(update_readme, "deploy-bench")
     check_out_folder(out)
@@ -327,9 +311,7 @@ def bench_deploy(
 
 @friendly
 def bench_throughput(
-    out: Annotated[
-        Path, typer.Option(help="Folder for the photos, cache and results.", callback=named_folder)
-    ] = Path("throughput_out"),
+    out: OutFolderOpt = Path("throughput_out"),
     backbone: Annotated[str, typer.Option(help="A torchvision-shaped backbone.")] = "tv-resnet18",
     image_size: Annotated[int, typer.Option(help="Training resolution in pixels.")] = 224,
     batch_size: Annotated[int, typer.Option(help="Batch size of both loops.")] = 8,
@@ -337,7 +319,7 @@ def bench_throughput(
     scans: Annotated[int, typer.Option(help="Photos of the synthetic site.")] = 48,
     repeats: Annotated[int, typer.Option(help="Warm repeats, the two sides back to back.")] = 5,
     workers: Annotated[int, typer.Option(help="The plain loop's DataLoader workers.")] = 2,
-    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "cpu",
+    device: DeviceOpt = "cpu",
     compiled: Annotated[
         bool,
         typer.Option(help="Also time medfed's worker with torch.compile (compile = true)."),
@@ -353,16 +335,15 @@ def bench_throughput(
         int,
         typer.Option(help="Also measure the peak RSS of a site of this many photos (0: not)."),
     ] = 5000,
-    update_readme: Annotated[
-        Path | None,
-        typer.Option(help="Write the table into this page's throughput section."),
-    ] = None,
+    update_readme: UpdateReadmeOpt = None,
 ) -> None:
     """Local training images/s: medfed's site worker against a plain torchvision loop.
 
     Same model, resolution, batch and photos, warm (cached tensors) and cold (nothing cached);
     DP-SGD's cost per step against a plain Opacus loop; and the peak memory of loading a large
-    site. Writes OUT/throughput.json and .md."""
+    site. Writes OUT/throughput.json and .md.
+
+    --update-readme: the table, into the page's throughput section."""
     from medfed.experiments.throughput import MARKER, ThroughputPlan
     from medfed.experiments.throughput_report import full_report
 
@@ -421,44 +402,26 @@ def scenarios(
         str,
         typer.Option(help="covariate, lambda, label, concept or clients (FedDRM's ablations)."),
     ],
-    out: Annotated[
-        Path,
-        typer.Option(help="Folder for the data, the runs and the results.", callback=named_folder),
-    ] = Path("scenarios_out"),
-    quick: Annotated[bool, typer.Option(help="A toy budget (the test suite's form).")] = False,
-    seeds: Annotated[
-        int | None, typer.Option(help="Seeds (federation and training); default 8, quick 2.")
-    ] = None,
-    method: Annotated[
-        list[str] | None,
-        typer.Option(help="Only these methods (repeat the option); FedDRM always trains."),
-    ] = None,
+    out: OutFolderOpt = Path("scenarios_out"),
+    quick: QuickOpt = False,
+    seeds: SeedsOpt = None,
+    method: MethodOpt = None,
     level: Annotated[
         list[str] | None, typer.Option(help="Only these levels of the ablation (repeat).")
     ] = None,
-    n_boot: Annotated[
-        int | None, typer.Option(help="Bootstrap resamples of every interval.")
-    ] = None,
-    update_readme: Annotated[
-        Path | None,
-        typer.Option(
-            help="Write the tables into this page's scenario section (docs/scenarios.md)."
-        ),
-    ] = None,
-    reuse_runs: Annotated[
-        bool,
-        typer.Option(
-            help="Read runs that finished in OUT with the same settings instead of training "
-            "them again (an interrupted sweep continues; a finished one is re-rendered)."
-        ),
-    ] = False,
+    n_boot: Annotated[int | None, N_BOOT] = None,
+    update_readme: UpdateReadmeOpt = None,
+    reuse_runs: ReuseRunsOpt = False,
     track: TrackOption = None,
 ) -> None:
     """One of FedDRM's published ablations on synthetic DR-grading federations.
 
     FedDRM and the paper's baselines medfed has, the same budget each, over several seeds:
     every figure with its 95% CI, FedDRM's paired differences, and the paper's claims beside
-    medfed's intervals with a verdict each (OUT/scenario-ABLATION.md)."""
+    medfed's intervals with a verdict each (OUT/scenario-ABLATION.md).
+
+    --quick: a toy budget (the test suite's form); --seeds: of the federation and the training,
+    default 8, quick 2; --update-readme: the tables, into docs/scenarios.md's scenario section."""
     from medfed.experiments.scenarios import (
         SWEEP_LATENCY_SCANS,
         ScenarioPlan,
@@ -488,42 +451,29 @@ def real_study(
         list[Path],
         typer.Option(help="A real site's manifest (repeat), e.g. sites/real/*.toml."),
     ],
-    out: Annotated[
-        Path,
-        typer.Option(help="Folder for the runs, the cache and the results.", callback=named_folder),
-    ] = Path("real_study_out"),
+    out: OutFolderOpt = Path("real_study_out"),
     init: Annotated[
         str, typer.Option(help="The frozen encoder's ImageNet weights (--init of medfed train).")
     ] = "torchvision:mobilenet_v2",
     seeds: Annotated[int, typer.Option(help="Training seeds (the split is the manifests').")] = 5,
     rounds: Annotated[int, typer.Option(help="Rounds of every run.")] = 40,
-    local_steps: Annotated[int, typer.Option(help="Local steps per round.")] = 10,
-    method: Annotated[
-        list[str] | None,
-        typer.Option(help="Only these methods (repeat); FedDRM always trains."),
-    ] = None,
-    n_boot: Annotated[int, typer.Option(help="Bootstrap resamples of every interval.")] = 1000,
+    local_steps: LocalStepsOpt = 10,
+    method: MethodOpt = None,
+    n_boot: Annotated[int, N_BOOT] = 1000,
     outside: Annotated[
         bool, typer.Option(help="Also leave each source out and measure the flag rates.")
     ] = True,
-    update_readme: Annotated[
-        Path | None,
-        typer.Option(help="Write the tables into this page's sections (docs/real-data.md)."),
-    ] = None,
-    reuse_runs: Annotated[
-        bool,
-        typer.Option(
-            help="Read runs that finished in OUT with the same settings instead of training "
-            "them again (an interrupted study continues; a finished one is re-rendered)."
-        ),
-    ] = False,
+    update_readme: UpdateReadmeOpt = None,
+    reuse_runs: ReuseRunsOpt = False,
     track: TrackOption = None,
 ) -> None:
     """Every method on real sites with the frozen ImageNet encoder, over several seeds.
 
     Per-site macro AUC, the worst site, ODIR's glaucoma AUC, system and routing accuracy with
     intervals over seeds and patients, FedDRM's paired verdicts (Holm), a centralized
-    reference, and how photos from a source no site has seen are flagged."""
+    reference, and how photos from a source no site has seen are flagged.
+
+    --update-readme: the tables, into docs/real-data.md's sections."""
     from medfed.experiments.realdata import CENTRAL, METHODS, REFERENCE, StudyPlan
     from medfed.experiments.realstudy import MARKERS, run_real_study
 

@@ -12,6 +12,7 @@ import typer
 
 from medfed.cli.common import (
     SERVING,
+    DeviceOpt,
     LogFormatOpt,
     MetricsHostOpt,
     MetricsPortOpt,
@@ -19,7 +20,6 @@ from medfed.cli.common import (
     friendly,
     wants_metrics,
 )
-from medfed.config import DEVICES
 from medfed.errors import ConfigError, require_extra
 from medfed.pacs import MAX_BYTES, MAX_FILES, MAX_PIXELS
 
@@ -32,7 +32,6 @@ pacs_app = typer.Typer(
 
 RunsArg = Annotated[list[Path], typer.Argument(help="Run directories written by 'medfed train'.")]
 RouterOpt = Annotated[str, typer.Option(help="auto or a router of 'medfed route --help'.")]
-DeviceOpt = Annotated[str, typer.Option(help=f"{', '.join(DEVICES)}.")]
 TlsCertOpt = Annotated[Path | None, typer.Option("--tls-cert", help="TLS certificate (PEM).")]
 TlsKeyOpt = Annotated[Path | None, typer.Option("--tls-key", help="TLS private key (PEM).")]
 

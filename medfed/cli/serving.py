@@ -10,6 +10,7 @@ import typer
 
 from medfed.cli.common import (
     SERVING,
+    DeviceOpt,
     LogFormatOpt,
     MetricsHostOpt,
     MetricsPortOpt,
@@ -18,7 +19,6 @@ from medfed.cli.common import (
     wants_metrics,
     with_registries,
 )
-from medfed.config import DEVICES
 from medfed.errors import ConfigError, require_extra
 from medfed.fileio import check_out_file
 
@@ -205,7 +205,7 @@ def route(
             "audit_id (when logged); a value that is missing or not a number is null.",
         ),
     ] = False,
-    device: Annotated[str, typer.Option(help=f"{', '.join(DEVICES)}.")] = "auto",
+    device: DeviceOpt = "auto",
     audit: Annotated[
         bool,
         typer.Option(help="Append each decision to RUN/audit.sqlite (checked before routing)."),

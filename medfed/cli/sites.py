@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from medfed.cli.common import CACHE_DIR_HELP, SITES, adder, friendly, named_folder
+from medfed.cli.common import SITES, CacheDirOpt, adder, friendly, named_folder
 from medfed.errors import ManifestError, MedfedError
 
 
@@ -108,9 +108,7 @@ def synth(
 def sites_check(
     manifests: Annotated[list[Path], typer.Argument(help="Site manifests (*.toml).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the reports as JSON.")] = False,
-    cache_dir: Annotated[
-        Path | None, typer.Option(help="Preprocessing cache folder.", callback=named_folder)
-    ] = None,
+    cache_dir: CacheDirOpt = None,
 ) -> None:
     """Validate sites before they join. Exit 0 ready, 1 problems found, 2 unusable manifest."""
     from medfed.data.cache import TensorCache, default_cache_dir
@@ -162,9 +160,7 @@ def sites_card(
     out_dir: Annotated[
         Path, typer.Option(help="Folder for the card.", callback=named_folder)
     ] = Path("data_cards"),
-    cache_dir: Annotated[
-        Path | None, typer.Option(help=CACHE_DIR_HELP, callback=named_folder)
-    ] = None,
+    cache_dir: CacheDirOpt = None,
 ) -> None:
     """Write data_cards/<id>.md for a site: counts, ratio, acquisition, shifts, licence, ethics."""
     from medfed.config import load_manifest
@@ -221,9 +217,7 @@ def sites_stats(
     delta: Annotated[
         float | None, typer.Option(help="With --noise gaussian \\[default: 1e-05].")
     ] = None,
-    cache_dir: Annotated[
-        Path | None, typer.Option(help=CACHE_DIR_HELP, callback=named_folder)
-    ] = None,
+    cache_dir: CacheDirOpt = None,
 ) -> None:
     """The federation overview of a statistics run, from manifests on this machine.
 
@@ -288,9 +282,7 @@ def sites_heterogeneity(
         ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
-    cache_dir: Annotated[
-        Path | None, typer.Option(help=CACHE_DIR_HELP, callback=named_folder)
-    ] = None,
+    cache_dir: CacheDirOpt = None,
 ) -> None:
     """Label, covariate and concept shift between sites; the synthetic scenario they resemble."""
     from medfed.cli.heterogeneity import run_figures, site_figures

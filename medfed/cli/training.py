@@ -13,6 +13,11 @@ import typer
 from medfed import __version__
 from medfed.cli.common import (
     TRAINING,
+    CacheDirOpt,
+    OutFolderOpt,
+    QuickOpt,
+    SeedOpt,
+    UpdateReadmeOpt,
     adder,
     check_methods,
     check_readme,
@@ -141,9 +146,7 @@ def train(
             "(each site's own; the default); sets --normalization."
         ),
     ] = None,
-    cache_dir: Annotated[
-        Path | None, typer.Option(help="Preprocessing cache folder.", callback=named_folder)
-    ] = None,
+    cache_dir: CacheDirOpt = None,
     progress: Annotated[bool, typer.Option(help="Show progress bars.")] = True,
     track: TrackOption = None,
     experiment: ExperimentOption = None,
@@ -282,15 +285,10 @@ def compare(
             "communication comparison (FedAvg, FedDRM, int8, FedALS, LoRA).",
         ),
     ] = None,
-    out: Annotated[
-        Path, typer.Option(help="Folder for the data and the runs.", callback=named_folder)
-    ] = Path("compare_out"),
-    quick: Annotated[bool, typer.Option(help="The smaller demo budget.")] = False,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    update_readme: Annotated[
-        Path | None,
-        typer.Option(help="Write the tables into this page's compare section (docs/training.md)."),
-    ] = None,
+    out: OutFolderOpt = Path("compare_out"),
+    quick: QuickOpt = False,
+    seed: SeedOpt = 0,
+    update_readme: UpdateReadmeOpt = None,
     reference: Annotated[
         str | None,
         typer.Option(
@@ -300,7 +298,10 @@ def compare(
     ] = None,
     track: TrackOption = None,
 ) -> None:
-    """Train several methods on the synthetic fundus federation; accuracy and bytes per round."""
+    """Train several methods on the synthetic fundus federation; accuracy and bytes per round.
+
+    --quick: the smaller demo budget; --update-readme: the tables, into docs/training.md's
+    compare section."""
     check_readme(update_readme, "compare-table")
     check_out_folder(out)
     check_not_in_run(out)

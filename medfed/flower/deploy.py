@@ -28,13 +28,12 @@ from medfed.config import TrainConfig, valid_site_id
 from medfed.errors import ConfigError
 from medfed.fileio import check_out_folder
 from medfed.flower import secure
+from medfed.flower.waits import MAX_WAIT_S, REPLY_TIMEOUT_S, WAIT_S
 from medfed.governance.plan import starting_sha256
 from medfed.governance.statistics import StatisticsSettings
 
 # A site id names its key files and the comment of its public key: kept short enough for both.
 MAX_SITE_ID = 64
-# The longest wait a deployment accepts (--wait, --reply-timeout, and their run config keys).
-MAX_WAIT_S = 7 * 24 * 3600.0
 # The longest validity of the pilot's certificates (--days): a hundred years.
 MAX_DAYS = 36500
 if TYPE_CHECKING:
@@ -159,8 +158,8 @@ def write_app(
     run_dir: str,
     *,
     run_name: str = "",
-    wait_s: float = 300.0,
-    reply_timeout_s: float = 600.0,
+    wait_s: float = WAIT_S,
+    reply_timeout_s: float = REPLY_TIMEOUT_S,
     resume: bool = False,
     lr_from_modality: bool = False,
     secure_aggregation: bool = False,
@@ -283,8 +282,8 @@ def write_statistics_app(
     run_dir: str,
     *,
     run_name: str = "",
-    wait_s: float = 300.0,
-    reply_timeout_s: float = 600.0,
+    wait_s: float = WAIT_S,
+    reply_timeout_s: float = REPLY_TIMEOUT_S,
 ) -> Path:
     """Write the Flower app folder of a statistics-only run (no training, no weights: each
     site answers once with its data card's statistics, see :mod:`medfed.flower.statistics`);

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,11 +32,12 @@ from medfed.errors import ConfigError
 from medfed.federation.coordinator import Coordinator
 from medfed.federation.plan import checked_algorithm, plan_run, resolved_settings
 from medfed.federation.rounds import RoundLoop, RoundSource
-from medfed.flower.deploy import MAX_WAIT_S, refuse_insecure_settings, refuse_unsupported
+from medfed.flower.deploy import refuse_insecure_settings, refuse_unsupported
 from medfed.flower.link import FlowerLink
 from medfed.flower.messenger import Messenger
 from medfed.flower.node import RunSettings, train_config_from_toml
 from medfed.flower.secure import DEFAULT_BOUND
+from medfed.flower.waits import REPLY_TIMEOUT_S, WAIT_S, run_seconds
 from medfed.governance.plan import Plan, make_plan, starting_sha256
 from medfed.governance.policy import SHA256
 from medfed.models.device import resolve_device
@@ -137,8 +137,8 @@ class Deployment:
             sites=sites,
             run_dir=run_dir,
             run_name=str(run_config.get("run-name") or run_dir.name),
-            wait_s=_seconds(run_config, "wait-s", 300.0),
-            reply_timeout_s=_seconds(run_config, "reply-timeout-s", 600.0),
+            wait_s=run_seconds(run_config, "wait-s", WAIT_S),
+            reply_timeout_s=run_seconds(run_config, "reply-timeout-s", REPLY_TIMEOUT_S),
             resume=resume,
             lr_from_modality=modality_lr,
             secure_aggregation=secure,
@@ -172,20 +172,6 @@ def _init_sha256(run_config: dict[str, Any], init: str) -> str:
                 f"here ({exc}); write the app folder again with 'medfed deploy app'"
             ) from None
     return value
-
-
-def _seconds(run_config: dict[str, Any], key: str, default: float) -> float:
-    value = run_config.get(key, default)
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if not 0 < seconds <= MAX_WAIT_S or isinstance(value, bool):
-        raise ConfigError(
-            f"run config {key!r} must be a number of seconds > 0 and at most "
-            f"{MAX_WAIT_S:.0f} (a week), got {value!r}"
-        )
-    return seconds
 
 
 @app.main()

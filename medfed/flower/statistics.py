@@ -17,7 +17,6 @@ Run config: ``mode``, ``sites``, ``run-dir``, ``run-name``, ``wait-s``, ``reply-
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from flwr.serverapp import Grid
 
 from medfed.config import valid_site_id
 from medfed.errors import ConfigError, MedfedError
+from medfed.flower.waits import REPLY_TIMEOUT_S, WAIT_S, run_seconds
 from medfed.governance.disclosure import federation_statistics, release, site_entry
 from medfed.governance.plan import Plan
 from medfed.governance.statistics import (
@@ -42,7 +42,6 @@ from medfed.runs.statistics import write_statistics
 
 MODE = "statistics"
 KIND = "query.statistics"
-MAX_WAIT_S = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -53,8 +52,8 @@ class StatisticsDeployment:
     sites: list[str]
     run_dir: Path
     run_name: str
-    wait_s: float = 300.0
-    reply_timeout_s: float = 600.0
+    wait_s: float = WAIT_S
+    reply_timeout_s: float = REPLY_TIMEOUT_S
 
     def plan(self) -> Plan:
         return make_statistics_plan(self.settings, self.sites, run_name=self.run_name)
@@ -102,20 +101,9 @@ class StatisticsDeployment:
             sites=sites,
             run_dir=run_dir,
             run_name=str(run_config.get("run-name") or run_dir.name),
-            wait_s=_seconds(run_config, "wait-s", 300.0),
-            reply_timeout_s=_seconds(run_config, "reply-timeout-s", 600.0),
+            wait_s=run_seconds(run_config, "wait-s", WAIT_S),
+            reply_timeout_s=run_seconds(run_config, "reply-timeout-s", REPLY_TIMEOUT_S),
         )
-
-
-def _seconds(run_config: dict[str, Any], key: str, default: float) -> float:
-    value = run_config.get(key, default)
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or not 0 < value <= MAX_WAIT_S:
-        raise ConfigError(
-            f"run config {key!r} must be a number of seconds > 0 and at most "
-            f"{MAX_WAIT_S:.0f} (a week), got {value!r}"
-        )
-    return float(value)
 
 
 def statistics_run_config(app: Path) -> dict[str, Any] | None:
