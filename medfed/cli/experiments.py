@@ -46,6 +46,15 @@ ReuseRunsOpt = Annotated[
 SeedsOpt = Annotated[int | None, typer.Option(help="Seeds 0..N-1 (default: see above).")]
 
 
+def _checked(out: Path, readme: Path | None = None, *markers: str) -> None:
+    """Before an experiment starts: ``--update-readme`` holds every section it will write, and
+    ``--out`` is a folder it may write to that is no run's."""
+    for marker in markers:
+        check_readme(readme, marker)
+    check_out_folder(out)
+    check_not_in_run(out)
+
+
 @friendly
 def demo(
     out: OutFolderOpt = Path("demo_out"),
@@ -65,10 +74,7 @@ def demo(
     (fundus) or docs/ct.md (ct)."""
     from medfed.experiments.demo import DEMO_MARKERS, demo_modalities, run_demos
 
-    for chosen in demo_modalities(modality):
-        check_readme(update_readme, DEMO_MARKERS[chosen])
-    check_out_folder(out)
-    check_not_in_run(out)
+    _checked(out, update_readme, *(DEMO_MARKERS[m] for m in demo_modalities(modality)))
     run_demos(out, modality, quick=quick, seed=seed, echo=typer.echo, readme=update_readme)
 
 
@@ -129,9 +135,7 @@ def bench(
         methods=tuple(methods or ()),
     )
     check_methods(plan.methods, 0)
-    check_readme(update_readme, plan.marker)
-    check_out_folder(out)
-    check_not_in_run(out)
+    _checked(out, update_readme, plan.marker)
     tracking = planned_tracking(track, out)
     echo = functools.partial(typer.echo, err=as_json)
     results = run_bench(out, plan, echo=echo, readme=update_readme)
@@ -153,9 +157,7 @@ def transfer(
 
     --quick: about 5 minutes on 2 cores; --update-readme: the results and the plot, into
     docs/training.md's transfer section."""
-    check_readme(update_readme, "transfer")
-    check_out_folder(out)
-    check_not_in_run(out)
+    _checked(out, update_readme, "transfer")
     from medfed.experiments.transfer import run_transfer
 
     run_transfer(out, quick=quick, echo=typer.echo, readme=update_readme)
@@ -173,9 +175,7 @@ def privacy_curve(
 
     --quick: one seed (about 10 minutes on 2 cores); --update-readme: the results and the
     plot, into docs/privacy.md's privacy section."""
-    check_readme(update_readme, "privacy")
-    check_out_folder(out)
-    check_not_in_run(out)
+    _checked(out, update_readme, "privacy")
     from medfed.experiments.privacy_curve import run_privacy_curve
 
     run_privacy_curve(out, quick=quick, echo=typer.echo, readme=update_readme)
@@ -208,8 +208,7 @@ def gpu_check(
     OUT/gpu_check.md.
 
     --device: the device checked against the CPU (default: cuda, else cpu-bf16)."""
-    check_out_folder(out)
-    check_not_in_run(out)
+    _checked(out)
     from medfed.experiments.gpucheck import FULL, MODALITIES, SHORT, run_gpu_check
 
     budget = SHORT if short else FULL
@@ -265,9 +264,7 @@ def bench_deploy(
 
     --update-readme: the table, into docs/deployment.md's deploy-bench section."""
     require_extra("flwr", "flower", "medfed bench-deploy")
-    check_readme(update_readme, "deploy-bench")
-    check_out_folder(out)
-    check_not_in_run(out)
+    _checked(out, update_readme, "deploy-bench")
     if not 3 <= rounds <= 1000:
         raise ConfigError(
             f"--rounds must be 3..1000 (the first and the last rounds are left out), got {rounds}"
@@ -347,9 +344,7 @@ def bench_throughput(
     from medfed.experiments.throughput import MARKER, ThroughputPlan
     from medfed.experiments.throughput_report import full_report
 
-    check_readme(update_readme, MARKER)
-    check_out_folder(out)
-    check_not_in_run(out)
+    _checked(out, update_readme, MARKER)
     if memory_scans and memory_scans < 8:
         raise ConfigError(f"--memory-scans must be 0 or at least 8, got {memory_scans}")
     plan = ThroughputPlan(
@@ -434,9 +429,7 @@ def scenarios(
     plan = ScenarioPlan.make(
         ablation, quick=quick, seeds=seeds, methods=method or (), n_boot=n_boot, levels=level or ()
     )
-    check_readme(update_readme, marker(ablation))
-    check_out_folder(out)
-    check_not_in_run(out)
+    _checked(out, update_readme, marker(ablation))
     tracking = planned_tracking(track, out)
     # The sweep reports no routing latency: its runs time the fewest scans the median's CI needs
     # (each timed scan is a forward pass of every site's model; a 32-site level pays 32).
@@ -492,10 +485,7 @@ def real_study(
         methods=methods,
         n_boot=n_boot,
     )
-    for marker in MARKERS if outside else MARKERS[:1]:
-        check_readme(update_readme, marker)
-    check_out_folder(out)
-    check_not_in_run(out)
+    _checked(out, update_readme, *(MARKERS if outside else MARKERS[:1]))
     tracking = planned_tracking(track, out)
     run_real_study(
         plan, out, echo=typer.echo, readme=update_readme, outside=outside, reuse=reuse_runs
