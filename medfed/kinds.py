@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, dataclass, field
+from functools import partial
 from typing import Any
 
 
@@ -90,36 +91,12 @@ def part(
     return field(default=default, metadata=metadata, **options)
 
 
-def figure(default: Any = MISSING, **options: Any) -> Any:
-    """Any finite number."""
-    return part(default, kind=FIGURE, **options)
-
-
-def raw(default: Any = MISSING, **options: Any) -> Any:
-    """Any number, NaN and infinities included (a loss as recorded)."""
-    return part(default, kind=RAW, **options)
-
-
-def rate(default: Any = MISSING, **options: Any) -> Any:
-    """A rate, probability or accuracy: from 0 to 1."""
-    return part(default, kind=RATE, **options)
-
-
-def auc(default: Any = MISSING, **options: Any) -> Any:
-    """An area under the ROC curve: from 0 to 1."""
-    return part(default, kind=RATE, **options)
-
-
-def amount(default: Any = MISSING, **options: Any) -> Any:
-    """Bytes, seconds, a spread: finite, 0 or more."""
-    return part(default, kind=AMOUNT, **options)
-
-
-def whole(default: Any = MISSING, **options: Any) -> Any:
-    """A whole number of either sign (a seed)."""
-    return part(default, kind=WHOLE, **options)
-
-
-def count(default: Any = MISSING, **options: Any) -> Any:
-    """A count of scans, sites, rounds: a whole number, 0 or more."""
-    return part(default, kind=COUNT, **options)
+# A field of each kind: ``rate()``, ``count(0)``, ``amount(None, hash=False)``; the default
+# and options as :func:`part` takes them.
+figure = partial(part, kind=FIGURE)  # any finite number
+raw = partial(part, kind=RAW)  # any number, NaN and infinities included (a loss as recorded)
+rate = partial(part, kind=RATE)  # a rate, probability or accuracy: from 0 to 1
+auc = partial(part, kind=RATE)  # an area under the ROC curve: from 0 to 1
+amount = partial(part, kind=AMOUNT)  # bytes, seconds, a spread: finite, 0 or more
+whole = partial(part, kind=WHOLE)  # a whole number of either sign (a seed)
+count = partial(part, kind=COUNT)  # a count of scans, sites, rounds: a whole number, 0 or more

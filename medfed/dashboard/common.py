@@ -239,6 +239,19 @@ def status_line(run: Run) -> str:
     return run_status(run, read_config(run), read_metrics(run))
 
 
+def runs_holding(runs: list[Run], read: Callable[[Run], Any]) -> dict[str, Any]:
+    """``read(run)`` by run label, for the runs where it holds something (not None, not
+    empty); each other run's status line is shown instead."""
+    found = {}
+    for run in runs:
+        got = read(run)
+        if got:
+            found[run.label] = got
+        else:
+            st.info(f"**{run.label}**: {status_line(run)}")
+    return found
+
+
 @st.cache_resource(show_spinner="Loading the trained site models ...", max_entries=4)
 def _federation(path: str, stamp: tuple[int, int]) -> Any:
     from medfed.serving.bundle import TrainedFederation

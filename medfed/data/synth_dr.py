@@ -12,7 +12,7 @@ and may give one site another grading rule (concept shift).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,12 +28,8 @@ from medfed.data._phantoms import (
 from medfed.data.grading import ICDR_GRADES, ICDR_LABELS, REFERABLE_FROM
 from medfed.data.synth_common import (
     COVARIATE_STRENGTHS,
-    ETHICS,
-    GENERATOR,
-    LICENCE,
-    MANIFEST_DIR,
     MAX_SITES,
-    SYNTHETIC_ITEMS,
+    NEUTRAL_CAMERA,
     SynthesisError,
     camera_with_strength,
     check_shift,
@@ -43,6 +39,8 @@ from medfed.data.synth_common import (
     numbered,
     scaled_camera,
     seeded_rng,
+    site_manifest,
+    site_truth,
     stratified_parts,
     write_bytes,
 )
@@ -61,47 +59,12 @@ ROLE_MIXES = {
 # The programme-wide mix that Dirichlet label shift draws each site's mix around (APTOS 2019's).
 POOLED_MIX = (0.49, 0.10, 0.27, 0.05, 0.09)
 
-# The camera every site's camera departs from; the covariate-shift strength scales departures.
-_NEUTRAL = Camera(
-    height=192,
-    width=192,
-    field_scale=1.0,
-    disc_scale=1.0,
-    disc_offset=0.40,
-    cast=(1.0, 1.0, 1.0),
-    gamma=1.0,
-    saturation=1.0,
-    blur=0.003,
-    noise=0.012,
-)
-# Each layout's camera, as a departure from the neutral one (macula-centred 45-degree photos).
+# Each layout's camera (macula-centred 45-degree photos), a departure from the neutral one:
+# Camera's fields in order, as NEUTRAL_CAMERA gives them.
 _BASE_CAMERAS = {
-    "aptos": replace(
-        _NEUTRAL, height=224, width=224, cast=(1.1, 0.94, 0.78), gamma=0.9, saturation=1.15
-    ),
-    "eyepacs": replace(
-        _NEUTRAL,
-        height=176,
-        width=208,
-        field_scale=1.08,
-        cast=(0.94, 1.02, 1.05),
-        gamma=1.25,
-        saturation=0.85,
-        blur=0.008,
-        noise=0.022,
-    ),
-    "idrid": replace(
-        _NEUTRAL,
-        height=160,
-        width=240,
-        field_scale=0.94,
-        disc_offset=0.45,
-        cast=(1.02, 0.88, 0.92),
-        gamma=1.05,
-        saturation=1.3,
-        blur=0.001,
-        noise=0.008,
-    ),
+    "aptos": Camera(224, 224, 1.0, 1.0, 0.40, (1.1, 0.94, 0.78), 0.9, 1.15, 0.003, 0.012),
+    "eyepacs": Camera(176, 208, 1.08, 1.0, 0.40, (0.94, 1.02, 1.05), 1.25, 0.85, 0.008, 0.022),
+    "idrid": Camera(160, 240, 0.94, 1.0, 0.45, (1.02, 0.88, 0.92), 1.05, 1.3, 0.001, 0.008),
 }
 
 
@@ -201,7 +164,7 @@ def plan_sites(shift: DRShift, seed: int) -> list[DRSite]:
                 folder=_folder(k),
                 layout=layout,
                 role=role,
-                camera=camera_with_strength(camera, _NEUTRAL, strength),
+                camera=camera_with_strength(camera, NEUTRAL_CAMERA, strength),
                 mix=mix,
                 referable_from=REFERABLE_FROM + 1 if shift.concept and k == 1 else REFERABLE_FROM,
                 image_format="PNG" if layout == "aptos" else "JPEG",
@@ -295,18 +258,16 @@ def _write_site(out: Path, site: DRSite, n: int, seed: int, scale: float) -> dic
     writer = {"aptos": _write_aptos, "eyepacs": _write_eyepacs, "idrid": _write_idrid}
     items = writer[site.layout](out / site.folder, site, eyes, seed)
     recorded = [e.label for e in eyes]
-    return {
-        "folder": site.folder,
-        "manifest": f"{MANIFEST_DIR}/{site.id}.toml",
-        "layout": site.layout,
-        "role": site.role,
-        "grade_mix": list(site.mix),
-        "referable_from": site.referable_from,
-        "class_counts": {name: recorded.count(g) for g, name in enumerate(ICDR_GRADES)},
-        "true_grade_counts": {name: grades.count(g) for g, name in enumerate(ICDR_GRADES)},
-        "camera": asdict(scaled_camera(site.camera, scale)),
-        "items": items,
-    }
+    return site_truth(
+        site,
+        role=site.role,
+        grade_mix=list(site.mix),
+        referable_from=site.referable_from,
+        class_counts={name: recorded.count(g) for g, name in enumerate(ICDR_GRADES)},
+        true_grade_counts={name: grades.count(g) for g, name in enumerate(ICDR_GRADES)},
+        camera=asdict(scaled_camera(site.camera, scale)),
+        items=items,
+    )
 
 
 def _write_aptos(root: Path, site: DRSite, eyes: list[_Eye], seed: int) -> list[dict]:
@@ -390,30 +351,23 @@ def _manifest(site: DRSite, seed: int, scale: float) -> dict[str, Any]:
         else f"grades referable DR from grade {site.referable_from}: moderate eyes recorded as mild"
     )
     gains = "/".join(f"{g:.2f}" for g in camera.cast)
-    data: dict[str, Any] = {
-        "id": site.id,
-        "modality": str(site.modality),
-        "layout": site.layout,
-        "root": f"../{site.folder}",
-        "description": (
+    return site_manifest(
+        site,
+        seed,
+        description=(
             f"Synthetic diabetic-retinopathy {site.role} site (ICDR grades 0-4) in the "
             f"{site.layout} layout; lesions follow the grade."
         ),
-        "source": f"generated by {GENERATOR} (seed {seed}); no real images",
-        "acquisition": (
+        scans="images",
+        acquisition=(
             f"simulated macula-centred fundus camera: {camera.width}x{camera.height} px "
             f"{'PNG' if site.image_format == 'PNG' else f'JPEG quality {site.jpeg_quality}'}"
         ),
-        "known_shifts": (
+        known_shifts=(
             f"simulated camera: RGB gains {gains}, gamma {camera.gamma:.2f}, saturation "
             f"{camera.saturation:.2f}, blur {100 * camera.blur:.1f}%, noise "
             f"{100 * camera.noise:.1f}%; label shift ({site.role}): grade mix {mix}; {rule}"
         ),
-        "licence": LICENCE,
-        "ethics": ETHICS,
-        **SYNTHETIC_ITEMS,
-        "labels": dict(ICDR_LABELS),
-        "preprocess": {"image_size": 64},
-        "split": {"seed": seed},
-    }
-    return data
+        labels=dict(ICDR_LABELS),
+        preprocess={"image_size": 64},
+    )

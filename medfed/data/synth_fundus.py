@@ -32,12 +32,8 @@ from medfed.data._phantoms import (
 )
 from medfed.data.synth_common import (
     COVARIATE_STRENGTHS,
-    ETHICS,
-    GENERATOR,
-    LICENCE,
-    MANIFEST_DIR,
     MAX_SITES,
-    SYNTHETIC_ITEMS,
+    NEUTRAL_CAMERA,
     camera_with_strength,
     check_shift,
     class_sequence,
@@ -48,6 +44,8 @@ from medfed.data.synth_common import (
     rounded,
     scaled_camera,
     seeded_rng,
+    site_manifest,
+    site_truth,
     stratified_parts,
     towards,
     write_bytes,
@@ -86,23 +84,19 @@ class FundusSite:
         return _fundus_manifest(self, seed, scale)
 
 
+# The hand-made sites' cameras: Camera's fields in order (height, width, field_scale,
+# disc_scale, disc_offset, cast, gamma, saturation, blur, noise), as NEUTRAL_CAMERA gives them.
+_CAMERAS = {
+    "acrima": Camera(224, 224, 1.0, 1.35, 0.22, (1.08, 0.95, 0.80), 1.0, 1.1, 0.0, 0.01),
+    "rimone": Camera(192, 192, 1.12, 1.6, 0.12, (0.92, 1.04, 1.06), 1.3, 0.85, 0.008, 0.02),
+    "refuge": Camera(160, 213, 0.95, 1.1, 0.42, (1.0, 0.9, 0.95), 0.85, 1.25, 0.004, 0.015),
+}
 FUNDUS_SITES: tuple[FundusSite, ...] = (
     FundusSite(
         id="acrima",
         folder="ACRIMA",
         layout="acrima",
-        camera=Camera(
-            height=224,
-            width=224,
-            field_scale=1.0,
-            disc_scale=1.35,
-            disc_offset=0.22,
-            cast=(1.08, 0.95, 0.80),
-            gamma=1.0,
-            saturation=1.1,
-            blur=0.0,
-            noise=0.01,
-        ),
+        camera=_CAMERAS["acrima"],
         cast_name="warm colour cast",
         glaucoma_ratio=1.34,
         image_format="JPEG",
@@ -113,18 +107,7 @@ FUNDUS_SITES: tuple[FundusSite, ...] = (
         id="rimone",
         folder="RIM-ONE_DL",
         layout="rimone",
-        camera=Camera(
-            height=192,
-            width=192,
-            field_scale=1.12,
-            disc_scale=1.6,
-            disc_offset=0.12,
-            cast=(0.92, 1.04, 1.06),
-            gamma=1.3,
-            saturation=0.85,
-            blur=0.008,
-            noise=0.02,
-        ),
+        camera=_CAMERAS["rimone"],
         cast_name="cool, greenish colour cast",
         glaucoma_ratio=1.94,
         image_format="PNG",
@@ -135,18 +118,7 @@ FUNDUS_SITES: tuple[FundusSite, ...] = (
         id="refuge",
         folder="REFUGE",
         layout="refuge",
-        camera=Camera(
-            height=160,
-            width=213,
-            field_scale=0.95,
-            disc_scale=1.1,
-            disc_offset=0.42,
-            cast=(1.0, 0.9, 0.95),
-            gamma=0.85,
-            saturation=1.25,
-            blur=0.004,
-            noise=0.015,
-        ),
+        camera=_CAMERAS["refuge"],
         cast_name="magenta-red colour cast",
         glaucoma_ratio=0.46,
         image_format="JPEG",
@@ -168,19 +140,9 @@ CDR_POPULATION = (0.5, 0.12)
 # The glaucoma share Beta label shift draws each site's share around, and the shares kept.
 POOLED_PREVALENCE = 0.5
 PREVALENCE_RANGE = (0.1, 0.9)
-# The camera every planned site's camera departs from; covariate strength scales departures.
-_NEUTRAL = Camera(
-    height=192,
-    width=192,
-    field_scale=1.0,
-    disc_scale=1.35,
-    disc_offset=0.25,
-    cast=(1.0, 1.0, 1.0),
-    gamma=1.0,
-    saturation=1.0,
-    blur=0.003,
-    noise=0.012,
-)
+# The camera every planned site's camera departs from: the neutral one with a larger optic disc,
+# nearer the centre; covariate strength scales departures.
+_NEUTRAL = replace(NEUTRAL_CAMERA, disc_scale=1.35, disc_offset=0.25)
 
 
 @dataclass(frozen=True)
@@ -327,14 +289,12 @@ def _write_fundus_site(
     drawn = _draw_fundus(site, labels, seed, scale)
     items = writer[site.layout](root, site, labels, drawn, seeded_rng(seed, "splits", site.id))
     camera = scaled_camera(site.camera, scale)
-    return {
-        "folder": site.folder,
-        "manifest": f"{MANIFEST_DIR}/{site.id}.toml",
-        "layout": site.layout,
-        "class_counts": {"glaucoma": sum(labels), "normal": len(labels) - sum(labels)},
-        "camera": asdict(camera),
-        "items": items,
-    } | ({} if site.cdr_rule is None else {"cdr_rule": site.cdr_rule})
+    return site_truth(
+        site,
+        class_counts={"glaucoma": sum(labels), "normal": len(labels) - sum(labels)},
+        camera=asdict(camera),
+        items=items,
+    ) | ({} if site.cdr_rule is None else {"cdr_rule": site.cdr_rule})
 
 
 def _write_acrima(
@@ -514,26 +474,20 @@ def _fix_core_times(xml: bytes) -> bytes:
 def _fundus_manifest(site: FundusSite, seed: int, scale: float) -> dict[str, Any]:
     camera = scaled_camera(site.camera, scale)
     fmt = "PNG" if site.image_format == "PNG" else f"JPEG quality {site.jpeg_quality}"
-    data: dict[str, Any] = {
-        "id": site.id,
-        "modality": str(site.modality),
-        "layout": site.layout,
-        "root": f"../{site.folder}",
-        "description": f"Synthetic glaucoma screening site, a stand-in for {site.stand_in_for}.",
-        "source": f"generated by {GENERATOR} (seed {seed}); no real images",
-        "acquisition": (
+    data = site_manifest(
+        site,
+        seed,
+        description=f"Synthetic glaucoma screening site, a stand-in for {site.stand_in_for}.",
+        scans="images",
+        acquisition=(
             f"simulated fundus camera: {camera.width}x{camera.height} px {fmt}; camera field "
             f"radius {camera.field_scale:.2f} of the half short side; optic disc "
             f"{site.camera.disc_offset:.2f} field radii from the centre"
         ),
-        "known_shifts": _fundus_shifts(site, camera),
-        "licence": LICENCE,
-        "ethics": ETHICS,
-        **SYNTHETIC_ITEMS,
-        "labels": {"normal": 0, "glaucoma": 1},
-        "preprocess": {"image_size": 64},
-        "split": {"seed": seed},
-    }
+        known_shifts=_fundus_shifts(site, camera),
+        labels={"normal": 0, "glaucoma": 1},
+        preprocess={"image_size": 64},
+    )
     if site.layout == "rimone":
         data["layout_options"] = {"partition": "partitioned_by_hospital"}
     if site.layout == "refuge":

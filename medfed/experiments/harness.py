@@ -85,6 +85,24 @@ def synthesize_federation(
     return Federation(manifests, load_sites(manifests, cache, progress=True))
 
 
+def fundus_sites(
+    out: Path, folder: str, budget: Any, seed: int, echo: Callable[[str], Any], name: str = ""
+) -> list[Any]:
+    """The sites of a synthetic fundus federation of ``budget``'s ``n_per_site`` and
+    ``image_size``, written to OUT/data/FOLDER (cached in OUT/cache); ``name`` names it in the
+    message."""
+    named = f" {name}" if name else ""
+    echo(f"synthesizing fundus federation{named} (seed {seed}, {budget.n_per_site} per site)")
+    return synthesize_federation(
+        out / "data" / folder,
+        out / "cache",
+        modality="fundus",
+        n_per_site=budget.n_per_site,
+        seed=seed,
+        image_size=budget.image_size,
+    ).sites
+
+
 # ---------------------------------------------------------------------------- train
 @dataclass(frozen=True)
 class Trained:
@@ -93,6 +111,21 @@ class Trained:
     summary: Summary
     folder: Path
     scans: Scans = field(default_factory=dict)
+
+
+def budget_config(
+    budget: Any, algorithm: str, rounds: int, seed: int, backbone: str, **extra: Any
+) -> TrainConfig:
+    """A run of ``rounds`` rounds of ``budget.local_steps`` local steps, on the best device."""
+    return TrainConfig(
+        algorithm=algorithm,
+        rounds=rounds,
+        local_steps=budget.local_steps,
+        seed=seed,
+        backbone=backbone,
+        device="auto",
+        **extra,
+    )
 
 
 def train_run(sites: list[Any], config: TrainConfig, folder: Path) -> Trained:
@@ -153,6 +186,22 @@ def seeds_text(seeds: Sequence[int]) -> str:
 def machine_text(device: Mapping[str, Any]) -> str:
     """The GPU's name, else the CPU's (empty when neither is known)."""
     return device.get("gpu") or device.get("cpu") or ""
+
+
+def image_size_text(budget: Mapping[str, Any]) -> str:
+    """``, fundus images 96 px``, or "" at the generator's default size."""
+    size = budget["image_size"]
+    return "" if size is None else f", fundus images {size} px"
+
+
+def run_text(results: Mapping[str, Any]) -> str:
+    """The end of a caption: ``backbone cnn-gn; cpu, <machine>; 120 s in all``."""
+    d = results["device"]
+    where = machine_text(d)
+    return (
+        f"backbone {results['backbone']}; {d['run']}{', ' + where if where else ''}; "
+        f"{results['seconds_total']:.0f} s in all"
+    )
 
 
 # ---------------------------------------------------------------------------- write

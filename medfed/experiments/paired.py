@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -369,12 +369,7 @@ class Comparison:
     note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "figure": self.figure,
-            "interval": None if self.interval is None else self.interval.to_dict(),
-            "verdict": self.verdict,
-            "note": self.note,
-        }
+        return asdict(self)
 
 
 def compare(

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from medfed.config import TrainConfig
 from medfed.errors import ConfigError
 from medfed.experiments.demo import comparisons_markdown
 from medfed.experiments.harness import (
@@ -29,11 +28,13 @@ from medfed.experiments.harness import (
     SeedRuns,
     Trained,
     auc_intervals,
-    machine_text,
+    budget_config,
+    fundus_sites,
+    image_size_text,
     resamples,
+    run_text,
     seed_range,
     seeds_text,
-    synthesize_federation,
     train_run,
     train_seeds,
 )
@@ -109,27 +110,14 @@ def run_privacy_curve(
     seeds = seed_range(FIRST_SEED, budget.seeds)
 
     def federation(seed: int) -> list[Any]:
-        echo(f"synthesizing fundus federation (seed {seed}, {budget.n_per_site} per site)")
-        return synthesize_federation(
-            out / "data" / f"seed{seed}",
-            out / "cache",
-            modality="fundus",
-            n_per_site=budget.n_per_site,
-            seed=seed,
-            image_size=budget.image_size,
-        ).sites
+        return fundus_sites(out, f"seed{seed}", budget, seed, echo)
 
     def train_one(sites: list[Any], seed: int, run: tuple[str, float]) -> Trained:
         method, epsilon = run
         echo(f"training {run_label(method, epsilon)}, seed {seed}, {budget.rounds} rounds")
-        config = TrainConfig(
-            algorithm=method,
-            rounds=budget.rounds,
-            local_steps=budget.local_steps,
-            seed=seed,
-            backbone=BACKBONE,
-            device="auto",
-            dp_epsilon=0.0 if math.isinf(epsilon) else epsilon,
+        epsilon_setting = 0.0 if math.isinf(epsilon) else epsilon
+        config = budget_config(
+            budget, method, budget.rounds, seed, BACKBONE, dp_epsilon=epsilon_setting
         )
         folder = out / "runs" / f"seed{seed}" / f"{method}_eps{epsilon_label(epsilon)}"
         return train_run(sites, config, folder)
@@ -278,13 +266,10 @@ def runs_table(results: Mapping[str, Any]) -> str:
 
 def caption(results: Mapping[str, Any]) -> str:
     b = results["budget"]
-    d = results["device"]
-    where = machine_text(d)
-    size = "" if b["image_size"] is None else f", fundus images {b['image_size']} px"
     return (
-        f"`{results['command']}` ({_where(results)}; {b['n_per_site']} scans per site{size}; "
-        f"{b['rounds']} rounds x {b['local_steps']} local steps; backbone {results['backbone']}; "
-        f"{d['run']}{', ' + where if where else ''}; {results['seconds_total']:.0f} s in all)"
+        f"`{results['command']}` ({_where(results)}; {b['n_per_site']} scans per site"
+        f"{image_size_text(b)}; {b['rounds']} rounds x {b['local_steps']} local steps; "
+        f"{run_text(results)})"
     )
 
 

@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medfed.config import TrainConfig
 from medfed.errors import ConfigError
 from medfed.experiments.demo import comparisons_markdown
 from medfed.experiments.harness import (
@@ -39,11 +38,13 @@ from medfed.experiments.harness import (
     SeedRuns,
     Trained,
     auc_intervals,
-    machine_text,
+    budget_config,
+    fundus_sites,
+    image_size_text,
     resamples,
+    run_text,
     seed_range,
     seeds_text,
-    synthesize_federation,
     train_run,
     train_seeds,
 )
@@ -334,25 +335,6 @@ def run_transfer(
     return results
 
 
-def _config(
-    budget: TransferBudget,
-    algorithm: str,
-    rounds: int,
-    seed: int,
-    backbone: str = BACKBONE,
-    **extra: Any,
-) -> TrainConfig:
-    return TrainConfig(
-        algorithm=algorithm,
-        rounds=rounds,
-        local_steps=budget.local_steps,
-        seed=seed,
-        backbone=backbone,
-        device="auto",
-        **extra,
-    )
-
-
 def at_size(sites: list[Any], size: int | None, cache: Path) -> list[Any]:
     """The same sites' photos preprocessed at ``size`` px (the sites themselves for None)."""
     if size is None:
@@ -374,26 +356,12 @@ def at_size(sites: list[Any], size: int | None, cache: Path) -> list[Any]:
     ]
 
 
-def _federation(
-    out: Path, budget: TransferBudget, name: str, seed: int, echo: Callable[[str], Any]
-) -> list[Any]:
-    echo(f"synthesizing fundus federation {name} (seed {seed}, {budget.n_per_site} per site)")
-    return synthesize_federation(
-        out / "data" / name,
-        out / "cache",
-        modality="fundus",
-        n_per_site=budget.n_per_site,
-        seed=seed,
-        image_size=budget.image_size,
-    ).sites
-
-
 def _train_base(out: Path, budget: TransferBudget, echo: Callable[[str], Any]) -> Trained:
     """FedAvg on federation A: the start of every pretrained arm."""
-    source = _federation(out, budget, "source", SOURCE_SEED, echo)
+    source = fundus_sites(out, "source", budget, SOURCE_SEED, echo, "source")
     folder = (out / "runs" / "base").resolve()
     echo(f"training the base: fedavg on federation A, {budget.base_rounds} rounds, into {folder}")
-    config = _config(budget, "fedavg", budget.base_rounds, SOURCE_SEED)
+    config = budget_config(budget, "fedavg", budget.base_rounds, SOURCE_SEED, BACKBONE)
     return train_run(source, config, folder)
 
 
@@ -414,7 +382,7 @@ def _train_targets(
         extra = {"init": init} if init else {}
         folder = out / "runs" / f"seed{seed}" / f"{arm.dirname}{run[1]}"
         echo(f"training {arm.label} on federation B seed {seed}, {rounds} rounds")
-        config = _config(
+        config = budget_config(
             budget,
             arm.algorithm,
             rounds,
@@ -428,7 +396,9 @@ def _train_targets(
 
     return train_seeds(
         target_seeds(budget),
-        lambda seed: _federation(out, budget, f"target_seed{seed}", seed, echo),
+        lambda seed: fundus_sites(
+            out, f"target_seed{seed}", budget, seed, echo, f"target_seed{seed}"
+        ),
         [(label, stage) for label in arms for stage in stages],
         train_one,
     )
@@ -609,15 +579,11 @@ def _rounds_sentence(results: Mapping[str, Any], pair: Mapping[str, Any]) -> str
 
 def caption(results: Mapping[str, Any]) -> str:
     b = results["budget"]
-    d = results["device"]
-    where = machine_text(d)
-    size = "" if b["image_size"] is None else f", fundus images {b['image_size']} px"
     return (
         f"`{results['command']}` (federation A: seed {results['base']['federation_seed']}, "
         f"federation B: {_seeds(results)}; {b['n_per_site']} scans per site"
-        f"{size}; base {b['base_rounds']} rounds, each run {b['rounds']} rounds, x "
-        f"{b['local_steps']} local steps; backbone {results['backbone']}; {d['run']}"
-        f"{', ' + where if where else ''}; {results['seconds_total']:.0f} s in all)"
+        f"{image_size_text(b)}; base {b['base_rounds']} rounds, each run {b['rounds']} rounds, "
+        f"x {b['local_steps']} local steps; {run_text(results)})"
     )
 
 

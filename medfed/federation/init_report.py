@@ -4,7 +4,7 @@ words; the names of the sources and formats it speaks of."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,20 +72,8 @@ class InitReport:
 
     def to_dict(self) -> dict[str, Any]:
         """TOML-safe: strings, an integer, lists of strings and of string tables."""
-        return {
-            "source": self.source,
-            "kind": self.kind,
-            "file": self.file,
-            "format": self.format,
-            "sha256": self.sha256,
-            "loaded": list(self.loaded),
-            "skipped": [{"key": s["key"], "reason": s["reason"]} for s in self.skipped],
-            "random": list(self.random),
-            "adapters": self.adapters,
-            "weights_normalization": self.weights_normalization,
-            "encoder": self.encoder,
-            "hash_check": self.hash_check,
-        }
+        skipped = [{"key": s["key"], "reason": s["reason"]} for s in self.skipped]
+        return asdict(self) | {"skipped": skipped}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "init report") -> InitReport:

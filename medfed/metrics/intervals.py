@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from statistics import NormalDist
 from typing import Any
 
@@ -59,13 +59,7 @@ class Interval:
             raise ValueError(f"Interval: low {self.low} is above high {self.high}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "estimate": self.estimate,
-            "low": self.low,
-            "high": self.high,
-            "method": self.method,
-            "level": self.level,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Interval:
@@ -162,17 +156,7 @@ class Pooled:
         object.__setattr__(self, "n_sites", _count(self.n_sites, "Pooled.n_sites"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "estimate": self.estimate,
-            "low": self.low,
-            "high": self.high,
-            "i2": self.i2,
-            "tau2": self.tau2,
-            "q": self.q,
-            "n_sites": self.n_sites,
-            "method": self.method,
-            "level": self.level,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Pooled:

@@ -10,7 +10,7 @@ never counted as independent evidence. Undefined figures are ``None`` with a rea
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -41,15 +41,7 @@ class ClassAUC:
     reason: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "cls": self.cls,
-            "name": self.name,
-            "auc": self.auc,
-            "interval": None if self.interval is None else self.interval.to_dict(),
-            "n_pos": self.n_pos,
-            "n_neg": self.n_neg,
-            "reason": self.reason,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClassAUC:
@@ -76,12 +68,7 @@ class MulticlassFigure:
     n: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "value": self.value,
-            "interval": None if self.interval is None else self.interval.to_dict(),
-            "reason": self.reason,
-            "n": self.n,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MulticlassFigure:

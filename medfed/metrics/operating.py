@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,16 +47,7 @@ class OperatingPoint:
         object.__setattr__(self, "threshold", finite(self.threshold, "OperatingPoint.threshold"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rule": self.rule,
-            "threshold": self.threshold,
-            "tp": self.tp,
-            "fp": self.fp,
-            "tn": self.tn,
-            "fn": self.fn,
-            **{name: getattr(self, name).to_dict() for name in _RATES},
-            "note": self.note,
-        }
+        return asdict(self) | {name: getattr(self, name).to_dict() for name in _RATES}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> OperatingPoint:

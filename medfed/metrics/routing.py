@@ -12,7 +12,7 @@ which routing on validation is less accurate than a target). No torch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -102,17 +102,7 @@ class RoutingCalibration:
     low_margin: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "n": self.n,
-            "ece": self.ece,
-            "brier": self.brier,
-            "accuracy": self.accuracy,
-            "mean_chosen": self.mean_chosen,
-            "mean_chosen_correct": self.mean_chosen_correct,
-            "temperature": self.temperature,
-            "bins": [dict(b) for b in self.bins],
-            "low_margin": self.low_margin,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RoutingCalibration:

@@ -144,17 +144,20 @@ def slope_text(c: Any) -> str:
     return f"{c.slope:.3f}" if ci is None else f"{c.slope:.3f} ({ci[0]:.2f}-{ci[1]:.2f})"
 
 
+CALIBRATION_HEADER = ("site", "n", "Brier", "ECE", "intercept (ideal 0)", SLOPE_HEADER, "note")
+
+
+def calibration_row(site: str, c: Any) -> list[Any]:
+    """One site's row of :data:`CALIBRATION_HEADER` (n/a where the run has no calibration)."""
+    if c is None:
+        return [site, *["n/a"] * 5, "no calibration in this run"]
+    return [site, c.n, c.brier, c.ece, c.intercept, slope_text(c), c.reason or ""]
+
+
 def calibration_rows(summary: Evaluation) -> tuple[list[str], list[list[Any]]]:
     """The header and rows of :func:`calibration_table` (for markdown or HTML)."""
-    header = ["site", "n", "Brier", "ECE", "intercept (ideal 0)", SLOPE_HEADER, "note"]
-    rows = []
-    for site, m in summary.sites.items():
-        c = m.calibration
-        if c is None:
-            rows.append([site, *["n/a"] * 5, "no calibration in this run"])
-            continue
-        rows.append([site, c.n, c.brier, c.ece, c.intercept, slope_text(c), c.reason or ""])
-    return header, rows
+    rows = [calibration_row(site, m.calibration) for site, m in summary.sites.items()]
+    return list(CALIBRATION_HEADER), rows
 
 
 def federation_lines(summary: Summary) -> list[str]:

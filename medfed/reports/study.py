@@ -32,16 +32,16 @@ from medfed.fileio import atomic_write
 from medfed.reports.evaluation import (
     AT_ARGMAX,
     AT_OPERATING,
+    CALIBRATION_HEADER,
     ORIGIN_KNOWN,
     ORIGIN_UNKNOWN,
     PRIVACY_COLUMNS,
     PROTOCOLS,
-    SLOPE_HEADER,
     auc_text,
+    calibration_row,
     class_counts,
     latency_text,
     privacy_cells,
-    slope_text,
     system_by_site_rows,
 )
 from medfed.reports.grading import (
@@ -389,16 +389,12 @@ def _operating_section(runs: Sequence[StudyRun], sites: list[str]) -> list[Html]
 def _calibration_section(runs: Sequence[StudyRun], sites: list[str]) -> list[Html]:
     out = []
     for run in runs:
-        rows = []
-        for site in sites:
-            m = run.summary.sites.get(site)
-            c = None if m is None else m.calibration
-            if c is None:
-                rows.append([site, *["n/a"] * 5, "no calibration in this run"])
-                continue
-            rows.append([site, c.n, c.brier, c.ece, c.intercept, slope_text(c), c.reason or ""])
-        header = ["site", "n", "Brier", "ECE", "intercept (ideal 0)", SLOPE_HEADER, "note"]
         figures = {site: run.summary.sites.get(site) for site in sites}
+        rows = [
+            calibration_row(site, None if m is None else m.calibration)
+            for site, m in figures.items()
+        ]
+        header = list(CALIBRATION_HEADER)
         plot = reliability_diagram(run.label, figures)
         caption = tag("figcaption", f"Reliability diagram, {run.label}")
         out.append(

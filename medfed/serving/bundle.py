@@ -7,7 +7,7 @@ Built either from the engine's in-memory states or from a run directory's ``mode
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +54,7 @@ class OperatingChoice:
     n_val_neg: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "rule": self.rule,
-            "threshold": self.threshold,
-            "note": self.note,
-            "n_val_pos": self.n_val_pos,
-            "n_val_neg": self.n_val_neg,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OperatingChoice:

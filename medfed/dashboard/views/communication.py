@@ -17,17 +17,11 @@ def main() -> None:
         "update, as it would cross the network), per method."
     )
     runs = common.chosen_runs()
-    records, orders = {}, {}
-    for run in runs:
-        got = common.read_metrics(run)
-        if got:
-            records[run.label] = got
-            orders[run.label] = common.site_order(run)
-        else:
-            st.info(f"**{run.label}**: {common.status_line(run)}")
+    records = common.runs_holding(runs, common.read_metrics)
     if not records:
         st.warning("No round recorded in any selected run yet: nothing to count.")
         return
+    orders = {run.label: common.site_order(run) for run in runs if run.label in records}
     traffic = rundata.traffic_frame(records, orders)
 
     st.subheader("Mean traffic per round, per site and method")

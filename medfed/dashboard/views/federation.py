@@ -264,13 +264,7 @@ def main() -> None:
         "and the federation as a whole. Look at the worst site first."
     )
     runs = common.chosen_runs()
-    summaries = {}
-    for run in runs:
-        summary = common.read_summary(run)
-        if summary is None:
-            st.info(f"**{run.label}**: {common.status_line(run)}")
-        else:
-            summaries[run.label] = summary
+    summaries = common.runs_holding(runs, common.read_summary)
     if not summaries:
         st.warning("No finished run to show yet: the figures appear once summary.json exists.")
         return
