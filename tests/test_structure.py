@@ -5,6 +5,8 @@ even where it sits inside a function that no test calls."""
 from __future__ import annotations
 
 import ast
+import difflib
+import re
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +29,13 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("dashboard", "federation algorithms experiments"),
     ("federation", "experiments flower dashboard"),
     ("pacs", "federation algorithms experiments flower dashboard"),
-    ("governance", "serving experiments flower dashboard reports"),
+    # A SuperNode's gate decides on a message before anything heavy loads: no training code.
+    (
+        "governance",
+        "federation algorithms models data serving experiments flower dashboard reports",
+    ),
+    # What IT runs the services by (units, logs, metrics): below the services it runs.
+    ("ops", "data models algorithms federation serving experiments flower dashboard pacs"),
     ("tracking", "federation algorithms experiments flower dashboard pacs governance"),
 )
 
@@ -63,17 +71,21 @@ ONLY_IMPORTS: tuple[tuple[str, str], ...] = (
     ("medfed.operating_rule", ""),
     ("medfed.reliability", ""),
     ("medfed.normalization", ""),
+    ("medfed.progress", ""),
+    ("medfed.fileio", "medfed.errors"),
     ("medfed.versions", "medfed.errors"),
     ("medfed.manifest", SMALL_UTILITIES),  # site manifests: read by data and the settings
     ("medfed.config", f"{SMALL_UTILITIES} medfed.manifest"),  # settings: what every layer reads
 )
 
-# Module -> third-party packages that neither it nor any medfed module it imports may import.
-# The run schema is read by the dashboard and report tools, which must not need torch.
+# Module (a package: every module under it) -> third-party packages that neither it nor any
+# medfed module it imports may import. The run schema is read by the dashboard and report tools,
+# which must not need torch; governance decides on a SuperNode's messages before torch loads.
 TORCH_FREE: tuple[tuple[str, str], ...] = (
     # module, never imports (itself, or through what importing its medfed imports runs)
     ("medfed.runs.schema", "torch torchvision monai peft safetensors"),
     ("medfed.reports.study", "torch torchvision monai peft safetensors"),
+    ("medfed.governance", "torch torchvision monai peft safetensors"),
 )
 
 
@@ -433,9 +445,13 @@ def test_module_imports_only_what_it_may(tree: Tree, module: str, allowed: str) 
 
 @pytest.mark.parametrize(("module", "forbidden"), TORCH_FREE)
 def test_module_stays_torch_free(tree: Tree, module: str, forbidden: str) -> None:
-    if module not in tree.modules:
-        pytest.skip(f"{module} does not exist yet")
-    reach = find_forbidden_reach(tree, module, forbidden.split())
+    assert module in tree.modules, f"{module} is listed in TORCH_FREE but does not exist"
+    reach = [
+        way
+        for name in sorted(tree.modules)
+        if _under(name, module)
+        for way in find_forbidden_reach(tree, name, forbidden.split())
+    ]
     assert not reach, _report(f"ways importing {module} imports {forbidden}", reach)
 
 
@@ -597,14 +613,28 @@ def test_size_checker_names_long_modules_and_functions() -> None:
 # ---------------------------------------------------------------------------- the map
 ARCHITECTURE = PACKAGE_DIR.parent / "docs" / "architecture.md"
 RULES_MARKER = "structure-rules"
+# A row of the page's map: | `medfed/PART` | its job | what is in it |
+PART_ROW = re.compile(r"^\| `medfed/([\w.]+/?)` \|(.*)\|\s*$", re.MULTILINE)
+MODULE_NAME = re.compile(r"\b\w+\.py\b")
+
+
+def parts(root: Path = PACKAGE_DIR) -> list[str]:
+    """medfed's parts as the page's map names them: each package (``data/``) and each module
+    beside them (``config.py``)."""
+    return sorted(
+        f"{p.name}/" if p.is_dir() else p.name
+        for p in root.iterdir()
+        if (p.is_dir() and (p / "__init__.py").is_file()) or p.suffix == ".py"
+    )
 
 
 def _names(text: str) -> str:
     return ", ".join(f"`{n}`" for n in text.split()) or "nothing of medfed's"
 
 
-def rules_markdown() -> str:
-    """The rules this test enforces, as docs/architecture.md states them."""
+def rules_markdown(root: Path = PACKAGE_DIR) -> str:
+    """The rules this test enforces, as docs/architecture.md states them: one row per rule, and
+    one for each part no rule names as an importer (so that a new part changes the table)."""
     rows = ["| rule | what | never |", "| --- | --- | --- |"]
     for importer, forbidden in LAYERS:
         rows.append(
@@ -616,7 +646,18 @@ def rules_markdown() -> str:
         never = f"any medfed module but {_names(allowed)}" if allowed else "any medfed module"
         rows.append(f"| leaf | `{module}` | {never} |")
     for module, forbidden in TORCH_FREE:
-        rows.append(f"| torch-free | `{module}` (and what it imports) | {_names(forbidden)} |")
+        package = (root / Path(*module.split(".")[1:]) / "__init__.py").is_file()
+        what = "every module under it, and what they import" if package else "and what it imports"
+        rows.append(f"| torch-free | `{module}` ({what}) | {_names(forbidden)} |")
+    ruled = {f"medfed.{i}" for i, _ in LAYERS} | {m for m, _ in ONLY_IMPORTS}
+    for part in parts(root):
+        name = "medfed." + part.removesuffix("/").removesuffix(".py")
+        if name not in ruled and name != "medfed.__init__":
+            under = " (every module under it)" if part.endswith("/") else ""
+            rows.append(
+                f"| none | `{name}`{under} | no rule of its own: the only-from rows, no cycles "
+                "and no private names still hold |"
+            )
     return "\n".join(rows)
 
 
@@ -626,19 +667,80 @@ def _section(text: str, marker: str) -> str:
 
 
 def test_the_architecture_page_states_the_rules_this_test_enforces() -> None:
-    text = ARCHITECTURE.read_text(encoding="utf-8")
-    assert _section(text, RULES_MARKER) == rules_markdown(), (
+    stated = _section(ARCHITECTURE.read_text(encoding="utf-8"), RULES_MARKER)
+    enforced = rules_markdown()
+    diff = difflib.unified_diff(
+        stated.splitlines(),
+        enforced.splitlines(),
+        "docs/architecture.md",
+        "the tables",
+        lineterm="",
+    )
+    assert stated == enforced, (
         "docs/architecture.md's structure-rules section differs from this test's tables; "
         "write it again: python -c 'from tests.test_structure import write_rules; write_rules()'"
+        "\n" + "\n".join(diff)
     )
 
 
-def test_the_architecture_page_names_every_package() -> None:
-    text = ARCHITECTURE.read_text(encoding="utf-8")
-    tree = next(b for b in text.split("```")[1::2] if "\nmedfed/\n" in b)  # the repository's map
-    packages = sorted(p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").is_file())
-    missing = [p for p in packages if f"  {p}/" not in tree]
-    assert not missing, f"docs/architecture.md's map names no room for {missing}"
+def map_problems(text: str, root: Path = PACKAGE_DIR) -> list[str]:
+    """What the page's map (one row per part) misses or names wrongly: a part without a row or
+    a job, a row for no part, a subpackage its package's row does not name, a module named in
+    a package's row that is not in it."""
+    rows = {m.group(1): m.group(2).split("|") for m in PART_ROW.finditer(text)}
+    on_disk = parts(root)
+    out = [f"medfed/{p} has no row" for p in on_disk if p not in rows]
+    out += [f"the row of medfed/{p} names no part on disk" for p in rows if p not in on_disk]
+    for part, cells in sorted(rows.items()):
+        if not cells[0].strip():
+            out.append(f"the row of medfed/{part} says no job")
+        if part not in on_disk or not part.endswith("/"):
+            continue
+        folder, row = root / part, "|".join(cells)
+        for init in sorted(folder.rglob("*/__init__.py")):
+            sub = init.parent.relative_to(folder).as_posix()
+            if f"{sub}/" not in row:
+                out.append(f"the row of medfed/{part} does not name its subpackage {sub}/")
+        modules = {p.name for p in folder.rglob("*.py")}
+        out += [
+            f"the row of medfed/{part} names {name}, which is not in it"
+            for name in sorted(set(MODULE_NAME.findall(row)) - modules)
+        ]
+    return out
+
+
+def test_the_architecture_page_maps_every_part() -> None:
+    problems = map_problems(ARCHITECTURE.read_text(encoding="utf-8"))
+    assert not problems, _report("problems of docs/architecture.md's map of the parts", problems)
+
+
+def test_the_map_check_names_a_missing_part_and_a_stale_module(tmp_path: Path) -> None:
+    for folder in ("medfed/data/layouts", "medfed/ops", "medfed/kiosk"):
+        (tmp_path / folder).mkdir(parents=True)
+    for module in ("data/__init__", "data/io", "data/layouts/__init__", "ops/__init__", "units"):
+        (tmp_path / "medfed" / f"{module}.py").write_text("", encoding="utf-8")
+    (tmp_path / "medfed" / "kiosk" / "__init__.py").write_text("", encoding="utf-8")
+    page = (
+        "| part | its job | what is in it |\n| --- | --- | --- |\n"
+        "| `medfed/data/` | site data | `io.py`, `cache.py` |\n"
+        "| `medfed/units.py` |  | |\n"
+        "| `medfed/tracking/` | MLflow | |\n"
+    )
+
+    problems = map_problems(page, tmp_path / "medfed")
+    rules = rules_markdown(tmp_path / "medfed")
+
+    assert problems == [
+        "medfed/kiosk/ has no row",
+        "medfed/ops/ has no row",
+        "the row of medfed/tracking/ names no part on disk",
+        "the row of medfed/data/ does not name its subpackage layouts/",
+        "the row of medfed/data/ names cache.py, which is not in it",
+        "the row of medfed/units.py says no job",
+    ]
+    # A new part without a rule of its own changes the rules table too; a ruled one does not.
+    assert "| none | `medfed.kiosk` (every module under it) | no rule of its own" in rules
+    assert "| none | `medfed.ops`" not in rules
 
 
 def write_rules() -> None:

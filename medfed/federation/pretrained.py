@@ -52,6 +52,7 @@ from medfed.models.fedmodel import NORM_TYPES, SUBMODULES, FedModel
 from medfed.models.torchvision_nets import TV_BACKBONES, TV_NETS
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import ROUND_DIR, CheckpointStore
+from medfed.runs.rundir import sha256 as file_sha256
 from medfed.runs.weights import check_finite
 
 # torchvision:NAME -> (weights enum in torchvision.models, member); the file is the enum's url.
@@ -122,6 +123,14 @@ def resolve_init(text: str) -> InitSource:
     if path.exists():
         raise ConfigError(f"--init {path}: not a regular file or folder; pass {INIT_ACCEPTS}")
     raise ConfigError(f"--init {path}: no such file or folder; pass {INIT_ACCEPTS}")
+
+
+def starting_sha256(init: str) -> str:
+    """The sha256 of the starting weights file ``init`` names ("" for a random start): what a
+    deployed run's plan records and each site approves (:mod:`medfed.governance.plan`)."""
+    if not init:
+        return ""
+    return file_sha256(resolve_init(init).file)
 
 
 def torchvision_hub_file(name: str) -> Path:

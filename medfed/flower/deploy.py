@@ -29,7 +29,6 @@ from medfed.errors import ConfigError
 from medfed.fileio import check_out_folder
 from medfed.flower import secure
 from medfed.flower.waits import MAX_WAIT_S, REPLY_TIMEOUT_S, WAIT_S
-from medfed.governance.plan import starting_sha256
 from medfed.governance.statistics import StatisticsSettings
 
 # A site id names its key files and the comment of its public key: kept short enough for both.
@@ -193,6 +192,11 @@ def write_app(
     check_wait("--reply-timeout", reply_timeout_s)
     run_dir = check_run_dir(run_dir)
     _check_app_folder(out)
+    init_sha256 = ""
+    if config.init:  # reading the starting weights loads torch; a random start does not
+        from medfed.federation.pretrained import starting_sha256
+
+        init_sha256 = starting_sha256(config.init)
     return write_pyproject(
         out,
         "A medfed federated training run",
@@ -211,7 +215,7 @@ def write_app(
             "on-refusal": on_refusal,
             "predictions": "coordinator" if predictions_to_coordinator else "site",
             # The plan's starting weights: sites approve the run by this hash.
-            "init-sha256": starting_sha256(config.init),
+            "init-sha256": init_sha256,
         },
     )
 

@@ -31,6 +31,7 @@ from medfed.config import TrainConfig, valid_site_id
 from medfed.errors import ConfigError
 from medfed.federation.coordinator import Coordinator
 from medfed.federation.plan import checked_algorithm, plan_run, resolved_settings
+from medfed.federation.pretrained import starting_sha256
 from medfed.federation.rounds import RoundLoop, RoundSource
 from medfed.flower.deploy import refuse_insecure_settings, refuse_unsupported
 from medfed.flower.link import FlowerLink
@@ -38,7 +39,7 @@ from medfed.flower.messenger import Messenger
 from medfed.flower.node import RunSettings, train_config_from_toml
 from medfed.flower.secure import DEFAULT_BOUND
 from medfed.flower.waits import REPLY_TIMEOUT_S, WAIT_S, run_seconds
-from medfed.governance.plan import Plan, make_plan, starting_sha256
+from medfed.governance.plan import Plan, make_plan
 from medfed.governance.policy import SHA256
 from medfed.models.device import resolve_device
 from medfed.runs import RunDir

@@ -7,6 +7,10 @@ its bound, whether the sites' modality sets the learning rate, the starting weig
 is the sha256 of the plan as canonical JSON, so the coordinator, ``medfed deploy approve`` and
 the SuperNode compute it alike; a change to any of these is a new plan, to be approved again.
 How long the server waits, where it writes the run and whether it resumes are not part of it.
+
+Nothing here loads training code or torch: a SuperNode's gate decides on a message with it
+before anything heavy loads. The starting weights' sha256 is computed where the weights are read
+(:func:`medfed.federation.pretrained.starting_sha256`).
 """
 
 from __future__ import annotations
@@ -129,23 +133,6 @@ def make_plan(
         starting_sha256=starting_sha256,
         outputs=[*RUN_OUTPUTS, *([PREDICTIONS] if predictions_to_coordinator else [])],
     )
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def starting_sha256(init: str) -> str:
-    """The sha256 of the starting weights file ``init`` names ("" for a random start)."""
-    if not init:
-        return ""
-    from medfed.federation.pretrained import resolve_init
-
-    return file_sha256(resolve_init(init).file)
 
 
 def app_run_config(app: Path) -> dict[str, Any]:
