@@ -70,8 +70,8 @@ def _patient(ds: Dataset, patient: str, study: str) -> None:
 def fundus_photo(png: Path, patient: str, *, modality: str = "OP") -> Dataset:
     """The photo at ``png`` as a one-instance study (``modality`` OP, or XC/OT for SC), made
     as 'medfed pacs make-study' makes it."""
+    from medfed.clinic.pacs.make_study import StudyIds, photo_instance
     from medfed.data.io import read_image
-    from medfed.pacs.make_study import StudyIds, photo_instance
 
     ids = StudyIds(patient, accession=patient[-8:], study_date="20261201")
     return photo_instance(read_image(png), ids, modality=modality)

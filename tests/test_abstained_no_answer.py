@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from medfed.pacs.answer import answer_texts
-from medfed.serving.audit import AuditEntry, AuditLog
-from medfed.serving.service import RoutedScan
+from medfed.clinic.audit import AuditEntry, AuditLog
+from medfed.clinic.pacs.answer import answer_texts
+from medfed.clinic.route import RoutedScan
 
 ABSTAINED = {
     "time": "2026-12-01T00:00:00+00:00",

@@ -15,7 +15,7 @@ from medfed.algorithms.feddrm import feddrm_loss
 from medfed.errors import ConfigError
 from medfed.federation.validate import UpdateRejected, validate_update
 from medfed.models.fedmodel import ModelSpec, build_model, norm_state_keys
-from medfed.serving.routers import route_density_ratio
+from medfed.routing.routers import route_density_ratio
 
 
 @pytest.fixture(scope="module")

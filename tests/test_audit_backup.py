@@ -8,7 +8,7 @@ from contextlib import closing
 
 import pytest
 
-from medfed.serving.audit import AuditEntry, AuditError, AuditLog
+from medfed.clinic.audit import AuditEntry, AuditError, AuditLog
 
 
 def _entry(i: int) -> AuditEntry:

@@ -21,8 +21,8 @@ import pytest
 from streamlit import config as streamlit_config
 from streamlit.testing.v1 import AppTest
 
+from medfed.clinic.audit import AUDIT_SCHEMA_VERSION
 from medfed.dashboard import APP, RUNS_ENV
-from medfed.serving.audit import AUDIT_SCHEMA_VERSION
 from tests.dashboard_runs import DashboardRuns, dashboard_runs  # noqa: F401 - session fixture
 
 PAGES = ("federation", "training", "sites", "routing", "review", "communication")

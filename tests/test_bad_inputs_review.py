@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from medfed.cli import app
-from medfed.serving.audit import AUDIT_SCHEMA_VERSION, AuditEntry, AuditLog
-from medfed.serving.review import Review, run_labels
+from medfed.clinic.audit import AUDIT_SCHEMA_VERSION, AuditEntry, AuditLog
+from medfed.clinic.review import Review, run_labels
 from tests.badinput import Case, Shared, check
 
 ROUTED = datetime(2026, 11, 1, 10, tzinfo=UTC).isoformat(timespec="seconds")

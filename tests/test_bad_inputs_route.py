@@ -22,14 +22,15 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from medfed.cli import app
+from medfed.clinic import audit
+from medfed.clinic import route as service
+from medfed.clinic.audit import AuditLog
+from medfed.clinic.route import route_one
 from medfed.errors import MedfedError
+from medfed.routing.bundle import SiteOutputs, TrainedFederation
+from medfed.routing.routers import DensityRatioRouter, MajorityVoteRouter
+from medfed.routing.scans import read_scan
 from medfed.runs.rundir import RunDir
-from medfed.serving import audit, service
-from medfed.serving.audit import AuditLog
-from medfed.serving.bundle import SiteOutputs, TrainedFederation
-from medfed.serving.routers import DensityRatioRouter, MajorityVoteRouter
-from medfed.serving.scans import read_scan
-from medfed.serving.service import route_one
 from tests.badinput import Case, Shared, check
 
 ROOT = os.geteuid() == 0  # root reads and writes any file: permission rows cannot fail for it

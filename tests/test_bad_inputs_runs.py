@@ -21,9 +21,9 @@ from medfed.cli import app
 from medfed.federation import rounds
 from medfed.federation.rounds import round_postfix
 from medfed.progress import counter
+from medfed.routing.bundle import TrainedFederation
 from medfed.runs import RunDir
 from medfed.runs.rundir import FILES, sha256, verify_folder, write_files_manifest
-from medfed.serving.bundle import TrainedFederation
 from tests.badinput import Case, Shared, check
 
 SITE = "site_acrima.safetensors"

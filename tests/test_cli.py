@@ -17,7 +17,7 @@ from medfed.cli import app
 from medfed.config import WIRE_PRECISIONS, load_run_config, merge_train_settings
 from medfed.errors import ConfigError
 from medfed.models.backbones import BACKBONES
-from medfed.serving.routers import ROUTERS
+from medfed.routing.routers import ROUTERS
 
 runner = CliRunner()
 # One round of one local step on two small synthetic sites: the run directory, not accuracy.

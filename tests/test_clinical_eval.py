@@ -16,9 +16,9 @@ from medfed.data.records import Split
 from medfed.errors import ConfigError
 from medfed.federation.normalizing import federation_normalized
 from medfed.federation.training import train
+from medfed.routing.bundle import OperatingChoice, TrainedFederation
+from medfed.routing.routers import DensityRatioRouter, MajorityVoteRouter
 from medfed.runs import RunDir
-from medfed.serving.bundle import OperatingChoice, TrainedFederation
-from medfed.serving.routers import DensityRatioRouter, MajorityVoteRouter
 from tests.tensorsites import tensor_sites
 
 

@@ -23,6 +23,8 @@ from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
 from medfed.cli import app
+from medfed.clinic.audit import AuditLog
+from medfed.clinic.route import route_one
 from medfed.config import Modality, TrainConfig
 from medfed.dashboard import APP, RUNS_ENV
 from medfed.dashboard.charts import CHOSEN, NOT_RELIED_ON, WORST
@@ -36,11 +38,9 @@ from medfed.dashboard.rundata import (
 )
 from medfed.data.overview import read_site_overview, to_picture, write_site_overview
 from medfed.federation.training import load_sites, train
+from medfed.routing.bundle import TrainedFederation, mixture_coefficients
+from medfed.routing.routers import make_router
 from medfed.runs import SCHEMA_VERSION, RunDir
-from medfed.serving.audit import AuditLog
-from medfed.serving.bundle import TrainedFederation, mixture_coefficients
-from medfed.serving.routers import make_router
-from medfed.serving.service import route_one
 from medfed.units import human_bytes
 from tests.dashboard_runs import (
     DROPPED_SITE,
@@ -780,7 +780,7 @@ print(" ".join(sorted(m for m in sys.modules if m.startswith("medfed"))))
     )
     assert done.returncode == 0, done.stderr[-3000:]
     loaded = set(done.stdout.split())
-    assert "medfed.serving.bundle" in loaded  # the Routing page did load the trained models
+    assert "medfed.routing.bundle" in loaded  # the Routing page did load the trained models
     forbidden = {"medfed.federation", "medfed.algorithms", "medfed.experiments"}
     assert not {m for m in loaded if m.split(".")[0:2] and ".".join(m.split(".")[:2]) in forbidden}
 

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from medfed.clinic.audit import AuditLog
+from medfed.clinic.route import route_one
 from medfed.dashboard import RUNS_ENV
 from medfed.dashboard.charts import CROSS_SITE_TITLE
 from medfed.dashboard.rundata import REVIEWER_HEADER_ENV
-from medfed.serving.audit import AuditLog
-from medfed.serving.bundle import TrainedFederation
-from medfed.serving.routers import make_router
-from medfed.serving.service import route_one
+from medfed.routing.bundle import TrainedFederation
+from medfed.routing.routers import make_router
 from tests.dashboard_runs import SITES as CLINICAL_SITES
 from tests.dashboard_runs import DashboardRuns, build, clinical_summary, write_summary_run
 

@@ -28,24 +28,24 @@ from streamlit import config as streamlit_config
 from streamlit.runtime.context import ContextProxy, StreamlitHeaders
 from streamlit.testing.v1 import AppTest
 
-from medfed.dashboard import APP, RUNS_ENV, clinical, reviewdata, rundata
-from medfed.data.cache import content_hash
-from medfed.errors import ConfigError
-from medfed.metrics import wilson
-from medfed.runs import RunDir
-from medfed.serving.audit import AuditEntry, AuditLog
-from medfed.serving.bundle import TrainedFederation
-from medfed.serving.kept import keep_scan
-from medfed.serving.review import (
+from medfed.clinic.audit import AuditEntry, AuditLog
+from medfed.clinic.kept import keep_scan
+from medfed.clinic.review import (
     EXPORT_COLUMNS,
     FIGURE_COLUMNS,
     FIGURE_NAMES,
     Review,
     write_figures_csv,
 )
-from medfed.serving.routers import make_router
-from medfed.serving.scans import read_scan
-from medfed.serving.service import route_one
+from medfed.clinic.route import route_one
+from medfed.dashboard import APP, RUNS_ENV, clinical, reviewdata, rundata
+from medfed.data.cache import content_hash
+from medfed.errors import ConfigError
+from medfed.metrics import wilson
+from medfed.routing.bundle import TrainedFederation
+from medfed.routing.routers import make_router
+from medfed.routing.scans import read_scan
+from medfed.runs import RunDir
 from tests.dashboard_runs import DashboardRuns, dashboard_runs  # noqa: F401 - session fixture
 
 TIMEOUT = 120  # seconds per script run: the first one imports plotly and the data layer
@@ -644,7 +644,7 @@ print(" ".join(sorted(m for m in sys.modules if m.startswith("medfed"))))
     )
     assert done.returncode == 0, done.stderr[-3000:]
     loaded = set(done.stdout.split())
-    assert "medfed.serving.review" in loaded
+    assert "medfed.clinic.review" in loaded
     forbidden = ("medfed.federation", "medfed.algorithms", "medfed.experiments")
     assert not [m for m in loaded if m.startswith(forbidden)]
 

@@ -14,8 +14,8 @@ from medfed.data.records import Split
 from medfed.errors import ConfigError
 from medfed.federation.coordinator import Coordinator
 from medfed.federation.training import train
+from medfed.routing.bundle import TrainedFederation
 from medfed.runs import RunDir
-from medfed.serving.bundle import TrainedFederation
 from tests.tensorsites import tensor_sites
 
 VOLATILE = {"seconds_per_round", "seconds_total", "resumes"}  # wall clock, resume count

@@ -23,15 +23,15 @@ from medfed.metrics import (
     sum_bins,
 )
 from medfed.metrics.federated import calibration_of_sums
-from medfed.serving.bundle import TrainedFederation
-from medfed.serving.evaluation import (
+from medfed.routing.bundle import TrainedFederation
+from medfed.routing.evaluation import (
     WITHHELD,
     combine_evaluation,
     prediction_rows,
     site_evaluation,
     suppress_small,
 )
-from medfed.serving.routers import DensityRatioRouter
+from medfed.routing.routers import DensityRatioRouter
 from tests.tensorsites import tensor_sites
 
 

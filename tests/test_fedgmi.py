@@ -27,8 +27,8 @@ from medfed.errors import ConfigError, RunDirError
 from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model
 from medfed.models.mixture import MixtureHead, greedy_spread, vae_divergence
+from medfed.routing.bundle import TrainedFederation, mixture_coefficients
 from medfed.runs import RunDir
-from medfed.serving.bundle import TrainedFederation, mixture_coefficients
 from tests.tensorsites import tensor_sites
 from tests.test_engine import config, kill_and_resume, stable
 

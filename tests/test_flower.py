@@ -16,9 +16,9 @@ from medfed.federation.training import load_sites, train
 from medfed.flower.deploy import write_app, write_pki
 from medfed.flower.loopback import LoopbackFederation
 from medfed.flower.node import NOISE_KEY, PLANNED_NOISE
+from medfed.routing.bundle import TrainedFederation
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import CheckpointStore
-from medfed.serving.bundle import TrainedFederation
 
 # Real SuperLink and SuperNode processes: needs medfed[flower]; make test-fast leaves them out.
 pytestmark = pytest.mark.flower

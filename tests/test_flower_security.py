@@ -36,7 +36,7 @@ def test_a_stored_or_received_manifest_is_not_expanded(monkeypatch, root) -> Non
 
 
 def test_a_manifest_rebuilt_from_a_run_is_not_expanded(monkeypatch) -> None:
-    from medfed.serving.bundle import manifest_from_dict
+    from medfed.routing.bundle import manifest_from_dict
 
     monkeypatch.setenv(SECRET, "/the/server/secret")
     manifest = manifest_from_dict(_manifest(f"/data/${SECRET}"))

@@ -27,7 +27,7 @@ from medfed.federation.pretrained import (
 from medfed.federation.training import train
 from medfed.models.encoder import TRUNK_DIM, EncodedBackbone, FrozenEncoder
 from medfed.models.fedmodel import ModelSpec, build_model
-from medfed.serving.bundle import TrainedFederation
+from medfed.routing.bundle import TrainedFederation
 from tests.tensorsites import tensor_sites
 
 REAL_WEIGHTS = Path(__file__).resolve().parents[2] / "shared" / "weights"
@@ -274,8 +274,8 @@ def test_unfrozen_blocks_start_from_the_file_and_train(home, tmp_path):
 
 
 def test_the_model_folder_answers_a_photo_as_the_features_it_trained_on(home, tmp_path):
-    from medfed.serving.scans import Scan
-    from medfed.serving.service import views_for
+    from medfed.clinic.route import views_for
+    from medfed.routing.scans import Scan
 
     sites = tensor_sites(2, n=16, size=32)
     for site in sites:
@@ -288,8 +288,8 @@ def test_the_model_folder_answers_a_photo_as_the_features_it_trained_on(home, tm
     scan = Scan(Path("p.png"), Modality.FUNDUS, np.zeros((4, 4, 3)), ())
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("medfed.serving.service.apply_pipeline", lambda *a: photo)
-        patch.setattr("medfed.serving.service._require_camera_field", lambda *a: None)
+        patch.setattr("medfed.clinic.route.apply_pipeline", lambda *a: photo)
+        patch.setattr("medfed.clinic.route._require_camera_field", lambda *a: None)
         views = views_for(fed, scan)
     direct = fed.encoder.encode(photo[None])
 

@@ -17,10 +17,10 @@ from medfed.errors import ConfigError
 from medfed.federation.shared import derive_seed
 from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model
+from medfed.routing.bundle import TrainedFederation
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import CheckpointStore
 from medfed.runs.weights import load_model_state
-from medfed.serving.bundle import TrainedFederation
 from tests.tensorsites import tensor_sites
 
 SITES = ["site0", "site1", "site2"]

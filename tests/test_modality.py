@@ -72,8 +72,8 @@ def test_every_layout_a_manifest_may_name_has_a_reader() -> None:
 def test_registry_imports_no_training_serving_or_run_code() -> None:
     code = (
         "import sys, medfed.data.modality, medfed.data.overview\n"
-        "bad = ('medfed.models', 'medfed.algorithms', 'medfed.federation', 'medfed.serving',"
-        " 'medfed.runs')\n"
+        "bad = ('medfed.models', 'medfed.algorithms', 'medfed.federation', 'medfed.routing',"
+        " 'medfed.clinic', 'medfed.runs')\n"
         "print(sorted(m for m in sys.modules if m.startswith(bad)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from medfed.serving.bundle import MODEL_VERSION, TrainedFederation
+from medfed.routing.bundle import MODEL_VERSION, TrainedFederation
 from tests.badinput import Case, Shared, check
 
 

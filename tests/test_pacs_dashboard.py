@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from medfed.pacs.instances import Ids, ids_from_name, with_pacs_ids
+from medfed.clinic.pacs.instances import Ids, ids_from_name, with_pacs_ids
 from tests.badinput import Shared
 from tests.pacs_studies import fundus_photo
 
@@ -46,11 +46,11 @@ def _page(monkeypatch, run: Path, page: str) -> AppTest:
 def test_routing_and_review_pages_list_pacs_scans_by_accession_patient_and_date(
     monkeypatch, shared: Shared, tmp_path: Path
 ) -> None:
-    from medfed.pacs.handling import Inbox
-    from medfed.pacs.visits import patient_token
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.review import Review, queue_text
-    from medfed.serving.routers import make_router
+    from medfed.clinic.pacs.handling import Inbox
+    from medfed.clinic.pacs.visits import patient_token
+    from medfed.clinic.review import Review, queue_text
+    from medfed.routing.bundle import TrainedFederation
+    from medfed.routing.routers import make_router
 
     run = shared.copy_run(tmp_path)
     fed = TrainedFederation.load(run, "cpu")
@@ -76,6 +76,6 @@ def test_routing_and_review_pages_list_pacs_scans_by_accession_patient_and_date(
     logged = [d.value for d in routing.dataframe if "study" in d.value.columns]
     assert logged and logged[0]["accession"].tolist() == ["PDASH"]
     # the run's PACS log holds the keyed hash, not the PatientID, under the default policy
-    from medfed.pacs.records import PacsLog
+    from medfed.clinic.pacs.records import PacsLog
 
     assert [s.patient for s in PacsLog(run).scans()] == [token]

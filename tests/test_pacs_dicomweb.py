@@ -61,10 +61,10 @@ def _watch(run: Path, url: str, *options: str, exit_code: int = 0) -> str:
 def test_watcher_answers_each_study_once_and_stores_the_answer_back(
     shared: Shared, ct_run, tmp_path: Path
 ) -> None:
-    from medfed.pacs.answer import read_answer
-    from medfed.pacs.records import PacsLog
-    from medfed.serving.audit import AuditLog
-    from medfed.serving.kept import kept_scan
+    from medfed.clinic.audit import AuditLog
+    from medfed.clinic.kept import kept_scan
+    from medfed.clinic.pacs.answer import read_answer
+    from medfed.clinic.pacs.records import PacsLog
 
     run = shared.copy_run(tmp_path)
     photos = sorted((shared.data / "ACRIMA").glob("*.jpg"))[:3]
@@ -141,8 +141,8 @@ def test_an_abstained_scan_is_answered_in_the_pacs_without_a_prediction(
 ) -> None:
     """A study made by 'medfed pacs make-study', stored in Orthanc, abstained on: the SR read
     back from Orthanc says so and holds no prediction, in its text or its JSON."""
-    from medfed.pacs.answer import read_answer
-    from medfed.pacs.make_study import StudyIds, make_study
+    from medfed.clinic.pacs.answer import read_answer
+    from medfed.clinic.pacs.make_study import StudyIds, make_study
 
     run = shared.copy_run(tmp_path)
     model = run / "model" / "model.json"
@@ -173,11 +173,11 @@ def test_an_abstained_scan_is_answered_in_the_pacs_without_a_prediction(
 def test_an_answer_stored_before_a_crash_is_sent_again_never_routed_again(
     shared: Shared, tmp_path: Path
 ) -> None:
-    from medfed.pacs.handling import Inbox
-    from medfed.pacs.watcher import DicomwebWatcher
-    from medfed.serving.audit import AuditLog
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
+    from medfed.clinic.audit import AuditLog
+    from medfed.clinic.pacs.handling import Inbox
+    from medfed.clinic.pacs.watcher import DicomwebWatcher
+    from medfed.routing.bundle import TrainedFederation
+    from medfed.routing.routers import make_router
 
     run = shared.copy_run(tmp_path)
     photo = sorted((shared.data / "ACRIMA").glob("*.jpg"))[0]
@@ -212,7 +212,7 @@ def test_plain_http_to_another_machine_is_refused(shared: Shared) -> None:
 def test_an_unreachable_pacs_exits_3_with_an_error_line_and_nothing_is_recorded(
     shared: Shared, tmp_path: Path
 ) -> None:
-    from medfed.pacs.records import PacsLog
+    from medfed.clinic.pacs.records import PacsLog
     from tests.pacs_studies import free_port
 
     run = shared.copy_run(tmp_path)
@@ -223,7 +223,7 @@ def test_an_unreachable_pacs_exits_3_with_an_error_line_and_nothing_is_recorded(
 
 
 def test_an_unreadable_photo_is_skipped_with_why_once(shared: Shared, tmp_path: Path) -> None:
-    from medfed.pacs.records import PacsLog
+    from medfed.clinic.pacs.records import PacsLog
 
     run = shared.copy_run(tmp_path)
     photo = fundus_photo(sorted((shared.data / "ACRIMA").glob("*.jpg"))[0], "PBROKEN")

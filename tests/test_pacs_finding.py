@@ -66,7 +66,7 @@ def _secret(path: Path, text: str, mode: int = 0o600) -> Path:
 def test_a_backdated_study_stored_after_the_first_poll_is_answered(
     find: str, shared: Shared, tmp_path: Path
 ) -> None:
-    from medfed.pacs.records import PacsLog
+    from medfed.clinic.pacs.records import PacsLog
 
     run = shared.copy_run(tmp_path)
     today = _photo(shared, 0, "PTODAY", "20261201")
@@ -97,8 +97,8 @@ def test_a_backdated_study_stored_after_the_first_poll_is_answered(
 def test_a_restarted_watcher_answers_nothing_twice_whatever_it_reads(
     shared: Shared, tmp_path: Path
 ) -> None:
-    from medfed.pacs.records import PacsLog, watch_lock
-    from medfed.serving.audit import AuditLog
+    from medfed.clinic.audit import AuditLog
+    from medfed.clinic.pacs.records import PacsLog, watch_lock
 
     run = shared.copy_run(tmp_path)
     studies = [_photo(shared, k, f"PR{k}", "20250101") for k in range(3)]
@@ -227,11 +227,11 @@ def test_backfill_lists_answered_skipped_and_pending_and_answers_the_pending(
 def test_a_pending_answer_is_listed_as_routed_and_sent_by_backfill(
     shared: Shared, tmp_path: Path
 ) -> None:
-    from medfed.pacs.handling import Inbox
-    from medfed.pacs.watcher import DicomwebWatcher
-    from medfed.serving.audit import AuditLog
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
+    from medfed.clinic.audit import AuditLog
+    from medfed.clinic.pacs.handling import Inbox
+    from medfed.clinic.pacs.watcher import DicomwebWatcher
+    from medfed.routing.bundle import TrainedFederation
+    from medfed.routing.routers import make_router
 
     run = shared.copy_run(tmp_path)
     photo = _photo(shared, 0, "PCRASH", "20261201")

@@ -80,13 +80,13 @@ def _wait(condition, seconds: float = 60.0) -> None:
 def test_a_stored_photo_is_answered_once_and_the_answer_sent_back(
     shared: Shared, tmp_path: Path, pacs
 ) -> None:
-    from medfed.pacs.answer import read_answer
-    from medfed.pacs.handling import Inbox
-    from medfed.pacs.listener import Destination, Listener
-    from medfed.pacs.records import PacsLog
-    from medfed.serving.audit import AuditLog
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
+    from medfed.clinic.audit import AuditLog
+    from medfed.clinic.pacs.answer import read_answer
+    from medfed.clinic.pacs.handling import Inbox
+    from medfed.clinic.pacs.listener import Destination, Listener
+    from medfed.clinic.pacs.records import PacsLog
+    from medfed.routing.bundle import TrainedFederation
+    from medfed.routing.routers import make_router
 
     pacs_port, received = pacs
     run = shared.copy_run(tmp_path)
@@ -140,10 +140,10 @@ def test_a_stored_photo_is_answered_once_and_the_answer_sent_back(
 
 
 def test_a_caller_not_on_the_allow_list_is_rejected(shared: Shared, tmp_path: Path) -> None:
-    from medfed.pacs.handling import Inbox
-    from medfed.pacs.listener import Listener
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
+    from medfed.clinic.pacs.handling import Inbox
+    from medfed.clinic.pacs.listener import Listener
+    from medfed.routing.bundle import TrainedFederation
+    from medfed.routing.routers import make_router
 
     run = shared.copy_run(tmp_path)
     fed = TrainedFederation.load(run, "cpu")
@@ -179,11 +179,11 @@ def test_listen_refuses_bad_settings(shared: Shared, argv, words) -> None:
 
 
 def test_a_series_received_before_a_restart_is_answered_after_it(shared: Shared, tmp_path) -> None:
-    from medfed.pacs.handling import Inbox
-    from medfed.pacs.listener import Listener
-    from medfed.pacs.records import PacsLog
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
+    from medfed.clinic.pacs.handling import Inbox
+    from medfed.clinic.pacs.listener import Listener
+    from medfed.clinic.pacs.records import PacsLog
+    from medfed.routing.bundle import TrainedFederation
+    from medfed.routing.routers import make_router
 
     run = shared.copy_run(tmp_path)
     fed = TrainedFederation.load(run, "cpu")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pydicom.dataset import Dataset
 
+from medfed.clinic.pacs.records import PACS_FILE, PacsLog, PacsScan
+from medfed.clinic.pacs.visits import KEY_FILE, check_policy, patient_token, visit_of
 from medfed.errors import ConfigError
-from medfed.pacs.records import PACS_FILE, PacsLog, PacsScan
-from medfed.pacs.visits import KEY_FILE, check_policy, patient_token, visit_of
 
 
 def _ds(**attrs: str) -> Dataset:

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from medfed.cli import app
+from medfed.clinic.audit import AuditLog
 from medfed.errors import ConfigError
 from medfed.experiments.demo import MethodSpec
 from medfed.metrics import Interval, calibration, operating_point, unreliable, wilson
@@ -33,7 +34,6 @@ from medfed.reports.markdown import replace_marked_section, update_readme_sectio
 from medfed.reports.text import UNRELIABLE_MARK, ci_text, count_text, rate_text
 from medfed.runs import RunDir
 from medfed.runs.schema import Summary
-from medfed.serving.audit import AuditLog
 from tests.badinput import Shared
 from tests.oldruns import before_intervals
 from tests.test_schema import make_summary, router, site_figures, summary_dict
@@ -307,7 +307,7 @@ def test_medfed_evaluate_prints_the_tables_and_json_prints_every_field(
 def _reviewed_run(tmp_path: Path) -> Path:
     """A finished run (config and summary) whose audit log holds four routed scans, three read
     (two of them by two readers) and one abstained."""
-    from medfed.serving.review import Review
+    from medfed.clinic.review import Review
     from tests.test_review import at, entry, make_run
 
     run = make_run(
@@ -330,8 +330,8 @@ def _reviewed_run(tmp_path: Path) -> Path:
 
 
 def test_prospective_table_shows_each_scope_with_its_ci_counts_and_notes(tmp_path) -> None:
+    from medfed.clinic.review import Review
     from medfed.reports.prospective import prospective_table
-    from medfed.serving.review import Review
 
     figures = Review(_reviewed_run(tmp_path)).figures()
     text = prospective_table(figures.rows())
@@ -351,8 +351,8 @@ def test_prospective_table_shows_each_scope_with_its_ci_counts_and_notes(tmp_pat
 
 
 def test_the_study_report_shows_the_prospective_review_only_with_reads(tmp_path) -> None:
+    from medfed.clinic.review import prospective_rows
     from medfed.reports.study import load_study, render_study
-    from medfed.serving.review import prospective_rows
 
     run = _reviewed_run(tmp_path)
     rows = prospective_rows(run)
@@ -368,7 +368,7 @@ def test_the_study_report_shows_the_prospective_review_only_with_reads(tmp_path)
 def test_medfed_report_adds_the_prospective_review_of_a_run_with_reads(
     tmp_path: Path, shared: Shared
 ) -> None:
-    from medfed.serving.review import Review
+    from medfed.clinic.review import Review
     from tests.test_review import at, entry
 
     run = shared.copy_run(tmp_path)
@@ -399,9 +399,9 @@ def test_medfed_report_adds_the_prospective_review_of_a_run_with_reads(
 
 
 def test_the_study_report_holds_the_paired_comparisons_written_beside_the_runs(tmp_path) -> None:
+    from medfed.clinic.review import disagreement_rows
     from medfed.reports.study import load_study, render_study
     from medfed.reports.study_checks import comparisons_section, read_comparisons
-    from medfed.serving.review import disagreement_rows
 
     out = tmp_path / "demo_out"
     run = _reviewed_run(out / "runs")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from medfed.cli import app
-from medfed.serving.retention import PURGE_LOG, expired, purge
+from medfed.clinic.retention import PURGE_LOG, expired, purge
 from tests.badinput import Shared
 
 DAY = 86400

@@ -17,10 +17,8 @@ from statsmodels.stats.inter_rater import cohens_kappa as sm_kappa
 from typer.testing import CliRunner
 
 from medfed.cli import app
-from medfed.metrics import operating_point, wilson
-from medfed.runs import RunDir
-from medfed.serving.audit import AUDIT_SCHEMA_VERSION, AuditEntry, AuditError, AuditLog, ReadEntry
-from medfed.serving.review import (
+from medfed.clinic.audit import AUDIT_SCHEMA_VERSION, AuditEntry, AuditError, AuditLog, ReadEntry
+from medfed.clinic.review import (
     FIGURE_COLUMNS,
     OPERATING_RULE,
     SYSTEM,
@@ -31,6 +29,8 @@ from medfed.serving.review import (
     cohens_kappa,
     write_figures_csv,
 )
+from medfed.metrics import operating_point, wilson
+from medfed.runs import RunDir
 
 runner = CliRunner()
 LABELS = {"normal": 0, "glaucoma": 1}
@@ -406,7 +406,7 @@ def test_a_read_that_is_no_answer_of_the_run_is_named_not_counted(tmp_path) -> N
 
 def test_a_log_held_by_another_process_is_named_with_what_to_do(tmp_path, monkeypatch) -> None:
     run = make_run(tmp_path / "run", [entry(at(1))])
-    monkeypatch.setattr("medfed.serving.audit._TIMEOUT", 0.1)
+    monkeypatch.setattr("medfed.clinic.audit._TIMEOUT", 0.1)
     holder = sqlite3.connect(run / "audit.sqlite")
     holder.execute("BEGIN EXCLUSIVE")  # another writer, mid-transaction
     try:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom
 
+from medfed.clinic.review import LOW_MARGIN, run_low_margin
 from medfed.metrics import (
     RoutingCalibration,
     fit_temperature,
@@ -18,9 +19,8 @@ from medfed.metrics import (
 )
 from medfed.metrics.latency import median_interval
 from medfed.metrics.routing import MIN_BAND, nll
+from medfed.routing.bundle import RoutingFit
 from medfed.runs import RunDir
-from medfed.serving.bundle import RoutingFit
-from medfed.serving.review import LOW_MARGIN, run_low_margin
 
 
 def sampled_sites(scores: np.ndarray, temperature: float, seed: int = 0) -> np.ndarray:

@@ -24,10 +24,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 @pytest.fixture(scope="module")
 def served(shared: Shared, tmp_path_factory):
-    from medfed.pacs.api import Served, create_app
-    from medfed.pacs.uploads import Limits
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
+    from medfed.clinic.pacs.uploads import Limits
+    from medfed.clinic.serve import Served, create_app
+    from medfed.routing.bundle import TrainedFederation
+    from medfed.routing.routers import make_router
 
     run = shared.copy_run(tmp_path_factory.mktemp("serve"))
     fed = TrainedFederation.load(run, "cpu")
@@ -149,8 +149,8 @@ def test_the_served_model_card_is_model_card_md_and_its_json_holds_the_same_figu
 
 
 def test_a_request_without_the_token_is_refused(shared: Shared, tmp_path) -> None:
-    from medfed.pacs.api import create_app
-    from medfed.pacs.uploads import Limits
+    from medfed.clinic.pacs.uploads import Limits
+    from medfed.clinic.serve import create_app
 
     client = TestClient(create_app({}, Limits(), token="s3cret"))
     assert client.get("/health").status_code == 401
@@ -170,7 +170,7 @@ def test_serve_off_loopback_needs_tls_and_an_owner_only_token(shared: Shared, tm
 
 
 def test_a_made_token_is_owner_only(tmp_path) -> None:
-    from medfed.pacs.bearer import bearer_token
+    from medfed.clinic.bearer import bearer_token
 
     token, made = bearer_token(tmp_path / "serve.token")
     assert made and len(token) >= 32
@@ -193,10 +193,10 @@ def _zip(n: int) -> bytes:
 
 
 def test_no_answer_is_sent_when_the_audit_log_cannot_record_it(shared: Shared, tmp_path) -> None:
-    from medfed.pacs.api import Served, create_app
-    from medfed.pacs.uploads import Limits
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
+    from medfed.clinic.pacs.uploads import Limits
+    from medfed.clinic.serve import Served, create_app
+    from medfed.routing.bundle import TrainedFederation
+    from medfed.routing.routers import make_router
 
     run = shared.copy_run(tmp_path)
     (run / "audit.sqlite").write_bytes(b"this is no database" * 100)

@@ -15,7 +15,7 @@ from tests.badinput import Shared
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from medfed.pacs.headers import OVER_DECODER, image_size  # noqa: E402
+from medfed.clinic.pacs.headers import OVER_DECODER, image_size  # noqa: E402
 from tests.pacs_studies import audit_rows  # noqa: E402
 
 
@@ -59,10 +59,10 @@ def dicom_header(rows: int, columns: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def served(shared: Shared, tmp_path_factory):
-    from medfed.pacs.api import Served, create_app
-    from medfed.pacs.uploads import Limits
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
+    from medfed.clinic.pacs.uploads import Limits
+    from medfed.clinic.serve import Served, create_app
+    from medfed.routing.bundle import TrainedFederation
+    from medfed.routing.routers import make_router
 
     run = shared.copy_run(tmp_path_factory.mktemp("limits"))
     fed = TrainedFederation.load(run, "cpu")

@@ -40,10 +40,10 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 
 
 def _client(run: Path, log: EventLog | None = None, token: str | None = None) -> TestClient:
-    from medfed.pacs.api import Served, create_app
-    from medfed.pacs.uploads import Limits
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
+    from medfed.clinic.pacs.uploads import Limits
+    from medfed.clinic.serve import Served, create_app
+    from medfed.routing.bundle import TrainedFederation
+    from medfed.routing.routers import make_router
 
     fed = TrainedFederation.load(run, "cpu")
     runs = {"run": Served("run", run, fed, make_router("auto", fed))}
@@ -131,8 +131,8 @@ def test_metrics_count_requests_latency_and_outcomes(run, shared: Shared) -> Non
 
 
 def test_the_watchers_metrics_count_polls_lag_and_queue(monkeypatch) -> None:
-    from medfed.pacs.connection import PacsUnreachable
-    from medfed.pacs.watcher import DicomwebWatcher
+    from medfed.clinic.pacs.connection import PacsUnreachable
+    from medfed.clinic.pacs.watcher import DicomwebWatcher
 
     now = [1000.0]
     metrics = WatchMetrics(clock=lambda: now[0])

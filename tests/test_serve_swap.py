@@ -17,9 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 from medfed.cli import app as cli
-from medfed.pacs.releases import LiveModel, history, kept_models, promote
+from medfed.clinic.releases import LiveModel, history, kept_models, promote
+from medfed.clinic.route import route_one
 from medfed.runs.rundir import RunDir
-from medfed.serving.service import route_one
 from tests.badinput import Shared
 
 pytest.importorskip("fastapi")
@@ -62,9 +62,9 @@ def _models(run: Path) -> dict[int, str | None]:
 def test_a_load_across_a_replacement_loses_nothing_and_names_each_answers_model(
     shared: Shared, newer: Path, tmp_path: Path
 ) -> None:
+    from medfed.clinic.pacs.uploads import Limits
+    from medfed.clinic.serve import Served, create_app
     from medfed.ops.telemetry import EventLog
-    from medfed.pacs.api import Served, create_app
-    from medfed.pacs.uploads import Limits
 
     live = shared.copy_run(tmp_path)
     old_id, new_id = RunDir(live).model_id(), RunDir(newer).model_id()
@@ -161,7 +161,7 @@ def test_promote_keeps_the_clinic_record_and_the_replaced_model_whole(
 def test_a_pacs_inbox_answers_with_the_promoted_model(
     shared: Shared, newer: Path, tmp_path: Path
 ) -> None:
-    from medfed.pacs.handling import Inbox
+    from medfed.clinic.pacs.handling import Inbox
     from tests.pacs_studies import fundus_photo
 
     live = shared.copy_run(tmp_path)

@@ -19,24 +19,33 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent / "medfed"
 # Importer (and every module under it) -> medfed packages it must never import.
 LAYERS: tuple[tuple[str, str], ...] = (
     # medfed.<importer>, must not import medfed.<each of these>
-    ("data", "models algorithms federation serving runs metrics experiments flower dashboard"),
-    ("models", "data algorithms federation serving runs experiments flower dashboard"),
-    ("algorithms", "data federation runs serving experiments flower dashboard"),
-    ("serving", "federation experiments flower dashboard"),
-    ("runs", "federation algorithms serving experiments flower dashboard models data reports"),
+    (
+        "data",
+        "models algorithms federation routing clinic runs metrics experiments flower dashboard",
+    ),
+    ("models", "data algorithms federation routing clinic runs experiments flower dashboard"),
+    ("algorithms", "data federation runs routing clinic experiments flower dashboard"),
+    # What training needs to route and evaluate: never the clinic's workflow.
+    ("routing", "federation clinic experiments flower dashboard"),
+    (
+        "runs",
+        "federation algorithms routing clinic experiments flower dashboard models data reports",
+    ),
     ("reports", "federation algorithms experiments flower dashboard models data"),
     ("metrics", "models"),
     ("dashboard", "federation algorithms experiments"),
-    ("federation", "experiments flower dashboard"),
-    ("pacs", "federation algorithms experiments flower dashboard"),
+    ("federation", "clinic experiments flower dashboard"),
+    # The clinical workflow (route, serve, review, audit, the PACS): it answers with a trained
+    # federation, never trains one.
+    ("clinic", "federation algorithms experiments flower dashboard"),
     # A SuperNode's gate decides on a message before anything heavy loads: no training code.
     (
         "governance",
-        "federation algorithms models data serving experiments flower dashboard reports",
+        "federation algorithms models data routing clinic experiments flower dashboard reports",
     ),
     # What IT runs the services by (units, logs, metrics): below the services it runs.
-    ("ops", "data models algorithms federation serving experiments flower dashboard pacs"),
-    ("tracking", "federation algorithms experiments flower dashboard pacs governance"),
+    ("ops", "data models algorithms federation routing clinic experiments flower dashboard"),
+    ("tracking", "federation algorithms experiments flower dashboard clinic.pacs governance"),
 )
 
 # Imported (a medfed package or a third-party distribution) -> the only importers allowed.
@@ -46,10 +55,10 @@ ONLY_FROM: tuple[tuple[str, str], ...] = (
     ("flwr", "medfed.flower medfed.cli"),
     ("streamlit", "medfed.dashboard medfed.cli"),
     ("plotly", "medfed.dashboard medfed.cli"),
-    ("fastapi", "medfed.pacs"),
-    ("uvicorn", "medfed.pacs medfed.cli"),
-    ("pynetdicom", "medfed.pacs"),
-    ("dicomweb_client", "medfed.pacs"),
+    ("fastapi", "medfed.clinic"),
+    ("uvicorn", "medfed.clinic medfed.cli"),
+    ("pynetdicom", "medfed.clinic"),
+    ("dicomweb_client", "medfed.clinic"),
     ("mlflow", "medfed.tracking"),
     ("medfed.tracking", "medfed.tracking medfed.cli"),
 )
@@ -472,7 +481,7 @@ SYNTHETIC = {
         "def f():\n    import safetensors\n",
         False,
     ),
-    "medfed.serving": ("if TYPE_CHECKING:\n    from medfed.experiments import bench\n", True),
+    "medfed.routing": ("if TYPE_CHECKING:\n    from medfed.experiments import bench\n", True),
     "medfed.experiments": ("", True),
     "medfed.experiments.bench": ("import flwr.app\n", False),
 }
@@ -495,7 +504,7 @@ def test_checker_reports_cycles_forbidden_edges_private_names_and_torch() -> Non
         for v in layers
     ), layers
     assert any(v.startswith("medfed.runs.rundir imports medfed.data.io") for v in layers), layers
-    assert any(v.startswith("medfed.serving imports medfed.experiments.bench") for v in layers), (
+    assert any(v.startswith("medfed.routing imports medfed.experiments.bench") for v in layers), (
         layers
     )
     assert any("medfed.experiments.bench imports flwr" in v for v in layers), layers
@@ -531,13 +540,13 @@ def test_checker_accepts_a_clean_tree_and_package_self_imports() -> None:
             "from medfed.data import _impl\nimport numpy\ndef f():\n    import torch\n",
             False,
         ),
-        "medfed.serving": ("from medfed.data import io\n", True),
+        "medfed.routing": ("from medfed.data import io\n", True),
     }
     tree = build_tree(clean)
     assert find_cycles(tree) == []
     assert find_private_imports(tree) == []
     assert find_layer_violations(tree) == []
-    assert find_forbidden_reach(tree, "medfed.serving", ("torch",)) == []
+    assert find_forbidden_reach(tree, "medfed.routing", ("torch",)) == []
 
 
 # ------------------------------------------------------------------------------ sizes

@@ -2,7 +2,7 @@
 
 Local loss = lambda * CE(target label) + (1 - lambda) * CE(site index). Every key except the
 target head is averaged with weights n_i / N. A new scan goes to argmax_i (log p(site i | scan)
-- log pi_i), pi_i = n_i / N, and that site's target head answers (see medfed.serving.routers).
+- log pi_i), pi_i = n_i / N, and that site's target head answers (see medfed.routing.routers).
 
 Beyond the reference method, and on by default (``private_norms``): the backbone's
 normalization layers (weights and running statistics) also stay on each site, as in FedBN, and

@@ -84,7 +84,7 @@ def _registry(section: str) -> tuple[str, list[tuple[str, str]]]:
             (n, BACKBONE_SUMMARIES.get(n, "")) for n in BACKBONES
         ]
     if section == "routers":
-        from medfed.serving.routers import ROUTERS
+        from medfed.routing.routers import ROUTERS
 
         entries = [("auto", "density_ratio when the run has a client head, else majority_vote")]
         return "Routers (--router)", entries + [(n, c.summary) for n, c in ROUTERS.items()]

@@ -423,7 +423,7 @@ def scenarios(
         marker,
         run_scenarios,
     )
-    from medfed.serving.evaluation import LATENCY_ENV
+    from medfed.routing.evaluation import LATENCY_ENV
 
     _check_scenario_counts(seeds, n_boot)
     plan = ScenarioPlan.make(

@@ -102,7 +102,7 @@ def units(
             f"--run {run}: not a run directory (no config.toml); give a folder 'medfed train' wrote"
         )
     if dicomweb is not None:
-        from medfed.pacs.connection import check_url
+        from medfed.clinic.pacs.connection import check_url
 
         dicomweb = check_url(dicomweb)
     _distinct_ports(
@@ -115,7 +115,7 @@ def units(
     if answer_to is not None:
         if not allow:
             raise ConfigError("--answer-to is the listener's: add --allow AE_TITLE")
-        from medfed.pacs.listener import parse_destination
+        from medfed.clinic.pacs.listener import parse_destination
 
         parse_destination(answer_to)
     if out.exists() and not out.is_dir():
@@ -173,7 +173,7 @@ def promote(
     names the model that gave it. The replaced model is kept under LIVE/releases/ for
     'medfed ops rollback'. A running medfed serve, pacs watch or pacs listen answers with the
     new model from its next scan on."""
-    from medfed.pacs.releases import promote as promote_run
+    from medfed.clinic.releases import promote as promote_run
 
     done = promote_run(live, new_run, reason)
     typer.echo(f"{live}: now serves model {done.model} from {new_run} (was {done.replaced})")
@@ -190,7 +190,7 @@ def rollback(
     ] = None,
 ) -> None:
     """Serve again the model the run directory served before its last change."""
-    from medfed.pacs.releases import rollback as roll_back
+    from medfed.clinic.releases import rollback as roll_back
 
     done = roll_back(live, reason, to)
     typer.echo(f"{live}: now serves model {done.model} again (was {done.replaced})")
@@ -199,7 +199,7 @@ def rollback(
 @friendly
 def releases(live: LiveArg) -> None:
     """The models a served run directory served, and the ones kept for rollback."""
-    from medfed.pacs.releases import history, kept_models
+    from medfed.clinic.releases import history, kept_models
     from medfed.runs.rundir import RunDir
 
     RunDir(live).require()

@@ -20,8 +20,8 @@ from medfed.cli.common import (
     friendly,
     wants_metrics,
 )
+from medfed.clinic.pacs import MAX_BYTES, MAX_FILES, MAX_PIXELS
 from medfed.errors import ConfigError, require_extra
-from medfed.pacs import MAX_BYTES, MAX_FILES, MAX_PIXELS
 
 pacs_app = typer.Typer(
     help="New scans from the hospital's PACS: a DICOMweb inbox and a DICOM listener.\n\n"
@@ -59,8 +59,8 @@ SQLITE_ENDS = ("", "-wal", "-shm", "-journal")  # a SQLite database and its side
 
 
 def _load(runs: list[Path], router: str, device: str) -> dict[str, Any]:
-    from medfed.pacs.api import Served
-    from medfed.pacs.releases import LiveModel
+    from medfed.clinic.releases import LiveModel
+    from medfed.clinic.serve import Served
 
     served = {}
     for path in runs:
@@ -75,8 +75,8 @@ def _load(runs: list[Path], router: str, device: str) -> dict[str, Any]:
 
 def _require_audit_log(run: Path) -> None:
     """Refuse to serve a run whose audit log is damaged: every answer is recorded there first."""
-    from medfed.pacs.api import audit_unwritable
-    from medfed.serving.audit import AUDIT_FILE
+    from medfed.clinic.audit import AUDIT_FILE
+    from medfed.clinic.serve import audit_unwritable
 
     log = run / AUDIT_FILE
     why = audit_unwritable(log)
@@ -131,11 +131,11 @@ def serve(
     require_extra("prometheus_client", "serve", "medfed serve")
     import uvicorn
 
+    from medfed.clinic.bearer import TOKEN_FILE, bearer_token, is_loopback
+    from medfed.clinic.pacs.credentials import check_tls_pair
+    from medfed.clinic.pacs.uploads import Limits
+    from medfed.clinic.serve import create_app, warm_up
     from medfed.ops.telemetry import EventLog
-    from medfed.pacs.api import create_app, warm_up
-    from medfed.pacs.bearer import TOKEN_FILE, bearer_token, is_loopback
-    from medfed.pacs.credentials import check_tls_pair
-    from medfed.pacs.uploads import Limits
 
     log = EventLog(log_format)
     limits = Limits(max_bytes, max_pixels, max_files)
@@ -179,9 +179,9 @@ def _inbox(
     retention_days: float = 0.0,
     patient_ids: str = "hash",
 ) -> Any:  # an Inbox
-    from medfed.pacs.handling import Inbox
-    from medfed.pacs.releases import LiveModel
-    from medfed.pacs.visits import check_policy
+    from medfed.clinic.pacs.handling import Inbox
+    from medfed.clinic.pacs.visits import check_policy
+    from medfed.clinic.releases import LiveModel
 
     check_policy(patient_ids)
     live = LiveModel.open(run, router, device)
@@ -193,14 +193,14 @@ def keep_data_private(run: Path, retention_days: float = 0.0) -> None:
     """A service that writes patient data into ``run``: everything it writes owner-only (files
     0600, folders 0700), and what an earlier run of it left there made so too; with a retention,
     what is older than it removed (and logged)."""
+    from medfed.clinic.audit import AUDIT_FILE
+    from medfed.clinic.pacs.records import PACS_FILE
     from medfed.fileio import keep_private
-    from medfed.pacs.records import PACS_FILE
-    from medfed.serving.audit import AUDIT_FILE
 
     databases = [run / f"{name}{end}" for name in (AUDIT_FILE, PACS_FILE) for end in SQLITE_ENDS]
     keep_private(*databases, run / "review", run / "pacs")
     if retention_days > 0:
-        from medfed.serving.retention import purge
+        from medfed.clinic.retention import purge
 
         removed = purge(run, retention_days)
         if removed:
@@ -272,9 +272,9 @@ def _watcher(
 ) -> Any:  # a DicomwebWatcher  # fmt: skip
     """A watcher of ``dicomweb`` for ``run``, every option checked before the run is loaded."""
     require_extra("dicomweb_client", "serve", "medfed pacs")
-    from medfed.pacs.credentials import check_ca_file, credentials
-    from medfed.pacs.finding import FINDERS
-    from medfed.pacs.watcher import DicomwebWatcher, check_url
+    from medfed.clinic.pacs.credentials import check_ca_file, credentials
+    from medfed.clinic.pacs.finding import FINDERS
+    from medfed.clinic.pacs.watcher import DicomwebWatcher, check_url
 
     url = check_url(dicomweb)
     if find not in FINDERS:
@@ -346,7 +346,7 @@ def watch(
     skipped, with why. A poll that cannot reach the PACS is an error line; the command then
     exits 3 (with --polls, or after --max-failures polls in a row). --metrics-port serves
     polls, lag, queue depth and scans answered or skipped."""
-    from medfed.pacs.records import watch_lock
+    from medfed.clinic.pacs.records import watch_lock
 
     metrics = None
     if wants_metrics(metrics_port, metrics_host, "medfed pacs watch"):
@@ -400,8 +400,8 @@ def backfill(
     3 when the PACS cannot be reached."""
     import json
 
-    from medfed.pacs.reconcile import count_rows, survey
-    from medfed.pacs.records import watch_lock
+    from medfed.clinic.pacs.reconcile import count_rows, survey
+    from medfed.clinic.pacs.records import watch_lock
 
     auth = (token_file, basic_auth_file, basic_auth_env)
     watcher = _watcher(run, dicomweb, router, device, auth, ca_file, patient_ids=patient_ids)
@@ -471,9 +471,9 @@ def listen(
     require_extra("pynetdicom", "serve", "medfed pacs listen")
     import threading
 
-    from medfed.pacs.bearer import is_loopback
-    from medfed.pacs.credentials import check_tls_pair
-    from medfed.pacs.listener import Listener, parse_destination
+    from medfed.clinic.bearer import is_loopback
+    from medfed.clinic.pacs.credentials import check_tls_pair
+    from medfed.clinic.pacs.listener import Listener, parse_destination
 
     destination = parse_destination(answer_to) if answer_to else None
     metrics_wanted = wants_metrics(metrics_port, metrics_host, "medfed pacs listen")
@@ -524,7 +524,7 @@ def load(
     Lost: accepted requests with no audit row; measured steadily, then across a kill
     (SIGKILL) and restart of the service mid-load."""
     require_extra("httpx", "serve", "medfed pacs load")
-    from medfed.pacs.load import load_table, load_test
+    from medfed.clinic.load import load_table, load_test
     from medfed.reports.markdown import replace_marked_section
 
     if update_docs is not None:
@@ -571,8 +571,8 @@ def make_study(
     positioned so that medfed reads back the same volume); every instance shares the patient,
     accession number, study date and study UID given. Store the files in a test PACS (e.g.
     Orthanc's upload, storescu or STOW-RS) to try 'medfed pacs watch' or 'listen'."""
+    from medfed.clinic.pacs.make_study import StudyIds, make_study, write_study
     from medfed.fileio import check_out_folder
-    from medfed.pacs.make_study import StudyIds, make_study, write_study
 
     check_out_folder(out)
     dated = {"study_date": study_date} if study_date is not None else {}

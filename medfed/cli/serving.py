@@ -36,7 +36,7 @@ _PURGE_HELP = (
 
 
 def _purge(run: Path, days: float, dry_run: bool) -> None:
-    from medfed.serving.retention import PURGE_LOG, check_days, purge
+    from medfed.clinic.retention import PURGE_LOG, check_days, purge
 
     days = check_days(days)
     removed = purge(run, days, dry_run=dry_run)
@@ -78,7 +78,7 @@ def _upkeep(run: Path, backup: Path | None, purge_days: float | None, dry_run: b
 
 
 def _backup(run: Path, target: Path) -> None:
-    from medfed.serving.audit import AuditLog
+    from medfed.clinic.audit import AuditLog
 
     typer.echo(f"backed up {AuditLog(run).path} to {AuditLog(run).backup(target)}")
 
@@ -142,8 +142,8 @@ def review(
 
     Print the prospective figures (per site and system, each with its 95% CI and n) and the
     disagreements; exchange reads with sites reading elsewhere (--export, --import)."""
+    from medfed.clinic.review import Review, ReviewError, Window, queue_text, write_figures_csv
     from medfed.runs import RunDir
-    from medfed.serving.review import Review, ReviewError, Window, queue_text, write_figures_csv
 
     if export is not None and import_ is not None:
         raise ConfigError("give --export or --import, not both: export after the import instead")
@@ -222,10 +222,10 @@ def route(
 
     Exit code 1 when any file could not be answered; the other files are still answered.
     """
+    from medfed.clinic.route import distinct, route_files
     from medfed.names import printable
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
-    from medfed.serving.service import distinct, route_files
+    from medfed.routing.bundle import TrainedFederation
+    from medfed.routing.routers import make_router
 
     if any(not name for name in files):
         raise ConfigError(

@@ -62,7 +62,7 @@ def _stored_manifests(stored: RunConfigFile) -> list[SiteManifest]:
     """The sites a run configuration lists: from each manifest file when it is still there,
     otherwise rebuilt from the resolved manifest the file stores."""
     from medfed.config import load_manifest
-    from medfed.serving.bundle import manifest_from_dict
+    from medfed.routing.bundle import manifest_from_dict
 
     manifests = []
     for data in stored.sites:
@@ -258,8 +258,8 @@ def report(
     scans clinicians have read ('medfed review') get a prospective review section and the scans
     their readers disagree on; the paired comparisons 'medfed demo' or 'medfed compare' wrote
     beside the runs get their own."""
+    from medfed.clinic.review import disagreement_rows, prospective_rows
     from medfed.reports.study import write_study_report
-    from medfed.serving.review import disagreement_rows, prospective_rows
 
     if not out.is_dir():  # (a folder is refused by the report, with its own words)
         check_out_file(out, "--out")

@@ -16,12 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from medfed.clinic.audit import AUDIT_FILE, AuditEntry, AuditError, AuditLog
 from medfed.data.overview import OVERVIEW_FILE, overview_dir, read_site_overview
 from medfed.errors import MedfedError, RunDirError
 from medfed.runs import RunDir
 from medfed.runs.schema import STATISTICS_FILE, RoundRecord, Summary
 from medfed.runs.statistics import read_statistics
-from medfed.serving.audit import AUDIT_FILE, AuditEntry, AuditError, AuditLog
 
 AUDIT_LIMIT = 5000  # the newest decisions the Routing page lists (and this module checks)
 

@@ -391,7 +391,7 @@ REVIEW_FIGURES = {
     "ungradable_rate": "ungradable rate",
     "abstain_rate": "abstain rate",
 }
-"""The Review page's figures (keys as :data:`medfed.serving.review.FIGURE_NAMES`) as headed."""
+"""The Review page's figures (keys as :data:`medfed.clinic.review.FIGURE_NAMES`) as headed."""
 SCANS_READ = "scans read"
 _NOT_SHOWN = {
     "sensitivity": "two-class runs only",
@@ -414,7 +414,7 @@ def kappa_text(kappa: Any) -> str:
 
 
 def prospective_table(figures: Any) -> pd.DataFrame:
-    """The prospective figures of a review (``medfed.serving.review.Prospective``): one row per
+    """The prospective figures of a review (``medfed.clinic.review.Prospective``): one row per
     site and one for the system, each figure with its 95% CI and counts, and the reliability
     marker of sensitivity and specificity (fewer than 10 positive or negative reads)."""
     columns = [SCANS_READ, *REVIEW_FIGURES.values(), RELIABILITY]

@@ -14,12 +14,12 @@ from typing import Any
 
 import streamlit as st
 
+from medfed.clinic.audit import AUDIT_FILE
 from medfed.dashboard import APP, RUNS_ENV, checks
 from medfed.dashboard.rundata import Run, find_runs, label_runs, run_status
 from medfed.data.overview import OVERVIEW_FILE, overview_dir
 from medfed.errors import MedfedError
 from medfed.runs.schema import RoundRecord, Summary
-from medfed.serving.audit import AUDIT_FILE
 
 SELECTED = "selected_runs"
 NO_RUNS_HELP = (
@@ -254,7 +254,7 @@ def runs_holding(runs: list[Run], read: Callable[[Run], Any]) -> dict[str, Any]:
 
 @st.cache_resource(show_spinner="Loading the trained site models ...", max_entries=4)
 def _federation(path: str, stamp: tuple[int, int]) -> Any:
-    from medfed.serving.bundle import TrainedFederation
+    from medfed.routing.bundle import TrainedFederation
 
     return TrainedFederation.load(path, "auto")
 

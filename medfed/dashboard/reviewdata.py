@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from medfed.serving.audit import AuditEntry
+from medfed.clinic.audit import AuditEntry
 
 if TYPE_CHECKING:  # the Review page's types; the module itself loads only with that page
-    from medfed.serving.audit import ReadEntry
-    from medfed.serving.review import Disagreement, QueueItem
+    from medfed.clinic.audit import ReadEntry
+    from medfed.clinic.review import Disagreement, QueueItem
 
 ABSTAINED_MARK = "abstained: not an answer"
 """How a table marks the models' outputs for a scan the federation abstained on."""

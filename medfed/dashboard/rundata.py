@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from medfed.clinic.audit import AuditEntry
 from medfed.dashboard import clinical
 from medfed.dashboard.checks import damaged, escape_markdown
 from medfed.dashboard.reviewdata import answer_text
@@ -27,7 +28,6 @@ from medfed.reports import fmt
 from medfed.reports.evaluation import AT_ARGMAX, AT_OPERATING, PRIVACY_COLUMNS, privacy_cells
 from medfed.runs import RunDir
 from medfed.runs.schema import DROPPED, OK, STATISTICS_FILE, RoundRecord, Summary
-from medfed.serving.audit import AuditEntry
 from medfed.units import human_bytes
 
 # Folders medfed writes that never hold runs (a run's own, the preprocessing cache): skipping

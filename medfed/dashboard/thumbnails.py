@@ -11,7 +11,7 @@ from PIL import Image
 
 from medfed.data.io import Volume
 from medfed.errors import MedfedError
-from medfed.serving.scans import read_scan
+from medfed.routing.scans import read_scan
 
 SIZE = 256  # longest side in pixels; the page shows it smaller still
 LOW, HIGH = 0.5, 99.5  # percentiles a CT slice is stretched between (any scanner's units)

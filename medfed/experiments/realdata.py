@@ -37,7 +37,7 @@ from medfed.federation.training import frozen_features, load_sites, train
 from medfed.fileio import fresh_folder
 from medfed.metrics.seeds import SiteScans
 from medfed.progress import lines_instead
-from medfed.serving.bundle import TrainedFederation
+from medfed.routing.bundle import TrainedFederation
 
 CENTRAL = "centralized"
 REFERENCE = "feddrm"

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from medfed.clinic.route import views_for
 from medfed.config import Modality
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
@@ -22,10 +23,9 @@ from medfed.federation.training import train
 from medfed.fileio import fresh_folder
 from medfed.metrics.intervals import wilson
 from medfed.progress import lines_instead
-from medfed.serving.bundle import TrainedFederation
-from medfed.serving.routers import DensityRatioRouter, RouteResult
-from medfed.serving.scans import Scan
-from medfed.serving.service import views_for
+from medfed.routing.bundle import TrainedFederation
+from medfed.routing.routers import DensityRatioRouter, RouteResult
+from medfed.routing.scans import Scan
 
 MAX_PROBABILITY = 0.9  # the routing posterior's max-probability threshold measured beside
 RULES = {

@@ -41,10 +41,10 @@ from medfed.metrics.latency import median_interval
 from medfed.models.backbones import SLICE_BACKBONES
 from medfed.models.device import DeviceSetup, resolve_device
 from medfed.models.fedmodel import ModelSpec
+from medfed.routing.bundle import TrainedFederation
+from medfed.routing.evaluation import pooled_views
+from medfed.routing.routers import Router, default_router, routers_for
 from medfed.runs import RunDir
-from medfed.serving.bundle import TrainedFederation
-from medfed.serving.evaluation import pooled_views
-from medfed.serving.routers import Router, default_router, routers_for
 
 ENGINE_OVERHEAD_GOAL = 1.05
 # Every site of the round at once, the cores divided between them, against the plain loop.

@@ -32,13 +32,13 @@ from medfed.federation.rounds import RoundInputs, RoundLoop, SiteFailure, SiteRe
 from medfed.federation.shared import clone_state
 from medfed.federation.site import LocalRound, Published, SiteWorker, failure_reason
 from medfed.models.device import resolve_device
+from medfed.routing.bundle import TrainedFederation
+from medfed.routing.evaluation import site_evaluation
+from medfed.routing.posterior import routing_scores
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import damaged_fix
 from medfed.runs.schema import Summary
 from medfed.runs.weights import check_tensors
-from medfed.serving.bundle import TrainedFederation
-from medfed.serving.evaluation import site_evaluation
-from medfed.serving.posterior import routing_scores
 
 
 class LocalLink:

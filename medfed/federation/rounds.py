@@ -27,11 +27,11 @@ from medfed.federation.features import frozen_encoder_of
 from medfed.federation.site import Published, SiteDropped, failure_reason
 from medfed.progress import counter
 from medfed.reports.model_card import write_model_card
+from medfed.routing.abstention import DEFAULT_FALSE_ABSTAIN, calibrate, uncalibrated
+from medfed.routing.bundle import SiteEntry, TrainedFederation
+from medfed.routing.evaluation import combine_evaluation, prediction_rows
+from medfed.routing.posterior import fit_routing
 from medfed.runs.schema import Summary
-from medfed.serving.abstention import DEFAULT_FALSE_ABSTAIN, calibrate, uncalibrated
-from medfed.serving.bundle import SiteEntry, TrainedFederation
-from medfed.serving.evaluation import combine_evaluation, prediction_rows
-from medfed.serving.posterior import fit_routing
 
 
 def stats_bytes(stats: Stats) -> int:

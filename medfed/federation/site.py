@@ -49,9 +49,9 @@ from medfed.models.device import DeviceSetup, keep_freed_memory
 from medfed.models.fedmodel import FedModel
 from medfed.models.forward import run_model
 from medfed.models.precision import training_precision
+from medfed.routing.abstention import FeatureGaussian, site_gaussian
+from medfed.routing.bundle import OperatingChoice, SiteEntry
 from medfed.runs.schema import PrivacySpent
-from medfed.serving.abstention import FeatureGaussian, site_gaussian
-from medfed.serving.bundle import OperatingChoice, SiteEntry
 
 
 class SiteDropped(MedfedError):

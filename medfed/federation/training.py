@@ -18,8 +18,8 @@ from medfed.federation.features import encoded_sites
 from medfed.federation.plan import RunPlan, SiteInfo, plan_run
 from medfed.federation.pretrained import frozen_backbone
 from medfed.models.device import keep_freed_memory
+from medfed.routing.evaluation import latency_scans
 from medfed.runs import RunDir, Summary
-from medfed.serving.evaluation import latency_scans
 
 WARMUP_DIR = "warmup"
 """Where a run that builds its own base (``warmup_rounds``) keeps that FedAvg run."""

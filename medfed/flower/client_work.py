@@ -53,10 +53,10 @@ from medfed.flower.records import (
     weights_of,
 )
 from medfed.governance.policy import load_policy
+from medfed.routing.bundle import TrainedFederation
+from medfed.routing.evaluation import site_evaluation, suppress_small
+from medfed.routing.posterior import routing_scores
 from medfed.runs import RunDir
-from medfed.serving.bundle import TrainedFederation
-from medfed.serving.evaluation import site_evaluation, suppress_small
-from medfed.serving.posterior import routing_scores
 
 
 def _answer(work: Callable[[], RecordDict]) -> RecordDict:

@@ -42,9 +42,9 @@ from medfed.flower.records import (
 )
 from medfed.flower.reuse import ValidatedWeights, lossless_subset
 from medfed.flower.secure import mean_state
+from medfed.routing.abstention import FeatureGaussian
+from medfed.routing.bundle import SiteEntry, TrainedFederation
 from medfed.runs.schema import PrivacySpent
-from medfed.serving.abstention import FeatureGaussian
-from medfed.serving.bundle import SiteEntry, TrainedFederation
 
 
 def published_entry(data: Any, site: str, index: int) -> SiteEntry:

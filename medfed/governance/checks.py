@@ -56,7 +56,7 @@ def check_plan(
         if not policy.outputs.get(output, False):
             out.append(Refusal(f"outputs.{output}", f"the run sends {_OUTPUT_WORDS[output]}"))
     # outputs.min_count refuses nothing: the site withholds every figure on fewer scans from
-    # what it sends (medfed.serving.evaluation.suppress_small).
+    # what it sends (medfed.routing.evaluation.suppress_small).
     return out + approval_refusals(policy, plan, approved)
 
 

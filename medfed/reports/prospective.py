@@ -1,4 +1,4 @@
-"""The prospective review's figures (``medfed.serving.review``: sensitivity, specificity and
+"""The prospective review's figures (``medfed.clinic.review``: sensitivity, specificity and
 agreement against the clinicians' reads, kappa between readers) as text and markdown, for
 ``medfed review`` and the study report."""
 
@@ -18,7 +18,7 @@ PROSPECTIVE_FIGURES: dict[str, str] = {
     "ungradable_rate": "ungradable rate",
     "abstain_rate": "abstain rate",
 }
-"""The prospective review's figures (``medfed.serving.review``), by key, as tables head them."""
+"""The prospective review's figures (``medfed.clinic.review``), by key, as tables head them."""
 
 
 def prospective_cell(row: Mapping[str, Any]) -> str:

@@ -597,7 +597,7 @@ def _grading_section(runs: Sequence[StudyRun]) -> list[Html]:
 def _review_section(
     runs: Sequence[StudyRun], prospective: Mapping[Path, Sequence[Mapping[str, Any]]]
 ) -> list[Html]:
-    """Each run's prospective figures (rows of ``medfed.serving.review``), when it has reads."""
+    """Each run's prospective figures (rows of ``medfed.clinic.review``), when it has reads."""
     figures = {Path(path).resolve(): rows for path, rows in prospective.items()}
     parts: list[Html] = []
     for run in runs:
@@ -621,7 +621,7 @@ def render_study(
     """The report's HTML text (one document, nothing loaded from elsewhere).
 
     ``prospective``: each run's prospective review figures by run path (the rows of
-    ``medfed.serving.review.Prospective.rows``); a "Prospective review" section shows them.
+    ``medfed.clinic.review.Prospective.rows``); a "Prospective review" section shows them.
     ``comparisons``: the paired comparisons by file (:func:`read_comparisons`);
     ``disagreements``: each run's scans read differently, by run path; each has its section
     when present.

@@ -69,7 +69,7 @@ def disagreements_section(
     runs: Sequence[StudyRun], disagreements: Mapping[Path, Sequence[Mapping[str, Any]]]
 ) -> list[Html]:
     """Each run's scans whose readers' latest reads differ (the rows of
-    ``medfed.serving.review.Review.disagreements`` as dicts), when it has any."""
+    ``medfed.clinic.review.Review.disagreements`` as dicts), when it has any."""
     by_path = {Path(path).resolve(): rows for path, rows in disagreements.items()}
     parts: list[Html] = []
     for run in runs:

@@ -13,7 +13,7 @@ dashboard) reads.
     RUN/audit.sqlite     every scan routed with this run
 What training writes is :data:`TRAINING_OUTPUTS`; the rest (the audit log, review/, pacs/, a
 service's token) is the clinic's record of the scans answered, kept when the served model is
-replaced by a newer run (:mod:`medfed.pacs.releases`).
+replaced by a newer run (:mod:`medfed.clinic.releases`).
 
 Every JSON, JSONL and TOML file carries ``schema_version``, added here on write and checked here
 on read (:func:`write_json` / :func:`read_json` for files written elsewhere, such as a

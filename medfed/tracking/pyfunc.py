@@ -33,8 +33,8 @@ class RoutingModel(mlflow.pyfunc.PythonModel):
     column names a bytes row in the answer, as an upload's name does)."""
 
     def load_context(self, context) -> None:
-        from medfed.serving.bundle import TrainedFederation
-        from medfed.serving.routers import make_router
+        from medfed.routing.bundle import TrainedFederation
+        from medfed.routing.routers import make_router
 
         self.fed = TrainedFederation.load(context.artifacts["run"], "cpu")
         self.router = make_router("auto", self.fed)
@@ -42,7 +42,7 @@ class RoutingModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input, params=None):  # no hints: MLflow reads them
         import pandas as pd
 
-        from medfed.serving.service import route_files
+        from medfed.clinic.route import route_files
 
         with _photo_files(model_input) as (paths, names):
             results = route_files(self.fed, self.router, paths, None, names)

@@ -2,7 +2,7 @@
 prospective figures their reads give (sensitivity, specificity, agreement, kappa).
 
 Reads go to the run's audit log (audit.sqlite), next to the routing decisions, through
-``medfed.serving.review``, as ``medfed review`` reads them. Nothing read from the log is cached:
+``medfed.clinic.review``, as ``medfed review`` reads them. Nothing read from the log is cached:
 each run of the page reads it again, so a read recorded in one browser session shows in every
 other one at its next rerun, and nothing shown is older than the last write.
 """
@@ -18,13 +18,9 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from medfed.dashboard import checks, clinical, common, reviewdata, rundata, thumbnails
-from medfed.dashboard.rundata import Run
-from medfed.errors import MedfedError
-from medfed.pacs.instances import ids_from_name, run_visits, with_pacs_ids
-from medfed.reports import fmt
-from medfed.serving.kept import kept_scan
-from medfed.serving.review import (
+from medfed.clinic.kept import kept_scan
+from medfed.clinic.pacs.instances import ids_from_name, run_visits, with_pacs_ids
+from medfed.clinic.review import (
     MIN_DOUBLE_READS,
     Disagreement,
     Labels,
@@ -33,7 +29,11 @@ from medfed.serving.review import (
     Window,
     write_figures_csv,
 )
-from medfed.serving.scans import read_scan
+from medfed.dashboard import checks, clinical, common, reviewdata, rundata, thumbnails
+from medfed.dashboard.rundata import Run
+from medfed.errors import MedfedError
+from medfed.reports import fmt
+from medfed.routing.scans import read_scan
 
 PAGE_SIZE = 10  # scans shown with their picture and read form at once
 THUMBNAIL = 160  # pixels, as on the Routing page

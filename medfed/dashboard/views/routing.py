@@ -1,6 +1,6 @@
 """Routing: answer a new patient scan (upload or path), see where it goes, review past scans.
 
-The scan goes through ``medfed.serving.service.route_files``, exactly as ``medfed route``
+The scan goes through ``medfed.clinic.route.route_files``, exactly as ``medfed route``
 sends it, so every decision lands in the run's audit log before it is shown.
 """
 
@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
+from medfed.clinic.kept import keep_scan
+from medfed.clinic.pacs.instances import with_pacs_ids
+from medfed.clinic.route import route_files
 from medfed.dashboard import MAX_UPLOAD_MB, charts, checks, clinical, common, rundata, thumbnails
 from medfed.dashboard.rundata import Run
 from medfed.errors import ConfigError, MedfedError
-from medfed.pacs.instances import with_pacs_ids
 from medfed.reports import fmt
-from medfed.serving.kept import keep_scan
-from medfed.serving.routers import default_router, make_router, routers_for
-from medfed.serving.service import route_files
+from medfed.routing.routers import default_router, make_router, routers_for
 from medfed.units import human_bytes
 
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "tif", "tiff", "bmp", "dcm", "nii", "gz"]

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from medfed.clinic.audit import AuditEntry
+from medfed.clinic.review_figures import FIGURE_COLUMNS, Prospective, ReviewError
 from medfed.fileio import atomic_write
-from medfed.serving.audit import AuditEntry
-from medfed.serving.review_figures import FIGURE_COLUMNS, Prospective, ReviewError
 
 READ_COLUMNS: tuple[str, ...] = ("scan_id", "read_id", "reader", "read", "note", "time")
 """Columns an imported reads file may hold besides the context ones; scan_id, reader and read

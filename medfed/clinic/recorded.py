@@ -12,10 +12,10 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from medfed.serving.audit import AuditEntry, AuditLog
-from medfed.serving.bundle import TrainedFederation
-from medfed.serving.routers import Router
-from medfed.serving.service import route_one
+from medfed.clinic.audit import AuditEntry, AuditLog
+from medfed.clinic.route import route_one
+from medfed.routing.bundle import TrainedFederation
+from medfed.routing.routers import Router
 
 __all__ = ["Recorded", "record_scan"]
 

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from medfed.clinic.kept import KEPT_FOLDER
 from medfed.errors import ConfigError
 from medfed.fileio import new_private_file, private_dir
-from medfed.serving.kept import KEPT_FOLDER
 
 ANSWERS = Path("pacs") / "answers"  # the structured reports written for the PACS
 PURGE_LOG = Path("review") / "purged.jsonl"

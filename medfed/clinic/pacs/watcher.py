@@ -1,9 +1,9 @@
 """``medfed pacs watch --dicomweb URL``: the DICOMweb inbox.
 
-Each poll finds the studies with new instances (:mod:`medfed.pacs.finding`: Orthanc's change
+Each poll finds the studies with new instances (:mod:`medfed.clinic.pacs.finding`: Orthanc's change
 feed, or a sweep of every study against those already examined; never by StudyDate, so a
 backdated study stored late is found), lists each study's series, fetches those of the run's
-modality (WADO-RS), answers each scan once (:mod:`medfed.pacs.handling`) and stores the
+modality (WADO-RS), answers each scan once (:mod:`medfed.clinic.pacs.handling`) and stores the
 answer in the study (STOW-RS). Series of another modality are recorded as skipped, with why,
 once; medfed's own reports (SR) and other non-image objects are passed over.
 """
@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 
+from medfed.clinic.pacs.connection import TIMEOUT_S, PacsUnreachable, call, check_url, make_session
+from medfed.clinic.pacs.credentials import PacsCredentials
+from medfed.clinic.pacs.finding import ChangeFeed, StudySweep, finder, orthanc_root
+from medfed.clinic.pacs.handling import Inbox, Outcome, wrong_modality
+from medfed.clinic.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, Ids, kind_of
 from medfed.errors import DataError
-from medfed.pacs.connection import TIMEOUT_S, PacsUnreachable, call, check_url, make_session
-from medfed.pacs.credentials import PacsCredentials
-from medfed.pacs.finding import ChangeFeed, StudySweep, finder, orthanc_root
-from medfed.pacs.handling import Inbox, Outcome, wrong_modality
-from medfed.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, Ids, kind_of
 
 if TYPE_CHECKING:
     from medfed.ops.telemetry import WatchMetrics

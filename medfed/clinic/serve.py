@@ -5,7 +5,7 @@ file) with the same JSON as ``medfed route --json``, plus ``audit_id`` (its row 
 audit log, the scan id of the Review page) and ``run``; the row is committed before the answer
 is sent. ``GET /health``, ``GET /model-card`` and ``GET /review-queue`` read the runs. Each answer
 names its model (``model``); a run whose served model is replaced (``medfed ops promote``,
-``rollback``) answers with the new one from its next scan on (:mod:`medfed.pacs.releases`).
+``rollback``) answers with the new one from its next scan on (:mod:`medfed.clinic.releases`).
 ``GET /livez`` (the process answers) and ``GET /readyz`` (every run's model is loaded and its
 audit log takes a row) need no token and name nothing; ``GET /metrics`` is Prometheus' text.
 
@@ -34,15 +34,15 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from medfed.clinic.audit import AUDIT_FILE, AuditError
+from medfed.clinic.kept import keep_scan
+from medfed.clinic.pacs.uploads import LimitError, Limits, unpack_upload
+from medfed.clinic.recorded import record_scan
+from medfed.clinic.releases import LiveModel
 from medfed.errors import DataError, MedfedError
 from medfed.ops.telemetry import EventLog, ServeMetrics, request_id
-from medfed.pacs.releases import LiveModel
-from medfed.pacs.uploads import LimitError, Limits, unpack_upload
-from medfed.serving.audit import AUDIT_FILE, AuditError
-from medfed.serving.bundle import TrainedFederation
-from medfed.serving.kept import keep_scan
-from medfed.serving.recorded import record_scan
-from medfed.serving.routers import Router
+from medfed.routing.bundle import TrainedFederation
+from medfed.routing.routers import Router
 
 __all__ = ["OPEN_PATHS", "Served", "create_app", "readiness", "warm_up"]
 
@@ -245,7 +245,7 @@ def create_app(
 
     @app.get("/review-queue")
     def review_queue(run: str | None = None, reader: str | None = None) -> Any:
-        from medfed.serving.review import Review
+        from medfed.clinic.review import Review
 
         try:
             served = _pick(runs, run)

@@ -85,11 +85,11 @@ def with_pacs_ids(table: Any, run: Path | None = None) -> Any:
 
 
 def run_visits(run: Path) -> dict[str, Any]:
-    """Scan key -> its :class:`medfed.pacs.visits.Visit`, from the run's PACS log (empty when
+    """Scan key -> its :class:`medfed.clinic.pacs.visits.Visit`, from the run's PACS log (empty when
     it has none or it cannot be read: the table then shows the UIDs alone)."""
+    from medfed.clinic.pacs.records import PacsLog
+    from medfed.clinic.pacs.visits import Visit
     from medfed.errors import MedfedError
-    from medfed.pacs.records import PacsLog
-    from medfed.pacs.visits import Visit
 
     try:
         scans = PacsLog(run).scans()

@@ -4,7 +4,7 @@ Only the calling AE titles on the allow-list may associate (others are rejected 
 association). Each received instance is written to ``RUN/pacs/incoming/<series>/`` at once (a
 restart finds what was received and answers it); a series is answered once no instance of it
 arrived for the quiet time: its photos one by one, a CT series as a whole, through the same
-:class:`~medfed.pacs.handling.Inbox` as the DICOMweb watcher. The answer (a Basic Text SR) is
+:class:`~medfed.clinic.pacs.handling.Inbox` as the DICOMweb watcher. The answer (a Basic Text SR) is
 kept in ``RUN/pacs/answers/`` and, with a destination, sent there by C-STORE.
 """
 
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from medfed.clinic.pacs.answer import BASIC_TEXT_SR
+from medfed.clinic.pacs.handling import Inbox, Outcome
+from medfed.clinic.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, modality_of, uid
 from medfed.errors import ConfigError, DataError, MedfedError
 from medfed.fileio import private_dir, private_file
-from medfed.pacs.answer import BASIC_TEXT_SR
-from medfed.pacs.handling import Inbox, Outcome
-from medfed.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, modality_of, uid
 
 if TYPE_CHECKING:
     from pydicom.dataset import Dataset

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from medfed.clinic.audit import AuditEntry, ReadEntry
 from medfed.config import class_names
 from medfed.errors import MedfedError
 from medfed.metrics import (
@@ -39,7 +40,6 @@ from medfed.metrics import (
     wilson,
 )
 from medfed.runs.rundir import RunDir
-from medfed.serving.audit import AuditEntry, ReadEntry
 
 UNGRADABLE = "ungradable"
 """The read for a scan that cannot be graded (blurred, wrong eye, cut off)."""

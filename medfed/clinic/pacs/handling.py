@@ -15,10 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from medfed.errors import DataError
-from medfed.fileio import private_dir, private_file
-from medfed.pacs.answer import answer_report
-from medfed.pacs.instances import (
+from medfed.clinic.kept import keep_scan, keep_series
+from medfed.clinic.pacs.answer import answer_report
+from medfed.clinic.pacs.instances import (
     DICOM_MODALITIES,
     PHOTO_MODALITIES,
     Ids,
@@ -28,13 +27,14 @@ from medfed.pacs.instances import (
     write_photo,
     write_series,
 )
-from medfed.pacs.records import PacsLog, PacsScan, now
-from medfed.pacs.releases import LiveModel
-from medfed.pacs.visits import Visit, visit_of
-from medfed.serving.bundle import TrainedFederation
-from medfed.serving.kept import keep_scan, keep_series
-from medfed.serving.recorded import record_scan
-from medfed.serving.routers import Router
+from medfed.clinic.pacs.records import PacsLog, PacsScan, now
+from medfed.clinic.pacs.visits import Visit, visit_of
+from medfed.clinic.recorded import record_scan
+from medfed.clinic.releases import LiveModel
+from medfed.errors import DataError
+from medfed.fileio import private_dir, private_file
+from medfed.routing.bundle import TrainedFederation
+from medfed.routing.routers import Router
 
 if TYPE_CHECKING:
     from pydicom.dataset import Dataset
@@ -84,7 +84,7 @@ class Inbox:
     fed: TrainedFederation
     router: Router
     source: str
-    patient_ids: str = "hash"  # how the review names the patient (medfed.pacs.visits)
+    patient_ids: str = "hash"  # how the review names the patient (medfed.clinic.pacs.visits)
     # the run's served model, replaced in place by medfed ops promote / rollback
     live: LiveModel | None = None
 

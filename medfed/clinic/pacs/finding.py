@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from medfed.clinic.pacs.connection import TIMEOUT_S, PacsUnreachable, call, check_url
+from medfed.clinic.pacs.records import PacsLog
 from medfed.errors import ConfigError
-from medfed.pacs.connection import TIMEOUT_S, PacsUnreachable, call, check_url
-from medfed.pacs.records import PacsLog
 
 __all__ = [
     "FINDERS", "Batch", "ChangeFeed", "StudySweep", "all_studies", "finder", "orthanc_root"

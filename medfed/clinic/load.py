@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from medfed.clinic.audit import AuditLog
 from medfed.errors import ConfigError, MedfedError
-from medfed.serving.audit import AuditLog
 
 __all__ = ["LoadResult", "load_test", "load_table"]
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from medfed.clinic.audit import AuditEntry, AuditLog
 from medfed.config import FundusPreprocess
 from medfed.data.cache import content_hash, data_digest
 from medfed.data.preprocess import apply_pipeline
@@ -20,10 +21,9 @@ from medfed.data.transforms import CameraField
 from medfed.errors import DataError, MedfedError
 from medfed.names import printable
 from medfed.progress import bar
-from medfed.serving.audit import AuditEntry, AuditLog
-from medfed.serving.bundle import TrainedFederation
-from medfed.serving.routers import MajorityVoteRouter, Router, RouteResult
-from medfed.serving.scans import Scan, read_scan
+from medfed.routing.bundle import TrainedFederation
+from medfed.routing.routers import MajorityVoteRouter, Router, RouteResult
+from medfed.routing.scans import Scan, read_scan
 
 
 @dataclass

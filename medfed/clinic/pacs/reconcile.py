@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from medfed.pacs.finding import all_studies
-from medfed.pacs.handling import wrong_modality
-from medfed.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, Ids, kind_of
-from medfed.pacs.records import PacsScan
-from medfed.pacs.watcher import DicomwebWatcher
+from medfed.clinic.pacs.finding import all_studies
+from medfed.clinic.pacs.handling import wrong_modality
+from medfed.clinic.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, Ids, kind_of
+from medfed.clinic.pacs.records import PacsScan
+from medfed.clinic.pacs.watcher import DicomwebWatcher
 
 __all__ = ["STATUSES", "Row", "count_rows", "survey"]
 

@@ -9,8 +9,8 @@ before seeing the model's answer (:meth:`Review.reveal` records when it was show
 read is a new row that amends the reader's earlier one, never an overwrite;
 :meth:`Review.figures` turns the current reads into prospective figures with their 95% CIs and
 n, and says whether the reads were blinded. Which read counts is said once, in
-:mod:`medfed.serving.review_figures`; the CSV worksheet lives in
-:mod:`medfed.serving.review_sheets`.
+:mod:`medfed.clinic.review_figures`; the CSV worksheet lives in
+:mod:`medfed.clinic.review_sheets`.
 
 Pure Python, sqlite3 and :mod:`medfed.metrics` (no Streamlit), for the CLI and the dashboard.
 """
@@ -24,11 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from medfed.errors import MedfedError
-from medfed.metrics import wilson
-from medfed.runs.rundir import RunDir
-from medfed.serving.audit import AuditEntry, AuditLog, ReadEntry
-from medfed.serving.review_figures import (
+from medfed.clinic.audit import AuditEntry, AuditLog, ReadEntry
+from medfed.clinic.review_figures import (
     FIGURE_COLUMNS,
     FIGURE_NAMES,
     MIN_DOUBLE_READS,
@@ -52,7 +49,7 @@ from medfed.serving.review_figures import (
     stamp,
     with_abstain,
 )
-from medfed.serving.review_sheets import (
+from medfed.clinic.review_sheets import (
     ANSWER_COLUMNS,
     EXPORT_COLUMNS,
     FIX_CSV,
@@ -64,6 +61,9 @@ from medfed.serving.review_sheets import (
     write_csv,
     write_figures_csv,
 )
+from medfed.errors import MedfedError
+from medfed.metrics import wilson
+from medfed.runs.rundir import RunDir
 
 __all__ = [
     "EXPORT_COLUMNS",
@@ -100,7 +100,7 @@ __all__ = [
 LOW_MARGIN = 0.2
 """A scan whose top two site probabilities are closer than this is reviewed early, for a run
 whose model was published without a low-margin line fitted on validation (model.json
-``routing.low_margin``, see :mod:`medfed.serving.posterior`)."""
+``routing.low_margin``, see :mod:`medfed.routing.posterior`)."""
 
 
 def _published_routing(run_dir: str | Path) -> dict[str, Any]:
@@ -126,7 +126,7 @@ def run_low_margin(run_dir: str | Path) -> float:
 def run_low_margin_note(run_dir: str | Path) -> str:
     """How the run's line was set, to show beside it: what it flagged on validation with the
     interval of their routing accuracy, or that it is the fixed default."""
-    from medfed.serving.bundle import RoutingFit
+    from medfed.routing.bundle import RoutingFit
 
     routing = _published_routing(run_dir)
     if "low_margin" not in routing:
@@ -387,7 +387,7 @@ class Review:
     # ------------------------------------------------------------------ figures
     def figures(self, window: Window | None = None) -> Prospective:
         """Prospective figures per site (scans routed to it) and for the system, over
-        ``window`` (see :class:`Window`; :mod:`medfed.serving.review_figures` says which read
+        ``window`` (see :class:`Window`; :mod:`medfed.clinic.review_figures` says which read
         counts)."""
         window = window or Window()
         labels = self.labels
@@ -602,7 +602,7 @@ def queue_text(review: Review, reader: str | None = None) -> str:
         f"{review.low_margin:.2f} apart; {review.low_margin_note}), {tiers['routine']} "
         "routine; abstained and low-margin first, then oldest first"
     ]
-    from medfed.pacs.instances import ids_from_name, run_visits
+    from medfed.clinic.pacs.instances import ids_from_name, run_visits
 
     visits = run_visits(review.path)
     for it in items[:QUEUE_SHOWN]:

@@ -4,7 +4,7 @@ Each site scores its own validation scans with every site's model (the scans nev
 their K density-ratio scores do, as the abstention scores do); the server fits one temperature
 on the pooled scores by the NLL of the true site, and the review queue's low-margin line where
 routing on validation falls below :data:`~medfed.metrics.MARGIN_TARGET`. Both are published with
-the model (:class:`~medfed.serving.bundle.RoutingFit`), so ``medfed route``, the evaluation and
+the model (:class:`~medfed.routing.bundle.RoutingFit`), so ``medfed route``, the evaluation and
 the dashboard read the same posterior.
 """
 
@@ -25,8 +25,8 @@ from medfed.metrics import (
     top_margin,
 )
 from medfed.metrics.routing import nll
-from medfed.serving.bundle import RoutingFit, TrainedFederation
-from medfed.serving.routers import DensityRatioRouter, density_ratio_scores, log_softmax
+from medfed.routing.bundle import RoutingFit, TrainedFederation
+from medfed.routing.routers import DensityRatioRouter, density_ratio_scores, log_softmax
 
 
 def routing_scores(fed: TrainedFederation, raw: torch.Tensor) -> np.ndarray:

@@ -122,7 +122,7 @@ def kept_models(live: Path) -> list[str]:
 
 def _describe(run: Path) -> tuple[str, str, list[str]]:
     """A run's model, checked whole: (model id, modality, class names)."""
-    from medfed.serving.bundle import TrainedFederation
+    from medfed.routing.bundle import TrainedFederation
 
     fed = TrainedFederation.load(run, "cpu")  # every file checked, as a service would load it
     assert fed.model_id is not None
@@ -288,8 +288,8 @@ class LiveModel:
 
 
 def _load(run: Path, rule: str, device: str) -> tuple[Any, Any]:
-    from medfed.serving.bundle import TrainedFederation
-    from medfed.serving.routers import make_router
+    from medfed.routing.bundle import TrainedFederation
+    from medfed.routing.routers import make_router
 
     with locked(run, exclusive=False):
         fed = TrainedFederation.load(run, device)

@@ -91,7 +91,7 @@ class PacsScan:
     answer_uid: str | None = None
     answer_file: str | None = None
     time: str = ""
-    accession: str = ""  # how the review lists it (medfed.pacs.visits)
+    accession: str = ""  # how the review lists it (medfed.clinic.pacs.visits)
     patient: str = ""
     study_date: str = ""
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
+from medfed.clinic.bearer import is_loopback
+from medfed.clinic.pacs.credentials import PacsCredentials
 from medfed.errors import ConfigError, MedfedError
-from medfed.pacs.bearer import is_loopback
-from medfed.pacs.credentials import PacsCredentials
 
 __all__ = ["TIMEOUT_S", "PacsUnreachable", "call", "check_url", "make_session"]
 

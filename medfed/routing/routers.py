@@ -31,7 +31,7 @@ import torch
 
 from medfed.errors import ConfigError
 from medfed.metrics import ABSTAIN, majority_vote
-from medfed.serving.bundle import SiteOutputs, TrainedFederation
+from medfed.routing.bundle import SiteOutputs, TrainedFederation
 
 
 def density_ratio_scores(client_logits: np.ndarray, priors: np.ndarray) -> np.ndarray:

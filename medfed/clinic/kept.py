@@ -61,7 +61,7 @@ def keep_series(run_dir: str | Path, series: str | Path, sha256: str) -> Path | 
     its slices) in the run as ``RUN/review/scans/<sha256>/series/``; the kept folder, or None
     when it cannot be kept (no digest, no folder, or other slices)."""
     from medfed.data.cache import content_hash  # imports torch: only when a series is kept
-    from medfed.serving.scans import read_scan
+    from medfed.routing.scans import read_scan
 
     folder = _folder(run_dir, sha256)
     if folder is None or not Path(series).is_dir():

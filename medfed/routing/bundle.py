@@ -23,6 +23,7 @@ from medfed.models.fedmodel import HEAD_PREFIX, FedModel, ModelSpec, build_model
 from medfed.models.forward import run_model
 from medfed.models.mixture import COEFFICIENTS
 from medfed.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
+from medfed.routing.abstention import Abstention
 from medfed.runs import RunDir
 from medfed.runs.weights import (
     MODEL_FIX,
@@ -31,7 +32,6 @@ from medfed.runs.weights import (
     save_model,
     verify_folder,
 )
-from medfed.serving.abstention import Abstention
 
 State = dict[str, torch.Tensor]
 ENCODER = "encoder"  # model/encoder.safetensors: the frozen encoder (--frozen-encoder)

@@ -66,6 +66,14 @@ from medfed.metrics import (
     wilson,
 )
 from medfed.metrics.latency import median_interval
+from medfed.routing.bundle import SiteOutputs, TrainedFederation
+from medfed.routing.routers import (
+    DensityRatioRouter,
+    Router,
+    RouteResult,
+    default_router,
+    routers_for,
+)
 from medfed.runs.schema import (
     ROUTER_RATES,
     CrossSiteCell,
@@ -74,14 +82,6 @@ from medfed.runs.schema import (
     RocPoints,
     RouterFigures,
     SiteFigures,
-)
-from medfed.serving.bundle import SiteOutputs, TrainedFederation
-from medfed.serving.routers import (
-    DensityRatioRouter,
-    Router,
-    RouteResult,
-    default_router,
-    routers_for,
 )
 
 LATENCY_SCANS = 16  # per router, spread over the sites (MEDFED_LATENCY_SCANS sets it)

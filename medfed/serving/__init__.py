@@ -1,1 +1,0 @@
-"""Serving a trained federation: the bundle, abstention, routers, file routing and its audit log."""
