@@ -28,6 +28,12 @@ NO_RUNS_HELP = (
 )
 
 
+def heading(title: str, caption: str) -> None:
+    """A page's title and the one line under it that says what the page shows."""
+    st.title(title)
+    st.caption(caption)
+
+
 def roots() -> list[Path]:
     """The run directories or folders given to ``medfed dashboard`` (or after ``--``)."""
     given = os.environ.get(RUNS_ENV)

@@ -9,6 +9,8 @@ A SuperNode starts a fresh ClientApp process per message, and SecAgg+'s key exch
 
 from __future__ import annotations
 
+import functools
+
 from flwr.app import Context, Message, MessageType
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
@@ -68,21 +70,6 @@ def train(message: Message, context: Context) -> Message:
     return _answer("secure_train" if secure else "train", message, context)
 
 
-@app.evaluate("validate")
-def validate(message: Message, context: Context) -> Message:
-    return _answer("validate", message, context)
-
-
-@app.evaluate("finish")
-def finish(message: Message, context: Context) -> Message:
-    return _answer("finish", message, context)
-
-
-@app.evaluate("calibrate")
-def calibrate(message: Message, context: Context) -> Message:
-    return _answer("calibrate", message, context)
-
-
-@app.evaluate("test")
-def test(message: Message, context: Context) -> Message:
-    return _answer("test", message, context)
+# The evaluate messages a site answers; each builds (or reuses) the site's model the same way.
+for _kind in ("validate", "finish", "calibrate", "test"):
+    app.evaluate(_kind)(functools.partial(_answer, _kind))

@@ -12,10 +12,10 @@ ALL = "all runs"
 
 
 def main() -> None:
-    st.title("Site audit")
-    st.caption(
+    common.heading(
+        "Site audit",
         "Every message this site's SuperNode received and sent, with its site policy's decision "
-        "(accepted, refused with the rule, or unchecked when no policy applies)."
+        "(accepted, refused with the rule, or unchecked when no policy applies).",
     )
     folder = sitelog.state_dir()
     if folder is None:

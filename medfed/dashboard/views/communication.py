@@ -11,10 +11,10 @@ DIRECTIONS = charts.TRAFFIC
 
 
 def main() -> None:
-    st.title("Communication")
-    st.caption(
+    common.heading(
+        "Communication",
         "What each site sent to the server and received from it in every round (the encoded "
-        "update, as it would cross the network), per method."
+        "update, as it would cross the network), per method.",
     )
     runs = common.chosen_runs()
     records = common.runs_holding(runs, common.read_metrics)

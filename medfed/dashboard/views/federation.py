@@ -258,10 +258,10 @@ def settings(runs: list[rundata.Run]) -> None:
 
 
 def main() -> None:
-    st.title("Federation")
-    st.caption(
+    common.heading(
+        "Federation",
         "Test-set figures of each method: every site's own model on its own held-out scans, "
-        "and the federation as a whole. Look at the worst site first."
+        "and the federation as a whole. Look at the worst site first.",
     )
     runs = common.chosen_runs()
     summaries = common.runs_holding(runs, common.read_summary)

@@ -418,12 +418,12 @@ def reads_section(review: Review, reader: str | None) -> None:
 
 
 def main() -> None:
-    st.title("Review")
-    st.caption(
+    common.heading(
+        "Review",
         "Read the scans the federation routed and record what you see: one of the run's classes, "
         "or ungradable, before the model's answer is shown. Reads are kept in the run's audit "
         "log (audit.sqlite) next to the routing decisions; a read is never overwritten: a "
-        "changed read is a new row that amends it. They give the prospective figures below."
+        "changed read is a new row that amends it. They give the prospective figures below.",
     )
     runs = common.chosen_runs()
     run = common.pick_run(

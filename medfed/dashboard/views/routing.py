@@ -273,11 +273,11 @@ def posterior_section(run: Run) -> None:
 
 
 def main() -> None:
-    st.title("Routing")
-    st.caption(
+    common.heading(
+        "Routing",
         "Send a new patient's scan to the site whose model fits it best, or abstain when none "
         "does. Every decision is recorded in the run's audit log (audit.sqlite) before it is "
-        "shown; the log keeps a hash of the file, never the image."
+        "shown; the log keeps a hash of the file, never the image.",
     )
     runs = common.chosen_runs()
     run = common.pick_run(runs, key="routing_run", default=common.routing_run(runs))

@@ -140,8 +140,9 @@ def mixture(run: Run) -> None:
 
 
 def main() -> None:
-    st.title("Sites")
-    st.caption("Who each site's patients are, and how different the sites' scans look.")
+    common.heading(
+        "Sites", "Who each site's patients are, and how different the sites' scans look."
+    )
     run = common.pick_run(common.chosen_runs(), key="sites_run")
     st.caption(common.status_line(run))
     if overview_section(run) and not run.has_config:  # a statistics-only run

@@ -126,8 +126,9 @@ def pick_curves(label: str, curves: list[str], *, key: str) -> list[str]:
 
 
 def main() -> None:
-    st.title("Training")
-    st.caption("How each site's model moved round by round, as metrics.jsonl recorded it.")
+    common.heading(
+        "Training", "How each site's model moved round by round, as metrics.jsonl recorded it."
+    )
     runs = common.chosen_runs()
     compared(runs)
     starting(runs)
