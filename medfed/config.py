@@ -1,5 +1,5 @@
 """Typed configuration: training settings and run configuration files, loaded from TOML and
-validated; site manifests come from :mod:`medfed.manifest` and are named here too.
+validated; site manifests come from :mod:`medfed.core.manifest` and are named here too.
 
 This is the only place where dictionaries read from files become typed objects.
 """
@@ -14,9 +14,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from medfed.devices import DEVICES, PRECISIONS
-from medfed.errors import ConfigError
-from medfed.manifest import (  # noqa: F401  (medfed.config names the manifests too)
+from medfed.core.devices import DEVICES, PRECISIONS
+from medfed.core.errors import ConfigError
+from medfed.core.manifest import (  # noqa: F401  (medfed.config names the manifests too)
     CT_HU_RANGE,
     CT_MAX_VOXELS,
     CT_SHAPE_RANGE,
@@ -39,8 +39,8 @@ from medfed.manifest import (  # noqa: F401  (medfed.config names the manifests 
     read_toml,
     valid_site_id,
 )
-from medfed.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
-from medfed.versions import check_version
+from medfed.core.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
+from medfed.core.versions import check_version
 
 FAULT_KINDS: tuple[str, ...] = ("raise", "nan", "shape", "timeout", "drop")
 # How updates are encoded on the wire (medfed.federation.wire), with the line help shows.
@@ -204,6 +204,8 @@ def setting_problems(config: Any) -> list[str]:
     for spec in fields(config):
         bounds = spec.metadata.get("bounds", {})
         value = getattr(config, spec.name)
+        if value is None and spec.default is None:  # left for the run's plan to decide
+            continue
         if all([SETTING_BOUNDS[kind](value, bound) for kind, bound in bounds.items()]):
             continue
         option = spec.metadata["option"]
@@ -259,8 +261,10 @@ class TrainConfig:
         choices=("sgd", "adam"),
         problem="{setting} must be sgd or adam",
     )
-    lr: float = setting(
-        0.002,
+    # None: the sites' modality decides it when the run is planned (medfed.federation.plan); a
+    # settings file or plan without ``lr`` means the same.
+    lr: float | None = setting(
+        None,
         help="Initial learning rate, cosine decay (default: the modality's, 0.002 for fundus, "
         "0.0003 for CT).",
         option="--lr",
@@ -540,7 +544,8 @@ class TrainConfig:
         return {(f.round, f.site): f.kind for f in map(Fault.parse, self.faults)}
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        """The settings as a file holds them; one left for the plan (None) is left out."""
+        data = {k: v for k, v in asdict(self).items() if v is not None}
         data["faults"] = list(self.faults)
         return data
 
@@ -572,6 +577,7 @@ class TrainConfig:
 _SETTING_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "int": ((int,), "an integer"),
     "float": ((int, float), "a number"),
+    "float | None": ((int, float), "a number"),
     "str": ((str,), "a string"),
     "bool": ((bool,), "true or false"),
     "dict[str, Any]": ((dict,), "a table"),

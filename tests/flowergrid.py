@@ -14,6 +14,7 @@ import copy
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 from flwr.app import Context, Error, Message, RecordDict
@@ -103,24 +104,15 @@ class InProcessGrid(BaseGrid):
 
 
 def run_in_process(
-    root: Path,
-    manifests: dict[str, Path],
-    cache: Path,
-    config: TrainConfig,
-    *,
-    secure: bool = False,
-    secure_bound: float | None = None,
-    name: str = "run",
-    worker: Path | None = None,
-    wait_s: float = 30.0,
+    root: Path, manifests: dict[str, Path], cache: Path, config: TrainConfig, **options: Any
 ) -> tuple[Path, InProcessGrid]:
     """A deployed run of ``config`` on the sites of ``manifests`` (in their order), through an
-    :class:`InProcessGrid`; its run directory and the grid. ``worker``: the socket of a
-    resident worker every node hands its work to."""
-    run = flower_run(root, manifests, cache, config, secure=secure, secure_bound=secure_bound,
-                     name=name, worker=worker, wait_s=wait_s)  # fmt: skip
+    :class:`InProcessGrid`; its run directory and the grid. ``options``: those of
+    :func:`flower_run` (``worker``: the socket of a resident worker every node hands its work
+    to)."""
+    run = flower_run(root, manifests, cache, config, **options)
     run.run()
-    return root / name, run.grid
+    return root / options.get("name", "run"), run.grid
 
 
 def flower_run(

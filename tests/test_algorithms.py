@@ -12,7 +12,7 @@ from torch import nn
 from medfed.algorithms import ALGORITHMS, make_algorithm
 from medfed.algorithms.base import Update, weighted_average
 from medfed.algorithms.feddrm import feddrm_loss
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.federation.validate import UpdateRejected, validate_update
 from medfed.models.fedmodel import ModelSpec, build_model, norm_state_keys
 from medfed.routing.routers import route_density_ratio

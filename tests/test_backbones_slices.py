@@ -14,8 +14,8 @@ from torch import nn
 
 from medfed.algorithms import ALGORITHMS, make_algorithm
 from medfed.config import CTPreprocess, Modality, TrainConfig
+from medfed.core.errors import ConfigError
 from medfed.data.preprocess import Normalization
-from medfed.errors import ConfigError
 from medfed.federation.plan import resolved_backbone
 from medfed.federation.pretrained import apply_init, resolve_init
 from medfed.federation.training import train

@@ -408,7 +408,7 @@ def test_a_refused_deployment_leaves_nothing_behind(tmp_path) -> None:
 def test_two_site_secure_aggregation_runs_only_when_accepted(tmp_path) -> None:
     import tomllib
 
-    from medfed.errors import ConfigError
+    from medfed.core.errors import ConfigError
     from medfed.flower.server_app import Deployment
 
     accepted = _app("--secure-aggregation", "--secure-aggregation-two-sites")

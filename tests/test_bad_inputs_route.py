@@ -26,7 +26,7 @@ from medfed.clinic import audit
 from medfed.clinic import route as service
 from medfed.clinic.audit import AuditLog
 from medfed.clinic.route import route_one
-from medfed.errors import MedfedError
+from medfed.core.errors import MedfedError
 from medfed.routing.bundle import SiteOutputs, TrainedFederation
 from medfed.routing.routers import DensityRatioRouter, MajorityVoteRouter
 from medfed.routing.scans import read_scan

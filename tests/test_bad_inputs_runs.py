@@ -18,9 +18,9 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from medfed.cli import app
+from medfed.core.progress import counter
 from medfed.federation import rounds
 from medfed.federation.rounds import round_postfix
-from medfed.progress import counter
 from medfed.routing.bundle import TrainedFederation
 from medfed.runs import RunDir
 from medfed.runs.rundir import FILES, sha256, verify_folder, write_files_manifest
@@ -589,4 +589,4 @@ def test_medfed_no_progress_turns_the_rounds_bar_off(monkeypatch) -> None:
     monkeypatch.delenv("MEDFED_NO_PROGRESS")
     assert not counter("feddrm rounds", 3).disable
     assert counter("feddrm rounds", 3, show=False).disable
-    assert "tqdm" not in inspect.getsource(rounds)  # the rounds bar is medfed.progress's
+    assert "tqdm" not in inspect.getsource(rounds)  # the rounds bar is medfed.core.progress's

@@ -12,8 +12,8 @@ import pytest
 from streamlit import config as streamlit_config
 from streamlit.testing.v1 import AppTest
 
+from medfed.core.errors import RunDirError
 from medfed.dashboard import APP, RUNS_ENV, STATE_ENV
-from medfed.errors import RunDirError
 from medfed.governance.records import log_message
 from medfed.governance.statistics import StatisticsSettings
 from medfed.runs.schema import FederationStatistics, SiteStatistics

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from medfed.algorithms import ALGORITHMS
 from medfed.cli import app
+from medfed.core.errors import ConfigError
 from medfed.data.modality import modality_spec
-from medfed.errors import ConfigError
 from medfed.experiments import bench
 from medfed.experiments.bench import (
     FEDERATION_NORM,

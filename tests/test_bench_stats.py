@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from medfed.errors import ConfigError, RunDirError
+from medfed.core.errors import ConfigError, RunDirError
 from medfed.experiments.demo import MethodSpec, with_normalization
 from medfed.experiments.paired import (
     FIGURES_BY_KEY,

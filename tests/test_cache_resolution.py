@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from medfed.config import FundusPreprocess, parse_manifest
+from medfed.core.errors import ConfigError, DataError, ManifestError
+from medfed.core.manifest import FUNDUS_MAX_IMAGE_SIZE
 from medfed.data.cache import TensorCache
 from medfed.data.records import Split
 from medfed.data.sitedata import load_site
-from medfed.errors import ConfigError, DataError, ManifestError
-from medfed.manifest import FUNDUS_MAX_IMAGE_SIZE
 
 
 def _acrima(make_acrima_site, site_manifest, size: int):

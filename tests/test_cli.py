@@ -15,7 +15,7 @@ from medfed import __version__
 from medfed.algorithms import ALGORITHMS, make_algorithm
 from medfed.cli import app
 from medfed.config import WIRE_PRECISIONS, load_run_config, merge_train_settings
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.models.backbones import BACKBONES
 from medfed.routing.routers import ROUTERS
 

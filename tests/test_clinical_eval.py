@@ -11,9 +11,9 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from medfed.config import TrainConfig
+from medfed.core.errors import ConfigError
 from medfed.data.preprocess import Normalization
 from medfed.data.records import Split
-from medfed.errors import ConfigError
 from medfed.federation.normalizing import federation_normalized
 from medfed.federation.training import train
 from medfed.routing.bundle import OperatingChoice, TrainedFederation

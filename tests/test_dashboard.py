@@ -26,6 +26,7 @@ from medfed.cli import app
 from medfed.clinic.audit import AuditLog
 from medfed.clinic.route import route_one
 from medfed.config import Modality, TrainConfig
+from medfed.core.units import human_bytes
 from medfed.dashboard import APP, RUNS_ENV
 from medfed.dashboard.charts import CHOSEN, NOT_RELIED_ON, WORST
 from medfed.dashboard.launch import streamlit_command
@@ -41,7 +42,6 @@ from medfed.federation.training import load_sites, train
 from medfed.routing.bundle import TrainedFederation, mixture_coefficients
 from medfed.routing.routers import make_router
 from medfed.runs import SCHEMA_VERSION, RunDir
-from medfed.units import human_bytes
 from tests.dashboard_runs import (
     DROPPED_SITE,
     ROUNDS,

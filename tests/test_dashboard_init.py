@@ -13,6 +13,7 @@ import tomli_w
 from streamlit import config as streamlit_config
 from streamlit.testing.v1 import AppTest
 
+from medfed.core.errors import RunDirError
 from medfed.dashboard import APP, RUNS_ENV
 from medfed.dashboard.rundata import (
     RANDOM_INIT,
@@ -20,7 +21,6 @@ from medfed.dashboard.rundata import (
     starting_weights,
     starting_weights_table,
 )
-from medfed.errors import RunDirError
 from tests.dashboard_runs import DashboardRuns, dashboard_runs  # noqa: F401 - session fixture
 
 TIMEOUT = 120

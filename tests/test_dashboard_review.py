@@ -38,9 +38,9 @@ from medfed.clinic.review import (
     write_figures_csv,
 )
 from medfed.clinic.route import route_one
+from medfed.core.errors import ConfigError
 from medfed.dashboard import APP, RUNS_ENV, clinical, reviewdata, rundata
 from medfed.data.cache import content_hash
-from medfed.errors import ConfigError
 from medfed.metrics import wilson
 from medfed.routing.bundle import TrainedFederation
 from medfed.routing.routers import make_router

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from medfed.config import FundusPreprocess, parse_manifest
+from medfed.core.errors import ManifestError
 from medfed.data.preprocess import PIPELINE_VERSION, pipeline_fingerprint, storage_dtype
 from medfed.data.transforms import DiscCrop, fundus_tensor
-from medfed.errors import ManifestError
 
 
 def _photo(disc: tuple[int, int], size: int = 160) -> np.ndarray:

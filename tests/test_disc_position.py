@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from medfed.config import FundusPreprocess, load_manifest
+from medfed.core.errors import DataError
 from medfed.data.cache import TensorCache
 from medfed.data.cards import render_card
 from medfed.data.checks import check_site
@@ -22,7 +23,6 @@ from medfed.data.preprocess import disc_key_part
 from medfed.data.sitedata import load_site, preprocess_record
 from medfed.data.synth import synthesize
 from medfed.data.transforms import fundus_tensor
-from medfed.errors import DataError
 
 SIZE = 160
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from medfed.core.errors import RunDirError
 from medfed.data.distances import (
     SiteFeatures,
     distance_matrix,
@@ -16,7 +17,6 @@ from medfed.data.distances import (
     site_distances,
 )
 from medfed.data.overview import OVERVIEW_FILE, read_site_overview, write_site_overview
-from medfed.errors import RunDirError
 from tests.tensorsites import tensor_sites
 
 

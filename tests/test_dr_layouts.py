@@ -9,9 +9,9 @@ import pytest
 from PIL import Image
 
 from medfed.config import parse_manifest
+from medfed.core.errors import ManifestError
 from medfed.data.layouts import scan_site
 from medfed.data.layouts.eyepacs import patient_of
-from medfed.errors import ManifestError
 
 LABELS = {"no_dr": 0, "mild": 1, "moderate": 2, "severe": 3, "proliferative": 4}
 

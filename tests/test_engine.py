@@ -10,8 +10,8 @@ import torch
 
 from medfed.algorithms import ALGORITHMS, make_algorithm
 from medfed.config import TrainConfig
+from medfed.core.errors import ConfigError
 from medfed.data.records import Split
-from medfed.errors import ConfigError
 from medfed.federation.coordinator import Coordinator
 from medfed.federation.training import train
 from medfed.routing.bundle import TrainedFederation

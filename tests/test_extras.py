@@ -96,11 +96,11 @@ def test_core_install_trains_and_routes_without_the_extras(tmp_path: Path) -> No
         assert result["exit_code"] == 2 and "error" not in result, result
         assert f"pip install 'medfed[{extra}]'" in result["output"], result["output"]
 
-    # Only the extras check (medfed.errors.require_extra) may look for them.
+    # Only the extras check (medfed.core.errors.require_extra) may look for them.
     asked_by_medfed = [
         (name, asker)
         for name, asker in report["attempts"]
-        if asker.startswith("medfed") and asker != "medfed.errors"
+        if asker.startswith("medfed") and asker != "medfed.core.errors"
     ]
     assert not asked_by_medfed, f"medfed imported optional packages: {asked_by_medfed}"
     assert report["loaded"] == []

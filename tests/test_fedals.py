@@ -7,7 +7,7 @@ import torch
 
 from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model, norm_state_keys
 from medfed.runs import RunDir

@@ -20,10 +20,10 @@ from medfed.algorithms.fedgmi import (
     is_partition_round,
 )
 from medfed.config import FundusPreprocess, Modality, SiteManifest, TrainConfig
+from medfed.core.errors import ConfigError, RunDirError
 from medfed.data.preprocess import Normalization
 from medfed.data.records import Record, Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import ConfigError, RunDirError
 from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model
 from medfed.models.mixture import MixtureHead, greedy_spread, vae_divergence

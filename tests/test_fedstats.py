@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 from medfed.cli import app as cli
 from medfed.config import load_manifest
+from medfed.core.errors import ConfigError
 from medfed.dashboard import APP, RUNS_ENV, STATE_ENV
 from medfed.data.cache import TensorCache
 from medfed.data.checks import check_site
-from medfed.errors import ConfigError
 from medfed.governance.disclosure import Noise, prevalence, release
 from medfed.governance.policy import parse_policy
 from medfed.governance.records import read_audit, record_approval

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from medfed.config import load_manifest, parse_manifest
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.flower.node import _safe, train_config_from_toml
 
 SECRET = "MEDFED_TEST_SERVER_SECRET"
@@ -156,7 +156,7 @@ def _run_config(**changes) -> dict:
         ({"sites": "acrima,acrima"}, "unique"),
         ({"sites": "acrima,../x"}, "unique"),
         ({"resume": "yes"}, "'resume' must be true or false"),
-        ({"lr-from-modality": 1}, "'lr-from-modality' must be true or false"),
+        ({"lr-from-modality": True}, "written by an older medfed.*approve its plan"),
         ({"wait-s": "soon"}, "'wait-s' must be a number"),
         ({"reply-timeout-s": 0.0}, "'reply-timeout-s' must be a number"),
         ({"wait-s": 1e300}, "'wait-s' must be a number of seconds > 0 and at most 604800"),
@@ -184,18 +184,15 @@ def test_a_good_run_config_is_read() -> None:
     assert deployment.resume is True and deployment.wait_s == 5.0
 
 
-@pytest.mark.parametrize(
-    ("modality", "from_modality", "lr"), [("ct", True, 3e-4), ("ct", False, 0.05)]
-)
-def test_a_run_without_a_learning_rate_takes_its_sites_modality(modality, from_modality, lr):
+@pytest.mark.parametrize(("chosen", "lr"), [("", 3e-4), ("lr = 0.05\n", 0.05)])
+def test_a_run_without_a_learning_rate_takes_its_sites_modality(chosen, lr):
     from medfed.federation.coordinator import SiteInfo
     from medfed.flower import server_app
 
-    train = 'algorithm = "fedavg"\nrounds = 2\nlr = 0.05\n'
-    changes = {"train": train, "lr-from-modality": from_modality}
-    deployment = server_app.Deployment.from_run_config(_run_config(**changes))
+    train = 'algorithm = "fedavg"\nrounds = 2\n' + chosen
+    deployment = server_app.Deployment.from_run_config(_run_config(train=train))
     run = server_app.FlowerRun(grid=None, deployment=deployment)
-    info = SiteInfo("acrima", modality, {"normal": 0, "lesion": 1}, (1, 16, 48, 48), 10, {})
+    info = SiteInfo("acrima", "ct", {"normal": 0, "lesion": 1}, (1, 16, 48, 48), 10, {})
     seen = []
 
     class Stop(Exception):
@@ -210,7 +207,9 @@ def test_a_run_without_a_learning_rate_takes_its_sites_modality(modality, from_m
         patch.setattr(server_app, "Coordinator", coordinator)
         with pytest.raises(Stop):
             run.run()
-    assert seen == [lr] and run.d.config.lr == lr
+    assert seen == [lr]
+    # The plan the sites approve leaves the rate out where the modality sets it.
+    assert ("lr" in deployment.plan().train) is bool(chosen)
 
 
 # --- the app folder and the pilot's keys ----------------------------------------------------------
@@ -346,7 +345,7 @@ def test_an_app_waits_a_bounded_time(tmp_path, wait) -> None:
         write_app(tmp_path / "app", config, ["a"], "/r", reply_timeout_s=wait)
 
 
-def test_the_app_folder_says_whether_the_modality_sets_the_learning_rate(tmp_path) -> None:
+def test_the_app_folder_leaves_the_learning_rate_to_the_modality_unless_chosen(tmp_path) -> None:
     pytest.importorskip("cryptography")
     import tomllib
 
@@ -354,15 +353,17 @@ def test_the_app_folder_says_whether_the_modality_sets_the_learning_rate(tmp_pat
 
     from medfed.cli import app
 
-    def written(*extra: str) -> bool:
-        out = tmp_path / f"app{len(extra)}"
+    def written(*extra: str) -> float | None:
+        out = tmp_path / f"app{len(list(tmp_path.iterdir()))}"
         args = ["deploy", "app", str(out), "--site", "a", "--site", "b", "--run-dir", "/tmp/r"]
         result = CliRunner().invoke(app, [*args, *extra])
         assert result.exit_code == 0, result.output
         pyproject = tomllib.loads((out / "pyproject.toml").read_text(encoding="utf-8"))
-        return pyproject["tool"]["flwr"]["app"]["config"]["lr-from-modality"]
+        run_config = pyproject["tool"]["flwr"]["app"]["config"]
+        assert "lr-from-modality" not in run_config
+        return tomllib.loads(run_config["train"])["train"].get("lr")
 
     chosen = tmp_path / "train.toml"
     chosen.write_text('[train]\nalgorithm = "fedavg"\nlr = 0.01\n', encoding="utf-8")
-    assert written() is True
-    assert written("--train-config", str(chosen)) is False
+    assert written() is None
+    assert written("--train-config", str(chosen)) == 0.01

@@ -14,9 +14,9 @@ import torch
 import torchvision
 
 from medfed.config import Modality, TrainConfig
+from medfed.core.errors import ConfigError
 from medfed.data.cache import TensorCache
 from medfed.data.records import Split
-from medfed.errors import ConfigError
 from medfed.federation.features import encoded_site, encoder_for
 from medfed.federation.pretrained import (
     HASH_MATCHES,

@@ -19,7 +19,7 @@ from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
 from medfed.cli import app  # noqa: E402
 from medfed.config import TrainConfig  # noqa: E402
-from medfed.errors import ConfigError, RunDirError  # noqa: E402
+from medfed.core.errors import ConfigError, RunDirError  # noqa: E402
 from medfed.flower.deploy import write_app  # noqa: E402
 from medfed.flower.gate import ACCEPTED, REFUSED, UNCHECKED, refusals  # noqa: E402
 from medfed.flower.server_app import Deployment  # noqa: E402
@@ -44,7 +44,7 @@ OPEN = "[approval]\nrequired = false\n"
 
 def plan(config: TrainConfig = CONFIG, **kw):
     args = dict(
-        run_name="pilot", lr_from_modality=False, secure_aggregation=False, secure_bound=1.0,
+        run_name="pilot", secure_aggregation=False, secure_bound=1.0,
         starting_sha256="",
     ) | kw  # fmt: skip
     return make_plan(config, SITES, **args)

@@ -15,7 +15,7 @@ import tomli_w
 pytest.importorskip("flwr")
 
 from medfed.config import TrainConfig  # noqa: E402
-from medfed.errors import ConfigError, RunDirError  # noqa: E402
+from medfed.core.errors import ConfigError, RunDirError  # noqa: E402
 from medfed.federation.training import load_sites, train  # noqa: E402
 from medfed.flower.server_app import Deployment, FlowerRun  # noqa: E402
 from medfed.governance.records import read_audit, record_approval  # noqa: E402

@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from medfed.config import TrainConfig
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
+from medfed.core.normalization import IMAGENET_MEAN, IMAGENET_STD
 from medfed.federation.engine import Engine
 from medfed.federation.plan import SiteInfo, plan_run
 from medfed.federation.training import train
-from medfed.normalization import IMAGENET_MEAN, IMAGENET_STD
 from medfed.runs import RunDir
 from medfed.runs.checkpoints import CheckpointStore
 from tests.tensorsites import tensor_sites

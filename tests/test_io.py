@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from medfed.core.errors import DataError
 from medfed.data.io import (
     Volume,
     probe_dicom,
@@ -19,7 +20,6 @@ from medfed.data.io import (
 )
 from medfed.data.modality import read_record
 from medfed.data.records import Record
-from medfed.errors import DataError
 
 # --- fundus images ----------------------------------------------------------------------------
 

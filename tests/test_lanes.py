@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from medfed.config import TrainConfig
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.federation.lanes import Lanes
 from medfed.models.device import resolve_device
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from medfed.core.errors import ManifestError
 from medfed.data.layouts import scan_site
 from medfed.data.modality import read_record
 from medfed.data.records import Split
-from medfed.errors import ManifestError
 
 CT_LABELS = {"benign": 0, "malignant": 1}
 

@@ -13,7 +13,7 @@ from medfed.algorithms.base import Update
 from medfed.algorithms.discriminant import discriminant
 from medfed.algorithms.lora import is_adapter_key
 from medfed.config import TrainConfig
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.federation.shared import derive_seed
 from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model

@@ -17,11 +17,11 @@ from medfed.config import (
     class_names,
     valid_site_id,
 )
+from medfed.core.errors import ManifestError
 from medfed.data.io import Volume
 from medfed.data.layouts import LAYOUT_MODULES, get_reader
 from medfed.data.modality import MODALITIES, modality_spec
 from medfed.data.preprocess import apply_pipeline
-from medfed.errors import ManifestError
 from medfed.models.backbones import spatial_dims
 
 

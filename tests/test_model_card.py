@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from medfed.cli import app
-from medfed.errors import RunDirError
+from medfed.core.errors import RunDirError
 from medfed.federation.training import train
 from medfed.metrics import Interval
 from medfed.reports.evaluation import auc_text

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.models import (
     BACKBONES,
     BACKBONES_2D,

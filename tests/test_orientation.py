@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from medfed.cli import app
 from medfed.config import CTPreprocess, Modality, load_manifest
+from medfed.core.errors import DataError
 from medfed.data import synth, synth_ct
 from medfed.data.cards import render_card
 from medfed.data.checks import SiteReport
@@ -29,7 +30,6 @@ from medfed.data.io import Volume, read_dicom_series, read_nifti
 from medfed.data.modality import read_record
 from medfed.data.preprocess import apply_pipeline
 from medfed.data.records import Record
-from medfed.errors import DataError
 from tests.realfiles import write_ct_slice
 
 SHAPE = (5, 7, 6)  # (slices, rows, columns): no two alike, so a swapped axis shows

@@ -12,7 +12,7 @@ from pydicom.dataset import Dataset
 
 from medfed.clinic.pacs.records import PACS_FILE, PacsLog, PacsScan
 from medfed.clinic.pacs.visits import KEY_FILE, check_policy, patient_token, visit_of
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 
 def _ds(**attrs: str) -> Dataset:

@@ -11,10 +11,10 @@ import torch
 from medfed.algorithms import make_algorithm
 from medfed.algorithms.base import Batches, LocalTask, Optim
 from medfed.config import TrainConfig, load_manifests
+from medfed.core.errors import ConfigError
 from medfed.data.cache import TensorCache
 from medfed.data.sitedata import load_site
 from medfed.data.synth import synthesize
-from medfed.errors import ConfigError
 from medfed.federation.training import train
 from medfed.models.fedmodel import ModelSpec, build_model
 from tests.test_engine import config, kill_and_resume, stable

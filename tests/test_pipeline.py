@@ -12,6 +12,7 @@ from PIL import Image
 from skimage import data as skdata
 
 from medfed.config import CTPreprocess, FundusPreprocess, Modality, SplitOptions
+from medfed.core.errors import DataError
 from medfed.data import sitedata
 from medfed.data.cache import TensorCache
 from medfed.data.io import Volume
@@ -19,7 +20,6 @@ from medfed.data.preprocess import Normalization, apply_pipeline, pipeline_finge
 from medfed.data.records import Record, Split
 from medfed.data.sitedata import load_site
 from medfed.data.splits import assign_splits
-from medfed.errors import DataError
 
 
 def test_fundus_pipeline_crops_to_the_camera_field() -> None:

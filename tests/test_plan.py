@@ -10,14 +10,14 @@ import pytest
 
 from medfed.algorithms import make_algorithm
 from medfed.config import Modality, TrainConfig
+from medfed.core.errors import ConfigError
 from medfed.data.modality import modality_spec
-from medfed.errors import ConfigError
 from medfed.federation.plan import (
     RunPlan,
     SiteInfo,
-    checked_algorithm,
     plan_run,
     resolved_settings,
+    settle,
     settled_algorithm,
 )
 
@@ -34,9 +34,9 @@ def infos(modality: str, n: int = 2) -> list[SiteInfo]:
     [("fundus", 0.002, "cnn-gn"), ("ct", 3e-4, modality_spec("ct").default_backbone(False))],
 )
 def test_a_plan_fills_the_modality_defaults(modality, lr, backbone) -> None:
-    config = TrainConfig(algorithm="fedavg", lr=0.05)
+    config = TrainConfig(algorithm="fedavg")  # no learning rate chosen
 
-    plan = plan_run(config, infos(modality), lr_from_modality=True)
+    plan = plan_run(config, infos(modality))
 
     assert isinstance(plan, RunPlan)
     assert plan.modality == Modality(modality)
@@ -71,7 +71,7 @@ def test_privacy_for_an_algorithm_that_cannot_have_it_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"cannot train under differential privacy"):
         plan_run(config, infos("fundus"))
     with pytest.raises(ConfigError, match=r"cannot train under differential privacy"):
-        checked_algorithm(config, ["s0", "s1"])
+        settle(config, ["s0", "s1"])
 
 
 def test_a_drill_of_a_site_outside_the_federation_is_refused() -> None:
@@ -118,6 +118,18 @@ def test_every_engine_builds_the_algorithm_from_the_plan_only() -> None:
     builders = {p.relative_to(ENGINES).as_posix() for p in engines if "make_algorithm" in _calls(p)}
     assert builders == set()
     assert "settled_algorithm" in _calls(ENGINES / "flower" / "node.py")
+
+
+def test_a_settled_run_is_planned_with_the_algorithm_it_built() -> None:
+    settled = settle(TrainConfig(algorithm="fedavg", faults=("1:s1:drop",)), ["s0", "s1"])
+
+    plan = plan_run(settled, infos("fundus"))
+
+    assert plan.algorithm is settled.algorithm  # built once, before the sites were known
+    assert plan.config.lr == 0.002 and settled.config.lr is None  # the modality's, once known
+    # A site that refused the run is gone: what it made possible is refused again.
+    with pytest.raises(ConfigError, match=r"'s1', which is not in the federation"):
+        plan_run(settled, infos("fundus", n=1))
 
 
 def test_a_site_builds_from_the_plans_settings_the_algorithm_the_plan_built() -> None:

@@ -15,7 +15,7 @@ import torch
 from medfed.algorithms import ALGORITHMS
 from medfed.algorithms.base import LocalTask, optimizer_step
 from medfed.config import TrainConfig
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.federation.training import train
 from medfed.models import device as device_module
 from medfed.models.device import DeviceSetup, resolve_device

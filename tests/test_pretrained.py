@@ -13,7 +13,8 @@ import torchvision
 from safetensors.torch import load_file, save_file
 
 from medfed.config import TrainConfig
-from medfed.errors import ConfigError, MedfedError, RunDirError
+from medfed.core.errors import ConfigError, MedfedError, RunDirError
+from medfed.core.normalization import IMAGENET_MEAN, IMAGENET_STD
 from medfed.federation.pretrained import (
     InitReport,
     apply_init,
@@ -25,7 +26,6 @@ from medfed.federation.pretrained import (
 from medfed.federation.training import train
 from medfed.models.backbones import build_backbone
 from medfed.models.fedmodel import ModelSpec, build_model
-from medfed.normalization import IMAGENET_MEAN, IMAGENET_STD
 from tests.tensorsites import tensor_sites
 
 TV_FILE = "resnet18-f37072fd.pth"  # the basename of torchvision's ImageNet ResNet-18 weights

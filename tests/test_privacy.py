@@ -14,7 +14,7 @@ from medfed.algorithms import ALGORITHMS, dp_algorithms, make_algorithm
 from medfed.algorithms.base import Batches, LocalTask, Optim, supervised_steps
 from medfed.algorithms.privacy import SitePrivacy, check_model, per_sample_gradients
 from medfed.config import DPSettings, Modality, TrainConfig
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.federation.training import train
 from medfed.models.backbones import BACKBONES
 from medfed.models.fedmodel import FedModel, ModelSpec

@@ -192,7 +192,7 @@ def test_every_algorithm_trains_on_the_real_federations_frozen_features(
 
 def test_fedgmi_refuses_the_frozen_encoder_by_name(study, real_env, monkeypatch, tmp_path):
     from medfed.config import TrainConfig
-    from medfed.errors import MedfedError
+    from medfed.core.errors import MedfedError
     from medfed.federation.training import load_sites, train
 
     _, out = study

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from medfed.cli import app
 from medfed.clinic.audit import AuditLog
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.experiments.demo import MethodSpec
 from medfed.metrics import Interval, calibration, operating_point, unreliable, wilson
 from medfed.reports.evaluation import (

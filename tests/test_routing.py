@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from medfed.cli import app
 from medfed.clinic.audit import AuditEntry, AuditLog
 from medfed.config import TrainConfig
+from medfed.core.errors import ConfigError
 from medfed.data.records import Split
-from medfed.errors import ConfigError
 from medfed.federation.training import train
 from medfed.routing.bundle import SiteOutputs, TrainedFederation
 from medfed.routing.routers import (
@@ -367,7 +367,7 @@ def test_a_model_published_without_a_routing_fit_routes_at_temperature_one(tenso
 
 
 def test_latency_scans_default_to_16_and_follow_their_variable(monkeypatch):
-    from medfed.errors import ConfigError
+    from medfed.core.errors import ConfigError
     from medfed.routing.evaluation import LATENCY_ENV, latency_scans
 
     monkeypatch.delenv(LATENCY_ENV, raising=False)

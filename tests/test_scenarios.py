@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tomli_w
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.experiments.paired import (
     AVERAGE_ACCURACY,
     FIGURES_BY_KEY,

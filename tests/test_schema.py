@@ -16,7 +16,7 @@ from typing import Any, get_args
 
 import pytest
 
-from medfed.errors import RunDirError
+from medfed.core.errors import RunDirError
 from medfed.metrics import (
     FederationMetrics,
     Interval,
@@ -488,7 +488,7 @@ def test_every_figure_of_a_run_record_declares_its_kind() -> None:
             inner = get_args(inner)[0] if get_args(inner) else inner  # list[float | None]
             if inner in (int, float) and slot.kind is None:
                 undeclared.append(f"{cls.__name__}.{slot.name}")
-    assert not undeclared, f"numbers without a kind (medfed.kinds): {undeclared}"
+    assert not undeclared, f"numbers without a kind (medfed.core.kinds): {undeclared}"
 
 
 def test_the_federation_figures_are_checked_against_their_kinds() -> None:

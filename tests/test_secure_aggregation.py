@@ -19,7 +19,7 @@ from flwr.common.secure_aggregation.secaggplus_constants import (  # noqa: E402
 )
 
 from medfed.config import TrainConfig  # noqa: E402
-from medfed.errors import ConfigError  # noqa: E402
+from medfed.core.errors import ConfigError  # noqa: E402
 from medfed.federation import wire  # noqa: E402
 from medfed.flower import secure  # noqa: E402
 from medfed.flower.records import json_of, payload_of  # noqa: E402

@@ -19,6 +19,12 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent / "medfed"
 # Importer (and every module under it) -> medfed packages it must never import.
 LAYERS: tuple[tuple[str, str], ...] = (
     # medfed.<importer>, must not import medfed.<each of these>
+    # The leaves every layer reads: nothing of medfed's outside them, not even the settings.
+    (
+        "core",
+        "config data models algorithms federation routing clinic runs metrics reports "
+        "experiments flower dashboard governance ops tracking cli",
+    ),
     (
         "data",
         "models algorithms federation routing clinic runs metrics experiments flower dashboard",
@@ -63,28 +69,31 @@ ONLY_FROM: tuple[tuple[str, str], ...] = (
     ("medfed.tracking", "medfed.tracking medfed.cli"),
 )
 
-# Small utilities: leaves any layer may import (each imports at most another of them).
+# The smallest leaves of medfed.core: what the site manifests and the settings may import.
 SMALL_UTILITIES = (
-    "medfed.errors medfed.versions medfed.names medfed.units medfed.devices medfed.kinds "
-    "medfed.operating_rule medfed.reliability"
+    "medfed.core.errors medfed.core.versions medfed.core.names medfed.core.units "
+    "medfed.core.devices medfed.core.kinds medfed.core.operating_rule medfed.core.reliability"
 )
 
 # Module -> the only medfed modules it may import (lazy imports count too).
 ONLY_IMPORTS: tuple[tuple[str, str], ...] = (
     # module, may import only
-    ("medfed.errors", ""),
-    ("medfed.names", ""),
-    ("medfed.units", ""),
-    ("medfed.devices", ""),
-    ("medfed.kinds", ""),
-    ("medfed.operating_rule", ""),
-    ("medfed.reliability", ""),
-    ("medfed.normalization", ""),
-    ("medfed.progress", ""),
-    ("medfed.fileio", "medfed.errors"),
-    ("medfed.versions", "medfed.errors"),
-    ("medfed.manifest", SMALL_UTILITIES),  # site manifests: read by data and the settings
-    ("medfed.config", f"{SMALL_UTILITIES} medfed.manifest"),  # settings: what every layer reads
+    ("medfed.core.errors", ""),
+    ("medfed.core.names", ""),
+    ("medfed.core.units", ""),
+    ("medfed.core.devices", ""),
+    ("medfed.core.kinds", ""),
+    ("medfed.core.operating_rule", ""),
+    ("medfed.core.reliability", ""),
+    ("medfed.core.normalization", ""),
+    ("medfed.core.progress", ""),
+    ("medfed.core.fileio", "medfed.core.errors"),
+    ("medfed.core.versions", "medfed.core.errors"),
+    ("medfed.core.manifest", SMALL_UTILITIES),  # site manifests: read by data and the settings
+    (
+        "medfed.config",
+        f"{SMALL_UTILITIES} medfed.core.manifest",
+    ),  # settings: what every layer reads
 )
 
 # Module (a package: every module under it) -> third-party packages that neither it nor any

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from medfed.cli import app
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.reports.evaluation import auc_text
 from medfed.reports.study import render_study
 from medfed.reports.study_runs import OVERVIEW_FILE, load_study

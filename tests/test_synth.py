@@ -15,13 +15,13 @@ import pydicom
 import pytest
 
 from medfed.config import CTPreprocess, FundusPreprocess, Modality, load_manifest
+from medfed.core.errors import MedfedError
 from medfed.data import _phantoms, synth, synth_ct
 from medfed.data.io import Volume
 from medfed.data.layouts import scan_site
 from medfed.data.modality import read_record
 from medfed.data.records import Split
 from medfed.data.synth import SynthesisError, load_synth_meta, synthesize
-from medfed.errors import MedfedError
 
 N = 12
 SITE_IDS = ("acrima", "rimone", "refuge", "ct_dicom", "ct_nifti")

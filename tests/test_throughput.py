@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from medfed.cli import app
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.experiments.memory import fundus_site_memory
 from medfed.experiments.throughput import MARKER, ThroughputPlan
 from medfed.experiments.throughput_report import full_report, memory_markdown

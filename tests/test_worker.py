@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from medfed.config import TrainConfig  # noqa: E402
-from medfed.errors import ConfigError  # noqa: E402
+from medfed.core.errors import ConfigError  # noqa: E402
 from medfed.flower import worker as site_worker  # noqa: E402
 from medfed.runs import RunDir  # noqa: E402
 from tests.flowergrid import run_in_process  # noqa: E402

@@ -18,7 +18,7 @@ from medfed.algorithms.fedrep import FedRep
 from medfed.algorithms.local import LocalOnly
 from medfed.algorithms.lora import LoRA
 from medfed.algorithms.pfedme import PFedMe
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls

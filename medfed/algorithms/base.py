@@ -25,11 +25,11 @@ from medfed.algorithms.privacy import (
     steps_taken,
 )
 from medfed.algorithms.schedule import EveryRound, Schedule
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.models.fedmodel import HEAD_PREFIX, FedModel, ModelSpec, keys_with_prefix
 
 if TYPE_CHECKING:
-    from medfed.normalization import NormalizedView
+    from medfed.core.normalization import NormalizedView
 
 State = dict[str, torch.Tensor]
 
@@ -150,7 +150,15 @@ class Update:
 
 @dataclass(frozen=True)
 class Params:
-    """Algorithm hyper-parameters; subclasses add fields with their defaults."""
+    """Algorithm hyper-parameters; subclasses add fields with their defaults, and name in
+    ``non_negative`` those that must be >= 0."""
+
+    non_negative: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        for name in self.non_negative:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
 
     @classmethod
     def parse(cls, algorithm: str, values: dict[str, Any]) -> Params:
@@ -341,6 +349,27 @@ class Algorithm:
     def aggregate(self, updates: list[Update]) -> State:
         """Weighted average of the shared tensors (weights n_i / N)."""
         return weighted_average(updates)
+
+
+class PersonalModel(Algorithm):
+    """An algorithm whose sites each keep a personal model beside the shared one (Ditto,
+    pFedMe): it is the site's private state, starts as the initial global model and is what
+    the site answers with."""
+
+    def init_extra(self, model: FedModel) -> State:
+        return _state_copy(model)
+
+    def keep_personal(self, task: LocalTask, personal: nn.Module) -> None:
+        """Store ``personal``'s weights as the site's personal model."""
+        task.extra.update(_state_copy(personal))
+
+    def eval_state(self, site_state: State, extra: State) -> State:
+        return extra
+
+
+def _state_copy(model: nn.Module) -> State:
+    """A detached copy of ``model``'s state dict."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def weighted_average(updates: list[Update]) -> State:

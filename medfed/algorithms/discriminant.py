@@ -35,10 +35,17 @@ class ClosedFormClientHead:
     """What an algorithm with a closed-form client head adds: each site sends its feature
     statistics (once, while the features cannot change), and the server keeps every site's
     latest and sets the client head as soon as all have reported. A site that missed a round
-    is still counted exactly. Mixed into an :class:`~medfed.algorithms.base.Algorithm`."""
+    is still counted exactly. Mixed into an :class:`~medfed.algorithms.base.Algorithm` whose
+    parameters have a ``shrinkage``."""
 
-    moments: dict[int, Stats]
-    shrinkage: float
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.moments: dict[int, Stats] = {}  # server side: each site's statistics, by index
+
+    @property
+    def shrinkage(self) -> float:
+        """Of the pooled feature covariance toward its mean variance."""
+        return self.params.shrinkage
 
     def init_extra(self, model: FedModel) -> dict[str, torch.Tensor]:
         return {SENT: torch.zeros(1)}
@@ -53,6 +60,10 @@ class ClosedFormClientHead:
 
     def holds_statistics(self, site: int) -> bool | None:
         return site in self.moments
+
+    def check_stats(self, stats: Stats) -> None:
+        super().check_stats(stats)
+        self.check_moments(stats)
 
     def check_moments(self, stats: Stats) -> None:
         """Refuse (ValueError) a report that is not a whole set of feature statistics."""

@@ -9,11 +9,10 @@ from dataclasses import dataclass
 import torch
 
 from medfed.algorithms.base import (
-    Algorithm,
     LocalResult,
     LocalTask,
     Params,
-    State,
+    PersonalModel,
     proximal_loss,
     supervised_steps,
 )
@@ -23,13 +22,10 @@ from medfed.models.fedmodel import FedModel
 @dataclass(frozen=True)
 class DittoParams(Params):
     lam: float = 0.1
-
-    def __post_init__(self) -> None:
-        if self.lam < 0:
-            raise ValueError("lam must be >= 0")
+    non_negative = ("lam",)
 
 
-class Ditto(Algorithm):
+class Ditto(PersonalModel):
     name = "ditto"
     summary = "global FedAvg model plus a regularized personal model on each site"
     dp_refusal = (
@@ -38,9 +34,6 @@ class Ditto(Algorithm):
     )
     params_class = DittoParams
 
-    def init_extra(self, model: FedModel) -> State:
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
     def local_train(self, task: LocalTask) -> LocalResult:
         personal = copy.deepcopy(task.model)
         personal.load_state_dict(task.extra)
@@ -48,11 +41,8 @@ class Ditto(Algorithm):
         personal_result = supervised_steps(
             task, personal, personal.parameters(), self._personal_loss
         )
-        task.extra.update({k: v.detach().clone() for k, v in personal.state_dict().items()})
+        self.keep_personal(task, personal)
         return LocalResult(loss=personal_result.loss, metrics={"global_loss": global_result.loss})
 
     def _personal_loss(self, task: LocalTask, model: FedModel, x: torch.Tensor, y: torch.Tensor):
         return proximal_loss(model, x, y, task.global_state, self.params.lam)
-
-    def eval_state(self, site_state: State, extra: State) -> State:
-        return extra

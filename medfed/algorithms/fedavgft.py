@@ -10,10 +10,7 @@ from medfed.algorithms.base import Algorithm, Params
 @dataclass(frozen=True)
 class FedAvgFTParams(Params):
     finetune_rounds: int = 2  # fine-tuning budget, in rounds' worth of local steps
-
-    def __post_init__(self) -> None:
-        if self.finetune_rounds < 0:
-            raise ValueError("finetune_rounds must be >= 0")
+    non_negative = ("finetune_rounds",)
 
 
 class FedAvgFT(Algorithm):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from medfed.algorithms.base import Algorithm
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.models.fedmodel import norm_state_keys
 
 

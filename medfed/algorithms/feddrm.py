@@ -35,14 +35,13 @@ from medfed.algorithms.base import (
     LocalResult,
     LocalTask,
     Params,
-    Stats,
     Update,
     head_keys,
     supervised_steps,
     weighted_average,
 )
 from medfed.algorithms.discriminant import CLIENT_HEAD, ClosedFormClientHead
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.models.fedmodel import FedModel, ModelSpec, keys_with_prefix, norm_state_keys
 
 CLIENT_RULES = ("auto", "trained", "discriminant")
@@ -97,14 +96,6 @@ class FedDRM(ClosedFormClientHead, Algorithm):
     summary = "shared backbone + client head, private target head; routes by density ratio"
     params_class = FedDRMParams
     needs_client_branch = True
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.moments: dict[int, Stats] = {}  # server side, closed form: each site's statistics
-
-    @property
-    def shrinkage(self) -> float:
-        return self.params.shrinkage
 
     def closed_form(self, frozen_encoder: bool) -> bool:
         """Whether the client head is set in closed form in a run with or without the frozen
@@ -178,10 +169,6 @@ class FedDRM(ClosedFormClientHead, Algorithm):
         return F.cross_entropy(logits.float(), y)
 
     # --- server-side ------------------------------------------------------------------------
-    def check_stats(self, stats: Stats) -> None:
-        super().check_stats(stats)
-        self.check_moments(stats)
-
     def aggregate(self, updates: list[Update]) -> dict[str, torch.Tensor]:
         out = weighted_average(updates)
         if any(u.stats for u in updates) or self.moments:

@@ -47,7 +47,7 @@ from medfed.algorithms.base import (
     optimizer_step,
     weighted_average,
 )
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.models.fedmodel import FedModel, ModelSpec
 from medfed.models.mixture import (
     COEFFICIENTS,

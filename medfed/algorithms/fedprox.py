@@ -13,10 +13,7 @@ from medfed.models.fedmodel import FedModel
 @dataclass(frozen=True)
 class FedProxParams(Params):
     mu: float = 0.01
-
-    def __post_init__(self) -> None:
-        if self.mu < 0:
-            raise ValueError("mu must be >= 0")
+    non_negative = ("mu",)
 
 
 class FedProx(Algorithm):

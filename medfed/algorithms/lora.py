@@ -34,13 +34,12 @@ from medfed.algorithms.base import (
     LocalResult,
     LocalTask,
     Params,
-    Stats,
     Update,
     supervised_steps,
     weighted_average,
 )
 from medfed.algorithms.discriminant import CLIENT_HEAD, ClosedFormClientHead
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.models.fedmodel import FedModel, ModelSpec
 
 SHARED_ADAPTER = "shared"
@@ -100,12 +99,6 @@ class LoRA(ClosedFormClientHead, Algorithm):
     )
     params_class = LoRAParams
     needs_client_branch = True
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        # Server side: each site's latest feature statistics, by site index. With a frozen base
-        # they never change, so a site that missed a round is still counted exactly.
-        self.moments: dict[int, Stats] = {}
 
     def adapt_spec(self, spec: ModelSpec, site_ids: list[str]) -> ModelSpec:
         if self.params.mode == "shared" and SHARED_ADAPTER in site_ids:
@@ -183,14 +176,6 @@ class LoRA(ClosedFormClientHead, Algorithm):
         return F.cross_entropy(logits.float(), y)
 
     # --- server-side ------------------------------------------------------------------------
-    @property
-    def shrinkage(self) -> float:
-        return self.params.shrinkage
-
-    def check_stats(self, stats: Stats) -> None:
-        super().check_stats(stats)
-        self.check_moments(stats)
-
     def aggregate(self, updates: list[Update]) -> dict[str, torch.Tensor]:
         out = weighted_average(updates)
         self.set_client_head(out, updates)

@@ -24,15 +24,14 @@ import torch
 from torch import nn
 
 from medfed.algorithms.base import (
-    Algorithm,
     LocalResult,
     LocalTask,
     Params,
+    PersonalModel,
     State,
     optimizer_step,
     proximal_term,
 )
-from medfed.models.fedmodel import FedModel
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class PFedMeParams(Params):
         return self.eta * self.lam if self.eta else 0.5
 
 
-class PFedMe(Algorithm):
+class PFedMe(PersonalModel):
     name = "pfedme"
     summary = "bi-level: personalized models on a Moreau envelope of the global model (pFedMe)"
     dp_refusal = (
@@ -74,9 +73,6 @@ class PFedMe(Algorithm):
         " gradient no scan owns"
     )
     params_class = PFedMeParams
-
-    def init_extra(self, model: FedModel) -> State:
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def local_train(self, task: LocalTask) -> LocalResult:
         local = task.model  # w_i: starts as the received global model
@@ -104,7 +100,7 @@ class PFedMe(Algorithm):
             pairs = zip(local.parameters(), personal.parameters(), strict=True)
             gap = float(sum((w - t).pow(2).sum() for w, t in pairs).sqrt())  # ||w_i - theta||
         self._send(local, personal, task.global_state)
-        task.extra.update({k: v.detach().clone() for k, v in personal.state_dict().items()})
+        self.keep_personal(task, personal)
         return LocalResult(loss=total_ce / max(1, task.steps), metrics={"personal_gap": gap})
 
     def _send(self, local: nn.Module, personal: nn.Module, received: State) -> None:
@@ -118,6 +114,3 @@ class PFedMe(Algorithm):
             own = dict(personal.named_buffers())
             for name, buffer in local.named_buffers():
                 buffer.copy_(own[name])
-
-    def eval_state(self, site_state: State, extra: State) -> State:
-        return extra

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from medfed.config import DP_DELTA_PER_SCAN, DPSettings
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 STEPS_KEY = "dp.steps"
 """The key of a site's private state that counts its DP-SGD steps so far."""

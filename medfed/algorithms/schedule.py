@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.models.fedmodel import keys_with_prefix
 
 

@@ -16,8 +16,9 @@ from typer.models import ArgumentInfo
 from typer.utils import get_params_from_function
 
 from medfed.config import WIRE_PRECISION_NOTES
-from medfed.devices import DEVICES
-from medfed.errors import ConfigError, MedfedError, require_extra
+from medfed.core.devices import DEVICES
+from medfed.core.errors import ConfigError, MedfedError, require_extra
+from medfed.core.fileio import check_not_in_run, check_out_folder
 
 # The groups of `medfed --help`, by what a user does, in the order help shows them.
 SITES = "Sites"
@@ -149,7 +150,7 @@ CacheDirOpt = Annotated[
         callback=named_folder,
     ),
 ]
-# Every device medfed runs on (medfed.devices); DEVICE_OPTION alone for an optional one.
+# Every device medfed runs on (medfed.core.devices); DEVICE_OPTION alone for an optional one.
 DEVICE_OPTION = typer.Option(help=f"{', '.join(DEVICES)}.")
 DeviceOpt = Annotated[str, DEVICE_OPTION]
 OutFolderOpt = Annotated[
@@ -158,6 +159,7 @@ OutFolderOpt = Annotated[
 ]
 QuickOpt = Annotated[bool, typer.Option(help="A smaller budget (how small: see above).")]
 SeedOpt = Annotated[int, typer.Option(help="Random seed.")]
+TrainedRunArg = Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")]
 UpdateReadmeOpt = Annotated[
     Path | None,
     typer.Option(help="Write the results into this Markdown page's section (named above)."),
@@ -209,6 +211,26 @@ def check_readme(readme: Path | None, marker: str) -> None:
             f"--update-readme {readme}: the file lacks the section markers {start} and {end}; "
             "add both lines where the tables should go"
         )
+
+
+def check_outputs(out: Path, readme: Path | None = None, *markers: str) -> None:
+    """Before an experiment starts: ``--update-readme`` holds every section it will write, and
+    ``--out`` is a folder it may write to that is no run's."""
+    for marker in markers:
+        check_readme(readme, marker)
+    check_out_folder(out)
+    check_not_in_run(out)
+
+
+def update_section(page: Path | None, marker: str, text: str) -> None:
+    """Put ``text`` in the ``marker`` section of ``page`` (when given), and say so."""
+    if page is None:
+        return
+    from medfed.reports.markdown import replace_marked_section
+
+    old = page.read_text(encoding="utf-8")
+    page.write_text(replace_marked_section(old, marker, text), encoding="utf-8")
+    typer.echo(f"updated the {marker} section of {page}")
 
 
 def check_methods(methods: tuple[str, ...], seed: int) -> None:

@@ -9,7 +9,7 @@ import typer
 
 from medfed.cli.common import DEPLOYMENT, adder, friendly, with_registries
 from medfed.cli.settings import given_settings, training_options
-from medfed.errors import ConfigError, require_extra
+from medfed.core.errors import ConfigError, require_extra
 from medfed.flower.waits import REPLY_TIMEOUT_S, WAIT_S
 
 # What both app folders take (medfed deploy app, stats). The waits' defaults and bound (a
@@ -167,7 +167,6 @@ def deploy_app_folder(
         wait_s=wait,
         reply_timeout_s=reply_timeout,
         resume=resume,
-        lr_from_modality="lr" not in stored,  # CT and fundus differ (see medfed train --lr)
         secure_aggregation=secure_aggregation,
         **({"secure_bound": secure_bound} if secure_bound is not None else {}),
         secure_two_sites=secure_aggregation_two_sites,

@@ -22,13 +22,13 @@ from medfed.cli.common import (
     UpdateReadmeOpt,
     adder,
     check_methods,
-    check_readme,
+    check_outputs,
     friendly,
+    update_section,
 )
 from medfed.cli.tracking import TrackOption, planned_tracking, track_finished
 from medfed.config import Modality
-from medfed.errors import ConfigError, require_extra
-from medfed.fileio import check_not_in_run, check_out_folder
+from medfed.core.errors import ConfigError, require_extra
 
 # Options several experiments share; what differs per command, its docstring says.
 LocalStepsOpt = Annotated[int, typer.Option(help="Local steps per round.")]
@@ -44,15 +44,6 @@ ReuseRunsOpt = Annotated[
     ),
 ]
 SeedsOpt = Annotated[int | None, typer.Option(help="Seeds 0..N-1 (default: see above).")]
-
-
-def _checked(out: Path, readme: Path | None = None, *markers: str) -> None:
-    """Before an experiment starts: ``--update-readme`` holds every section it will write, and
-    ``--out`` is a folder it may write to that is no run's."""
-    for marker in markers:
-        check_readme(readme, marker)
-    check_out_folder(out)
-    check_not_in_run(out)
 
 
 @friendly
@@ -74,7 +65,7 @@ def demo(
     (fundus) or docs/ct.md (ct)."""
     from medfed.experiments.demo import DEMO_MARKERS, demo_modalities, run_demos
 
-    _checked(out, update_readme, *(DEMO_MARKERS[m] for m in demo_modalities(modality)))
+    check_outputs(out, update_readme, *(DEMO_MARKERS[m] for m in demo_modalities(modality)))
     run_demos(out, modality, quick=quick, seed=seed, echo=typer.echo, readme=update_readme)
 
 
@@ -135,7 +126,7 @@ def bench(
         methods=tuple(methods or ()),
     )
     check_methods(plan.methods, 0)
-    _checked(out, update_readme, plan.marker)
+    check_outputs(out, update_readme, plan.marker)
     tracking = planned_tracking(track, out)
     echo = functools.partial(typer.echo, err=as_json)
     results = run_bench(out, plan, echo=echo, readme=update_readme)
@@ -157,7 +148,7 @@ def transfer(
 
     --quick: about 5 minutes on 2 cores; --update-readme: the results and the plot, into
     docs/training.md's transfer section."""
-    _checked(out, update_readme, "transfer")
+    check_outputs(out, update_readme, "transfer")
     from medfed.experiments.transfer import run_transfer
 
     run_transfer(out, quick=quick, echo=typer.echo, readme=update_readme)
@@ -175,7 +166,7 @@ def privacy_curve(
 
     --quick: one seed (about 10 minutes on 2 cores); --update-readme: the results and the
     plot, into docs/privacy.md's privacy section."""
-    _checked(out, update_readme, "privacy")
+    check_outputs(out, update_readme, "privacy")
     from medfed.experiments.privacy_curve import run_privacy_curve
 
     run_privacy_curve(out, quick=quick, echo=typer.echo, readme=update_readme)
@@ -208,7 +199,7 @@ def gpu_check(
     OUT/gpu_check.md.
 
     --device: the device checked against the CPU (default: cuda, else cpu-bf16)."""
-    _checked(out)
+    check_outputs(out)
     from medfed.experiments.gpucheck import FULL, MODALITIES, SHORT, run_gpu_check
 
     budget = SHORT if short else FULL
@@ -264,7 +255,7 @@ def bench_deploy(
 
     --update-readme: the table, into docs/deployment.md's deploy-bench section."""
     require_extra("flwr", "flower", "medfed bench-deploy")
-    _checked(out, update_readme, "deploy-bench")
+    check_outputs(out, update_readme, "deploy-bench")
     if not 3 <= rounds <= 1000:
         raise ConfigError(
             f"--rounds must be 3..1000 (the first and the last rounds are left out), got {rounds}"
@@ -274,7 +265,6 @@ def bench_deploy(
     if task_poll is not None and not 0.01 <= task_poll <= 60:  # what Flower 1.42 accepts
         raise ConfigError(f"--task-poll must be 0.01..60 seconds, got {task_poll:g}")
     from medfed.experiments.deploy_speed import MARKER, DeployBenchPlan, markdown, run_deploy_bench
-    from medfed.reports.markdown import replace_marked_section
 
     plan = DeployBenchPlan(
         n_per_site=n_per_site,
@@ -298,12 +288,7 @@ def bench_deploy(
     resolved_settings(plan.config())  # a bad backbone or budget is refused before anything starts
     results = run_deploy_bench(out, plan)
     typer.echo(markdown(results))
-    if update_readme is not None:
-        text = update_readme.read_text(encoding="utf-8")
-        update_readme.write_text(
-            replace_marked_section(text, MARKER, markdown(results)), encoding="utf-8"
-        )
-        typer.echo(f"updated the {MARKER} section of {update_readme}")
+    update_section(update_readme, MARKER, markdown(results))
 
 
 @friendly
@@ -344,7 +329,7 @@ def bench_throughput(
     from medfed.experiments.throughput import MARKER, ThroughputPlan
     from medfed.experiments.throughput_report import full_report
 
-    _checked(out, update_readme, MARKER)
+    check_outputs(out, update_readme, MARKER)
     if memory_scans and memory_scans < 8:
         raise ConfigError(f"--memory-scans must be 0 or at least 8, got {memory_scans}")
     plan = ThroughputPlan(
@@ -368,12 +353,7 @@ def bench_throughput(
         out, plan, memory_scans, echo=typer.echo, dp_steps=dp_steps, dp_backbone=dp_backbone
     )
     typer.echo(text)
-    if update_readme is not None:
-        from medfed.reports.markdown import replace_marked_section
-
-        page = update_readme.read_text(encoding="utf-8")
-        update_readme.write_text(replace_marked_section(page, MARKER, text), encoding="utf-8")
-        typer.echo(f"updated the {MARKER} section of {update_readme}")
+    update_section(update_readme, MARKER, text)
 
 
 MAX_SCENARIO_SEEDS = 100
@@ -429,7 +409,7 @@ def scenarios(
     plan = ScenarioPlan.make(
         ablation, quick=quick, seeds=seeds, methods=method or (), n_boot=n_boot, levels=level or ()
     )
-    _checked(out, update_readme, marker(ablation))
+    check_outputs(out, update_readme, marker(ablation))
     tracking = planned_tracking(track, out)
     # The sweep reports no routing latency: its runs time the fewest scans the median's CI needs
     # (each timed scan is a forward pass of every site's model; a 32-site level pays 32).
@@ -485,7 +465,7 @@ def real_study(
         methods=methods,
         n_boot=n_boot,
     )
-    _checked(out, update_readme, *(MARKERS if outside else MARKERS[:1]))
+    check_outputs(out, update_readme, *(MARKERS if outside else MARKERS[:1]))
     tracking = planned_tracking(track, out)
     run_real_study(
         plan, out, echo=typer.echo, readme=update_readme, outside=outside, reuse=reuse_runs

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from medfed.errors import ManifestError, RunDirError
+from medfed.core.errors import ManifestError, RunDirError
 from medfed.reports.heterogeneity import cross_figures, task_of, test_sizes
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from medfed.cli.common import SERVING, adder, friendly
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 ops_app = typer.Typer(
     help="Run medfed's services under systemd, and replace the model they serve.\n\nThe "

@@ -16,12 +16,14 @@ from medfed.cli.common import (
     LogFormatOpt,
     MetricsHostOpt,
     MetricsPortOpt,
+    TrainedRunArg,
     adder,
     friendly,
+    update_section,
     wants_metrics,
 )
 from medfed.clinic.pacs import MAX_BYTES, MAX_FILES, MAX_PIXELS
-from medfed.errors import ConfigError, require_extra
+from medfed.core.errors import ConfigError, require_extra
 
 pacs_app = typer.Typer(
     help="New scans from the hospital's PACS: a DICOMweb inbox and a DICOM listener.\n\n"
@@ -195,7 +197,7 @@ def keep_data_private(run: Path, retention_days: float = 0.0) -> None:
     what is older than it removed (and logged)."""
     from medfed.clinic.audit import AUDIT_FILE
     from medfed.clinic.pacs.records import PACS_FILE
-    from medfed.fileio import keep_private
+    from medfed.core.fileio import keep_private
 
     databases = [run / f"{name}{end}" for name in (AUDIT_FILE, PACS_FILE) for end in SQLITE_ENDS]
     keep_private(*databases, run / "review", run / "pacs")
@@ -292,7 +294,7 @@ def _watcher(
 
 @friendly
 def watch(
-    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    run: TrainedRunArg,
     dicomweb: DicomwebOpt,
     interval: Annotated[
         float, typer.Option(help="Seconds between polls.", callback=_seconds(1.0))
@@ -376,7 +378,7 @@ def watch(
 
 @friendly
 def backfill(
-    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    run: TrainedRunArg,
     dicomweb: DicomwebOpt,
     answer: Annotated[
         bool, typer.Option("--answer", help="Answer the pending scans (once each).")
@@ -424,7 +426,7 @@ def backfill(
 
 @friendly
 def listen(
-    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    run: TrainedRunArg,
     allow: Annotated[
         list[str],
         typer.Option(
@@ -538,10 +540,7 @@ def load(
     results = load_test(run, scan, clients, requests, device, typer.echo)
     table = load_table(results, scan, run)
     typer.echo(table)
-    if update_docs is not None:
-        text = update_docs.read_text(encoding="utf-8")
-        update_docs.write_text(replace_marked_section(text, "serve-load", table), encoding="utf-8")
-        typer.echo(f"updated the serve-load section of {update_docs}")
+    update_section(update_docs, "serve-load", table)
     if any(r.lost for r in results):
         raise typer.Exit(1)
 
@@ -572,7 +571,7 @@ def make_study(
     accession number, study date and study UID given. Store the files in a test PACS (e.g.
     Orthanc's upload, storescu or STOW-RS) to try 'medfed pacs watch' or 'listen'."""
     from medfed.clinic.pacs.make_study import StudyIds, make_study, write_study
-    from medfed.fileio import check_out_folder
+    from medfed.core.fileio import check_out_folder
 
     check_out_folder(out)
     dated = {"study_date": study_date} if study_date is not None else {}

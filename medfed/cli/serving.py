@@ -14,13 +14,14 @@ from medfed.cli.common import (
     LogFormatOpt,
     MetricsHostOpt,
     MetricsPortOpt,
+    TrainedRunArg,
     adder,
     friendly,
     wants_metrics,
     with_registries,
 )
-from medfed.errors import ConfigError, require_extra
-from medfed.fileio import check_out_file
+from medfed.core.errors import ConfigError, require_extra
+from medfed.core.fileio import check_out_file
 
 _BACKUP_HELP = (
     "Copy RUN/audit.sqlite to this new file (SQLite's online backup: consistent while others "
@@ -183,7 +184,7 @@ def review(
 
 @friendly
 def route(
-    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    run: TrainedRunArg,
     files: Annotated[
         list[str],  # text, not Path: Path('') would read as '.', the current folder
         typer.Argument(
@@ -223,7 +224,7 @@ def route(
     Exit code 1 when any file could not be answered; the other files are still answered.
     """
     from medfed.clinic.route import distinct, route_files
-    from medfed.names import printable
+    from medfed.core.names import printable
     from medfed.routing.bundle import TrainedFederation
     from medfed.routing.routers import make_router
 

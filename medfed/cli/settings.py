@@ -14,13 +14,14 @@ from typing import Annotated, Any
 import typer
 
 from medfed.config import TrainConfig
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 # A setting's type (its annotation, a string) -> the type of its option; repeatable options
 # gather a table (params: NAME=VALUE) or a list (faults).
 OPTION_TYPES: dict[str, Any] = {
     "int": int,
     "float": float,
+    "float | None": float,
     "str": str,
     "bool": bool,
     "dict[str, Any]": list[str],

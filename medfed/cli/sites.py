@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from medfed.cli.common import SITES, CacheDirOpt, adder, friendly, named_folder
-from medfed.errors import ManifestError, MedfedError
+from medfed.core.errors import ManifestError, MedfedError
 
 
 @friendly

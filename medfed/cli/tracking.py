@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from medfed.cli.common import TRAINING, adder, friendly
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from medfed.tracking import TrackSettings

@@ -17,10 +17,11 @@ from medfed.cli.common import (
     OutFolderOpt,
     QuickOpt,
     SeedOpt,
+    TrainedRunArg,
     UpdateReadmeOpt,
     adder,
     check_methods,
-    check_readme,
+    check_outputs,
     friendly,
     named_folder,
     with_registries,
@@ -33,9 +34,9 @@ from medfed.cli.tracking import (
     register_commands,
     track_finished,
 )
-from medfed.errors import ConfigError, ManifestError
-from medfed.fileio import check_not_in_run, check_out_file, check_out_folder
-from medfed.progress import lines_instead
+from medfed.core.errors import ConfigError, ManifestError
+from medfed.core.fileio import check_not_in_run, check_out_file, check_out_folder
+from medfed.core.progress import lines_instead
 
 if TYPE_CHECKING:
     from medfed.config import RunConfigFile, SiteManifest
@@ -185,8 +186,6 @@ def train(
     loaded = _load_sites([*(sites or []), *(more_sites or [])], stored, cache_dir, show)
     from medfed.data.sitedata import no_validation_warning
 
-    # CT and fundus differ: no learning rate chosen, the sites' modality sets it.
-    lr_from_modality = "lr" not in given and "lr" not in (stored.train if stored else {})
     for site in loaded:
         words = no_validation_warning(site, config.operating_point)
         if words:
@@ -199,7 +198,6 @@ def train(
         resume=resume,
         progress=show,
         echo=typer.echo,
-        lr_from_modality=lr_from_modality,
         # No bar in a log file or a pipe: a line per round (or every few) instead of silence.
         say=lines_instead(progress),
         cache_dir=cache_dir,  # the frozen encoder's features sit beside the decoded photos
@@ -210,7 +208,7 @@ def train(
 
 @friendly
 def evaluate(
-    run: Annotated[Path, typer.Argument(help="A run directory written by 'medfed train'.")],
+    run: TrainedRunArg,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print summary.json (every figure, CIs and counts).")
     ] = False,
@@ -302,9 +300,7 @@ def compare(
 
     --quick: the smaller demo budget; --update-readme: the tables, into docs/training.md's
     compare section."""
-    check_readme(update_readme, "compare-table")
-    check_out_folder(out)
-    check_not_in_run(out)
+    check_outputs(out, update_readme, "compare-table")
     tracking = planned_tracking(track, out)
     from medfed.experiments.demo import COMMUNICATION_METHODS, run_demo
 

@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from medfed.errors import MedfedError
-from medfed.fileio import new_private_file
-from medfed.names import printable
+from medfed.core.errors import MedfedError
+from medfed.core.fileio import new_private_file
+from medfed.core.names import printable
 
 __all__ = [
     "AUDIT_FILE",

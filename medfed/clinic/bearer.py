@@ -7,7 +7,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 TOKEN_FILE = "serve.token"

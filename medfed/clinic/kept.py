@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from medfed.fileio import private_dir, private_file
+from medfed.core.fileio import private_dir, private_file
 
 __all__ = ["KEPT_FOLDER", "keep_scan", "keep_series", "kept_scan"]
 

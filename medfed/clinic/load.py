@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from medfed.clinic.audit import AuditLog
-from medfed.errors import ConfigError, MedfedError
+from medfed.core.errors import ConfigError, MedfedError
 
 __all__ = ["LoadResult", "load_test", "load_table"]
 

@@ -32,8 +32,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from medfed.errors import ConfigError, MedfedError, RunDirError
-from medfed.fileio import private_dir
+from medfed.core.errors import ConfigError, MedfedError, RunDirError
+from medfed.core.fileio import private_dir
 from medfed.runs.rundir import TRAINING_OUTPUTS, RunDir
 
 __all__ = [

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medfed.clinic.kept import KEPT_FOLDER
-from medfed.errors import ConfigError
-from medfed.fileio import new_private_file, private_dir
+from medfed.core.errors import ConfigError
+from medfed.core.fileio import new_private_file, private_dir
 
 ANSWERS = Path("pacs") / "answers"  # the structured reports written for the PACS
 PURGE_LOG = Path("review") / "purged.jsonl"

@@ -61,7 +61,7 @@ from medfed.clinic.review_sheets import (
     write_csv,
     write_figures_csv,
 )
-from medfed.errors import MedfedError
+from medfed.core.errors import MedfedError
 from medfed.metrics import wilson
 from medfed.runs.rundir import RunDir
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from medfed.clinic.audit import AuditEntry, ReadEntry
 from medfed.config import class_names
-from medfed.errors import MedfedError
+from medfed.core.errors import MedfedError
 from medfed.metrics import (
     Interval,
     OperatingPoint,

@@ -18,7 +18,7 @@ from typing import Any
 
 from medfed.clinic.audit import AuditEntry
 from medfed.clinic.review_figures import FIGURE_COLUMNS, Prospective, ReviewError
-from medfed.fileio import atomic_write
+from medfed.core.fileio import atomic_write
 
 READ_COLUMNS: tuple[str, ...] = ("scan_id", "read_id", "reader", "read", "note", "time")
 """Columns an imported reads file may hold besides the context ones; scan_id, reader and read

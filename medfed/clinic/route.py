@@ -15,12 +15,12 @@ import torch
 
 from medfed.clinic.audit import AuditEntry, AuditLog
 from medfed.config import FundusPreprocess
+from medfed.core.errors import DataError, MedfedError
+from medfed.core.names import printable
+from medfed.core.progress import bar
 from medfed.data.cache import content_hash, data_digest
 from medfed.data.preprocess import apply_pipeline
 from medfed.data.transforms import CameraField
-from medfed.errors import DataError, MedfedError
-from medfed.names import printable
-from medfed.progress import bar
 from medfed.routing.bundle import TrainedFederation
 from medfed.routing.routers import MajorityVoteRouter, Router, RouteResult
 from medfed.routing.scans import Scan, read_scan

@@ -39,7 +39,7 @@ from medfed.clinic.kept import keep_scan
 from medfed.clinic.pacs.uploads import LimitError, Limits, unpack_upload
 from medfed.clinic.recorded import record_scan
 from medfed.clinic.releases import LiveModel
-from medfed.errors import DataError, MedfedError
+from medfed.core.errors import DataError, MedfedError
 from medfed.ops.telemetry import EventLog, ServeMetrics, request_id
 from medfed.routing.bundle import TrainedFederation
 from medfed.routing.routers import Router

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from medfed.units import BYTE_UNITS
+from medfed.core.units import BYTE_UNITS
 
 WORST = "#d62728"
 OTHER = "#1f77b4"
@@ -55,7 +55,7 @@ def site_colours(sites: list[str] | pd.Series) -> dict[str, str]:
 
 def byte_unit(values: Any) -> tuple[str, float]:
     """The unit (name, size in bytes) a chart of ``values`` bytes is drawn in: the largest of
-    medfed.units' kB/MB/GB that the biggest value reaches (kB below 1 kB)."""
+    medfed.core.units' kB/MB/GB that the biggest value reaches (kB below 1 kB)."""
     top = float(pd.to_numeric(pd.Series(values), errors="coerce").abs().max() or 0.0)
     for unit, size in BYTE_UNITS:
         if top >= size:

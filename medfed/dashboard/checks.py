@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from medfed.clinic.audit import AUDIT_FILE, AuditEntry, AuditError, AuditLog
+from medfed.core.errors import MedfedError, RunDirError
 from medfed.data.overview import OVERVIEW_FILE, overview_dir, read_site_overview
-from medfed.errors import MedfedError, RunDirError
 from medfed.runs import RunDir
 from medfed.runs.schema import STATISTICS_FILE, RoundRecord, Summary
 from medfed.runs.statistics import read_statistics

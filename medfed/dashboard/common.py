@@ -15,10 +15,10 @@ from typing import Any
 import streamlit as st
 
 from medfed.clinic.audit import AUDIT_FILE
+from medfed.core.errors import MedfedError
 from medfed.dashboard import APP, RUNS_ENV, checks
 from medfed.dashboard.rundata import Run, find_runs, label_runs, run_status
 from medfed.data.overview import OVERVIEW_FILE, overview_dir
-from medfed.errors import MedfedError
 from medfed.runs.schema import RoundRecord, Summary
 
 SELECTED = "selected_runs"
@@ -256,6 +256,19 @@ def runs_holding(runs: list[Run], read: Callable[[Run], Any]) -> dict[str, Any]:
         else:
             st.info(f"**{run.label}**: {status_line(run)}")
     return found
+
+
+def chosen_runs_holding(
+    read: Callable[[Run], Any], nothing: str
+) -> tuple[list[Run], dict[str, Any]]:
+    """The runs ticked in the sidebar and :func:`runs_holding`'s ``read`` of them; stops the
+    page with the warning ``nothing`` when no run holds anything."""
+    runs = chosen_runs()
+    found = runs_holding(runs, read)
+    if not found:
+        st.warning(nothing)
+        st.stop()
+    return runs, found
 
 
 @st.cache_resource(show_spinner="Loading the trained site models ...", max_entries=4)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from medfed.core.errors import ConfigError
 from medfed.dashboard import APP, MAX_UPLOAD_MB, PAGES, RUNS_ENV, STATE_ENV
 from medfed.dashboard.rundata import (
     DEFAULT_REVIEWER_HEADER,
@@ -17,7 +18,6 @@ from medfed.dashboard.rundata import (
     find_runs,
     reviewer_header,
 )
-from medfed.errors import ConfigError
 from medfed.governance.records import AUDIT
 
 ADDRESS = "127.0.0.1"  # loopback only: the pages show patient-level results

@@ -18,17 +18,17 @@ from typing import Any
 import pandas as pd
 
 from medfed.clinic.audit import AuditEntry
+from medfed.core.errors import ConfigError
+from medfed.core.names import printable
+from medfed.core.units import human_bytes
 from medfed.dashboard import clinical
 from medfed.dashboard.checks import damaged, escape_markdown
 from medfed.dashboard.reviewdata import answer_text
 from medfed.data.cards import TO_FILL
-from medfed.errors import ConfigError
-from medfed.names import printable
 from medfed.reports import fmt
 from medfed.reports.evaluation import AT_ARGMAX, AT_OPERATING, PRIVACY_COLUMNS, privacy_cells
 from medfed.runs import RunDir
 from medfed.runs.schema import DROPPED, OK, STATISTICS_FILE, RoundRecord, Summary
-from medfed.units import human_bytes
 
 # Folders medfed writes that never hold runs (a run's own, the preprocessing cache): skipping
 # them keeps discovery fast.

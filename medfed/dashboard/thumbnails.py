@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from medfed.core.errors import MedfedError
 from medfed.data.io import Volume
-from medfed.errors import MedfedError
 from medfed.routing.scans import read_scan
 
 SIZE = 256  # longest side in pixels; the page shows it smaller still

@@ -32,8 +32,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from medfed.core.errors import ConfigError, DataError
 from medfed.data.io import permission_denied
-from medfed.errors import ConfigError, DataError
 
 _CHUNK = 1 << 20
 _STACK_MAGIC = b"medfed-stack 1\n"

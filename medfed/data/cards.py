@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from medfed.config import Modality, SiteManifest
+from medfed.core.errors import ConfigError
+from medfed.core.manifest import TRIPOD_FIELDS
 from medfed.data.checks import SiteReport
-from medfed.errors import ConfigError
-from medfed.manifest import TRIPOD_FIELDS
 
 TO_FILL = "_to fill in by the site_"
 

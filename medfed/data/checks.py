@@ -14,6 +14,10 @@ from typing import Any
 import numpy as np
 
 from medfed.config import SiteManifest, load_manifest
+from medfed.core.errors import ManifestError, MedfedError
+from medfed.core.names import printable
+from medfed.core.progress import bar
+from medfed.core.reliability import RELIABLE_MIN, unreliable
 from medfed.data.cache import TensorCache, content_hash
 from medfed.data.disc import disc_of
 from medfed.data.distances import SiteFeatures, scan_features, site_distances
@@ -31,10 +35,6 @@ from medfed.data.records import Problem, Record, Split
 from medfed.data.scanstats import acquisition_values, histogram_edges, scan_histogram
 from medfed.data.sitedata import preprocess_record
 from medfed.data.splits import assign_splits
-from medfed.errors import ManifestError, MedfedError
-from medfed.names import printable
-from medfed.progress import bar
-from medfed.reliability import RELIABLE_MIN, unreliable
 
 EXIT_READY, EXIT_PROBLEMS, EXIT_UNUSABLE = 0, 1, 2
 
@@ -204,7 +204,7 @@ def _summarize_sizes(shapes: list[tuple[int, ...]], spacings: list[tuple]) -> di
 def check_site(manifest: SiteManifest, cache: TensorCache) -> SiteReport:
     """Validate one loaded manifest: layout, every file, labels, counts, statistics.
 
-    File names in the report are escaped (see :func:`medfed.names.printable`), so that a name
+    File names in the report are escaped (see :func:`medfed.core.names.printable`), so that a name
     with a newline or bytes that are not UTF-8 neither fakes a line nor fails when printed.
     """
     return _escaped(_check_site(manifest, cache))

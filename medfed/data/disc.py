@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from medfed.core.errors import DataError
 from medfed.data.records import Record
-from medfed.errors import DataError
 
 META_KEY = "disc"  # a Record's meta entry holding its DiscPosition
 

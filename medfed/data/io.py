@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from medfed.core.errors import DataError
 from medfed.data.records import Record
-from medfed.errors import DataError
 
 if TYPE_CHECKING:
     from pydicom.dataset import Dataset

@@ -14,10 +14,10 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from medfed.config import LAYOUTS_BY_MODALITY, PREPROCESS_BY_MODALITY, Modality
+from medfed.core.errors import ManifestError
 from medfed.data.io import Decoded, read_photo, read_volume
 from medfed.data.records import Record
 from medfed.data.transforms import ct_tensor, fundus_tensor
-from medfed.errors import ManifestError
 
 if TYPE_CHECKING:
     import torch

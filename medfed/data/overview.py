@@ -22,15 +22,15 @@ import torch
 from PIL import Image
 
 from medfed.config import Modality
+from medfed.core.errors import RunDirError
+from medfed.core.fileio import atomic_write
+from medfed.core.versions import unversioned, versioned
 from medfed.data.cards import render_card
 from medfed.data.checks import SiteReport, split_warnings
 from medfed.data.distances import SiteFeatures, distance_matrix, scan_features, site_distances
 from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import RunDirError
-from medfed.fileio import atomic_write
-from medfed.versions import unversioned, versioned
 
 OVERVIEW_DIR = "site_overview"
 OVERVIEW_FILE = "overview.json"

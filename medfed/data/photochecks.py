@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from medfed.config import SiteManifest
-from medfed.names import printable
+from medfed.core.names import printable
 
 # Two sites' photo shapes (width over height) differing by more than this share are told apart.
 ASPECT_TOLERANCE = 0.05

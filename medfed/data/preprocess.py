@@ -18,10 +18,10 @@ from dataclasses import asdict
 import torch
 
 from medfed.config import Modality, PreprocessOptions, SiteManifest
+from medfed.core.normalization import Normalization, NormalizedView
 from medfed.data.disc import DiscPosition
 from medfed.data.io import Decoded
 from medfed.data.modality import modality_spec
-from medfed.normalization import Normalization, NormalizedView
 
 # Bump when the deterministic stage changes in a way that alters its output: it invalidates caches.
 # 2: DICOM series are reoriented to RAS+ like NIfTI volumes (they were kept in stored LPS order).

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from medfed.config import SiteManifest, count_from_env
+from medfed.core.errors import DataError, MedfedError
+from medfed.core.progress import bar
 from medfed.data.cache import (
     StackWriter,
     TensorCache,
@@ -33,8 +35,6 @@ from medfed.data.preprocess import (
 from medfed.data.records import Problem, Record, Split
 from medfed.data.splits import assign_splits
 from medfed.data.transforms import NoCameraField
-from medfed.errors import DataError, MedfedError
-from medfed.progress import bar
 
 _SHOWN = 5
 
@@ -310,7 +310,7 @@ def no_validation_warning(site: SiteData, operating_point: str) -> str | None:
     """Words for a two-class site without validation scans whose operating point must be
     chosen on them (any rule but ``threshold:T``): training falls back to threshold 0.5 there
     and reports no validation AUC. None when nothing falls back."""
-    from medfed.operating_rule import OperatingRule
+    from medfed.core.operating_rule import OperatingRule
 
     if len(site.manifest.class_names()) != 2 or site.n(Split.VAL) > 0:
         return None

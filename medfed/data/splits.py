@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from medfed.config import SplitOptions
+from medfed.core.errors import DataError
 from medfed.data.records import Record, Split
-from medfed.errors import DataError
 
 
 def _patient_label(records: list[Record]) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from medfed.core.manifest import Modality
 from medfed.data import synth_dr, synth_fundus
 from medfed.data.synth_common import (
     FORMAT_VERSION,
@@ -41,7 +42,6 @@ from medfed.data.synth_common import (
 from medfed.data.synth_ct import CT_LIVER_WINDOW, CT_SITES, CTSite
 from medfed.data.synth_dr import DRShift
 from medfed.data.synth_fundus import FUNDUS_SITES, FundusSite, GlaucomaShift
-from medfed.manifest import Modality
 
 __all__ = [
     "CT_LIVER_WINDOW",

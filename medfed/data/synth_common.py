@@ -18,8 +18,8 @@ import numpy as np
 import tomli_w
 from PIL import Image
 
+from medfed.core.errors import MedfedError
 from medfed.data._phantoms import Camera
-from medfed.errors import MedfedError
 
 # The generator's name, written into synth_meta.json, every manifest and the DICOM UIDs' seed.
 GENERATOR = "medfed.data.synth"

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from medfed.core.manifest import Modality
 from medfed.data._phantoms import (
     FAINT_CONTRAST_HU,
     FAINT_FRACTION,
@@ -31,7 +32,6 @@ from medfed.data.synth_common import (
     site_truth,
     write_bytes,
 )
-from medfed.manifest import Modality
 
 # The CT sites' manifests read a liver window (width 200 HU, level 60): a lesion 60 HU below the
 # liver spans almost a third of it, where the soft-tissue window [-160, 240] gives it a seventh.

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from medfed.core.manifest import Modality
 from medfed.data._phantoms import (
     Camera,
     Retinopathy,
@@ -44,7 +45,6 @@ from medfed.data.synth_common import (
     stratified_parts,
     write_bytes,
 )
-from medfed.manifest import Modality
 
 MIN_N_PER_SITE = 20
 LAYOUT_FOLDERS = {"aptos": "APTOS", "eyepacs": "EYEPACS", "idrid": "IDRID"}

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.stats import truncnorm
 
+from medfed.core.manifest import Modality
 from medfed.data._phantoms import (
     CDR_RANGE,
     Camera,
@@ -50,7 +51,6 @@ from medfed.data.synth_common import (
     towards,
     write_bytes,
 )
-from medfed.manifest import Modality
 
 # Fixed moment for formats that insist on one (xlsx document properties, zip entries).
 _FIXED_ZIP_TIME = (1980, 1, 1, 0, 0, 0)

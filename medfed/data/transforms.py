@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from medfed.config import CTPreprocess, FundusPreprocess
+from medfed.core.errors import DataError
 from medfed.data.disc import DiscPosition
 from medfed.data.io import Volume
-from medfed.errors import DataError
 
 if TYPE_CHECKING:
     from monai.data import MetaTensor

@@ -27,8 +27,8 @@ import numpy as np
 
 from medfed.algorithms import ALGORITHMS, make_algorithm
 from medfed.config import TrainConfig
+from medfed.core.errors import ConfigError
 from medfed.data.modality import modality_spec
-from medfed.errors import ConfigError
 from medfed.experiments.bench_tables import fixed, results_markdown
 
 # The bench's table as the GPU check shows it.
@@ -235,72 +235,72 @@ class BenchPlan:
         """OUT/results.json and .md, and the README section with its plots."""
         return Docs("results", self.marker, self.plot_dir)
 
-    @classmethod
-    def make(
-        cls,
-        *,
-        quick: bool = False,
-        seeds: int | None = None,
-        modalities: tuple[str, ...] = MODALITIES,
-        fundus_budget: str | None = None,
-        ct_budget: str | None = None,
-        image_size: int | None = None,
-        speed_rounds: int | None = None,
-        backbone_rounds: int | None = None,
-        memory_patients: int | None = None,
-        n_boot: int | None = None,
-        methods: tuple[str, ...] = (),
-    ) -> BenchPlan:
-        """The quick or full plan, with any budget overridden (``SCANSxROUNDSxSTEPS``) and
-        ``methods`` (names as :func:`bench_methods` gives them) instead of every method."""
-        size = "quick" if quick else "full"
+    @staticmethod
+    def make(**options: Any) -> BenchPlan:
+        """The plan of ``medfed bench``'s options, named as :class:`BenchOptions` names them."""
+        return BenchOptions(**options).plan()
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """``medfed bench``'s options as given: budgets as ``SCANSxROUNDSxSTEPS``, ``methods`` as
+    :func:`bench_methods` names them; None (or empty) leaves the quick or full plan's own."""
+
+    quick: bool = False
+    seeds: int | None = None
+    modalities: tuple[str, ...] = MODALITIES
+    fundus_budget: str | None = None
+    ct_budget: str | None = None
+    image_size: int | None = None
+    speed_rounds: int | None = None
+    backbone_rounds: int | None = None
+    memory_patients: int | None = None
+    n_boot: int | None = None
+    methods: tuple[str, ...] = ()
+
+    def plan(self) -> BenchPlan:
+        """The quick or full plan, with any budget overridden and ``methods`` instead of every
+        method."""
+        size = "quick" if self.quick else "full"
         budgets = dict(BUDGETS[size])
-        if fundus_budget:
-            budgets["fundus"] = parse_budget(fundus_budget)
-        if ct_budget:
-            budgets["ct"] = parse_budget(ct_budget)
-        unknown = set(modalities) - set(MODALITIES)
+        if self.fundus_budget:
+            budgets["fundus"] = parse_budget(self.fundus_budget)
+        if self.ct_budget:
+            budgets["ct"] = parse_budget(self.ct_budget)
+        unknown = set(self.modalities) - set(MODALITIES)
         if unknown:
             raise ConfigError(f"--modality: unknown {sorted(unknown)}; choose fundus, ct or all")
-        return cls(
-            quick=quick,
-            seeds=seeds if seeds is not None else SEEDS[size],
-            budgets={m: budgets[m] for m in MODALITIES if m in modalities},
-            image_size=image_size,
-            speed_rounds=speed_rounds or SPEED_ROUNDS[size],
-            backbone_rounds=BACKBONE_ROUNDS if backbone_rounds is None else backbone_rounds,
-            memory_patients=MEMORY_PATIENTS if memory_patients is None else memory_patients,
-            n_boot=n_boot or N_BOOT[size],
-            **({"methods": tuple(methods)} if methods else {}),
-            command=_command(
-                quick=quick,
-                seeds=seeds,
-                modalities=modalities,
-                fundus_budget=fundus_budget,
-                ct_budget=ct_budget,
-                image_size=image_size,
-                speed_rounds=speed_rounds,
-                backbone_rounds=backbone_rounds,
-                memory_patients=memory_patients,
-                n_boot=n_boot,
-                methods=methods,
+        return BenchPlan(
+            quick=self.quick,
+            seeds=self.seeds if self.seeds is not None else SEEDS[size],
+            budgets={m: budgets[m] for m in MODALITIES if m in self.modalities},
+            image_size=self.image_size,
+            speed_rounds=self.speed_rounds or SPEED_ROUNDS[size],
+            backbone_rounds=(
+                BACKBONE_ROUNDS if self.backbone_rounds is None else self.backbone_rounds
             ),
+            memory_patients=(
+                MEMORY_PATIENTS if self.memory_patients is None else self.memory_patients
+            ),
+            n_boot=self.n_boot or N_BOOT[size],
+            **({"methods": tuple(self.methods)} if self.methods else {}),
+            command=self.command(),
         )
 
-
-def _command(**options: Any) -> str:
-    """The command line that reproduces a plan (flags left at their defaults are omitted)."""
-    parts = ["medfed bench"]
-    if options.pop("quick"):
-        parts.append("--quick")
-    modalities = options.pop("modalities")
-    if tuple(modalities) != MODALITIES:
-        parts.append(f"--modality {','.join(modalities)}")
-    parts += [f"--method {shlex.quote(m)}" for m in options.pop("methods")]
-    for name, value in options.items():
-        if value is not None:
-            parts.append(f"--{name.replace('_', '-')} {value}")
-    return " ".join(parts)
+    def command(self) -> str:
+        """The command line that reproduces the plan (options left at their defaults are
+        omitted)."""
+        parts = ["medfed bench"]
+        if self.quick:
+            parts.append("--quick")
+        if tuple(self.modalities) != MODALITIES:
+            parts.append(f"--modality {','.join(self.modalities)}")
+        parts += [f"--method {shlex.quote(m)}" for m in self.methods]
+        for option in dataclasses.fields(self):
+            value = getattr(self, option.name)
+            if option.name not in ("quick", "modalities", "methods") and value is not None:
+                parts.append(f"--{option.name.replace('_', '-')} {value}")
+        return " ".join(parts)
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -380,14 +380,8 @@ def train_federation(
     def federation(seed: int) -> tuple[Federation, WarmupBase]:
         data = out / "data" / f"{modality}_seed{seed}"
         echo(f"[{modality} seed {seed}] synthesizing {budget.n_per_site} per site into {data}")
-        found = synthesize_federation(
-            data,
-            out / "cache",
-            modality=modality,
-            n_per_site=budget.n_per_site,
-            seed=seed,
-            image_size=plan.image_size if modality == "fundus" else None,
-        )
+        image_size = plan.image_size if modality == "fundus" else None
+        found = synthesize_federation(out, data, modality, budget, seed, image_size)
         return found, WarmupBase(_run_dir(out, modality, seed, "warmup_base"), budget, seed)
 
     def train_one(found: tuple[Federation, WarmupBase], seed: int, method: str) -> Trained:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import NORMALIZATIONS, TrainConfig
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.experiments.harness import Trained, synthesize_federation, train_run, train_seeds
 from medfed.experiments.paired import (
     N_BOOT,
@@ -23,7 +23,6 @@ from medfed.experiments.paired import (
     PROTOCOLS,
     compare_methods,
 )
-from medfed.federation.plan import default_lr
 from medfed.federation.training import train
 from medfed.reports.comparisons import ci_cell, comparison_rows, verdict_lines
 from medfed.reports.evaluation import AT_ARGMAX, AT_OPERATING, communication_table, rules_note
@@ -147,9 +146,8 @@ class WarmupBase:
         self, method: MethodSpec, sites: list[Any], echo: Callable[[str], Any]
     ) -> TrainConfig:
         """``method``'s training config, starting from this base when it asks for it."""
-        # the sites' modality sets the learning rate, as `medfed train` does when none is given
-        lr = default_lr(sites[0].manifest.modality)
-        config = dataclasses.replace(method.config(self.budget, self.seed), lr=lr)
+        # no learning rate: the sites' modality sets it, as `medfed train` does
+        config = method.config(self.budget, self.seed)
         if not method.warmup_base:
             return config
         if self.rounds < 1:
@@ -163,7 +161,7 @@ class WarmupBase:
             echo(f"training the warm-up base: fedavg, {self.rounds} rounds, into {self.folder}")
             base = Budget(self.budget.n_per_site, self.rounds, self.budget.local_steps)
             base_config = MethodSpec.parse("fedavg").config(base, self.seed)
-            train(sites, dataclasses.replace(base_config, lr=lr), self.folder)
+            train(sites, base_config, self.folder)
             self.trained = True
         return dataclasses.replace(
             config, init=str(self.folder.resolve()), rounds=self.budget.rounds - self.rounds
@@ -342,14 +340,7 @@ def run_demo(
     def federation(seed: int) -> tuple[list[Any], WarmupBase]:
         what = "3 fundus sites (scans" if modality == "fundus" else "2 CT sites (patients"
         echo(f"synthesizing {what}: {budget.n_per_site} each) into {data} ...")
-        sites = synthesize_federation(
-            data,
-            out / "cache",
-            modality=modality,
-            n_per_site=budget.n_per_site,
-            seed=seed,
-            image_size=image_size,
-        ).sites
+        sites = synthesize_federation(out, data, modality, budget, seed, image_size).sites
         return sites, WarmupBase(out / "runs" / "warmup_base", budget, seed)
 
     def train_one(found: tuple[list[Any], WarmupBase], seed: int, text: str) -> Trained:

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medfed.core.errors import ConfigError
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import ConfigError
 from medfed.experiments.throughput import LR, WEIGHT_DECAY, MedfedSide, ThroughputPlan
 from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import ModelSpec, build_model

@@ -30,15 +30,14 @@ import torch
 
 from medfed.algorithms import ALGORITHMS
 from medfed.config import TrainConfig
+from medfed.core.errors import ConfigError
+from medfed.core.fileio import fresh_folder
 from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.data.synth import synthesize
-from medfed.errors import ConfigError
-from medfed.federation.plan import default_lr
 from medfed.federation.site import failure_reason
 from medfed.federation.training import load_sites, train
-from medfed.fileio import fresh_folder
 from medfed.models.backbones import BACKBONES, spatial_dims
 from medfed.models.device import DeviceSetup, cpu_bf16_supported, resolve_device
 from medfed.models.fedmodel import ModelSpec, build_model
@@ -208,17 +207,15 @@ def _train_once(
     }
 
 
-def check_config(
-    algorithm: str, modality: str, budget: CheckBudget, device: str, **more: Any
-) -> TrainConfig:
-    """The settings of one of the check's runs: the budget's, seed 0, the modality's rate."""
+def check_config(algorithm: str, budget: CheckBudget, device: str, **more: Any) -> TrainConfig:
+    """The settings of one of the check's runs: the budget's, seed 0, the modality's rate (the
+    run's plan sets it)."""
     return TrainConfig(
         algorithm=algorithm,
         params=dict(NEEDS.get(algorithm, {})),
         rounds=budget.rounds,
         local_steps=budget.local_steps,
         batch_size=budget.batch_size,
-        lr=default_lr(modality),
         seed=0,
         device=device,
         **more,
@@ -238,7 +235,7 @@ def check_algorithms(
     setup = resolve_device(device)
     rows = {}
     for name in algorithms:
-        config = check_config(name, modality, budget, device)
+        config = check_config(name, budget, device)
         echo(f"[{modality}] {name}: {budget.rounds} rounds on {device}, then on cpu (float32)")
         got = _train_once(sites, config, work / modality / f"{name}_{device}", setup)
         reference = _train_once(
@@ -266,7 +263,7 @@ def check_sites_at_once(
     site; CPU: the cores divided), same seed: the figures compared, the round times side by
     side."""
     setup = resolve_device(device)
-    config = check_config("fedavg", modality, budget, device, concurrency=1)
+    config = check_config("fedavg", budget, device, concurrency=1)
     echo(f"[{modality}] fedavg on {device}: one site at a time, then every site at once")
     one = _train_once(sites, config, work / modality / "fedavg_one_by_one", setup)
     at_once = dataclasses.replace(config, concurrency=len(sites))
@@ -309,7 +306,7 @@ def check_fp16(
     where, note = fp16_device(device)
     if where is None:
         return {"ran": False, "note": note}
-    config = check_config("fedavg", modality, budget, where, precision="fp16")
+    config = check_config("fedavg", budget, where, precision="fp16")
     echo(f"[{modality}] fedavg in fp16 with a gradient scaler on {where}")
     got = _train_once(sites, config, work / modality / "fedavg_fp16", resolve_device(where))
     if reference is None:

@@ -17,12 +17,18 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from medfed.config import TrainConfig
+from medfed.core.errors import ConfigError
+from medfed.core.fileio import fresh_folder
+from medfed.core.progress import lines_instead
 from medfed.data.synth import synthesize
-from medfed.errors import ConfigError
-from medfed.experiments.paired import FIGURES_BY_KEY, Scans, figure_intervals, load_scans
+from medfed.experiments.paired import (
+    FIGURES_BY_KEY,
+    Scans,
+    compare_methods,
+    figure_intervals,
+    load_scans,
+)
 from medfed.federation.training import load_sites, train
-from medfed.fileio import fresh_folder
-from medfed.progress import lines_instead
 from medfed.reports.markdown import update_readme_section, write_results
 from medfed.runs import Summary
 
@@ -65,24 +71,22 @@ class Federation:
 
 
 def synthesize_federation(
-    folder: Path,
-    cache: Path,
-    *,
-    modality: str,
-    n_per_site: int,
-    seed: int,
-    image_size: int | None,
+    out: Path, folder: Path, modality: str, budget: Any, seed: int, image_size: int | None
 ) -> Federation:
-    """Synthesize ``modality``'s federation into ``folder`` and load its sites (cached in
-    ``cache``, shared by every federation of the experiment)."""
+    """Synthesize ``modality``'s federation of ``budget.n_per_site`` per site into ``folder``
+    and load its sites (cached in OUT/cache, shared by every federation of the experiment)."""
     manifests = list(
         synthesize(
-            folder, modality=modality, n_per_site=n_per_site, seed=seed, image_size=image_size
+            folder,
+            modality=modality,
+            n_per_site=budget.n_per_site,
+            seed=seed,
+            image_size=image_size,
         )
     )
     # Preprocessing every scan into the cache can take minutes: a bar says so on a terminal
-    # (medfed.progress shows none in a log file or a pipe).
-    return Federation(manifests, load_sites(manifests, cache, progress=True))
+    # (medfed.core.progress shows none in a log file or a pipe).
+    return Federation(manifests, load_sites(manifests, out / "cache", progress=True))
 
 
 def fundus_sites(
@@ -94,12 +98,7 @@ def fundus_sites(
     named = f" {name}" if name else ""
     echo(f"synthesizing fundus federation{named} (seed {seed}, {budget.n_per_site} per site)")
     return synthesize_federation(
-        out / "data" / folder,
-        out / "cache",
-        modality="fundus",
-        n_per_site=budget.n_per_site,
-        seed=seed,
-        image_size=budget.image_size,
+        out, out / "data" / folder, "fundus", budget, seed, budget.image_size
     ).sites
 
 
@@ -178,6 +177,14 @@ def auc_intervals(scans: Mapping[int, Scans], n_boot: int, seed: int) -> dict[st
     return {key: intervals[key] for key in AUC_KEYS}
 
 
+def auc_comparisons(
+    scans: Mapping[str, Mapping[int, Scans]], reference: str, n_boot: int, seed: int
+) -> dict[str, Any]:
+    """``reference`` minus every other method of ``scans`` on the worst-site and mean site
+    test AUC, paired on the same test scans."""
+    return compare_methods(scans, reference, figures=AUC_FIGURES, n_boot=n_boot, seed=seed)
+
+
 def seeds_text(seeds: Sequence[int]) -> str:
     """``seed 2`` or ``seeds 2..4``."""
     return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}..{seeds[-1]}"
@@ -242,4 +249,37 @@ class Docs:
         echo(
             f"updated the {self.marker} section of {readme} ({which} in "
             f"{readme.parent / self.plot_dir})"
+        )
+
+    def publish_plot(
+        self,
+        out: Path,
+        results: dict[str, Any],
+        markdown: Callable[..., str],
+        plot: Callable[[Mapping[str, Any], Path], Path],
+        *,
+        start: float,
+        verdicts: Sequence[str],
+        echo: Callable[[str], Any],
+        readme: Path | None,
+        readme_style: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Draw OUT/STEM.png (``plot(results, path)``), record the seconds since ``start``,
+        then :meth:`publish` with the ``verdicts`` and where everything was written."""
+        path = out / f"{self.stem}.png"
+        results["plot"] = plot(results, path).name
+        results["seconds_total"] = time.perf_counter() - start
+        self.publish(
+            out,
+            results,
+            markdown,
+            [path],
+            echo=echo,
+            readme=readme,
+            summary=lambda written: [
+                "",
+                "\n".join(verdicts),
+                f"finished in {results['seconds_total']:.0f} s; wrote {written} and {path}",
+            ],
+            readme_style=readme_style,
         )

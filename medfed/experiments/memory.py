@@ -21,7 +21,7 @@ from typing import Any
 
 import tomli_w
 
-from medfed.errors import MedfedError
+from medfed.core.errors import MedfedError
 
 CT_SITE = "ct_nifti"  # the NIfTI layout: the quickest synthetic CT site to write and read
 _MANIFEST = "site.toml"

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from medfed.errors import RunDirError
+from medfed.core.errors import RunDirError
 from medfed.metrics import Interval, cluster_weights, paired_bootstrap, verdict, weighted_auc
 from medfed.reports.evaluation import AT_OPERATING
 from medfed.runs import RunDir

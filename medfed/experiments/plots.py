@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 ROUTER_COLOURS = {"density_ratio": "#1f77b4", "majority_vote": "#ff7f0e"}
 DPI = 110
@@ -24,6 +24,14 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` as a PNG, and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    pyplot().close(fig)
+    return path
 
 
 def _with_ci(row: dict[str, Any], key: str) -> tuple[float, float, float]:
@@ -105,10 +113,7 @@ def federation_plot(modality: str, fed: dict[str, Any], path: Path) -> Path:
     for axis in (left, right):
         axis.set_xticks(x, names, rotation=45, ha="right")
         axis.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def speed_plot(results: dict[str, Any], path: Path) -> Path:
@@ -164,10 +169,7 @@ def speed_plot(results: dict[str, Any], path: Path) -> Path:
     axes[3].axvline(1.0, color="black", linewidth=0.8)
     axes[3].set_title(f"bytes/round / FedAvg fp32 ({next(iter(speed['bytes']))})")
     axes[3].tick_params(axis="y", labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_plots(results: dict[str, Any], out: Path) -> list[Path]:

@@ -20,13 +20,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.experiments.demo import comparisons_markdown
 from medfed.experiments.harness import (
-    AUC_FIGURES,
     Docs,
     SeedRuns,
     Trained,
+    auc_comparisons,
     auc_intervals,
     budget_config,
     fundus_sites,
@@ -38,12 +38,11 @@ from medfed.experiments.harness import (
     train_run,
     train_seeds,
 )
-from medfed.experiments.paired import ORIGIN_KNOWN, compare_methods
+from medfed.experiments.paired import ORIGIN_KNOWN
 from medfed.reports.comparisons import ci_cell, verdict_lines
 from medfed.reports.markdown import markdown_table
 
 MARKER = "privacy"
-PLOT_NAME = "privacy.png"
 PLOT_DIR = Path("privacy")
 DOCS = Docs("privacy", MARKER, PLOT_DIR)
 EPSILONS: tuple[float, ...] = (1.0, 3.0, 8.0, math.inf)
@@ -135,20 +134,15 @@ def run_privacy_curve(
         "device": {"run": trained.runs[runs[-1]][seeds[-1]].summary.device, **device_info()},
         "methods": {m: method_figures(trained, m, epsilons, n_boot, echo) for m in METHODS},
     }
-    results["plot"] = privacy_plot(results, out / PLOT_NAME).name
-    results["seconds_total"] = time.perf_counter() - start
-    DOCS.publish(
+    DOCS.publish_plot(
         out,
         results,
         privacy_markdown,
-        [out / results["plot"]],
+        privacy_plot,
+        start=start,
+        verdicts=_verdicts(results),
         echo=echo,
         readme=readme,
-        summary=lambda written: [
-            "",
-            "\n".join(_verdicts(results)),
-            f"finished in {results['seconds_total']:.0f} s; wrote {written} and {out / PLOT_NAME}",
-        ],
     )
     return results
 
@@ -181,9 +175,7 @@ def method_figures(
     comparisons = None
     if reference in scans and len(scans) > 1:
         echo(f"comparing each budget with {reference} on the same test scans")
-        comparisons = compare_methods(
-            scans, reference, figures=AUC_FIGURES, n_boot=n_boot, seed=FIRST_SEED
-        )
+        comparisons = auc_comparisons(scans, reference, n_boot, FIRST_SEED)
     return {"reference": reference, "runs": runs, "comparisons": comparisons}
 
 
@@ -191,7 +183,7 @@ def method_figures(
 def privacy_plot(results: Mapping[str, Any], path: Path) -> Path:
     """Worst-site test AUC (95% CI as error bars) against the budget, one line per method;
     no DP sits at the right end, marked infinity."""
-    from medfed.experiments.plots import DPI, pyplot
+    from medfed.experiments.plots import pyplot, save_figure
 
     plt = pyplot()
     labels = results["epsilons"]
@@ -221,10 +213,7 @@ def privacy_plot(results: Mapping[str, Any], path: Path) -> Path:
     )
     axis.grid(alpha=0.3)
     axis.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------- markdown

@@ -29,14 +29,14 @@ import torch
 
 from medfed.algorithms import recorded_params
 from medfed.config import TrainConfig
+from medfed.core.errors import ConfigError
+from medfed.core.fileio import fresh_folder
+from medfed.core.progress import lines_instead
 from medfed.data.overview import overview_dir, write_site_overview
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import ConfigError
 from medfed.federation.training import frozen_features, load_sites, train
-from medfed.fileio import fresh_folder
 from medfed.metrics.seeds import SiteScans
-from medfed.progress import lines_instead
 from medfed.routing.bundle import TrainedFederation
 
 CENTRAL = "centralized"

@@ -16,13 +16,13 @@ import torch
 
 from medfed.clinic.route import views_for
 from medfed.config import Modality
+from medfed.core.fileio import fresh_folder
+from medfed.core.progress import lines_instead
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
 from medfed.experiments.realdata import REFERENCE, StudyPlan
 from medfed.federation.training import train
-from medfed.fileio import fresh_folder
 from medfed.metrics.intervals import wilson
-from medfed.progress import lines_instead
 from medfed.routing.bundle import TrainedFederation
 from medfed.routing.routers import DensityRatioRouter, RouteResult
 from medfed.routing.scans import Scan

@@ -44,9 +44,10 @@ import torch
 from medfed.algorithms import recorded_params
 from medfed.algorithms.feddrm import FedDRMParams
 from medfed.config import TrainConfig
+from medfed.core.errors import ConfigError
+from medfed.core.fileio import fresh_folder
 from medfed.data.synth import synthesize
 from medfed.data.synth_dr import DRShift
-from medfed.errors import ConfigError
 from medfed.experiments.demo import Budget, MethodSpec
 from medfed.experiments.harness import Docs, Trained, resamples, size, train_run
 from medfed.experiments.paired import (
@@ -74,9 +75,7 @@ from medfed.experiments.scenario_verdicts import (
     mean_curve,
     unpaired,
 )
-from medfed.federation.plan import default_lr
 from medfed.federation.training import load_sites
-from medfed.fileio import fresh_folder
 from medfed.metrics import Interval
 from medfed.metrics.seeds import SeedBootstrap
 from medfed.reports.heterogeneity import label_shift
@@ -403,7 +402,6 @@ def _config(
     config = MethodSpec.parse(level.method_label(method)).config(budget, seed)
     return dataclasses.replace(
         config,
-        lr=default_lr(sites[0].manifest.modality),
         client_fraction=level.client_fraction,
         init=plan.budget.init,
         frozen_encoder=plan.budget.frozen_encoder,

@@ -26,7 +26,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from medfed.algorithms import make_algorithm
 from medfed.config import TrainConfig, load_manifests
 from medfed.data.cache import TensorCache
 from medfed.data.modality import modality_spec
@@ -34,13 +33,12 @@ from medfed.data.preprocess import NormalizedView
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
 from medfed.federation.lanes import Lanes
-from medfed.federation.plan import default_backbone, initial_model
+from medfed.federation.plan import SiteInfo, initial_model, plan_run
 from medfed.federation.shared import cosine_lr, derive_seed
 from medfed.federation.training import train
 from medfed.metrics.latency import median_interval
 from medfed.models.backbones import SLICE_BACKBONES
 from medfed.models.device import DeviceSetup, resolve_device
-from medfed.models.fedmodel import ModelSpec
 from medfed.routing.bundle import TrainedFederation
 from medfed.routing.evaluation import pooled_views
 from medfed.routing.routers import Router, default_router, routers_for
@@ -88,14 +86,9 @@ def plain_round_seconds(sites: list[SiteData], config: TrainConfig) -> list[floa
     """Per-round seconds of a plain PyTorch FedAvg loop doing the engine's local steps."""
     setup = resolve_device(config.device)
     modality = sites[0].manifest.modality
-    algorithm = make_algorithm(config.algorithm)
-    spec = ModelSpec(
-        backbone=default_backbone(modality, algorithm),
-        in_channels=int(sites[0].x[Split.TRAIN].shape[1]),
-        n_classes=max(s.manifest.n_classes for s in sites),
-        n_sites=len(sites),
-    )
-    model = initial_model(spec, algorithm, config.seed, setup)  # the engine's first weights
+    plan = plan_run(config, [SiteInfo.of(s) for s in sites])  # the engine's model and rate
+    config = plan.config
+    model = initial_model(plan.spec, plan.algorithm, config.seed, setup)  # its first weights
     data = [(setup.put(s.x[Split.TRAIN]), setup.put(s.y[Split.TRAIN])) for s in sites]
     total = sum(int(y.shape[0]) for _, y in data)
     weights = [int(y.shape[0]) / total for _, y in data]

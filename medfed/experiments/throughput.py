@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from medfed.config import TrainConfig, load_manifest
+from medfed.core.errors import ConfigError
 from medfed.data.cache import TensorCache
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
-from medfed.errors import ConfigError
 from medfed.experiments.memory import write_fundus_site
 from medfed.experiments.speed import device_info, load_average
 from medfed.experiments.throughput_features import (

@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.experiments.demo import comparisons_markdown
 from medfed.experiments.harness import (
-    AUC_FIGURES,
     Docs,
     SeedRuns,
     Trained,
+    auc_comparisons,
     auc_intervals,
     budget_config,
     fundus_sites,
@@ -48,13 +48,12 @@ from medfed.experiments.harness import (
     train_run,
     train_seeds,
 )
-from medfed.experiments.paired import ORIGIN_KNOWN, compare_methods
+from medfed.experiments.paired import ORIGIN_KNOWN
 from medfed.reports.comparisons import ci_cell, verdict_lines
 from medfed.reports.markdown import markdown_table
 from medfed.runs import RunDir
 
 MARKER = "transfer"
-PLOT_NAME = "transfer.png"
 PLOT_DIR = Path("transfer")
 DOCS = Docs("transfer", MARKER, PLOT_DIR)
 SOURCE_SEED = 1  # federation A: the base's data and training seed
@@ -316,20 +315,15 @@ def run_transfer(
         "pairs": pairs,
         "imagenet": {"weights": str(weights), "skipped": skipped},
     }
-    results["plot"] = transfer_plot(results, out / PLOT_NAME).name
-    results["seconds_total"] = time.perf_counter() - start
-    DOCS.publish(
+    DOCS.publish_plot(
         out,
         results,
         transfer_markdown,
-        [out / results["plot"]],
+        transfer_plot,
+        start=start,
+        verdicts=[line for p in pairs.values() for line in _verdicts(results, p)],
         echo=echo,
         readme=readme,
-        summary=lambda written: [
-            "",
-            "\n".join(line for p in pairs.values() for line in _verdicts(results, p)),
-            f"finished in {results['seconds_total']:.0f} s; wrote {written} and {out / PLOT_NAME}",
-        ],
         readme_style={"heading_level": 3},
     )
     return results
@@ -415,12 +409,8 @@ def _pair(
     a, b = pair.pretrained.label, pair.random.label
     echo(f"comparing {a} with {b} on the same test scans ({n_boot} resamples)")
     found = {
-        stage: compare_methods(
-            {a: trained.scans((a, suffix)), b: trained.scans((b, suffix))},
-            a,
-            figures=AUC_FIGURES,
-            n_boot=n_boot,
-            seed=TARGET_SEED,
+        stage: auc_comparisons(
+            {a: trained.scans((a, suffix)), b: trained.scans((b, suffix))}, a, n_boot, TARGET_SEED
         )
         for stage, suffix in (("comparisons", ""), ("early_comparisons", EARLY))
     }
@@ -436,7 +426,7 @@ def _pair(
 def transfer_plot(results: Mapping[str, Any], path: Path) -> Path:
     """One panel per method: the worst-site validation AUC per round from the pretrained base
     and from random weights, with the threshold line."""
-    from medfed.experiments.plots import DPI, pyplot
+    from medfed.experiments.plots import pyplot, save_figure
 
     plt = pyplot()
     budget = results["budget"]
@@ -469,10 +459,7 @@ def transfer_plot(results: Mapping[str, Any], path: Path) -> Path:
         axis.set_ylim(0.0, 1.0)
         axis.grid(alpha=0.3)
         axis.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------- markdown

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from medfed.algorithms.base import State
+from medfed.core.errors import RunDirError
 from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import RunDirError
 from medfed.federation.coordinator import Coordinator, Downlink
 from medfed.federation.lanes import Lanes
 from medfed.federation.normalizing import normalized

@@ -19,11 +19,12 @@ from typing import Any
 import torch
 
 from medfed.config import TrainConfig
+from medfed.core.errors import ConfigError
+from medfed.core.progress import bar
 from medfed.data.cache import TensorCache, data_digest, default_cache_dir
 from medfed.data.preprocess import Normalization
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import ConfigError
 from medfed.federation.pretrained import (
     TORCHVISION_FORMATS,
     read_init,
@@ -34,7 +35,6 @@ from medfed.federation.pretrained import (
 from medfed.models.device import resolve_device
 from medfed.models.encoder import ENCODE_BATCH, IMAGENET, EncoderError, FrozenEncoder
 from medfed.models.fedmodel import ModelSpec
-from medfed.progress import bar
 
 
 @dataclass(frozen=True)

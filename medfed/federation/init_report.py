@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from medfed.errors import ConfigError
-from medfed.normalization import IMAGENET_MEAN, IMAGENET_STD
+from medfed.core.errors import ConfigError
+from medfed.core.normalization import IMAGENET_MEAN, IMAGENET_STD
 
 KINDS = ("run", "safetensors", "state_dict", "torchvision")
 TORCHVISION_FORMATS = (

@@ -4,10 +4,10 @@ SuperNode): the sites' own statistics, the federation's pooled ones, or ImageNet
 from __future__ import annotations
 
 from medfed.config import TrainConfig
+from medfed.core.errors import ConfigError
+from medfed.core.normalization import IMAGENET_MEAN, IMAGENET_STD, Normalization
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import ConfigError
-from medfed.normalization import IMAGENET_MEAN, IMAGENET_STD, Normalization
 
 
 def federation_normalized(sites: list[SiteData]) -> list[SiteData]:

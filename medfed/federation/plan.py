@@ -18,10 +18,10 @@ from medfed.algorithms import dp_algorithms, make_algorithm
 from medfed.algorithms.base import Algorithm
 from medfed.algorithms.privacy import check_model as check_dp_model
 from medfed.config import Modality, TrainConfig
+from medfed.core.errors import ConfigError
 from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import ConfigError
 from medfed.federation.features import encoder_for
 from medfed.federation.pretrained import (
     InitReport,
@@ -178,28 +178,41 @@ def resolved_settings(config: TrainConfig, *, where: str | None = None) -> Train
 
 def settled_algorithm(config: TrainConfig) -> Algorithm:
     """The run's algorithm made from the plan's settings and settled for the run's start, as
-    :func:`plan_run` makes it; what a SuperNode builds from the settings the plan sent it
+    :func:`settle` makes it; what a SuperNode builds from the settings the plan sent it
     (``RunSettings.config``), so that no engine decides any part of it on its own."""
     algorithm = make_algorithm(config.algorithm, config.params)
     algorithm.settle(config.frozen_encoder)
     return algorithm
 
 
-def checked_algorithm(config: TrainConfig, site_ids: Sequence[str]) -> Algorithm:
-    """The run's algorithm, once the settings it cannot run with are refused: differential
-    privacy it cannot have, fault drills that could not fire at these sites."""
-    algorithm = settled_algorithm(config)
+@dataclass(frozen=True)
+class Settled:
+    """A run before its sites' data is seen: its settings with every algorithm parameter
+    spelled out, and its algorithm, built once, settled and past every refusal that needs no
+    scans (for ``site_ids``). :func:`plan_run` finishes it once the sites are known."""
+
+    config: TrainConfig
+    algorithm: Algorithm
+    site_ids: tuple[str, ...]
+
+
+def settle(config: TrainConfig, site_ids: Sequence[str], *, where: str | None = None) -> Settled:
+    """The run ``config`` asks of ``site_ids``, once the settings it cannot run with are
+    refused: an unknown backbone, differential privacy the algorithm cannot have, fault drills
+    that could not fire at these sites. ``where``: the file the settings came from."""
+    config, algorithm = _settled(config, where)
+    algorithm.settle(config.frozen_encoder)
     _refuse(algorithm, config, site_ids)
-    return algorithm
+    return Settled(config, algorithm, tuple(site_ids))
 
 
 def checked_deployment(config: TrainConfig, site_ids: Sequence[str]) -> Algorithm:
     """The run's algorithm, once every setting :func:`plan_run` and :func:`starting_model`
     would refuse is refused, as far as it can be known without the sites' scans (``medfed
-    deploy app`` writes a run that trains elsewhere, later): what :func:`checked_algorithm`
-    refuses, a start the algorithm is not for (LoRA without trained weights), and a backbone
+    deploy app`` writes a run that trains elsewhere, later): what :func:`settle` refuses, a
+    start the algorithm is not for (LoRA without trained weights), and a backbone
     differential privacy cannot train (BatchNorm, slices as one batch)."""
-    algorithm = checked_algorithm(config, site_ids)
+    algorithm = settle(config, site_ids).algorithm
     algorithm.check_start(bool(config.init))
     if config.dp.enabled and config.backbone != "auto":  # auto picks a private backbone
         spec = ModelSpec(
@@ -219,19 +232,18 @@ def _refuse(algorithm: Algorithm, config: TrainConfig, site_ids: Sequence[str]) 
     config.check_faults(list(site_ids), communicates=algorithm.communicates)
 
 
-def plan_run(
-    config: TrainConfig, sites: Sequence[SiteInfo], *, lr_from_modality: bool = False
-) -> RunPlan:
-    """The run ``config`` makes of ``sites``, or the reason it cannot train.
-
-    ``lr_from_modality``: no learning rate was chosen, so the sites' modality sets it (as
-    ``medfed train`` does).
+def plan_run(run: TrainConfig | Settled, sites: Sequence[SiteInfo]) -> RunPlan:
+    """The run ``run`` makes of ``sites``, or the reason it cannot train: settled here from its
+    settings, or already :func:`settle`d (the Flower server settles before it waits for the
+    sites). A learning rate left unset (None) is the sites' modality's (CT and fundus differ).
     """
-    config = resolved_settings(config)
-    modality = check_federation(sites, config)
     ids = [s.id for s in sites]
-    algorithm = checked_algorithm(config, ids)
-    if lr_from_modality:
+    settled = run if isinstance(run, Settled) else settle(run, ids)
+    config, algorithm = settled.config, settled.algorithm
+    if list(settled.site_ids) != ids:  # sites that refused the run are gone: refuse again
+        _refuse(algorithm, config, ids)
+    modality = check_federation(sites, config)
+    if config.lr is None:
         config = dataclasses.replace(config, lr=default_lr(modality))
     first = sites[0]
     in_channels = int(first.input_shape[0])

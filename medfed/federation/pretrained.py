@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from medfed.errors import ConfigError, RunDirError
+from medfed.core.errors import ConfigError, RunDirError
 from medfed.federation.init_report import (
     FEW,
     FORMAT_NAMES,

@@ -21,11 +21,11 @@ import numpy as np
 
 from medfed.algorithms.base import State, Stats, Update
 from medfed.algorithms.privacy import BUDGET_SPENT
-from medfed.errors import MedfedError
+from medfed.core.errors import MedfedError
+from medfed.core.progress import counter
 from medfed.federation.coordinator import Coordinator, Downlink, RoundPlan
 from medfed.federation.features import frozen_encoder_of
 from medfed.federation.site import Published, SiteDropped, failure_reason
-from medfed.progress import counter
 from medfed.reports.model_card import write_model_card
 from medfed.routing.abstention import DEFAULT_FALSE_ABSTAIN, calibrate, uncalibrated
 from medfed.routing.bundle import SiteEntry, TrainedFederation

@@ -36,10 +36,10 @@ from medfed.algorithms.privacy import (
     stopped_round,
 )
 from medfed.config import Modality, TrainConfig
+from medfed.core.errors import ConfigError, MedfedError
 from medfed.data.modality import modality_spec
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData
-from medfed.errors import ConfigError, MedfedError
 from medfed.federation import wire
 from medfed.federation.shared import clone_state, derive_seed
 from medfed.federation.wire import WireFormat

@@ -16,8 +16,8 @@ from medfed import __version__
 from medfed.algorithms import make_algorithm
 from medfed.algorithms.base import State
 from medfed.config import TrainConfig
-from medfed.errors import ConfigError, RunDirError
-from medfed.fileio import check_out_folder
+from medfed.core.errors import ConfigError, RunDirError
+from medfed.core.fileio import check_out_folder
 from medfed.runs.checkpoints import damaged_fix
 from medfed.runs.weights import check_tensors
 

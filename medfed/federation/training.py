@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import TrainConfig, load_manifests
+from medfed.core.errors import ConfigError
 from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.overview import write_site_overview
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
-from medfed.errors import ConfigError
 from medfed.federation.engine import Engine
 from medfed.federation.features import encoded_sites
 from medfed.federation.plan import RunPlan, SiteInfo, plan_run
@@ -43,7 +43,6 @@ def train(
     resume: bool = False,
     progress: bool = False,
     echo: Callable[[str], Any] | None = None,
-    lr_from_modality: bool = False,
     say: Callable[[str], Any] | None = None,
     cache_dir: Path | None = None,
 ) -> Summary:
@@ -51,15 +50,15 @@ def train(
 
     An algorithm with ``warmup_rounds = N`` (LoRA) first trains FedAvg for N rounds into
     ``out/warmup`` and starts from its weights; ``echo`` hears what the starting weights were.
-    ``lr_from_modality``: no learning rate was chosen; the sites' modality sets it. ``say``
-    hears the rounds line by line (where no progress bar shows). With ``frozen_encoder`` the
-    sites' photos are encoded first (cached under ``cache_dir``, by default the image cache's).
+    A learning rate left unset is the sites' modality's. ``say`` hears the rounds line by line
+    (where no progress bar shows). With ``frozen_encoder`` the sites' photos are encoded first
+    (cached under ``cache_dir``, by default the image cache's).
     """
     # Planned before anything trains, a warm-up base included; a bad setting of the final
     # evaluation is refused now, not after the rounds.
     latency_scans()
     read = frozen_features(sites, config, cache_dir)
-    plan = plan_run(config, [SiteInfo.of(s) for s in read], lr_from_modality=lr_from_modality)
+    plan = plan_run(config, [SiteInfo.of(s) for s in read])
     base = warmup_base(read, plan, Path(out), resume, progress, echo, say=say, shown=sites)
     engine = Engine(
         read, plan, RunDir(out), progress=progress, init=base, say=say, describe=_cards(sites)

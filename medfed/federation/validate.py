@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from medfed.errors import MedfedError
+from medfed.core.errors import MedfedError
 
 State = dict[str, torch.Tensor]
 

@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save
 
 from medfed.config import WIRE_PRECISIONS as PRECISIONS
-from medfed.errors import ConfigError, MedfedError
+from medfed.core.errors import ConfigError, MedfedError
 
 State = dict[str, torch.Tensor]
 _SCALE = ".__scale__"

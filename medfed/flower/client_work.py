@@ -35,8 +35,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 from medfed.algorithms.base import State
 from medfed.algorithms.discriminant import SENT
 from medfed.algorithms.privacy import BudgetSpent
+from medfed.core.errors import MedfedError
 from medfed.data.records import Split
-from medfed.errors import MedfedError
 from medfed.federation import wire
 from medfed.federation.site import SiteWorker, failure_reason
 from medfed.federation.validate import validate_update

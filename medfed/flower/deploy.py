@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from medfed.config import TrainConfig, valid_site_id
-from medfed.errors import ConfigError
-from medfed.fileio import check_out_folder
+from medfed.core.errors import ConfigError
+from medfed.core.fileio import check_out_folder
 from medfed.flower import secure
 from medfed.flower.waits import MAX_WAIT_S, REPLY_TIMEOUT_S, WAIT_S
 from medfed.governance.statistics import StatisticsSettings
@@ -160,7 +160,6 @@ def write_app(
     wait_s: float = WAIT_S,
     reply_timeout_s: float = REPLY_TIMEOUT_S,
     resume: bool = False,
-    lr_from_modality: bool = False,
     secure_aggregation: bool = False,
     secure_bound: float = secure.DEFAULT_BOUND,
     secure_two_sites: bool = False,
@@ -169,8 +168,8 @@ def write_app(
 ) -> Path:
     """Write the Flower app folder for one run; returns its pyproject.toml.
 
-    ``lr_from_modality``: ``config.lr`` was not chosen; the server sets the sites' modality's
-    learning rate once it knows the modality (as ``medfed train`` does).
+    ``config.lr`` None: the server sets the sites' modality's learning rate once it knows the
+    modality (as ``medfed train`` does).
     ``secure_aggregation``: SecAgg+ (:mod:`medfed.flower.secure`), each update's differences
     clipped to ``+-secure_bound``; ``secure_two_sites``: run it over two sites although each can
     recover the other's update. ``on_refusal``: when a site's policy refuses the run,
@@ -182,16 +181,13 @@ def write_app(
         raise ConfigError(f"--on-refusal {on_refusal!r}: give stop or continue")
     refuse_unsupported(config)
     if secure_aggregation:
-        from medfed.federation.plan import checked_algorithm
+        from medfed.federation.plan import settle
 
-        algorithm = checked_algorithm(config, sites)
+        algorithm = settle(config, sites).algorithm
         refuse_insecure_settings(
             config, algorithm, len(sites), secure_bound, two_sites=secure_two_sites
         )
-    check_wait("--wait", wait_s)
-    check_wait("--reply-timeout", reply_timeout_s)
-    run_dir = check_run_dir(run_dir)
-    _check_app_folder(out)
+    run_dir = _checked_place(out, run_dir, wait_s, reply_timeout_s)
     init_sha256 = ""
     if config.init:  # reading the starting weights loads torch; a random start does not
         from medfed.federation.pretrained import starting_sha256
@@ -208,7 +204,6 @@ def write_app(
             "wait-s": float(wait_s),
             "reply-timeout-s": float(reply_timeout_s),
             "resume": bool(resume),
-            "lr-from-modality": bool(lr_from_modality),
             "secure-aggregation": bool(secure_aggregation),
             "secure-bound": float(secure_bound),
             **({"secure-aggregation-two-sites": True} if secure_two_sites else {}),
@@ -295,16 +290,22 @@ def write_statistics_app(
     from medfed.flower.statistics import StatisticsDeployment
 
     _check_sites(sites)
-    check_wait("--wait", wait_s)
-    check_wait("--reply-timeout", reply_timeout_s)
-    run_dir = check_run_dir(run_dir)
-    _check_app_folder(out)
+    run_dir = _checked_place(out, run_dir, wait_s, reply_timeout_s)
     deployment = StatisticsDeployment(
         settings, sites, Path(run_dir), run_name or Path(run_dir).name, wait_s, reply_timeout_s
     )
     config = deployment.run_config()
     config["run-dir"] = run_dir  # as given: a path on the SuperLink's machine
     return write_pyproject(out, "A medfed statistics-only run", config)
+
+
+def _checked_place(out: Path, run_dir: str, wait_s: float, reply_timeout_s: float) -> str:
+    """``--run-dir`` as checked, once the waits and the app folder ``out`` are."""
+    check_wait("--wait", wait_s)
+    check_wait("--reply-timeout", reply_timeout_s)
+    run_dir = check_run_dir(run_dir)
+    _check_app_folder(out)
+    return run_dir
 
 
 def check_run_dir(run_dir: str) -> str:

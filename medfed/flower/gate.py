@@ -21,13 +21,13 @@ from typing import Any
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from medfed.errors import MedfedError
+from medfed.core.errors import MedfedError
+from medfed.core.manifest import read_toml
 from medfed.governance.checks import Refusal, check_plan
 from medfed.governance.plan import Plan
 from medfed.governance.policy import load_policy
 from medfed.governance.records import APPROVALS, approval_of, approved_plans, log_message
 from medfed.governance.statistics import check_statistics_plan, is_statistics_plan
-from medfed.manifest import read_toml
 
 ACCEPTED, REFUSED, UNCHECKED = "accepted", "refused", "unchecked"
 PLAN_RECORD = "plan"  # the describe message's plan
@@ -111,11 +111,11 @@ def refusals(content: RecordDict, node_config: dict[str, Any]) -> tuple[str, lis
 
 def _same_as_plan(run: dict[str, Any], plan: Plan) -> list[Refusal]:
     """A later message's settings must be the plan's (the learning rate may be the one the
-    sites' modality set, when the plan says so)."""
+    sites' modality set, where the plan leaves it out)."""
     train = run.get("train") if isinstance(run.get("train"), dict) else {}
     differ = sorted(
         k for k in set(train) | set(plan.train)
-        if train.get(k) != plan.train.get(k) and not (k == "lr" and plan.lr_from_modality)
+        if train.get(k) != plan.train.get(k) and not (k == "lr" and k not in plan.train)
     )  # fmt: skip
     if run.get("name") != plan.run_name:
         differ.insert(0, "run name")

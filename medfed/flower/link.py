@@ -22,7 +22,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 
 from medfed.algorithms.base import State
-from medfed.errors import MedfedError
+from medfed.core.errors import MedfedError
 from medfed.federation.coordinator import Coordinator, RoundPlan
 from medfed.federation.pretrained import state_sha256
 from medfed.federation.rounds import RoundInputs, SecureSum, SiteFailure, SiteReply, Trained

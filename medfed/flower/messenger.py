@@ -15,7 +15,7 @@ from typing import Any
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.federation.coordinator import SiteInfo
 from medfed.flower.records import json_of
 from medfed.flower.secure import SecureRound, secure_round

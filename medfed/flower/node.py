@@ -26,10 +26,11 @@ import torch
 
 from medfed.algorithms.privacy import SitePrivacy
 from medfed.config import TrainConfig, load_manifest
+from medfed.core.errors import ConfigError, RunDirError
+from medfed.core.fileio import atomic_write
 from medfed.data.cache import TensorCache, default_cache_dir
 from medfed.data.records import Split
 from medfed.data.sitedata import SiteData, load_site
-from medfed.errors import ConfigError, RunDirError
 from medfed.federation import wire
 from medfed.federation.normalizing import normalized
 from medfed.federation.plan import SiteInfo, initial_model, settled_algorithm
@@ -42,7 +43,6 @@ from medfed.federation.pretrained import (
 from medfed.federation.shared import clone_state
 from medfed.federation.site import SiteWorker, planned_dp_steps
 from medfed.federation.training import frozen_features
-from medfed.fileio import atomic_write
 from medfed.models.device import resolve_device
 from medfed.models.fedmodel import ModelSpec
 from medfed.runs.checkpoints import CheckpointStore

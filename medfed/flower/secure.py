@@ -296,7 +296,7 @@ def _figures(content: RecordDict) -> dict[str, Any]:
 
 def _error_text(reason: str) -> str:
     """The message of a ClientApp's exception, as Flower reports it
-    (``<class 'medfed.errors.X'>:<'the message'>``)."""
+    (``<class 'medfed.core.errors.X'>:<'the message'>``)."""
     match = re.fullmatch(r"<class '([^']*)'>:<'(.*)'>", reason, flags=re.DOTALL)
     return match.group(2) if match else reason
 

@@ -8,11 +8,10 @@ random); the run's config names them in order, which fixes each site's index.
 Run config (``[tool.flwr.app.config]`` of the app folder ``medfed deploy app`` writes):
 ``train`` (TOML of the training settings), ``sites`` (comma-separated ids), ``run-dir``,
 ``run-name``, ``wait-s`` (how long to wait for every site to connect), ``reply-timeout-s`` (how
-long one round waits for replies), ``resume``, ``lr-from-modality``, and
-``secure-aggregation`` with ``secure-bound`` (SecAgg+, :mod:`medfed.flower.secure`), and
-``on-refusal`` (``stop`` or ``continue`` when a site's policy refuses the run). A run config
-with ``mode = "statistics"`` (``medfed deploy stats``) is a statistics-only run instead
-(:mod:`medfed.flower.statistics`).
+long one round waits for replies), ``resume``, ``secure-aggregation`` with ``secure-bound``
+(SecAgg+, :mod:`medfed.flower.secure`), and ``on-refusal`` (``stop`` or ``continue`` when a
+site's policy refuses the run). A run config with ``mode = "statistics"`` (``medfed deploy
+stats``) is a statistics-only run instead (:mod:`medfed.flower.statistics`).
 """
 
 from __future__ import annotations
@@ -27,10 +26,10 @@ from flwr.app import Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from medfed.config import TrainConfig, valid_site_id
-from medfed.errors import ConfigError
+from medfed.config import TrainConfig
+from medfed.core.errors import ConfigError
 from medfed.federation.coordinator import Coordinator
-from medfed.federation.plan import checked_algorithm, plan_run, resolved_settings
+from medfed.federation.plan import Settled, plan_run, settle
 from medfed.federation.pretrained import starting_sha256
 from medfed.federation.rounds import RoundLoop, RoundSource
 from medfed.flower.deploy import refuse_insecure_settings, refuse_unsupported
@@ -38,7 +37,7 @@ from medfed.flower.link import FlowerLink
 from medfed.flower.messenger import Messenger
 from medfed.flower.node import RunSettings, train_config_from_toml
 from medfed.flower.secure import DEFAULT_BOUND
-from medfed.flower.waits import REPLY_TIMEOUT_S, WAIT_S, run_seconds
+from medfed.flower.waits import run_target
 from medfed.governance.plan import Plan, make_plan
 from medfed.governance.policy import SHA256
 from medfed.models.device import resolve_device
@@ -54,18 +53,16 @@ ON_REFUSAL = ("stop", "continue")
 
 @dataclass(frozen=True)
 class Deployment:
-    """The run config of a deployed run."""
+    """The run config of a deployed run: its settings settled (the algorithm built and the
+    refusals that need no scans passed) before the server waits for the sites."""
 
-    config: TrainConfig
+    settled: Settled
     sites: list[str]
     run_dir: Path
     run_name: str
     wait_s: float
     reply_timeout_s: float
     resume: bool
-    # No learning rate was given: the sites' modality decides it (as medfed train does), once
-    # the server knows the modality from the SuperNodes.
-    lr_from_modality: bool = False
     # SecAgg+: the server sees only the weighted mean of each round's updates.
     secure_aggregation: bool = False
     secure_bound: float = DEFAULT_BOUND
@@ -77,13 +74,18 @@ class Deployment:
     # each site's state folder; "coordinator" asks for them (the plan lists them as an output).
     predictions: str = "site"
 
+    @property
+    def config(self) -> TrainConfig:
+        """The settled settings; a learning rate left unset (None) is decided by the run's
+        plan, once the server knows the sites' modality."""
+        return self.settled.config
+
     def plan(self) -> Plan:
         """The run's plan as each site's gate checks it (:mod:`medfed.governance.plan`)."""
         return make_plan(
             self.config,
             self.sites,
             run_name=self.run_name,
-            lr_from_modality=self.lr_from_modality,
             secure_aggregation=self.secure_aggregation,
             secure_bound=self.secure_bound,
             starting_sha256=self.init_sha256,
@@ -92,32 +94,22 @@ class Deployment:
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any]) -> Deployment:
-        missing = [k for k in ("train", "sites", "run-dir") if k not in run_config]
-        if missing:
+        target = run_target(run_config, ("train", "sites", "run-dir"), "medfed deploy app")
+        sites = target["sites"]
+        if "lr-from-modality" in run_config:
             raise ConfigError(
-                f"the Flower run config lacks {missing}; write the app folder "
-                "with 'medfed deploy app'"
+                "run config 'lr-from-modality': this app folder was written by an older medfed "
+                "(a plan now leaves lr out where the sites' modality sets it); write it again "
+                "with 'medfed deploy app' and have the sites approve its plan"
             )
-        sites = [s.strip() for s in str(run_config["sites"]).split(",") if s.strip()]
-        if not sites:
-            raise ConfigError("run config 'sites' names no site; give the site ids, in order")
-        bad = [s for s in sites if not valid_site_id(s)]
-        if bad or len(set(sites)) != len(sites):
-            raise ConfigError(
-                f"run config 'sites' {sites}: site ids must be unique letters, digits, '.', "
-                "'_' or '-'"
-            )
-        # The run config is the operator's own (the app folder), never a site's.
-        run_dir = Path(str(run_config["run-dir"])).expanduser()
         where = "run config 'train'"
-        config = resolved_settings(
-            train_config_from_toml(str(run_config["train"]), where), where=where
-        )
+        config = train_config_from_toml(str(run_config["train"]), where)
         refuse_unsupported(config)
-        algorithm = checked_algorithm(config, sites)  # before the wait for the sites
-        flags = ("resume", "lr-from-modality", "secure-aggregation", "secure-aggregation-two-sites")
-        resume, modality_lr, secure, two_sites = (run_config.get(k, False) for k in flags)
-        for key, value in zip(flags, (resume, modality_lr, secure, two_sites), strict=True):
+        settled = settle(config, sites, where=where)  # before the wait for the sites
+        config, algorithm = settled.config, settled.algorithm
+        flags = ("resume", "secure-aggregation", "secure-aggregation-two-sites")
+        resume, secure, two_sites = (run_config.get(k, False) for k in flags)
+        for key, value in zip(flags, (resume, secure, two_sites), strict=True):
             if not isinstance(value, bool):
                 raise ConfigError(f"run config {key!r} must be true or false, got {value!r}")
         bound = run_config.get("secure-bound", DEFAULT_BOUND)
@@ -134,14 +126,9 @@ class Deployment:
                 f"{on_refusal!r}"
             )
         return cls(
-            config=config,
-            sites=sites,
-            run_dir=run_dir,
-            run_name=str(run_config.get("run-name") or run_dir.name),
-            wait_s=run_seconds(run_config, "wait-s", WAIT_S),
-            reply_timeout_s=run_seconds(run_config, "reply-timeout-s", REPLY_TIMEOUT_S),
+            settled=settled,
+            **target,
             resume=resume,
-            lr_from_modality=modality_lr,
             secure_aggregation=secure,
             secure_bound=float(bound),
             on_refusal=on_refusal,
@@ -212,13 +199,12 @@ class FlowerRun:
         approved = self.d.plan()  # what each site's gate checks (and its operator approved)
         infos = self.messenger.discover(approved.to_json())
         refused = self.refused()
-        plan = plan_run(self.d.config, infos, lr_from_modality=self.d.lr_from_modality)
-        self.d = dataclasses.replace(self.d, config=plan.config)
+        plan = plan_run(self.d.settled, infos)
         self.server = Coordinator(plan, self.run_dir, self.setup)
         report = self.server.init_report
         settings = RunSettings(
             self.d.run_name,
-            self.d.config,
+            plan.config,
             self.server.spec,
             self.d.sites,
             # nothing to send where the file went into the frozen encoder alone

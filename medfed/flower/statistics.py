@@ -25,9 +25,8 @@ from typing import Any
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
 
-from medfed.config import valid_site_id
-from medfed.errors import ConfigError, MedfedError
-from medfed.flower.waits import REPLY_TIMEOUT_S, WAIT_S, run_seconds
+from medfed.core.errors import ConfigError, MedfedError
+from medfed.flower.waits import REPLY_TIMEOUT_S, WAIT_S, run_target
 from medfed.governance.disclosure import federation_statistics, release, site_entry
 from medfed.governance.plan import Plan
 from medfed.governance.statistics import (
@@ -77,33 +76,14 @@ class StatisticsDeployment:
     def from_run_config(cls, run_config: dict[str, Any]) -> StatisticsDeployment:
         if run_config.get("mode") != MODE:
             raise ConfigError("not a statistics run's config; write it with 'medfed deploy stats'")
-        missing = [k for k in ("sites", "run-dir") if k not in run_config]
-        if missing:
-            raise ConfigError(
-                f"the statistics run config lacks {missing}; write the app folder with "
-                "'medfed deploy stats'"
-            )
-        sites = [s.strip() for s in str(run_config["sites"]).split(",") if s.strip()]
-        if not sites or not all(valid_site_id(s) for s in sites) or len(set(sites)) < len(sites):
-            raise ConfigError(
-                f"run config 'sites' {sites}: give unique site ids (letters, digits, '.', '_' "
-                "or '-'), in order"
-            )
+        target = run_target(run_config, ("sites", "run-dir"), "medfed deploy stats")
         settings = StatisticsSettings(
             min_count=run_config.get("min-count", 0),
             noise=run_config.get("noise", "none"),
             epsilon=run_config.get("epsilon", 0.0),
             delta=run_config.get("delta", 0.0),
         )
-        run_dir = Path(str(run_config["run-dir"])).expanduser()
-        return cls(
-            settings=settings,
-            sites=sites,
-            run_dir=run_dir,
-            run_name=str(run_config.get("run-name") or run_dir.name),
-            wait_s=run_seconds(run_config, "wait-s", WAIT_S),
-            reply_timeout_s=run_seconds(run_config, "reply-timeout-s", REPLY_TIMEOUT_S),
-        )
+        return cls(settings=settings, **target)
 
 
 def statistics_run_config(app: Path) -> dict[str, Any] | None:

@@ -42,7 +42,7 @@ from flwr.common.serde import (
 from flwr.proto.message_pb2 import Context as ProtoContext
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
-from medfed.errors import ConfigError, MedfedError
+from medfed.core.errors import ConfigError, MedfedError
 
 KINDS = ("query_describe", "train", "secure_train", "validate", "finish", "calibrate", "test")
 """The work a worker does: the functions of :mod:`medfed.flower.client_work` by name."""

@@ -1,8 +1,9 @@
 """A deployed run as a site approves it: its plan and the plan's hash.
 
 The plan holds what decides what runs on a site's data and what leaves it: the app (medfed and
-its version), the run's name and sites, the resolved training settings, secure aggregation and
-its bound, whether the sites' modality sets the learning rate, the starting weights' sha256
+its version), the run's name and sites, the resolved training settings (without ``lr`` where
+the sites' modality sets the learning rate), secure aggregation and its bound, the starting
+weights' sha256
 (of the file, "" for a random start) and the outputs the run sends out of each site. The hash
 is the sha256 of the plan as canonical JSON, so the coordinator, ``medfed deploy approve`` and
 the SuperNode compute it alike; a change to any of these is a new plan, to be approved again.
@@ -25,7 +26,7 @@ from typing import Any
 
 from medfed import __version__
 from medfed.config import TrainConfig
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 APP = "medfed"
 
@@ -48,7 +49,6 @@ class Plan:
     run_name: str
     sites: list[str]
     train: dict[str, Any]
-    lr_from_modality: bool
     secure_aggregation: bool
     secure_bound: float
     starting_sha256: str
@@ -71,7 +71,6 @@ class Plan:
             and isinstance(plan.train, Mapping)
             and isinstance(plan.outputs, list)
             and isinstance(plan.secure_aggregation, bool)
-            and isinstance(plan.lr_from_modality, bool)
             and isinstance(plan.starting_sha256, str)
         )
         if not ok:
@@ -113,7 +112,6 @@ def make_plan(
     sites: list[str],
     *,
     run_name: str,
-    lr_from_modality: bool,
     secure_aggregation: bool,
     secure_bound: float,
     starting_sha256: str,
@@ -127,7 +125,6 @@ def make_plan(
         run_name=run_name,
         sites=list(sites),
         train=config.to_dict(),
-        lr_from_modality=bool(lr_from_modality),
         secure_aggregation=bool(secure_aggregation),
         secure_bound=float(secure_bound) if secure_aggregation else 0.0,
         starting_sha256=starting_sha256,

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.governance.names import ALGORITHMS, BACKBONES, unknown_name
 
 OUTPUTS = ("updates", "figures", "predictions", "data_card")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from medfed.errors import RunDirError
+from medfed.core.errors import RunDirError
 from medfed.governance.plan import Plan
 
 APPROVALS = "approvals.jsonl"

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from medfed import __version__
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.governance.checks import Refusal, approval_refusals
 from medfed.governance.plan import APP, Plan
 from medfed.governance.policy import SitePolicy
@@ -105,7 +105,6 @@ def make_statistics_plan(settings: StatisticsSettings, sites: list[str], *, run_
         run_name=run_name,
         sites=list(sites),
         train={"statistics": settings.to_json()},
-        lr_from_modality=False,
         secure_aggregation=False,
         secure_bound=0.0,
         starting_sha256="",

@@ -18,6 +18,8 @@ Everything is importable from ``medfed.metrics``. Nothing here imports torch, an
 is imported only inside the functions that use it.
 """
 
+from medfed.core.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
+from medfed.core.reliability import RELIABLE_MIN, unreliable
 from medfed.metrics.federated import (
     calibration_of_sums,
     confusion_counts,
@@ -82,8 +84,6 @@ from medfed.metrics.routing import (
     softmax_rows,
     top_margin,
 )
-from medfed.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
-from medfed.reliability import RELIABLE_MIN, unreliable
 
 __all__ = [
     "ABSTAIN",

@@ -18,9 +18,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import logit
 
+from medfed.core.operating_rule import OperatingRule
 from medfed.metrics._common import binary_inputs, finite, pick_fields, probability_scores
 from medfed.metrics.intervals import Proportion, wilson
-from medfed.operating_rule import OperatingRule
 
 _FALLBACK_THRESHOLD = 0.5
 _P_CLIP = 1e-6  # calibration: probabilities are clipped into [1e-6, 1 - 1e-6] before the logit

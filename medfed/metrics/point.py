@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from medfed import kinds
+from medfed.core import kinds
 from medfed.metrics._common import (
     binary_scores,
     check_label_range,

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.optimize import minimize_scalar
 
-from medfed.kinds import RATE, is_number
+from medfed.core.kinds import RATE, is_number
 
 LOG_T_BOUNDS = (-9.0, 5.0)
 """The search range of log(temperature): from about 1e-4 (sharpening) to about 150."""

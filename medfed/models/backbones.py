@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.models.torchvision_nets import TV_BACKBONES, TV_SUMMARIES, build_torchvision
 
 BACKBONES_2D: tuple[str, ...] = ("cnn", "cnn-gn", "resnet18-gn", "resnet18-bn", *TV_BACKBONES)

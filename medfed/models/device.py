@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from medfed.devices import DEVICES
-from medfed.errors import ConfigError
+from medfed.core.devices import DEVICES
+from medfed.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from medfed.normalization import NormalizedView
+    from medfed.core.normalization import NormalizedView
 
 T = TypeVar("T", torch.Tensor, "NormalizedView")
 
@@ -41,7 +41,7 @@ class DeviceSetup:
     def put(self, x: T) -> T:
         """Move a data tensor to the device once (through pinned memory on CUDA).
 
-        A :class:`~medfed.normalization.NormalizedView` moves its stored tensor, in its
+        A :class:`~medfed.core.normalization.NormalizedView` moves its stored tensor, in its
         storage dtype; it is then normalized on the device, batch by batch.
         """
         if not self.is_cuda:

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from medfed.core.normalization import IMAGENET_MEAN, IMAGENET_STD, Normalization
 from medfed.models.torchvision_nets import TV_BACKBONES, build_torchvision
-from medfed.normalization import IMAGENET_MEAN, IMAGENET_STD, Normalization
 
 TRUNK_DIM = 512  # width of the trained trunk on the encoder's features
 ENCODE_BATCH = 32  # photos per forward pass of the encoder

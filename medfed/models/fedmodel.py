@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.models.backbones import (
     BACKBONES,
     BACKBONES_2D,

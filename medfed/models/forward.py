@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from medfed.core.normalization import NormalizedView
 from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel
-from medfed.normalization import NormalizedView
 
 BATCH = 256
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.models.device import DeviceSetup, cpu_bf16_supported
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

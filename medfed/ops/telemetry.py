@@ -30,7 +30,7 @@ from typing import Any, TextIO
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 __all__ = [
     "LOG_FORMATS",

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 __all__ = ["UnitSettings", "check_user", "in_tmp", "unit_files"]
 

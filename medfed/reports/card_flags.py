@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from medfed.operating_rule import OperatingRule
+from medfed.core.operating_rule import OperatingRule
 
 SLOPE_RANGE = (0.8, 1.25)
 """A calibration slope outside this range is flagged (1 is ideal; below, over-confident)."""

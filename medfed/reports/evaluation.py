@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from medfed.core.units import human_bytes
 from medfed.reports.grading import grading_text
 from medfed.reports.markdown import markdown_table
 from medfed.reports.routing import routing_calibration_text
@@ -20,7 +21,6 @@ from medfed.reports.text import (
     rate_text,
 )
 from medfed.runs.schema import Evaluation, PrivacySpent, RouterFigures, SiteFigures, Summary
-from medfed.units import human_bytes
 
 ORIGIN_UNKNOWN = "origin unknown"
 ORIGIN_KNOWN = "origin known"

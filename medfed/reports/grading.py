@@ -5,6 +5,7 @@ kappa."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from medfed.metrics import MulticlassFigure
@@ -52,10 +53,6 @@ def grading_rows(summary: Evaluation) -> Table:
     return header, rows
 
 
-def grading_table(summary: Evaluation) -> str:
-    return markdown_table(*grading_rows(summary))
-
-
 def class_auc_rows(summary: Evaluation) -> Table:
     """Each class against the rest, per site: AUC with its 95% CI (n/a: too few of a class)."""
     names = next((c.name for c in m.class_auc) for m in summary.sites.values() if m.class_auc)
@@ -72,10 +69,6 @@ def class_auc_rows(summary: Evaluation) -> Table:
             cells.append(text)
         rows.append([site, *cells])
     return ["site", *names], rows
-
-
-def class_auc_table(summary: Evaluation) -> str:
-    return markdown_table(*class_auc_rows(summary))
 
 
 def referable_rows(summary: Evaluation) -> tuple[list[str], list[list[Any]], list[str]]:
@@ -103,11 +96,6 @@ def referable_rows(summary: Evaluation) -> tuple[list[str], list[list[Any]], lis
     return header, rows, notes
 
 
-def referable_table(summary: Evaluation) -> str:
-    header, rows, notes = referable_rows(summary)
-    return "\n".join([markdown_table(header, rows), *notes])
-
-
 def referable_heading(summary: Evaluation) -> str | None:
     """What the referable endpoint is, in words; None when the run has none."""
     referables = [m.referable for m in summary.sites.values() if m.referable is not None]
@@ -129,22 +117,58 @@ def system_kappa_text(summary: Evaluation) -> str | None:
     )
 
 
+@dataclass(frozen=True)
+class Referable:
+    """The referable endpoint's heading (:func:`referable_heading`), table and notes
+    (:func:`referable_rows`)."""
+
+    heading: str
+    table: Table
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class Grading:
+    """What every view of a multi-class run shows, in this order: the per-site table
+    (:func:`grading_rows`), each class against the rest (:func:`class_auc_rows`), the
+    referable endpoint (None when the run has none) and the routed system's kappa line."""
+
+    sites: Table
+    classes: Table
+    referable: Referable | None
+    system_kappa: str | None
+
+
+def grading_tables(summary: Evaluation) -> Grading | None:
+    """The run's grading tables; None for a two-class run."""
+    if not is_graded(summary):
+        return None
+    heading = referable_heading(summary)
+    referable = None
+    if heading is not None:
+        header, rows, notes = referable_rows(summary)
+        referable = Referable(heading, (header, rows), notes)
+    return Grading(
+        grading_rows(summary), class_auc_rows(summary), referable, system_kappa_text(summary)
+    )
+
+
 def grading_text(summary: Evaluation) -> list[str]:
     """The lines ``medfed evaluate`` adds for a multi-class run (none for a two-class one)."""
-    if not is_graded(summary):
+    graded = grading_tables(summary)
+    if graded is None:
         return []
     parts = [
         "",
         "Grading (each site's model on its own test split; 95% CIs resample patients)",
-        grading_table(summary),
+        markdown_table(*graded.sites),
         "",
         "Each class against the rest (AUC with 95% CI)",
-        class_auc_table(summary),
+        markdown_table(*graded.classes),
     ]
-    heading = referable_heading(summary)
-    if heading is not None:
-        parts += ["", heading, referable_table(summary)]
-    kappa = system_kappa_text(summary)
-    if kappa is not None:
-        parts += ["", kappa]
+    if graded.referable is not None:
+        table = markdown_table(*graded.referable.table)
+        parts += ["", graded.referable.heading, "\n".join([table, *graded.referable.notes])]
+    if graded.system_kappa is not None:
+        parts += ["", graded.system_kappa]
     return parts

@@ -55,9 +55,9 @@ import numpy as np
 import statsmodels.api as sm
 from scipy.stats import chi2_contingency
 
-from medfed.errors import MedfedError
+from medfed.core.errors import MedfedError
+from medfed.core.reliability import unreliable
 from medfed.metrics import Proportion, wilson
-from medfed.reliability import unreliable
 from medfed.reports.markdown import markdown_table
 from medfed.reports.text import fmt
 

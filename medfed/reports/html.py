@@ -10,12 +10,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from medfed.core.units import human_bytes
 from medfed.metrics import Pooled, Proportion
 from medfed.reports.evaluation import auc_text
 from medfed.reports.study_runs import StudyRun
 from medfed.reports.text import UNRELIABLE_MARK, ci_text, count_text, fmt, pooled_text, rate_text
 from medfed.runs.schema import SiteFigures
-from medfed.units import human_bytes
 
 # Okabe-Ito colours, told apart by colour-blind readers; yellow left out (unreadable on white).
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")

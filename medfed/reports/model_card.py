@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from medfed import __version__
-from medfed.errors import RunDirError
-from medfed.fileio import atomic_write
-from medfed.manifest import TRIPOD_FIELDS
+from medfed.core.errors import RunDirError
+from medfed.core.fileio import atomic_write
+from medfed.core.manifest import TRIPOD_FIELDS
 from medfed.reports.card_flags import FLAG_RULES, site_flags
 from medfed.reports.evaluation import (
     AT_OPERATING,

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from medfed import __version__
-from medfed.errors import ConfigError
-from medfed.fileio import atomic_write
+from medfed.core.errors import ConfigError
+from medfed.core.fileio import atomic_write
+from medfed.core.units import human_bytes
 from medfed.reports.evaluation import (
     AT_ARGMAX,
     AT_OPERATING,
@@ -44,14 +45,7 @@ from medfed.reports.evaluation import (
     privacy_cells,
     system_by_site_rows,
 )
-from medfed.reports.grading import (
-    class_auc_rows,
-    grading_rows,
-    is_graded,
-    referable_heading,
-    referable_rows,
-    system_kappa_text,
-)
+from medfed.reports.grading import grading_tables
 from medfed.reports.html import (
     Cell,
     Html,
@@ -86,7 +80,6 @@ from medfed.reports.study_sections import (
 )
 from medfed.reports.text import UNRELIABLE_MARK, ci_text, fmt, pooled_text
 from medfed.runs.schema import ROUTER_RATES, RouterFigures, SiteFigures, Summary
-from medfed.units import human_bytes
 
 RATE_NAMES = {
     "system_accuracy": f"system accuracy {AT_OPERATING}",
@@ -577,20 +570,18 @@ def _grading_section(runs: Sequence[StudyRun]) -> list[Html]:
     referable endpoint at its operating point, and the routed system's kappa."""
     parts: list[Html] = []
     for run in runs:
-        summary = run.summary
-        if not is_graded(summary):
+        graded = grading_tables(run.summary)
+        if graded is None:
             continue
-        parts += [tag("h3", run.label), table(*grading_rows(summary))]
-        header, rows = class_auc_rows(summary)
-        parts.append(table(header, rows, caption="Each grade against the rest (AUC, 95% CI)"))
-        heading = referable_heading(summary)
-        if heading is not None:
-            header, rows, notes = referable_rows(summary)
-            parts.append(table(header, rows, caption=heading))
+        parts += [tag("h3", run.label), table(*graded.sites)]
+        parts.append(table(*graded.classes, caption="Each grade against the rest (AUC, 95% CI)"))
+        referable = graded.referable
+        if referable is not None:
+            parts.append(table(*referable.table, caption=referable.heading))
+            notes = referable.notes
             parts += [tag("ul", join(tag("li", n) for n in notes), class_="notes")] if notes else []
-        kappa = system_kappa_text(summary)
-        if kappa is not None:
-            parts.append(tag("p", kappa))
+        if graded.system_kappa is not None:
+            parts.append(tag("p", graded.system_kappa))
     return parts
 
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from medfed.errors import ConfigError, RunDirError
+from medfed.core.errors import ConfigError, RunDirError
 from medfed.runs.rundir import RunDir, read_json
 from medfed.runs.schema import Summary
 

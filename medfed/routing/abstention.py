@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from medfed.errors import DataError
+from medfed.core.errors import DataError
 from medfed.models.device import DeviceSetup
 from medfed.models.fedmodel import FedModel
 from medfed.models.forward import run_model

@@ -15,14 +15,14 @@ import numpy as np
 import torch
 
 from medfed.config import SiteManifest, parse_manifest
+from medfed.core.errors import RunDirError
+from medfed.core.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
 from medfed.data.preprocess import Normalization
-from medfed.errors import RunDirError
 from medfed.models.device import DeviceSetup, resolve_device
 from medfed.models.encoder import FrozenEncoder
 from medfed.models.fedmodel import HEAD_PREFIX, FedModel, ModelSpec, build_model
 from medfed.models.forward import run_model
 from medfed.models.mixture import COEFFICIENTS
-from medfed.operating_rule import DEFAULT_OPERATING_RULE, OperatingRule
 from medfed.routing.abstention import Abstention
 from medfed.runs import RunDir
 from medfed.runs.weights import (

@@ -159,25 +159,16 @@ def _router_counts(y: np.ndarray, result: RouteResult, index: int) -> dict[str, 
 
 
 def _graded_figures(
-    fed: TrainedFederation,
-    site: SiteData,
-    index: int,
-    y: np.ndarray,
-    probs: np.ndarray,
-    patients: list[str],
+    names: dict[int, str], y: np.ndarray, probs: np.ndarray, patients: list[str]
 ) -> dict[str, Any]:
-    """Figures of a site model with more than two classes: each class against the rest, the
-    macro AUC and the quadratic weighted kappa with CIs, and, for ICDR grades, referable DR."""
-    names = dict(enumerate(fed.class_names()))
+    """Figures of a site model with more than two classes (``names``: by class index): each
+    class against the rest, the macro AUC and the quadratic weighted kappa with CIs."""
     k = probs.shape[1]
-    figures: dict[str, Any] = {
+    return {
         "class_auc": [c.to_dict() for c in per_class_auc(y, probs, patients, names)],
         "macro_auc": macro_auc(y, probs, patients).to_dict(),
         "kappa": quadratic_kappa(y, probs.argmax(axis=1), k, patients).to_dict(),
     }
-    if is_icdr_grading(names):
-        figures["referable"] = _referable_figures(fed, site, index, y, probs, patients)
-    return figures
 
 
 def _referable_figures(
@@ -283,7 +274,10 @@ def site_evaluation(
     patients = [r.patient_id for r in records]
     figures, variance = _own_figures(fed, index, y, probs, patients)
     if probs.shape[1] > 2:
-        figures = _graded_figures(fed, site, index, y, probs, patients)
+        names = dict(enumerate(fed.class_names()))
+        figures = _graded_figures(names, y, probs, patients)
+        if is_icdr_grading(names):
+            figures["referable"] = _referable_figures(fed, site, index, y, probs, patients)
         macro = figures["macro_auc"]["interval"]
         if macro is not None:  # the site's AUC is the macro AUC: its CI, and a variance to pool
             figures["auc_ci"] = macro

@@ -29,7 +29,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 from medfed.metrics import ABSTAIN, majority_vote
 from medfed.routing.bundle import SiteOutputs, TrainedFederation
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from medfed.config import Modality
+from medfed.core.errors import DataError
 from medfed.data.io import (
     DICOM_SUFFIX,
     IMAGE_SUFFIXES,
@@ -25,7 +26,6 @@ from medfed.data.io import (
     read_nifti,
     require_regular,
 )
-from medfed.errors import DataError
 
 
 @dataclass(frozen=True)

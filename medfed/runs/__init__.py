@@ -2,6 +2,7 @@
 reads, with a typed, versioned schema (:mod:`medfed.runs.schema`). Weights live in
 :mod:`medfed.runs.weights`, the only module here that needs torch."""
 
+from medfed.core.versions import SCHEMA_VERSION
 from medfed.runs.rundir import RunDir, read_json, write_json
 from medfed.runs.schema import (
     Dropout,
@@ -16,7 +17,6 @@ from medfed.runs.schema import (
     Validation,
     WireSettings,
 )
-from medfed.versions import SCHEMA_VERSION
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from medfed.errors import RunDirError
+from medfed.core.errors import RunDirError
 from medfed.runs.rundir import read_json, write_json
 from medfed.runs.weights import load_state, save_state, verify_folder, write_files_manifest
 

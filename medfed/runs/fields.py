@@ -3,7 +3,7 @@
 A record (:class:`Record`) is a frozen dataclass whose fields say what they hold: the type
 (text, true/false, a number, a nested record, a list or an object of them, or a figure type with
 its own ``from_dict``, such as an :class:`~medfed.metrics.Interval`) and, through
-:mod:`medfed.kinds`, what each number may be. :func:`write` turns a record into the JSON
+:mod:`medfed.core.kinds`, what each number may be. :func:`write` turns a record into the JSON
 object medfed writes, in field order; :func:`read` checks a JSON object against the fields and
 names the file and the field in every error.
 """
@@ -17,9 +17,9 @@ from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, Va
 from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
 from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
 
-from medfed.errors import RunDirError
-from medfed.kinds import FIGURE, RAW, WHOLE, Kind
-from medfed.versions import REDO, VERSION_KEY
+from medfed.core.errors import RunDirError
+from medfed.core.kinds import FIGURE, RAW, WHOLE, Kind
+from medfed.core.versions import REDO, VERSION_KEY
 
 R = TypeVar("R", bound="Record")
 

@@ -46,11 +46,11 @@ from typing import Any
 
 import tomli_w
 
-from medfed.errors import MedfedError, RunDirError
-from medfed.fileio import atomic_write
+from medfed.core.errors import MedfedError, RunDirError
+from medfed.core.fileio import atomic_write
+from medfed.core.units import human_bytes
+from medfed.core.versions import SCHEMA_VERSION, VERSION_KEY, check_version, unversioned, versioned
 from medfed.runs.schema import PREDICTION_COLUMNS, RoundRecord, Summary, prediction_row
-from medfed.units import human_bytes
-from medfed.versions import SCHEMA_VERSION, VERSION_KEY, check_version, unversioned, versioned
 
 FILES = "files.json"
 TRAINING_OUTPUTS = (
@@ -146,6 +146,11 @@ def read_json(path: Path, missing: str = "missing", fix: str = DAMAGED_FIX) -> d
     return unversioned(data, str(path))
 
 
+def _run_path(*parts: str) -> property:
+    """A read-only attribute of :class:`RunDir`: the path ``parts`` below the run's folder."""
+    return property(lambda run: run.path.joinpath(*parts))
+
+
 class RunDir:
     """Read and write one run directory."""
 
@@ -153,33 +158,13 @@ class RunDir:
         self.path = Path(path)
 
     # --- paths ---
-    @property
-    def config_path(self) -> Path:
-        return self.path / "config.toml"
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.path / "metrics.jsonl"
-
-    @property
-    def events_path(self) -> Path:
-        return self.path / "events.jsonl"
-
-    @property
-    def summary_path(self) -> Path:
-        return self.path / "summary.json"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
-
-    @property
-    def model_dir(self) -> Path:
-        return self.path / "model"
-
-    @property
-    def model_json_path(self) -> Path:
-        return self.model_dir / "model.json"
+    config_path = _run_path("config.toml")
+    metrics_path = _run_path("metrics.jsonl")
+    events_path = _run_path("events.jsonl")
+    summary_path = _run_path("summary.json")
+    checkpoints = _run_path("checkpoints")
+    model_dir = _run_path("model")
+    model_json_path = _run_path("model", "model.json")
 
     def model_weights_path(self, name: str) -> Path:
         """Where the final model's weights called ``name`` (``site_<id>``, ...) are kept."""
@@ -362,9 +347,7 @@ class RunDir:
             return False
         return isinstance(data, dict) and data.get("predictions") == "sites"
 
-    @property
-    def predictions_path(self) -> Path:
-        return self.path / "predictions.csv"
+    predictions_path = _run_path("predictions.csv")
 
     def write_predictions(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """predictions.csv: one row per test scan, with ``schema_version`` as its last column."""

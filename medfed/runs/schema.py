@@ -8,7 +8,7 @@ message instead of a ``KeyError``. A file without ``schema_version`` predates ve
 reads as version 1.
 
 Each record declares its fields once: their types and, for figures, their kinds
-(:mod:`medfed.kinds`); one reader and one writer (:mod:`medfed.runs.fields`) follow them.
+(:mod:`medfed.core.kinds`); one reader and one writer (:mod:`medfed.runs.fields`) follow them.
 Version 1 fields: those medfed has written since its first release are required; those added
 later (ROC points, router figures, traffic per site, the wire format, skipped rounds, the engine)
 have defaults, so every version-1 file still reads. Unknown keys are ignored, except in round
@@ -25,8 +25,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
-from medfed import kinds
-from medfed.errors import RunDirError
+from medfed.core import kinds
+from medfed.core.errors import RunDirError
+from medfed.core.versions import REDO
 from medfed.metrics import (
     Calibration,
     ClassAUC,
@@ -39,7 +40,6 @@ from medfed.metrics import (
     RoutingCalibration,
 )
 from medfed.runs.fields import Record, keys_of
-from medfed.versions import REDO
 
 
 # ---------------------------------------------------------------------------- summary parts

@@ -7,10 +7,10 @@ import json
 import os
 from pathlib import Path
 
-from medfed.errors import RunDirError
-from medfed.fileio import atomic_write
+from medfed.core.errors import RunDirError
+from medfed.core.fileio import atomic_write
+from medfed.core.versions import unversioned, versioned
 from medfed.runs.schema import STATISTICS_FILE, FederationStatistics
-from medfed.versions import unversioned, versioned
 
 
 def statistics_path(run_dir: str | os.PathLike[str]) -> Path:

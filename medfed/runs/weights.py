@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from medfed.errors import MedfedError, RunDirError
+from medfed.core.errors import MedfedError, RunDirError
 from medfed.runs.rundir import (
     FILES,
     MODEL_FIX,

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from medfed.errors import ConfigError, MedfedError
-from medfed.fileio import atomic_write
+from medfed.core.errors import ConfigError, MedfedError
+from medfed.core.fileio import atomic_write
 from medfed.runs import RunDir
 from medfed.tracking.settings import (
     TRACKING_FILE,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 # RUN/tracking.json: the MLflow run a run folder was logged as (the dashboard reads it too)
 TRACKING_FILE = "tracking.json"

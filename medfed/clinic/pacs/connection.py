@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 from medfed.clinic.bearer import is_loopback
 from medfed.clinic.pacs.credentials import PacsCredentials
-from medfed.errors import ConfigError, MedfedError
+from medfed.core.errors import ConfigError, MedfedError
 
 __all__ = ["TIMEOUT_S", "PacsUnreachable", "call", "check_url", "make_session"]
 

@@ -16,7 +16,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 __all__ = ["PacsCredentials", "check_ca_file", "check_tls_pair", "credentials", "secret_file"]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from medfed.clinic.pacs.connection import TIMEOUT_S, PacsUnreachable, call, check_url
 from medfed.clinic.pacs.records import PacsLog
-from medfed.errors import ConfigError
+from medfed.core.errors import ConfigError
 
 __all__ = [
     "FINDERS", "Batch", "ChangeFeed", "StudySweep", "all_studies", "finder", "orthanc_root"

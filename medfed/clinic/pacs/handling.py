@@ -31,8 +31,8 @@ from medfed.clinic.pacs.records import PacsLog, PacsScan, now
 from medfed.clinic.pacs.visits import Visit, visit_of
 from medfed.clinic.recorded import record_scan
 from medfed.clinic.releases import LiveModel
-from medfed.errors import DataError
-from medfed.fileio import private_dir, private_file
+from medfed.core.errors import DataError
+from medfed.core.fileio import private_dir, private_file
 from medfed.routing.bundle import TrainedFederation
 from medfed.routing.routers import Router
 

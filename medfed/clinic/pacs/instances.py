@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from medfed.errors import DataError
-from medfed.fileio import private_dir, private_file
+from medfed.core.errors import DataError
+from medfed.core.fileio import private_dir, private_file
 
 if TYPE_CHECKING:
     from pydicom.dataset import Dataset
@@ -89,7 +89,7 @@ def run_visits(run: Path) -> dict[str, Any]:
     it has none or it cannot be read: the table then shows the UIDs alone)."""
     from medfed.clinic.pacs.records import PacsLog
     from medfed.clinic.pacs.visits import Visit
-    from medfed.errors import MedfedError
+    from medfed.core.errors import MedfedError
 
     try:
         scans = PacsLog(run).scans()

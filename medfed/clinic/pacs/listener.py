@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from medfed.clinic.pacs.answer import BASIC_TEXT_SR
 from medfed.clinic.pacs.handling import Inbox, Outcome
 from medfed.clinic.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, modality_of, uid
-from medfed.errors import ConfigError, DataError, MedfedError
-from medfed.fileio import private_dir, private_file
+from medfed.core.errors import ConfigError, DataError, MedfedError
+from medfed.core.fileio import private_dir, private_file
 
 if TYPE_CHECKING:
     from pydicom.dataset import Dataset

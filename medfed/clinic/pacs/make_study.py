@@ -30,9 +30,9 @@ from pydicom.uid import (
     generate_uid,
 )
 
+from medfed.core.errors import ConfigError, DataError
+from medfed.core.fileio import private_dir, private_file
 from medfed.data.io import Volume, read_image, read_nifti
-from medfed.errors import ConfigError, DataError
-from medfed.fileio import private_dir, private_file
 
 OP_STORAGE = "1.2.840.10008.5.1.4.1.1.77.1.5.1"  # Ophthalmic Photography 8 Bit Image Storage
 PHOTO_MODALITIES = ("OP", "XC", "OT")

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from medfed.errors import ConfigError, MedfedError
-from medfed.fileio import new_private_file
+from medfed.core.errors import ConfigError, MedfedError
+from medfed.core.fileio import new_private_file
 
 __all__ = ["PACS_FILE", "PacsLog", "PacsLogError", "PacsScan", "watch_lock"]
 

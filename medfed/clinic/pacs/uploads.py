@@ -16,9 +16,9 @@ from pathlib import Path
 from medfed.clinic.pacs import MAX_BYTES, MAX_FILES, MAX_PIXELS
 from medfed.clinic.pacs.headers import OVER_DECODER, image_size
 from medfed.clinic.pacs.instances import PHOTO_MODALITIES, modality_of, write_photo
+from medfed.core.errors import DataError
+from medfed.core.names import printable
 from medfed.data.io import DICOM_SUFFIX, NIFTI_SUFFIXES, probe_dicom
-from medfed.errors import DataError
-from medfed.names import printable
 
 __all__ = ["Limits", "LimitError", "unpack_upload"]
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from medfed.errors import ConfigError
-from medfed.fileio import private_dir
+from medfed.core.errors import ConfigError
+from medfed.core.fileio import private_dir
 
 if TYPE_CHECKING:
     from pydicom.dataset import Dataset

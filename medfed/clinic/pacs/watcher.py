@@ -24,7 +24,7 @@ from medfed.clinic.pacs.credentials import PacsCredentials
 from medfed.clinic.pacs.finding import ChangeFeed, StudySweep, finder, orthanc_root
 from medfed.clinic.pacs.handling import Inbox, Outcome, wrong_modality
 from medfed.clinic.pacs.instances import NOT_IMAGES, PHOTO_MODALITIES, Ids, kind_of
-from medfed.errors import DataError
+from medfed.core.errors import DataError
 
 if TYPE_CHECKING:
     from medfed.ops.telemetry import WatchMetrics

@@ -16,11 +16,9 @@ def main() -> None:
         "What each site sent to the server and received from it in every round (the encoded "
         "update, as it would cross the network), per method.",
     )
-    runs = common.chosen_runs()
-    records = common.runs_holding(runs, common.read_metrics)
-    if not records:
-        st.warning("No round recorded in any selected run yet: nothing to count.")
-        return
+    runs, records = common.chosen_runs_holding(
+        common.read_metrics, "No round recorded in any selected run yet: nothing to count."
+    )
     orders = {run.label: common.site_order(run) for run in runs if run.label in records}
     traffic = rundata.traffic_frame(records, orders)
 

@@ -5,6 +5,7 @@ both protocols."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -13,14 +14,7 @@ import streamlit as st
 from medfed.dashboard import charts, clinical, common, rundata, tracked
 from medfed.reports import bounds_text
 from medfed.reports.evaluation import system_by_site_rows
-from medfed.reports.grading import (
-    class_auc_rows,
-    grading_rows,
-    is_graded,
-    referable_heading,
-    referable_rows,
-    system_kappa_text,
-)
+from medfed.reports.grading import grading_tables
 from medfed.runs.schema import Summary
 
 WORST_STYLE = "background-color: #f8d7da; color: #842029; font-weight: bold"
@@ -124,17 +118,28 @@ def roc_per_site(label: str, summary: Summary) -> None:
         st.info(f"Site {site}: no ROC curve ({reason}).")
 
 
-def operating(label: str, summary: Summary) -> None:
-    st.subheader("Operating points")
-    table = clinical.operating_table(summary)
+def summary_table(
+    heading: str, make: Callable[[Summary], pd.DataFrame], summary: Summary, missing: str
+) -> bool:
+    """``heading`` over ``make(summary)``, or over the note ``missing`` where that table is
+    empty; whether the table was shown."""
+    st.subheader(heading)
+    table = make(summary)
     if table.empty:
-        st.info(
-            f"{label} has no operating points: it was written before they were stored, or its "
-            "task has more than two classes (the most probable class answers)."
-        )
+        st.info(missing)
+        return False
+    st.table(table)
+    return True
+
+
+def operating(label: str, summary: Summary) -> None:
+    missing = (
+        f"{label} has no operating points: it was written before they were stored, or its "
+        "task has more than two classes (the most probable class answers)."
+    )
+    if not summary_table("Operating points", clinical.operating_table, summary, missing):
         return
     rule = summary.operating_rule or "n/a"
-    st.table(table)
     st.caption(
         f"Each site's threshold on P(positive) was chosen on its validation split (rule: {rule}) "
         "and is applied to its test scans: rate (95% Wilson CI) k/n. PPV and NPV hold at the "
@@ -145,41 +150,39 @@ def operating(label: str, summary: Summary) -> None:
 def grading(label: str, summary: Summary) -> None:
     """A task of more than two classes: macro AUC and kappa per site, each grade against the
     rest, the referable endpoint at its operating point, the routed system's kappa."""
-    if not is_graded(summary):
+    graded = grading_tables(summary)
+    if graded is None:
         return
     st.subheader("Grading")
-    header, rows = grading_rows(summary)
-    st.table(pd.DataFrame(rows, columns=header))
+    st.table(_frame(*graded.sites))
     st.caption(
         "Each site's model on its own test scans: macro AUC (each grade against the rest, "
         "averaged) and quadratic weighted kappa (1: perfect agreement with the true grade, 0: "
         "chance), with 95% CIs that resample patients."
     )
-    header, rows = class_auc_rows(summary)
     st.markdown("**Each grade against the rest** (AUC, 95% CI)")
-    st.table(pd.DataFrame(rows, columns=header))
-    heading = referable_heading(summary)
-    if heading is not None:
-        header, rows, notes = referable_rows(summary)
-        st.markdown(f"**{heading}**")
-        st.table(pd.DataFrame(rows, columns=header))
-        for note in notes:
+    st.table(_frame(*graded.classes))
+    if graded.referable is not None:
+        st.markdown(f"**{graded.referable.heading}**")
+        st.table(_frame(*graded.referable.table))
+        for note in graded.referable.notes:
             st.caption(note)
-    kappa = system_kappa_text(summary)
+    kappa = graded.system_kappa
     if kappa is not None:
         st.caption(kappa[0].upper() + kappa[1:])
 
 
+def _frame(header: list[str], rows: list[list[Any]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=header)
+
+
 def calibration(label: str, summary: Summary) -> None:
-    st.subheader("Calibration")
-    table = clinical.calibration_table(summary)
-    if table.empty:
-        st.info(
-            f"{label} has no calibration figures: it was written before they were stored, or "
-            "its task has more than two classes."
-        )
+    missing = (
+        f"{label} has no calibration figures: it was written before they were stored, or "
+        "its task has more than two classes."
+    )
+    if not summary_table("Calibration", clinical.calibration_table, summary, missing):
         return
-    st.table(table)
     st.caption(
         "Brier score (lower is better) and expected calibration error (ECE) over equal-size "
         "bins; calibration intercept (0 is ideal; above 0, risks are under-estimated) and "
@@ -213,12 +216,10 @@ def cross_site(label: str, summary: Summary) -> None:
 
 
 def protocols(label: str, summary: Summary) -> None:
-    st.subheader("System figures under both protocols")
-    table = clinical.protocol_table(summary)
-    if table.empty:
-        st.info(f"{label} has no router figures.")
+    missing = f"{label} has no router figures."
+    heading = "System figures under both protocols"
+    if not summary_table(heading, clinical.protocol_table, summary, missing):
         return
-    st.table(table)
     known = "" if summary.routers_origin_known else " (this run has no origin-known figures)"
     st.caption(
         "Every site's test scans pooled and answered as the federation answers a new patient. "
@@ -263,11 +264,10 @@ def main() -> None:
         "Test-set figures of each method: every site's own model on its own held-out scans, "
         "and the federation as a whole. Look at the worst site first.",
     )
-    runs = common.chosen_runs()
-    summaries = common.runs_holding(runs, common.read_summary)
-    if not summaries:
-        st.warning("No finished run to show yet: the figures appear once summary.json exists.")
-        return
+    runs, summaries = common.chosen_runs_holding(
+        common.read_summary,
+        "No finished run to show yet: the figures appear once summary.json exists.",
+    )
 
     per_site(summaries)
     pooled(summaries)

@@ -10,10 +10,10 @@ import datetime as dt
 
 import streamlit as st
 
+from medfed.core.errors import MedfedError
 from medfed.dashboard import statsdata
 from medfed.dashboard.common import escape
 from medfed.dashboard.rundata import Run
-from medfed.errors import MedfedError
 from medfed.runs.schema import STATISTICS_FILE, FederationStatistics
 from medfed.runs.statistics import read_statistics
 

@@ -29,9 +29,9 @@ from medfed.clinic.review import (
     Window,
     write_figures_csv,
 )
+from medfed.core.errors import MedfedError
 from medfed.dashboard import checks, clinical, common, reviewdata, rundata, thumbnails
 from medfed.dashboard.rundata import Run
-from medfed.errors import MedfedError
 from medfed.reports import fmt
 from medfed.routing.scans import read_scan
 

@@ -16,12 +16,12 @@ import streamlit as st
 from medfed.clinic.kept import keep_scan
 from medfed.clinic.pacs.instances import with_pacs_ids
 from medfed.clinic.route import route_files
+from medfed.core.errors import ConfigError, MedfedError
+from medfed.core.units import human_bytes
 from medfed.dashboard import MAX_UPLOAD_MB, charts, checks, clinical, common, rundata, thumbnails
 from medfed.dashboard.rundata import Run
-from medfed.errors import ConfigError, MedfedError
 from medfed.reports import fmt
 from medfed.routing.routers import default_router, make_router, routers_for
-from medfed.units import human_bytes
 
 UPLOAD_TYPES = ["jpg", "jpeg", "png", "tif", "tiff", "bmp", "dcm", "nii", "gz"]
 AUDIT_LIMIT = checks.AUDIT_LIMIT

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from medfed.core.errors import RunDirError
 from medfed.dashboard import charts, common, rundata
-from medfed.errors import RunDirError
 from medfed.runs.schema import DROPPED, NOT_SAMPLED
 
 DEFAULT_CURVES = ("train_loss", "val_auc")

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from importlib import import_module
 
 from medfed.config import LAYOUTS_BY_MODALITY, SiteManifest
+from medfed.core.errors import DataError, ManifestError
 from medfed.data.records import LayoutScan
-from medfed.errors import DataError, ManifestError
 
 # Every layout a manifest may name (config.LAYOUTS_BY_MODALITY), each a module of this package.
 LAYOUT_MODULES = tuple(layout for names in LAYOUTS_BY_MODALITY.values() for layout in names)

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import SiteManifest
+from medfed.core.errors import DataError, ManifestError
 from medfed.data.io import IMAGE_SUFFIXES, permission_denied, require_regular, special_kind
 from medfed.data.records import LayoutScan, Problem, Record, Split
-from medfed.errors import DataError, ManifestError
 
 # Files operating systems drop into folders; never scans.
 OS_CLUTTER = frozenset({"thumbs.db", "desktop.ini"})

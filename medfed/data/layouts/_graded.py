@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from medfed.config import SiteManifest
+from medfed.core.errors import DataError
 from medfed.data.grading import DEFAULT_GRADE_NAMES
 from medfed.data.layouts._common import (
     PatientIds,
@@ -19,7 +20,6 @@ from medfed.data.layouts._common import (
     where,
 )
 from medfed.data.records import LayoutScan, Problem, Record, Split
-from medfed.errors import DataError
 
 GRADED_OPTIONS = {"grade_names", "patient_regex"}
 

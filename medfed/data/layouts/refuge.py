@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from medfed.config import SiteManifest
+from medfed.core.errors import DataError, ManifestError
 from medfed.data.disc import META_KEY, DiscPosition, parse_coordinate
 from medfed.data.io import IMAGE_SUFFIXES
 from medfed.data.layouts._common import (
@@ -26,7 +27,6 @@ from medfed.data.layouts._common import (
     where,
 )
 from medfed.data.records import LayoutScan, Problem, Record, Split
-from medfed.errors import DataError, ManifestError
 
 TRAIN_FOLDER = "Training400"
 DEFAULT_CLASS_FOLDERS = {"Glaucoma": "glaucoma", "Non-Glaucoma": "normal"}

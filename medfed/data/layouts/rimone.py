@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from medfed.config import SiteManifest
+from medfed.core.errors import ManifestError
 from medfed.data.layouts._common import (
     STRAY_FILE,
     PatientIds,
@@ -14,7 +15,6 @@ from medfed.data.layouts._common import (
     where,
 )
 from medfed.data.records import LayoutScan, Problem, Split
-from medfed.errors import ManifestError
 
 PARTITIONS = ("partitioned_by_hospital", "partitioned_randomly")
 SPLIT_FOLDERS = {"training_set": Split.TRAIN, "test_set": Split.TEST}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from medfed.errors import RunDirError
+from medfed.core.errors import RunDirError
 
 SCHEMA_VERSION = 1
 """The run-directory schema this medfed writes; it reads this one and every older one."""

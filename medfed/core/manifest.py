@@ -13,7 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from medfed.errors import ManifestError, MedfedError
+from medfed.core.errors import ManifestError, MedfedError
 
 
 class Modality(StrEnum):

@@ -92,7 +92,7 @@ def check_out_folder(path: Path, option: str = "--out") -> None:
     """Refuse an output folder that could not be made or written, before any work is done (and
     without making it: a refused command leaves nothing behind): an existing file, a file on
     the way to it, a place this user may not write to. A clear ConfigError naming ``option``."""
-    from medfed.errors import ConfigError
+    from medfed.core.errors import ConfigError
 
     path = Path(path)
     if path.exists() and not path.is_dir():
@@ -141,7 +141,7 @@ def check_not_in_run(path: Path, option: str = "--out", *, may_be_run: bool = Fa
     """Refuse an output folder that is a run folder or lies inside one (with ``may_be_run``,
     only one inside: training writes, and resumes, its own run): what the command writes there
     would mix with the run's records and replace some of them."""
-    from medfed.errors import ConfigError
+    from medfed.core.errors import ConfigError
 
     path = Path(path)
     run = run_folder_of(path)
@@ -159,7 +159,7 @@ def check_out_file(path: Path, option: str = "--out") -> None:
     folder) or that is one of a run's own records (:data:`RUN_FILES`, a file in a run's
     model/ or checkpoints/): ``medfed review RUN --export RUN/summary.json`` would otherwise
     replace the run's figures with a reads sheet. A ConfigError naming ``option``."""
-    from medfed.errors import ConfigError
+    from medfed.core.errors import ConfigError
 
     path = Path(path)
     check_out_folder(path.parent, f"{option} {path}: its folder")
