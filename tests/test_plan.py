@@ -81,6 +81,14 @@ def test_a_drill_of_a_site_outside_the_federation_is_refused() -> None:
         plan_run(config, infos("fundus"))
 
 
+def test_a_federation_that_cannot_train_is_refused_before_the_algorithms_settings() -> None:
+    config = TrainConfig(algorithm="ditto", dp_epsilon=3.0)  # refused at any federation
+    mixed = [infos("fundus")[0], dataclasses.replace(infos("ct")[1], input_shape=(3, 32, 32))]
+
+    with pytest.raises(ConfigError, match=r"one modality"):
+        plan_run(config, mixed)
+
+
 def test_a_federation_of_two_modalities_is_refused() -> None:
     mixed = [infos("fundus")[0], dataclasses.replace(infos("ct")[1], input_shape=(3, 32, 32))]
 

@@ -157,14 +157,18 @@ def check_federation(sites: Sequence[SiteInfo], config: TrainConfig) -> Modality
     return Modality(modalities.pop())
 
 
-def _settled(config: TrainConfig, where: str | None) -> tuple[TrainConfig, Algorithm]:
-    """``config`` with every algorithm parameter spelled out, and its algorithm."""
+def _check_backbone(config: TrainConfig, where: str | None = None) -> None:
     if config.backbone != "auto" and config.backbone not in BACKBONES:
         problem = (
             f"training setting: backbone (--backbone) {config.backbone!r} is not one of "
             f"{['auto', *BACKBONES]}"
         )
         raise ConfigError(f"{where}: {problem}" if where else problem)
+
+
+def _settled(config: TrainConfig, where: str | None) -> tuple[TrainConfig, Algorithm]:
+    """``config`` with every algorithm parameter spelled out, and its algorithm."""
+    _check_backbone(config, where)
     algorithm = make_algorithm(config.algorithm, config.params)
     return dataclasses.replace(config, params=dict(algorithm.resolved_params())), algorithm
 
@@ -238,11 +242,15 @@ def plan_run(run: TrainConfig | Settled, sites: Sequence[SiteInfo]) -> RunPlan:
     sites). A learning rate left unset (None) is the sites' modality's (CT and fundus differ).
     """
     ids = [s.id for s in sites]
+    # Refused in this order: an unknown backbone, a federation that cannot train together, then
+    # what the algorithm cannot run with at these sites.
+    given = run.config if isinstance(run, Settled) else run
+    _check_backbone(given)
+    modality = check_federation(sites, given)
     settled = run if isinstance(run, Settled) else settle(run, ids)
     config, algorithm = settled.config, settled.algorithm
     if list(settled.site_ids) != ids:  # sites that refused the run are gone: refuse again
         _refuse(algorithm, config, ids)
-    modality = check_federation(sites, config)
     if config.lr is None:
         config = dataclasses.replace(config, lr=default_lr(modality))
     first = sites[0]
