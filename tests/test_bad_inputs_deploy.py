@@ -420,3 +420,18 @@ def test_two_site_secure_aggregation_runs_only_when_accepted(tmp_path) -> None:
     del run_config["secure-aggregation-two-sites"]
     with pytest.raises(ConfigError, match="secure-aggregation-two-sites"):
         Deployment.from_run_config(run_config)
+
+
+def test_an_app_folder_with_the_old_learning_rate_flag_is_refused_by_name(tmp_path) -> None:
+    import tomllib
+
+    from medfed.core.errors import ConfigError
+    from medfed.flower.server_app import Deployment
+
+    check(Case("written", _app(), 0, ("wrote",)), tmp_path, NOTHING_SHARED)
+    pyproject = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text(encoding="utf-8"))
+    run_config = pyproject["tool"]["flwr"]["app"]["config"]
+    assert "lr" not in tomllib.loads(run_config["train"])["train"]  # the modality sets it
+    run_config["lr-from-modality"] = True  # as an older medfed wrote the app folder
+    with pytest.raises(ConfigError, match=r"'lr-from-modality'.*'medfed deploy app'.*approve"):
+        Deployment.from_run_config(run_config)
